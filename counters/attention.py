@@ -1,0 +1,179 @@
+"""Scaled dot-product attention kernels (flash, efficient, cuDNN, CPU flash, math).
+
+seed 000 "Attention from first principles" / "FlashAttention is an IO algorithm":
+W = 4·N²·d per head (QKᵀ and PV, FMA = 2); the fused kernel's compulsory Q reads q, k, v
+once and writes o (and the fp32 log-sum-exp) once; S and P never touch HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchroof.counters.cost import Cost
+from torchroof.counters.registry import register
+from torchroof.counters.tensors import unique_bytes
+
+from torchroof.records import OpRecord, TensorMeta
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Sizes of one attention call, in the (batch, heads, length, dim) convention."""
+
+    batch: int
+    heads: int  # query heads; K/V may have fewer (GQA), their bytes come from their own shape
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+
+    @classmethod
+    def from_bhld(cls, q: TensorMeta, k: TensorMeta, v: TensorMeta) -> AttentionShape:
+        *batch, heads, q_len, head_dim = q.shape
+        kv_len, value_dim = k.shape[-2], v.shape[-1]
+        b = 1
+        for size in batch:
+            b *= size
+        return cls(b, heads, q_len, kv_len, head_dim, value_dim)
+
+    @classmethod
+    def from_blhd(cls, q: TensorMeta, k: TensorMeta, v: TensorMeta) -> AttentionShape:
+        """Layout of ``_flash_attention_forward`` / ``_efficient_attention_forward``."""
+        b, q_len, heads, head_dim = q.shape
+        return cls(b, heads, q_len, k.shape[1], head_dim, v.shape[-1])
+
+    @property
+    def pairs(self) -> int:
+        """(query, key) score pairs per head."""
+        return self.q_len * self.kv_len
+
+
+def causal_fraction(q_len: int, kv_len: int) -> float:
+    """Share of score pairs a causal flash kernel computes.
+
+    seed 000 "causal masking": the kernel skips masked blocks, halving W when q_len ==
+    kv_len (NB: the O(1/N) diagonal blocks are neglected, as the seed does). Otherwise the
+    exact share of the top-left-aligned ``tril(ones(q_len, kv_len))`` mask, PyTorch's
+    ``is_causal`` semantics.
+    """
+    if q_len == kv_len:
+        return 0.5
+    if q_len <= kv_len:
+        kept = q_len * (q_len + 1) // 2
+    else:
+        kept = kv_len * (kv_len + 1) // 2 + (q_len - kv_len) * kv_len
+    return kept / (q_len * kv_len)
+
+
+def attention_forward_flops(shape: AttentionShape, causal: bool) -> int:
+    """QKᵀ (2·Lq·Lk·d) plus PV (2·Lq·Lk·dv) per head; seed 000: W = 4N²d when dv = d."""
+    flops = 2 * shape.batch * shape.heads * shape.pairs * (shape.head_dim + shape.value_dim)
+    return round(flops * causal_fraction(shape.q_len, shape.kv_len)) if causal else flops
+
+
+def attention_backward_flops(shape: AttentionShape, causal: bool) -> int:
+    """Recompute S (2·Lq·Lk·d), dV (2·Lq·Lk·dv), dP (2·Lq·Lk·dv), dQ and dK (2·Lq·Lk·d each).
+
+    seed 000 "FlashAttention": the backward recomputes S rather than storing it, so W is
+    2.5x the forward for d = dv.
+    """
+    flops = 2 * shape.batch * shape.heads * shape.pairs * (3 * shape.head_dim + 2 * shape.value_dim)
+    return round(flops * causal_fraction(shape.q_len, shape.kv_len)) if causal else flops
+
+
+def score_matrix_bytes(shape: AttentionShape, itemsize: int) -> int:
+    """The naive kernel's S and P round trips: 4 · s · Lq · Lk per head (seed 000)."""
+    return 4 * itemsize * shape.batch * shape.heads * shape.pairs
+
+
+def _fused_cost(flops: int, reads: list[TensorMeta], writes: list[TensorMeta], dtype: str) -> Cost:
+    return Cost(flops, unique_bytes(reads), unique_bytes(writes), "tensor", dtype)
+
+
+def _qkv(op: OpRecord) -> tuple[TensorMeta, TensorMeta, TensorMeta]:
+    return op.tensor("query"), op.tensor("key"), op.tensor("value")
+
+
+def _bias(op: OpRecord) -> list[TensorMeta]:
+    bias = op.tensor("attn_bias") or op.tensor("attn_mask")
+    return [bias] if bias is not None else []
+
+
+@register(
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_fused_attention_overrideable",
+)
+def sdpa_forward(op: OpRecord) -> Cost:
+    """Fused attention forward: reads q, k, v (K/V at their own h_kv heads) and any bias once;
+    writes o and the log-sum-exp (seed 000 "The compulsory bound": Q = 4·s·N·d per head)."""
+    q, k, v = _qkv(op)
+    shape = AttentionShape.from_bhld(q, k, v)
+    flops = attention_forward_flops(shape, bool(op.arg("is_causal", False)))
+    writes = list(op.outputs[:2])  # output, logsumexp; the rest are RNG / debug scalars
+    return _fused_cost(flops, [q, k, v, *_bias(op)], writes, q.dtype)
+
+
+@register(
+    "aten._scaled_dot_product_flash_attention_backward",
+    "aten._scaled_dot_product_efficient_attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten._scaled_dot_product_fused_attention_overrideable_backward",
+)
+def sdpa_backward(op: OpRecord) -> Cost:
+    """Fused attention backward: reads dO, q, k, v, o, lse once; writes dq, dk, dv once
+    (seed 000 "FlashAttention": S is recomputed, never stored)."""
+    q, k, v = _qkv(op)
+    shape = AttentionShape.from_bhld(q, k, v)
+    flops = attention_backward_flops(shape, bool(op.arg("is_causal", False)))
+    reads = [q, k, v, *_bias(op)]
+    for name in ("grad_out", "grad_out_", "out", "logsumexp"):
+        if (t := op.tensor(name)) is not None:
+            reads.append(t)
+    return _fused_cost(flops, reads, list(op.outputs[:3]), q.dtype)
+
+
+@register("aten._flash_attention_forward", "aten._efficient_attention_forward")
+def flash_forward_blhd(op: OpRecord) -> Cost:
+    """Lower-level flash/efficient forward in (batch, length, heads, dim) layout (seed 000)."""
+    q, k, v = _qkv(op)
+    shape = AttentionShape.from_blhd(q, k, v)
+    causal = bool(op.arg("is_causal", False)) or bool(op.arg("custom_mask_type", 0))
+    flops = attention_forward_flops(shape, causal)
+    return _fused_cost(flops, [q, k, v, *_bias(op)], list(op.outputs[:2]), q.dtype)
+
+
+@register("aten._flash_attention_backward", "aten._efficient_attention_backward")
+def flash_backward_blhd(op: OpRecord) -> Cost:
+    """Lower-level flash/efficient backward in (batch, length, heads, dim) layout (seed 000)."""
+    q, k, v = _qkv(op)
+    shape = AttentionShape.from_blhd(q, k, v)
+    causal = bool(op.arg("is_causal", False)) or bool(op.arg("custom_mask_type", 0))
+    flops = attention_backward_flops(shape, causal)
+    reads = [q, k, v, *_bias(op)]
+    for name in ("grad_out", "out", "logsumexp"):
+        if (t := op.tensor(name)) is not None:
+            reads.append(t)
+    return _fused_cost(flops, reads, list(op.outputs[:3]), q.dtype)
+
+
+@register(
+    "aten._scaled_dot_product_attention_math", "aten._scaled_dot_product_attention_math_for_mps"
+)
+def sdpa_math(op: OpRecord) -> Cost:
+    """Naive attention: S and P are written and read back, four N² round trips per head.
+
+    seed 000: W = 4N²d, Q = 4s(Nd + N²), I -> d/s. The math path computes every pair, so a
+    causal mask saves nothing here.
+    """
+    q, k, v = _qkv(op)
+    shape = AttentionShape.from_bhld(q, k, v)
+    flops = attention_forward_flops(shape, causal=False)
+    reads = unique_bytes([q, k, v, *_bias(op)])
+    scores = score_matrix_bytes(shape, q.itemsize)
+    return Cost(
+        flops, reads + scores // 2, unique_bytes(op.outputs[:1]) + scores // 2, "tensor", q.dtype
+    )

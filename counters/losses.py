@@ -1,0 +1,72 @@
+"""Loss kernels. ``cross_entropy`` decomposes into ``_log_softmax`` + ``nll_loss``.
+
+seed 000 "The big-vocabulary logits crisis": the N_t × V logits are read by the
+log-softmax, and its gradient is a full N_t × V write, which is where the traffic lies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchroof.counters.cost import Cost
+from torchroof.counters.registry import Rule, register
+from torchroof.counters.tensors import compute_dtype, io_bytes, unique_bytes
+
+from torchroof.records import OpRecord
+
+
+def _existing(*names: str) -> list[str]:
+    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+
+
+@register(*_existing("nll_loss_forward", "nll_loss2d_forward"))
+def nll_loss(op: OpRecord) -> Cost:
+    """Gathers one log-probability per target and sums: reads N values (not N·C), N targets."""
+    log_probs, target = op.tensor("self"), op.tensor("target")
+    weight = op.tensor("weight")
+    read = target.numel * log_probs.itemsize + target.nbytes + (weight.nbytes if weight else 0)
+    return Cost(target.numel, read, unique_bytes(op.outputs), "vector", log_probs.dtype)
+
+
+@register(*_existing("nll_loss_backward", "nll_loss2d_backward"))
+def nll_loss_backward(op: OpRecord) -> Cost:
+    """Zero-filled N × C gradient with -w/total at each target: one full write."""
+    read, written = io_bytes(op)
+    log_probs = op.tensor("self")
+    read -= log_probs.nbytes  # only its shape is needed, its values are not read
+    target = op.tensor("target")
+    return Cost(target.numel, read, written, "vector", log_probs.dtype)
+
+
+# FLOPs per element for the elementwise losses and their gradients.
+ELEMENTWISE_LOSS_FLOPS: dict[str, int] = {
+    "mse_loss": 3,  # subtract, square, sum
+    "mse_loss_backward": 3,  # subtract, scale, multiply by g
+    "l1_loss": 3,
+    "smooth_l1_loss": 5,
+    "smooth_l1_loss_backward": 4,
+    "huber_loss": 5,
+    "huber_loss_backward": 4,
+    "binary_cross_entropy": 6,  # two logs, two multiplies, add, sum
+    "binary_cross_entropy_backward": 5,
+    "binary_cross_entropy_with_logits": 8,  # log-sigmoid form
+    "soft_margin_loss": 5,
+    "soft_margin_loss_backward": 5,
+    "multilabel_margin_loss_forward": 3,
+}
+
+
+def _loss_rule(flops_per_element: int) -> Rule:
+    def rule(op: OpRecord) -> Cost:
+        read, written = io_bytes(op)
+        x = op.inputs[0]
+        return Cost(flops_per_element * x.numel, read, written, "vector", compute_dtype(op.inputs))
+
+    return rule
+
+
+for _name, _flops in ELEMENTWISE_LOSS_FLOPS.items():
+    if hasattr(torch.ops.aten, _name):
+        _rule = _loss_rule(_flops)
+        _rule.__name__ = f"loss_{_name}"
+        _rule.__doc__ = f"{_name}: {_flops} FLOP per element, inputs read once."
+        register(f"aten.{_name}")(_rule)

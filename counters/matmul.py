@@ -1,0 +1,152 @@
+"""Matmul-class ops: they run on tensor cores at the dtype's peak (DESIGN rule 4).
+
+seed 000 "GEMM from first principles": W = 2MNK, Q_compulsory = s(MK + KN + MN).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch.utils.flop_counter import conv_backward_flop, conv_flop_count
+from torchroof.counters.cost import Cost
+from torchroof.counters.registry import register
+from torchroof.counters.tensors import compute_dtype, io_bytes
+
+from torchroof.records import OpRecord
+
+
+def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:
+    read, written = io_bytes(op)
+    dtype = compute_dtype(t for name in operands if (t := op.tensor(name)) is not None)
+    return Cost(flops, read, written, "tensor", dtype)
+
+
+@register("aten.mm", "aten._int_mm")
+def mm(op: OpRecord) -> Cost:
+    """C[M,N] = A[M,K] @ B[K,N]: W = 2MNK (seed 000 "GEMM from first principles")."""
+    m, k = op.tensor("self").shape
+    n = op.tensor("mat2").shape[1]
+    return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
+
+
+@register("aten.addmm", "aten._addmm_activation")
+def addmm(op: OpRecord) -> Cost:
+    """bias + A @ B: 2MNK for the product, MN for the bias epilogue (seed 000 §GEMM)."""
+    m, k = op.tensor("mat1").shape
+    n = op.tensor("mat2").shape[1]
+    return _tensor_cost(op, 2 * m * n * k + m * n, "mat1", "mat2")
+
+
+@register("aten._scaled_mm")
+def scaled_mm(op: OpRecord) -> Cost:
+    """fp8 GEMM with per-tensor scales: W = 2MNK on the fp8 tensor cores (seed 000 Table 1)."""
+    m, k = op.tensor("self").shape
+    n = op.tensor("mat2").shape[1]
+    return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
+
+
+@register("aten.bmm")
+def bmm(op: OpRecord) -> Cost:
+    """Batched A[B,M,K] @ B[B,K,N]: W = 2·B·M·N·K (seed 000 §GEMM, per batch)."""
+    b, m, k = op.tensor("self").shape
+    n = op.tensor("mat2").shape[2]
+    return _tensor_cost(op, 2 * b * m * n * k, "self", "mat2")
+
+
+@register("aten.baddbmm")
+def baddbmm(op: OpRecord) -> Cost:
+    """bias + batched product: 2·B·M·N·K + B·M·N (seed 000 §GEMM)."""
+    b, m, k = op.tensor("batch1").shape
+    n = op.tensor("batch2").shape[2]
+    return _tensor_cost(op, 2 * b * m * n * k + b * m * n, "batch1", "batch2")
+
+
+@register("aten.addbmm")
+def addbmm(op: OpRecord) -> Cost:
+    """bias + sum over the batch of products: 2·B·M·N·K + M·N (seed 000 §GEMM)."""
+    b, m, k = op.tensor("batch1").shape
+    n = op.tensor("batch2").shape[2]
+    return _tensor_cost(op, 2 * b * m * n * k + m * n, "batch1", "batch2")
+
+
+@register("aten.mv")
+def mv(op: OpRecord) -> Cost:
+    """GEMV A[M,K] @ x[K]: W = 2MK, I -> 2/s (seed 000 "decode is a GEMV")."""
+    m, k = op.tensor("self").shape
+    return _tensor_cost(op, 2 * m * k, "self", "vec")
+
+
+@register("aten.addmv")
+def addmv(op: OpRecord) -> Cost:
+    """bias + GEMV: 2MK + M (seed 000 "decode is a GEMV")."""
+    m, k = op.tensor("mat").shape
+    return _tensor_cost(op, 2 * m * k + m, "mat", "vec")
+
+
+@register("aten.dot", "aten.vdot")
+def dot(op: OpRecord) -> Cost:
+    """Inner product of two K-vectors: 2K (FMA = 2, DESIGN rule 3)."""
+    return _tensor_cost(op, 2 * op.tensor("self").numel, "self", "tensor")
+
+
+@register("aten.addr")
+def addr(op: OpRecord) -> Cost:
+    """bias + outer product: M·N multiplies and M·N adds."""
+    n_out = op.tensor("vec1").numel * op.tensor("vec2").numel
+    return _tensor_cost(op, 2 * n_out, "vec1", "vec2")
+
+
+@register("aten._grouped_mm")
+def grouped_mm(op: OpRecord) -> Cost:
+    """Grouped GEMM (MoE experts): 2·M_total·N·K summed over groups.
+
+    NB: with ``offs`` the rows are split among groups at run time; the total is the same.
+    """
+    a, b = op.tensor("self").shape, op.tensor("mat2").shape
+    out = op.outputs[0].shape
+    k = a[-1]
+    if len(a) == 2 and len(b) == 2:
+        # 2D x 2D with offs (the weight-gradient form): groups split K, so the total
+        # contraction is K once for each of the N_out x M_out outputs of one group.
+        flops = 2 * out[-2] * out[-1] * k
+    else:
+        flops = 2 * math.prod(out) * k
+    return _tensor_cost(op, flops, "self", "mat2")
+
+
+@register("aten.convolution", "aten._convolution")
+def convolution(op: OpRecord) -> Cost:
+    """Convolution: 2 FLOPs per MAC, counted by ``torch.utils.flop_counter.conv_flop_count``."""
+    x, w = op.tensor("input"), op.tensor("weight")
+    transposed = bool(op.arg("transposed", False))
+    flops = conv_flop_count(list(x.shape), list(w.shape), list(op.outputs[0].shape), transposed)
+    if op.tensor("bias") is not None:
+        flops += op.outputs[0].numel
+    return _tensor_cost(op, flops, "input", "weight")
+
+
+@register("aten.convolution_backward")
+def convolution_backward(op: OpRecord) -> Cost:
+    """Input and weight gradients per ``output_mask``, counted by torch's own formula."""
+    grad, x, w = op.tensor("grad_output"), op.tensor("input"), op.tensor("weight")
+    mask = list(op.arg("output_mask", [True, True, True]))
+    transposed = bool(op.arg("transposed", False))
+    # Each output of the op is present only where the mask asks for it.
+    shapes = [list(x.shape), list(w.shape), None]
+    flops = conv_backward_flop(
+        list(grad.shape),
+        list(x.shape),
+        list(w.shape),
+        None,
+        None,
+        None,
+        None,
+        transposed,
+        None,
+        None,
+        mask,
+        out_val=shapes,
+    )
+    if mask[2]:
+        flops += grad.numel  # bias gradient: a sum over everything but channels
+    return _tensor_cost(op, flops, "grad_output", "weight")

@@ -1,0 +1,324 @@
+"""Data movement: views, creation, concatenation, padding, indexing, embedding, dropout.
+
+DESIGN rule 2: views cost nothing; copies cost their bytes. Gathers read the gathered
+elements (not the whole source) and scatters write the scattered ones (compulsory Q).
+"""
+
+from __future__ import annotations
+
+import torch
+from torchroof.counters.cost import ZERO, Cost
+from torchroof.counters.registry import register
+from torchroof.counters.tensors import (
+    compute_dtype,
+    io_bytes,
+    unique_bytes,
+    written_tensors,
+)
+
+from torchroof.records import OpRecord, TensorMeta
+
+
+def _existing(*names: str) -> list[str]:
+    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+
+
+VIEW_OPS = (
+    "view",
+    "_unsafe_view",
+    "_reshape_alias",
+    "reshape",
+    "expand",
+    "expand_as",
+    "t",
+    "transpose",
+    "permute",
+    "slice",
+    "select",
+    "unsqueeze",
+    "squeeze",
+    "alias",
+    "detach",
+    "as_strided",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "chunk",
+    "narrow",
+    "view_as",
+    "view_as_real",
+    "view_as_complex",
+    "unfold",
+    "diagonal",
+    "lift_fresh",
+    "movedim",
+    "real",
+    "imag",
+    "_conj",
+    "conj",
+    "_neg_view",
+    "unflatten",
+    "flatten",
+    "tensor_split",
+    "swapaxes",
+    "_nested_view_from_buffer",
+    "numpy_T",
+    "mT",
+    "mH",
+    "adjoint",
+    "_indices",
+    "_values",
+)
+
+# Ops that only touch metadata, allocate without writing, or ask the runtime a question.
+METADATA_OPS = (
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_same_size",
+    "_fused_sdp_choice",
+    "_assert_async",
+    "_assert_scalar",
+    "_functional_assert_async",
+    "_assert_tensor_metadata",
+    "_has_compatible_shallow_copy_type",
+    "set_",
+    "resize_",
+    "resize_as_",
+    "record_stream",
+    "_resize_output_",
+    "_print",
+    "is_nonzero",
+    "_local_scalar_dense",
+    "sym_constrain_range",
+    "sym_constrain_range_for_size",
+    "_make_dep_token",
+)
+
+
+@register(*_existing(*VIEW_OPS))
+def view(op: OpRecord) -> Cost:
+    """Views alias their input: no kernel, no bytes (DESIGN rule 2)."""
+    return ZERO
+
+
+@register(*_existing(*METADATA_OPS))
+def metadata(op: OpRecord) -> Cost:
+    """Allocation and metadata queries launch no kernel and move no tensor bytes.
+
+    NB: ``_local_scalar_dense`` (``.item()``) is a device-to-host sync on a GPU; its latency
+    is not a roofline quantity and is left to the launch-overhead option.
+    """
+    return ZERO
+
+
+@register(
+    *_existing(
+        "zeros",
+        "ones",
+        "full",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "scalar_tensor",
+        "arange",
+        "linspace",
+        "logspace",
+        "eye",
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "normal",
+        "normal_",
+        "uniform",
+        "uniform_",
+        "bernoulli",
+        "bernoulli_",
+        "exponential_",
+        "random_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "multinomial",
+        "_efficientzerotensor",
+        "_to_dense",
+    )
+)
+def creation(op: OpRecord) -> Cost:
+    """Tensors made from nothing (or from a distribution): their bytes written once."""
+    written = written_tensors(op)
+    read = unique_bytes(t for t in op.inputs if t.numel == 1 and t not in written)
+    return Cost(0, read, unique_bytes(written), "none", written[0].dtype if written else "")
+
+
+@register(
+    *_existing(
+        "cat",
+        "stack",
+        "repeat",
+        "repeat_interleave",
+        "flip",
+        "roll",
+        "rot90",
+        "constant_pad_nd",
+        "reflection_pad1d",
+        "reflection_pad2d",
+        "reflection_pad3d",
+        "replication_pad1d",
+        "replication_pad2d",
+        "replication_pad3d",
+        "tril",
+        "triu",
+        "_unsafe_index",
+        "index",
+        "slice_scatter",
+        "select_scatter",
+        "diagonal_scatter",
+        "as_strided_scatter",
+        "index_select",
+        "gather",
+        "take",
+        "masked_select",
+        "nonzero",
+        "nonzero_static",
+        "unique_dim",
+        "_unique2",
+        "unique_consecutive",
+        "pixel_shuffle",
+        "pixel_unshuffle",
+        "im2col",
+        "col2im",
+        "upsample_nearest1d",
+        "upsample_nearest2d",
+        "upsample_nearest3d",
+        "polar",
+        "complex",
+    )
+)
+def movement(op: OpRecord) -> Cost:
+    """Copies, concatenation, padding and gathers: 0 FLOPs, inputs read, outputs written.
+
+    A gather (``index``, ``index_select``, ``gather``) reads no more of its source than it
+    returns, so the source is charged at most the output's size (compulsory Q).
+    """
+    source = op.tensor("self")
+    if op.packet in _GATHERS and source is not None:
+        others = [t for t in op.inputs if t is not source]
+        gathered = min(source.nbytes, unique_bytes(op.outputs[:1]))
+        read = gathered + unique_bytes(others)
+        return Cost(0, read, unique_bytes(op.outputs), "none", source.dtype)
+    read, written = io_bytes(op)
+    return Cost(0, read, written, "none", compute_dtype(op.inputs))
+
+
+_GATHERS = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take"}
+
+
+@register(
+    *_existing(
+        "index_put",
+        "index_put_",
+        "_index_put_impl_",
+        "_unsafe_index_put",
+        "index_copy",
+        "index_copy_",
+        "index_add",
+        "index_add_",
+        "index_fill",
+        "index_fill_",
+        "scatter",
+        "scatter_",
+        "scatter_add",
+        "scatter_add_",
+        "scatter_reduce",
+        "scatter_reduce_",
+        "masked_scatter",
+        "masked_scatter_",
+        "put",
+        "put_",
+        "index_reduce",
+        "index_reduce_",
+    )
+)
+def scatter(op: OpRecord) -> Cost:
+    """Scatters write the scattered elements; an accumulating scatter also reads them.
+
+    The out-of-place form copies ``self`` first (read + write of the whole tensor).
+    """
+    target = op.tensor("self")
+    updates = [t for t in op.inputs if t is not target]
+    update_bytes = unique_bytes(updates)
+    values = op.tensor("values") or op.tensor("src") or op.tensor("source")
+    touched = values.numel * target.itemsize if values is not None else target.nbytes
+    accumulate = bool(op.arg("accumulate", False)) or "add" in op.packet or "reduce" in op.packet
+    read = update_bytes + (touched if accumulate else 0)
+    written = touched
+    flops = values.numel if (accumulate and values is not None) else 0
+    if not op.packet.endswith("_"):
+        read += target.nbytes  # functional form: copy self, then scatter into the copy
+        written = target.nbytes
+    return Cost(flops, read, written, "vector" if flops else "none", target.dtype)
+
+
+@register(
+    *_existing(
+        "slice_backward",
+        "select_backward",
+        "diagonal_backward",
+        "unfold_backward",
+        "as_strided_backward",
+        "index_select_backward",
+    )
+)
+def view_backward(op: OpRecord) -> Cost:
+    """The gradient of a view: a zero-filled tensor of the input's size with the incoming
+    gradient copied into the viewed part (one full write, one read of the gradient)."""
+    read, written = io_bytes(op)
+    return Cost(0, read, written, "none", compute_dtype(op.inputs))
+
+
+@register("aten.embedding")
+def embedding(op: OpRecord) -> Cost:
+    """Row gather: reads the indices and at most one weight row per index, writes the rows."""
+    weight, indices = op.tensor("weight"), op.tensor("indices")
+    rows = min(indices.numel, weight.shape[0])
+    row_bytes = weight.nbytes // max(weight.shape[0], 1)
+    read = rows * row_bytes + indices.nbytes
+    return Cost(0, read, unique_bytes(op.outputs), "none", weight.dtype)
+
+
+@register(*_existing("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward"))
+def embedding_backward(op: OpRecord) -> Cost:
+    """Gradient of a row gather: zero the [V, d] gradient, scatter-add each incoming row."""
+    grad = op.tensor("grad_output") or op.tensor("grad")
+    read, written = io_bytes(op)
+    return Cost(grad.numel if grad else 0, read, written, "vector", grad.dtype if grad else "")
+
+
+@register("aten.native_dropout")
+def dropout(op: OpRecord) -> Cost:
+    """Dropout draws a mask and scales: ~2 FLOP/element; writes y and the bool mask."""
+    x: TensorMeta = op.tensor("input")
+    read, written = io_bytes(op)
+    return Cost(2 * x.numel, read, written, "vector", x.dtype)
+
+
+@register("aten.native_dropout_backward")
+def dropout_backward(op: OpRecord) -> Cost:
+    """g · mask · scale: one multiply per element, reads g and the mask."""
+    grad = op.tensor("grad_output")
+    read, written = io_bytes(op)
+    return Cost(grad.numel, read, written, "vector", grad.dtype)

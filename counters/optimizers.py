@@ -1,0 +1,63 @@
+"""Fused optimizer kernels (what ``torch.optim`` runs with ``fused=True`` on a GPU).
+
+seed 000 "Optimizers as memory workloads": Adam reads param, grad, m, v and writes param,
+m, v, ~12 FLOPs per parameter; the gradient is written back only when a grad scaler
+unscales it in place.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchroof.counters.cost import Cost
+from torchroof.counters.registry import register
+from torchroof.counters.tensors import unique_bytes
+
+from torchroof.records import OpRecord
+
+# FLOPs per parameter element.
+ADAM_FLOPS = 12  # seed 000: "30 bytes moved to perform about 12 FLOPs"
+SGD_FLOPS = 2  # p -= lr·g (+ weight decay)
+SGD_MOMENTUM_FLOPS = 4  # b = μ·b + g; p -= lr·b
+ADAGRAD_FLOPS = 6  # s += g²; p -= lr·g / (√s + eps)
+
+
+def _fused_cost(op: OpRecord, flops_per_element: int, state: tuple[str, ...]) -> Cost:
+    params = op.tensors("self") or op.tensors("params")
+    grads = op.tensors("grads")
+    states = [t for name in state for t in op.tensors(name)]
+    steps = op.tensors("state_steps")
+    grads_written = grads if op.tensor("grad_scale") is not None else []
+    numel = sum(t.numel for t in params)
+    read = unique_bytes(params + grads + states + steps)
+    written = unique_bytes(params + states + grads_written)
+    dtype = params[0].dtype if params else ""
+    return Cost(flops_per_element * numel, read, written, "vector", dtype)
+
+
+@register(
+    *[
+        f"aten.{n}"
+        for n in ("_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw")
+        if hasattr(torch.ops.aten, n)
+    ]
+)
+def fused_adam(op: OpRecord) -> Cost:
+    """Adam/AdamW: reads p, g, m, v (and max v for AMSGrad), writes p, m, v (seed 000 §16)."""
+    return _fused_cost(op, ADAM_FLOPS, ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"))
+
+
+@register(*[f"aten.{n}" for n in ("_fused_sgd_", "_fused_sgd") if hasattr(torch.ops.aten, n)])
+def fused_sgd(op: OpRecord) -> Cost:
+    """SGD (momentum buffers when given): seed 000 §16, 14 B/param plain, 22 with momentum
+    under its fp32-master convention."""
+    has_momentum = bool(op.tensors("momentum_buffer_list"))
+    flops = SGD_MOMENTUM_FLOPS if has_momentum else SGD_FLOPS
+    return _fused_cost(op, flops, ("momentum_buffer_list",))
+
+
+@register(
+    *[f"aten.{n}" for n in ("_fused_adagrad_", "_fused_adagrad") if hasattr(torch.ops.aten, n)]
+)
+def fused_adagrad(op: OpRecord) -> Cost:
+    """Adagrad: reads p, g, the squared-gradient sum; writes p and the sum."""
+    return _fused_cost(op, ADAGRAD_FLOPS, ("state_sums",))

@@ -1,0 +1,297 @@
+"""Elementwise ops, casts and their ``_foreach_`` list forms.
+
+seed 000 "Elementwise operations": I = f / [s·(r + w)] with f FLOPs per element; r and w
+are the tensors read and written (Table 3). Bytes here are the unique bytes of every tensor
+read and written, so a broadcast input is read once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchroof.counters.cost import Cost, Unit
+from torchroof.counters.registry import Rule, register
+from torchroof.counters.tensors import (
+    compute_dtype,
+    io_bytes,
+    read_tensors,
+    unique_bytes,
+    written_tensors,
+)
+
+from torchroof.records import OpRecord
+
+VECTOR: Unit = "vector"
+SFU: Unit = "sfu"
+
+# FLOPs per output element, and the unit that executes them.
+# One FLOP per add, multiply, compare or select; a transcendental (exp, log, tanh, erf,
+# rsqrt, sin, ...) counts one FLOP and, alone in its op, runs on the SFU (seed 000 "pi is the
+# top of a stack"). Composite activations count every step; the seed's Table 3 rows are
+# quoted where it gives them. NB: seed 000 notes these counts are implementation-dependent
+# by 30-50%; it never moves an op across the ridge.
+POINTWISE_FLOPS: dict[str, tuple[int, Unit]] = {
+    # arithmetic
+    "add": (1, VECTOR),  # Table 3: residual add, 1 FLOP / element
+    "sub": (1, VECTOR),
+    "rsub": (1, VECTOR),
+    "mul": (1, VECTOR),
+    "div": (1, VECTOR),
+    "true_divide": (1, VECTOR),
+    "floor_divide": (2, VECTOR),  # divide, floor
+    "remainder": (3, VECTOR),  # divide, floor, multiply-subtract
+    "fmod": (3, VECTOR),
+    "neg": (1, VECTOR),
+    "abs": (1, VECTOR),
+    "sign": (1, VECTOR),
+    "sgn": (1, VECTOR),
+    "square": (1, VECTOR),
+    "reciprocal": (1, SFU),
+    "lerp": (3, VECTOR),  # a + w·(b - a): sub, mul, add
+    "addcmul": (3, VECTOR),  # a + v·b·c
+    "addcdiv": (3, VECTOR),  # a + v·b/c
+    "xlogy": (2, SFU),
+    "copysign": (1, VECTOR),
+    "hypot": (3, SFU),
+    "nan_to_num": (3, VECTOR),
+    # comparisons, selects, logic: one operation each
+    "eq": (1, VECTOR),
+    "ne": (1, VECTOR),
+    "lt": (1, VECTOR),
+    "le": (1, VECTOR),
+    "gt": (1, VECTOR),
+    "ge": (1, VECTOR),
+    "maximum": (1, VECTOR),
+    "minimum": (1, VECTOR),
+    "fmax": (1, VECTOR),
+    "fmin": (1, VECTOR),
+    "clamp": (2, VECTOR),
+    "clamp_min": (1, VECTOR),
+    "clamp_max": (1, VECTOR),
+    "where": (1, VECTOR),
+    "masked_fill": (1, VECTOR),
+    "logical_and": (1, VECTOR),
+    "logical_or": (1, VECTOR),
+    "logical_xor": (1, VECTOR),
+    "logical_not": (1, VECTOR),
+    "bitwise_and": (1, VECTOR),
+    "bitwise_or": (1, VECTOR),
+    "bitwise_xor": (1, VECTOR),
+    "bitwise_not": (1, VECTOR),
+    "bitwise_left_shift": (1, VECTOR),
+    "bitwise_right_shift": (1, VECTOR),
+    "__and__": (1, VECTOR),
+    "__or__": (1, VECTOR),
+    "__xor__": (1, VECTOR),
+    "isnan": (1, VECTOR),
+    "isinf": (1, VECTOR),
+    "isfinite": (1, VECTOR),
+    "isneginf": (1, VECTOR),
+    "isposinf": (1, VECTOR),
+    "signbit": (1, VECTOR),
+    "floor": (1, VECTOR),
+    "ceil": (1, VECTOR),
+    "round": (1, VECTOR),
+    "trunc": (1, VECTOR),
+    "frac": (2, VECTOR),
+    "heaviside": (1, VECTOR),
+    # transcendentals
+    "exp": (1, SFU),
+    "exp2": (1, SFU),
+    "expm1": (1, SFU),
+    "log": (1, SFU),
+    "log2": (1, SFU),
+    "log10": (1, SFU),
+    "log1p": (1, SFU),
+    "sqrt": (1, SFU),
+    "rsqrt": (1, SFU),
+    "sin": (1, SFU),
+    "cos": (1, SFU),
+    "tan": (1, SFU),
+    "asin": (1, SFU),
+    "acos": (1, SFU),
+    "atan": (1, SFU),
+    "atan2": (1, SFU),
+    "sinh": (1, SFU),
+    "cosh": (1, SFU),
+    "tanh": (1, SFU),
+    "asinh": (1, SFU),
+    "acosh": (1, SFU),
+    "atanh": (1, SFU),
+    "erf": (1, SFU),
+    "erfc": (1, SFU),
+    "erfinv": (1, SFU),
+    "lgamma": (1, SFU),
+    "digamma": (1, SFU),
+    "sigmoid": (4, VECTOR),  # 1 / (1 + exp(-x)): neg, exp, add, reciprocal
+    "logit": (3, VECTOR),
+    # activations
+    "relu": (1, VECTOR),
+    "relu6": (2, VECTOR),
+    "leaky_relu": (2, VECTOR),
+    "elu": (4, VECTOR),
+    "celu": (4, VECTOR),
+    "selu": (5, VECTOR),
+    "hardtanh": (2, VECTOR),
+    "hardsigmoid": (3, VECTOR),
+    "hardswish": (4, VECTOR),
+    "silu": (5, VECTOR),  # x·sigmoid(x); with the gate product, Table 3's SwiGLU ~6
+    "mish": (7, VECTOR),  # x·tanh(softplus(x))
+    "softplus": (4, VECTOR),  # log(1 + exp(x)) with a threshold compare
+    "log_sigmoid_forward": (5, VECTOR),
+    "prelu": (2, VECTOR),
+    "_prelu_kernel": (2, VECTOR),
+    # activation backward: the derivative times the incoming gradient
+    "threshold_backward": (1, VECTOR),
+    "sigmoid_backward": (3, VECTOR),  # g·y·(1 - y)
+    "tanh_backward": (3, VECTOR),  # g·(1 - y²)
+    "silu_backward": (8, VECTOR),  # recompute sigmoid (4), g·s·(1 + x·(1 - s)) (4)
+    "hardtanh_backward": (2, VECTOR),
+    "hardsigmoid_backward": (2, VECTOR),
+    "hardswish_backward": (4, VECTOR),
+    "leaky_relu_backward": (2, VECTOR),
+    "elu_backward": (3, VECTOR),
+    "softplus_backward": (5, VECTOR),
+    "mish_backward": (12, VECTOR),
+    "log_sigmoid_backward": (5, VECTOR),
+    "_prelu_kernel_backward": (3, VECTOR),
+    "logit_backward": (3, VECTOR),
+}
+
+# GELU depends on its ``approximate`` argument: erf form x·½·(1 + erf(x/√2)) is ~5 steps;
+# the tanh form is Table 3's ~12 (seed 000). The backward roughly doubles each.
+GELU_FLOPS = {"none": 5, "tanh": 12}
+GELU_BACKWARD_FLOPS = {"none": 10, "tanh": 20}
+
+# pow: x² is one multiply; any other exponent is exp(y·log(x)) on the SFU.
+POW_SQUARE_FLOPS = 1
+POW_GENERAL_FLOPS = 3
+
+
+def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
+    read, written = io_bytes(op)
+    out = written_tensors(op)
+    numel = out[0].unique_numel if out else 0
+    return Cost(flops_per_element * numel, read, written, unit, compute_dtype(read_tensors(op)))
+
+
+def _table_rule(flops_per_element: int, unit: Unit) -> Rule:
+    def rule(op: OpRecord) -> Cost:
+        return _pointwise_cost(op, flops_per_element, unit)
+
+    return rule
+
+
+def _packets(base: str) -> list[str]:
+    """``aten.base`` and its in-place ``aten.base_``, where this torch has them."""
+    names = [base, f"{base}_"]
+    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+
+
+for _name, (_flops, _unit) in POINTWISE_FLOPS.items():
+    _rule = _table_rule(_flops, _unit)
+    _rule.__name__ = f"pointwise_{_name}"
+    _rule.__doc__ = f"{_name}: {_flops} FLOP/element on the {_unit} unit (seed 000 Table 3)."
+    register(*_packets(_name))(_rule)
+
+
+@register(*_packets("gelu"))
+def gelu(op: OpRecord) -> Cost:
+    """GELU, erf or tanh form (seed 000 Table 3: tanh approximation ~12 FLOP/element)."""
+    return _pointwise_cost(op, GELU_FLOPS[op.arg("approximate", "none")], VECTOR)
+
+
+@register("aten.gelu_backward")
+def gelu_backward(op: OpRecord) -> Cost:
+    """GELU derivative times the gradient (seed 000 Table 3, doubled for the derivative)."""
+    return _pointwise_cost(op, GELU_BACKWARD_FLOPS[op.arg("approximate", "none")], VECTOR)
+
+
+@register(*_packets("pow"))
+def pow_(op: OpRecord) -> Cost:
+    """x**2 is one multiply; other exponents are exp(y·log x) on the SFU (seed 000 §2)."""
+    exponent = op.arg("exponent")
+    if exponent == 2:
+        return _pointwise_cost(op, POW_SQUARE_FLOPS, VECTOR)
+    return _pointwise_cost(op, POW_GENERAL_FLOPS, SFU)
+
+
+_COPY_OPS = [
+    "_to_copy",
+    "clone",
+    "copy",
+    "_copy_from",
+    "lift_fresh_copy",
+    "alias_copy",
+    "view_copy",
+    "detach_copy",
+    "t_copy",
+    "permute_copy",
+    "transpose_copy",
+    "expand_copy",
+    "slice_copy",
+    "select_copy",
+    "unsqueeze_copy",
+    "squeeze_copy",
+    "_unsafe_view_copy",
+]
+
+
+@register(*(f"aten.{n}" for n in _COPY_OPS if hasattr(torch.ops.aten, n)))
+def copy(op: OpRecord) -> Cost:
+    """Casts and copies: 0 FLOPs, read once and written once (seed 000 Table 3: bf16 -> fp32
+    cast moves 6 bytes per element for no arithmetic)."""
+    read, written = io_bytes(op)
+    return Cost(0, read, written, "none", compute_dtype(op.inputs))
+
+
+@register("aten.copy_", "aten._copy_from_and_resize")
+def copy_(op: OpRecord) -> Cost:
+    """In-place copy: reads the source, writes the destination; the old contents are not read."""
+    src = op.tensor("src") or op.tensor("other")
+    dst = written_tensors(op)
+    return Cost(
+        0,
+        unique_bytes([src] if src else []),
+        unique_bytes(dst),
+        "none",
+        dst[0].dtype if dst else "",
+    )
+
+
+_FOREACH_ONLY = {"norm", "max"}  # handled in reductions
+
+
+def _foreach_rule(flops_per_element: int, unit: Unit) -> Rule:
+    def rule(op: OpRecord) -> Cost:
+        read, written = io_bytes(op)
+        out = written_tensors(op)
+        numel = sum(t.unique_numel for t in out)
+        return Cost(flops_per_element * numel, read, written, unit, compute_dtype(op.inputs))
+
+    return rule
+
+
+_FOREACH_TABLE = dict(POINTWISE_FLOPS)
+_FOREACH_TABLE.update({"pow": (POW_GENERAL_FLOPS, SFU), "copy": (0, "none")})
+for _name, (_flops, _unit) in _FOREACH_TABLE.items():
+    _packets_here = [
+        f"aten._foreach_{n}"
+        for n in (_name, f"{_name}_")
+        if hasattr(torch.ops.aten, f"_foreach_{n}")
+    ]
+    if _packets_here:
+        _rule = _foreach_rule(_flops, _unit)
+        _rule.__name__ = f"foreach_{_name}"
+        _rule.__doc__ = (
+            f"_foreach_{_name}: {_flops} FLOP/element over every tensor in the "
+            "list, each read and written once (seed 000 Table 3)."
+        )
+        register(*_packets_here)(_rule)
+
+
+@register("aten._foreach_zero_", "aten.zero_", "aten.fill", "aten.fill_")
+def fill(op: OpRecord) -> Cost:
+    """Write-only fills: the destination's bytes, no reads beyond a scalar."""
+    written = written_tensors(op)
+    read = unique_bytes(t for t in op.inputs if t.numel == 1 and t not in written)
+    return Cost(0, read, unique_bytes(written), "none", written[0].dtype if written else "")

@@ -1,0 +1,104 @@
+"""Reductions, scans, softmax and selection (topk, sort).
+
+Each is one pass over its input: read the input once, write the (smaller) output once.
+FLOPs are per *input* element (seed 000 Table 3: softmax ~6 per element, online, one pass).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torchroof.counters.cost import Cost
+from torchroof.counters.registry import Rule, register
+from torchroof.counters.tensors import compute_dtype, io_bytes
+
+from torchroof.records import OpRecord
+
+# FLOPs per input element for one-pass reductions and scans.
+REDUCTION_FLOPS: dict[str, int] = {
+    "sum": 1,  # one add
+    "nansum": 2,  # test, add
+    "mean": 1,  # add; the final divide is per output element (negligible)
+    "prod": 1,
+    "amax": 1,  # one compare
+    "amin": 1,
+    "max": 1,
+    "min": 1,
+    "aminmax": 2,
+    "argmax": 1,
+    "argmin": 1,
+    "any": 1,
+    "all": 1,
+    "count_nonzero": 1,
+    "var": 3,  # Welford: subtract, multiply, add
+    "std": 3,
+    "var_mean": 3,
+    "std_mean": 3,
+    "norm": 2,  # square, add (p = 2); the sqrt is per output element
+    "linalg_vector_norm": 2,
+    "logsumexp": 4,  # max, subtract, exp, add
+    "cumsum": 1,
+    "cumprod": 1,
+    "logcumsumexp": 4,
+    "_cummax_helper": 1,
+    "_cummin_helper": 1,
+    "_foreach_norm": 2,
+    "_foreach_max": 1,
+}
+
+# Softmax family, per element (seed 000 Table 3: softmax ~6, online one pass):
+SOFTMAX_FLOPS: dict[str, int] = {
+    "_softmax": 5,  # max, subtract, exp, sum, divide
+    "_safe_softmax": 6,  # + the select that zeroes fully masked rows
+    "_log_softmax": 5,  # max, subtract, exp, sum, subtract log-sum
+    "_softmax_backward_data": 4,  # g·y, row sum, subtract, multiply
+    "_log_softmax_backward_data": 4,  # exp(y), row sum of g, multiply, subtract
+}
+
+
+def _per_input_rule(flops_per_element: int) -> Rule:
+    def rule(op: OpRecord) -> Cost:
+        read, written = io_bytes(op)
+        processed = op.tensors("self") or list(op.inputs[:1])  # Tensor[] for _foreach_norm
+        numel = sum(t.numel for t in processed)
+        return Cost(flops_per_element * numel, read, written, "vector", compute_dtype(op.inputs))
+
+    return rule
+
+
+for _table in (REDUCTION_FLOPS, SOFTMAX_FLOPS):
+    for _name, _flops in _table.items():
+        _packets = [f"aten.{n}" for n in (_name, f"{_name}_") if hasattr(torch.ops.aten, n)]
+        _rule = _per_input_rule(_flops)
+        _rule.__name__ = f"reduction_{_name}"
+        _rule.__doc__ = f"{_name}: {_flops} FLOP per input element, one pass (seed 000 Table 3)."
+        register(*_packets)(_rule)
+
+
+def _dim_size(op: OpRecord) -> int:
+    x = op.tensor("self")
+    if not x.shape:
+        return 1
+    return x.shape[op.arg("dim", -1)]
+
+
+@register("aten.sort", "aten.argsort")
+def sort(op: OpRecord) -> Cost:
+    """Sort along a dim: n·log2(L) compare-exchanges for L elements per row.
+
+    NB: a comparison counts as one FLOP, as in the reductions above.
+    """
+    read, written = io_bytes(op)
+    length = _dim_size(op)
+    flops = op.tensor("self").numel * max(1, math.ceil(math.log2(max(length, 2))))
+    return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
+
+
+@register("aten.topk")
+def topk(op: OpRecord) -> Cost:
+    """Top-k along a dim: each element is compared into a k-heap, n·log2(k) compares."""
+    read, written = io_bytes(op)
+    k = int(op.arg("k"))
+    flops = op.tensor("self").numel * max(1, math.ceil(math.log2(max(k, 2))))
+    return Cost(flops, read, written, "vector", compute_dtype(op.inputs))

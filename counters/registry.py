@@ -1,0 +1,63 @@
+"""The one registry of cost rules, keyed by aten overload packet (``"aten.mm"``).
+
+Like ``torch.utils.flop_counter.register_flop_formula``: one pure rule per packet,
+registered by decorator, a second registration raises. Rules see an ``OpRecord`` (shapes,
+dtypes, non-tensor args), never tensors. An op without a rule is still charged its input
+and output bytes and marked ``counted=False`` (DESIGN rule 1: never a silent zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torchroof.counters.cost import ZERO, Cost
+from torchroof.counters.tensors import io_bytes, is_view_schema
+
+from torchroof.records import OpRecord
+
+Rule = Callable[[OpRecord], Cost]
+
+_RULES: dict[str, Rule] = {}
+
+
+class DuplicateRuleError(ValueError):
+    """Raised when a packet already has a rule."""
+
+
+def register(*packets: str) -> Callable[[Rule], Rule]:
+    """Register ``rule`` for each packet name (``"aten.mm"``; no overload suffix)."""
+
+    def decorate(rule: Rule) -> Rule:
+        for packet in packets:
+            if packet.count(".") != 1:
+                raise ValueError(f"register packets as 'namespace.op', got {packet!r}")
+            if packet in _RULES:
+                raise DuplicateRuleError(f"{packet} already has a rule: {_RULES[packet].__name__}")
+            _RULES[packet] = rule
+        return rule
+
+    return decorate
+
+
+def rule_for(packet: str) -> Rule | None:
+    return _RULES.get(packet)
+
+
+def registered_packets() -> frozenset[str]:
+    return frozenset(_RULES)
+
+
+def uncounted_cost(op: OpRecord) -> Cost:
+    """Fallback for an op without a rule: its input and output bytes, flagged uncounted."""
+    read, written = io_bytes(op)
+    return Cost(0, read, written, "none", "", counted=False)
+
+
+def cost_of(op: OpRecord) -> Cost:
+    """W and compulsory Q of one recorded op."""
+    rule = _RULES.get(op.packet)
+    if rule is not None:
+        return rule(op)
+    if is_view_schema(op.name):
+        return ZERO  # DESIGN rule 2: views cost nothing, whatever their namespace
+    return uncounted_cost(op)

@@ -1,0 +1,65 @@
+"""The ``torchroof`` command as a user runs it."""
+
+import json
+
+import pytest
+
+from torchroof.cli import main
+
+
+def test_estimate_prints_budget_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "gpt2.json"
+    trace = tmp_path / "trace.json"
+    code = main(
+        [
+            "estimate",
+            "gpt2",
+            "--seq",
+            "128",
+            "--hardware",
+            "a100",
+            "--json",
+            str(out),
+            "--save-trace",
+            str(trace),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "transformer.h.0-11 (x12)" in printed
+    assert "A100" in printed and "coverage" in printed
+    data = json.loads(out.read_text())
+    assert data["hardware"] == "a100-sxm" and data["uncounted"] == {}
+    # the saved trace re-estimates on other hardware without the model
+    assert main(["estimate", "--from-trace", str(trace), "--hardware", "h100"]) == 0
+    assert "H100" in capsys.readouterr().out
+
+
+def test_hardware_listing_shows_ridges(capsys):
+    assert main(["hardware"]) == 0
+    printed = capsys.readouterr().out
+    h100 = next(line for line in printed.splitlines() if line.startswith("h100-sxm"))
+    assert "295" in h100 and "591" in h100
+    assert main(["hardware", "l40s"]) == 0
+    assert "source" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["estimate", "llama-3-8", "--seq", "8"], "did you mean"),
+        (["estimate", "gpt2", "--hardware", "h1000"], "unknown hardware"),
+        (["estimate", "gpt2", "--dtype", "int3"], "unsupported model dtype"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_negative_batch_is_rejected(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "gpt2", "--batch", "-1"])
+    assert info.value.code == 2
+    assert "positive integer" in capsys.readouterr().err

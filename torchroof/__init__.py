@@ -1,0 +1,28 @@
+"""torchroof: where the time of a step goes on accelerator X, traced on the meta device.
+
+with torchroof.trace() as t:
+    model(ids)
+est = t.estimate(hardware="h100-sxm")
+print(est.table())
+"""
+
+from torchroof.capture import Capture, trace
+from torchroof.estimate import estimate_trace
+from torchroof.records import OpRecord, TensorMeta, Trace
+from torchroof.report import Estimate, KernelEstimate, LayerRow
+from torchroof.roofline import RooflineOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Capture",
+    "Estimate",
+    "KernelEstimate",
+    "LayerRow",
+    "OpRecord",
+    "RooflineOptions",
+    "TensorMeta",
+    "Trace",
+    "estimate_trace",
+    "trace",
+]

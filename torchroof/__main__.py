@@ -1,0 +1,3 @@
+from torchroof.cli import main
+
+raise SystemExit(main())

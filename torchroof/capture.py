@@ -1,0 +1,462 @@
+"""Capture: record every aten op of a model step, with module path and phase.
+
+A ``TorchDispatchMode`` sees each aten op after autograd and composite decompositions; a
+``TorchFunctionMode`` sees ``F.scaled_dot_product_attention`` before meta would decompose it
+into the math path, and records the fused kernel a GPU would launch instead (DESIGN.md,
+"What the meta device does differently").
+
+Module attribution. Global forward pre/post hooks keep the module stack. Every change of
+the stack is logged against autograd's sequence counter, so an autograd node created while
+module M was innermost has a sequence number inside M's interval; in backward the node being
+executed (``torch._C._current_autograd_node()``) is mapped back to M by bisection. No graph
+walk, no per-tensor hooks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchroof.records import Assumption, OpRecord, Phase, TensorMeta, TensorRef, Trace
+
+aten = torch.ops.aten
+
+_LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
+_BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX
+
+
+def _neutral_scalar(dtype: torch.dtype) -> bool | int | float:
+    """The value ``Tensor.item()`` answers on meta.
+
+    NB: True / 1 / 1.0 is the choice that keeps the common callers on their fast, dense
+    path: HF's "is the mask all ones" checks say yes (no padding), and ``torch.optim``'s
+    step counter is 1 (bias corrections stay finite).
+    """
+    if dtype == torch.bool:
+        return True
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1.0
+    return 1
+
+
+@dataclass
+class _SdpaGroup:
+    """Autograd sequence interval of one SDPA call, so its backward can be replaced too."""
+
+    first_seq: int
+    end_seq: int
+    forward: OpRecord
+
+
+class _ArgNames:
+    """Schema argument names per aten overload (cached: schemas do not change)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Any, tuple[str, ...]] = {}
+
+    def __call__(self, func: Any) -> tuple[str, ...]:
+        names = self._cache.get(func)
+        if names is None:
+            names = tuple(a.name for a in func._schema.arguments)
+            self._cache[func] = names
+        return names
+
+
+class Capture:
+    """Context manager behind :func:`torchroof.trace`; ``__enter__`` returns the Trace.
+
+    Works with meta tensors (primary), FakeTensors and real CPU tensors. On meta,
+    ``Tensor.item()`` is answered with a neutral value and the answer is recorded in
+    ``Trace.assumptions``.
+    """
+
+    def __init__(self, *, flash_attention: bool = True) -> None:
+        self.trace = Trace()
+        self.flash_attention = flash_attention
+        self._suppress = 0
+        self._phase_override: list[Phase] = []
+        self._optimizer_depth = 0
+        self._stack: list[str] = []
+        self._seq_starts: list[int] = []  # sequence nr at each change of the module stack
+        self._seq_modules: list[str] = []  # innermost module from that change on
+        self._module_names: dict[int, str] = {}
+        self._param_owner: dict[int, str] = {}  # id(param) -> module path
+        self._storages: dict[int, tuple[int, StorageWeakRef]] = {}
+        self._next_storage = 0
+        self._sdpa_groups: list[_SdpaGroup] = []
+        self._sdpa_group_starts: list[int] = []
+        self._arg_names = _ArgNames()
+        self._op_names: dict[Any, str] = {}
+        self._dispatch = _Recorder(self)
+        self._function = _FunctionHook(self)
+        self._handles: list[Any] = []
+
+    # -- context management -------------------------------------------------------------
+    def __enter__(self) -> Trace:
+        nn_hooks = torch.nn.modules.module
+        self._handles = [
+            nn_hooks.register_module_forward_pre_hook(self._enter_module),
+            nn_hooks.register_module_forward_hook(self._exit_module, always_call=True),
+            register_optimizer_step_pre_hook(self._enter_optimizer),
+            register_optimizer_step_post_hook(self._exit_optimizer),
+        ]
+        self._function.__enter__()
+        self._dispatch.__enter__()
+        return self.trace
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dispatch.__exit__(*exc)
+        self._function.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._storages.clear()  # releases the weak references that pin storage addresses
+
+    # -- module tracking ----------------------------------------------------------------
+    def _enter_module(self, module: torch.nn.Module, _inputs: Any) -> None:
+        name = self._module_names.get(id(module))
+        if name is None:
+            prefix = f"{self._stack[-1]}.{type(module).__name__}" if self._stack else ""
+            name = self._register_root(module, prefix)
+        self._stack.append(name)
+        self._log_stack_change()
+
+    def _exit_module(self, _module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+        self._log_stack_change()
+
+    def _register_root(self, root: torch.nn.Module, prefix: str) -> str:
+        for name, module in root.named_modules(remove_duplicate=False):
+            path = f"{prefix}.{name}".strip(".") if prefix else name
+            self._module_names.setdefault(id(module), path)
+            for pname, param in module.named_parameters(recurse=False):
+                self._param_owner.setdefault(id(param), path)
+                self.trace.parameters.setdefault(
+                    self._storage_id(param), f"{path}.{pname}".strip(".")
+                )
+        return self._module_names[id(root)]
+
+    def _log_stack_change(self) -> None:
+        seq = torch._C._autograd._get_sequence_nr()
+        top = self._stack[-1] if self._stack else ""
+        if self._seq_starts and self._seq_starts[-1] == seq:
+            self._seq_modules[-1] = top  # no node was created in between
+        else:
+            self._seq_starts.append(seq)
+            self._seq_modules.append(top)
+
+    def _module_of_node(self, node: Any) -> str:
+        seq = node._sequence_nr()
+        if seq == _ACCUMULATE_GRAD_SEQUENCE_NR:
+            variable = getattr(node, "variable", None)
+            return self._param_owner.get(id(variable), "")
+        at = bisect.bisect_right(self._seq_starts, seq) - 1
+        return self._seq_modules[at] if at >= 0 else ""
+
+    # -- optimizer and backward phases --------------------------------------------------
+    def _enter_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._optimizer_depth += 1
+
+    def _exit_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._optimizer_depth -= 1
+
+    def _context(self) -> tuple[Phase, str, Any]:
+        """(phase, module path, autograd node or None) for the op about to be recorded."""
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return "backward", self._module_of_node(node), node
+        if self._optimizer_depth:
+            return "optimizer", "", None
+        if self._phase_override:
+            return self._phase_override[-1], "", None
+        return "forward", (self._stack[-1] if self._stack else ""), None
+
+    def run_as_backward(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        self._phase_override.append("backward")
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self._phase_override.pop()
+
+    # -- tensors ------------------------------------------------------------------------
+    def _storage_id(self, tensor: torch.Tensor) -> int:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return self._fresh_storage_id()
+        key = storage._cdata
+        entry = self._storages.get(key)
+        if entry is None:
+            # Holding a weak reference keeps the StorageImpl's address from being reused
+            # for another storage while the trace runs, so the key stays unique.
+            entry = (self._fresh_storage_id(), StorageWeakRef(storage))
+            self._storages[key] = entry
+        return entry[0]
+
+    def _fresh_storage_id(self) -> int:
+        self._next_storage += 1
+        return self._next_storage - 1
+
+    def tensor_meta(self, tensor: torch.Tensor) -> TensorMeta:
+        try:
+            stride = tuple(tensor.stride())
+            offset = tensor.storage_offset()
+        except (RuntimeError, NotImplementedError):
+            stride, offset = _contiguous_stride(tuple(tensor.shape)), 0
+        return TensorMeta(
+            tuple(int(s) for s in tensor.shape),
+            tuple(int(s) for s in stride),
+            str(tensor.dtype).removeprefix("torch."),
+            self._storage_id(tensor),
+            int(offset),
+        )
+
+    def synthetic_meta(self, shape: Iterable[int], dtype: torch.dtype) -> TensorMeta:
+        """A tensor the modelled kernel would produce but the captured run did not."""
+        shape = tuple(int(s) for s in shape)
+        dtype_name = str(dtype).removeprefix("torch.")
+        return TensorMeta(shape, _contiguous_stride(shape), dtype_name, self._fresh_storage_id())
+
+    # -- recording ----------------------------------------------------------------------
+    def record(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        context: tuple[Phase, str, Any] | None = None,
+    ) -> OpRecord:
+        name = self._op_names.get(func)
+        if name is None:
+            name = str(func)
+            self._op_names[func] = name
+        inputs: list[TensorMeta] = []
+        named: dict[str, Any] = {}
+        arg_names = self._arg_names(func)
+        for position, value in enumerate(args):
+            key = arg_names[position] if position < len(arg_names) else f"arg{position}"
+            named[key] = self._convert(value, inputs)
+        for key, value in kwargs.items():
+            named[key] = self._convert(value, inputs)
+        outputs = tuple(self.tensor_meta(t) for t in _tensors_in(out))
+        phase, module, _node = context or self._context()
+        op = OpRecord(len(self.trace.ops), name, tuple(inputs), outputs, named, module, phase)
+        self.trace.ops.append(op)
+        return op
+
+    def _convert(self, value: Any, inputs: list[TensorMeta]) -> Any:
+        if isinstance(value, torch.Tensor):
+            inputs.append(self.tensor_meta(value))
+            return TensorRef(len(inputs) - 1)
+        if isinstance(value, (list, tuple)):
+            return [self._convert(v, inputs) for v in value]
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return value.node.hint if hasattr(value.node, "hint") else str(value)
+        return str(value).removeprefix("torch.")  # dtype, device, layout, memory_format
+
+    def answer_item(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tensor = args[0]
+        value = _neutral_scalar(tensor.dtype)
+        op = self.record(func, args, kwargs, None)
+        self.trace.assumptions.append(
+            Assumption(op.index, op.module, f"Tensor.item() on {tensor.dtype} answered {value!r}")
+        )
+        return value
+
+    # -- scaled dot-product attention ---------------------------------------------------
+    def sdpa(self, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+        """Run SDPA (unrecorded) and record the fused kernel a GPU would launch instead.
+
+        seed 000 "FlashAttention is an IO algorithm": S and P stay on chip, so the record is
+        ``_scaled_dot_product_flash_attention`` (or ``_efficient_`` when a mask is given),
+        with K/V at their own ``h_kv`` heads: no ``repeat_kv`` copies.
+        """
+        params = dict(zip(_SDPA_ARGS, args, strict=False))
+        params.update(kwargs)
+        query, key, value = params["query"], params["key"], params["value"]
+        mask = params.get("attn_mask")
+        context = self._context()
+        first_seq = torch._C._autograd._get_sequence_nr()
+        self._suppress += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._suppress -= 1
+        end_seq = torch._C._autograd._get_sequence_nr()
+
+        batch_heads_q = tuple(query.shape[:-1])
+        logsumexp = self.synthetic_meta(batch_heads_q, torch.float32)
+        common = {
+            "dropout_p": float(params.get("dropout_p", 0.0)),
+            "is_causal": bool(params.get("is_causal", False)),
+            "scale": params.get("scale"),
+        }
+        tensors = [query, key, value] + ([mask] if mask is not None else [])
+        inputs = [self.tensor_meta(t) for t in tensors]
+        refs = {"query": TensorRef(0), "key": TensorRef(1), "value": TensorRef(2)}
+        if mask is None:
+            name = "aten._scaled_dot_product_flash_attention.default"
+        else:
+            name = "aten._scaled_dot_product_efficient_attention.default"
+            refs["attn_bias"] = TensorRef(3)
+        phase, module, _ = context
+        forward = OpRecord(
+            len(self.trace.ops),
+            name,
+            tuple(inputs),
+            (self.tensor_meta(out), logsumexp),
+            {**refs, **common},
+            module,
+            phase,
+            synthetic=True,
+        )
+        self.trace.ops.append(forward)
+        if end_seq > first_seq and isinstance(out, torch.Tensor) and out.requires_grad:
+            group = _SdpaGroup(first_seq, end_seq, forward)
+            self._sdpa_group_starts.append(first_seq)
+            self._sdpa_groups.append(group)
+            out.register_hook(lambda grad, group=group: self._sdpa_backward(group, grad))
+        return out
+
+    def sdpa_group_of(self, node: Any) -> _SdpaGroup | None:
+        seq = node._sequence_nr()
+        at = bisect.bisect_right(self._sdpa_group_starts, seq) - 1
+        if at >= 0 and seq < self._sdpa_groups[at].end_seq:
+            return self._sdpa_groups[at]
+        return None
+
+    def _sdpa_backward(self, group: _SdpaGroup, grad: torch.Tensor) -> None:
+        forward = group.forward
+        query, key, value = forward.inputs[:3]
+        out, logsumexp = forward.outputs
+        grad_meta = self.tensor_meta(grad)
+        dq, dk, dv = (
+            self.synthetic_meta(t.shape, getattr(torch, t.dtype)) for t in forward.inputs[:3]
+        )
+        inputs = (grad_meta, query, key, value, out, logsumexp)
+        args: dict[str, Any] = {
+            "grad_out": TensorRef(0),
+            "query": TensorRef(1),
+            "key": TensorRef(2),
+            "value": TensorRef(3),
+            "out": TensorRef(4),
+            "logsumexp": TensorRef(5),
+            "dropout_p": forward.args["dropout_p"],
+            "is_causal": forward.args["is_causal"],
+            "scale": forward.args["scale"],
+        }
+        if "attn_bias" in forward.args:
+            name = "aten._scaled_dot_product_efficient_attention_backward.default"
+            inputs = inputs + (forward.inputs[3],)
+            args["attn_bias"] = TensorRef(6)
+        else:
+            name = "aten._scaled_dot_product_flash_attention_backward.default"
+        self.trace.ops.append(
+            OpRecord(
+                len(self.trace.ops),
+                name,
+                inputs,
+                (dq, dk, dv),
+                args,
+                forward.module,
+                "backward",
+                synthetic=True,
+            )
+        )
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _needs_item_answer(tensor: Any) -> bool:
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    if tensor.is_meta:
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each aten op; answers ``.item()`` on meta; hides SDPA's decomposition."""
+
+    def __init__(self, capture: Capture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        capture = self.capture
+        if capture._suppress:
+            return func(*args, **kwargs)
+        if func is _LOCAL_SCALAR_DENSE and _needs_item_answer(args[0]):
+            return capture.answer_item(func, args, kwargs)
+        context = capture._context()
+        node = context[2]
+        if node is not None and capture._sdpa_groups and capture.sdpa_group_of(node):
+            return func(*args, **kwargs)  # replaced by the synthetic flash backward
+        out = func(*args, **kwargs)
+        capture.record(func, args, kwargs, out, context)
+        return out
+
+
+class _FunctionHook(TorchFunctionMode):
+    """Sees torch-level calls: replaces SDPA, marks explicit backward calls."""
+
+    def __init__(self, capture: Capture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and self.capture.flash_attention:
+            return self.capture.sdpa(func, args, kwargs)
+        if func in _BACKWARD_ENTRY_POINTS:
+            return self.capture.run_as_backward(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def trace(*, flash_attention: bool = True) -> Capture:
+    """Record every aten op run inside the ``with`` block.
+
+    >>> with torchroof.trace() as t:      # doctest: +SKIP
+    ...     model(ids)
+    >>> t.estimate("h100-sxm").table()    # doctest: +SKIP
+
+    ``flash_attention=False`` records SDPA as the ops the current device decomposes it into
+    (on meta and CPU: the math path with an N×N score tensor).
+    """
+    return Capture(flash_attention=flash_attention)

@@ -1,0 +1,205 @@
+"""The ``torchroof`` command: a thin layer over the Python API that prints its objects."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from torchroof.estimate import estimate_trace
+from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
+from torchroof.models import (
+    DEFAULT_MODEL,
+    UnknownModelError,
+    build_model,
+    load_config,
+    shipped_models,
+)
+from torchroof.records import Trace
+
+DEFAULT_HARDWARE = "h100-sxm"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchroof",
+        description="Roofline time budgets for PyTorch models, traced on the meta device.",
+    )
+    commands = parser.add_subparsers(dest="command")
+
+    est = commands.add_parser("estimate", help="per-layer time budget of a model step")
+    est.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"shipped config name, config.json or model dir (default {DEFAULT_MODEL})",
+    )
+    est.add_argument(
+        "--hardware",
+        default=DEFAULT_HARDWARE,
+        help=f"accelerator name, alias or TOML path (default {DEFAULT_HARDWARE})",
+    )
+    est.add_argument("--batch", type=_positive_int, default=1)
+    est.add_argument("--seq", type=_positive_int, default=4096, help="tokens per sequence")
+    est.add_argument("--dtype", default="bf16", help="model dtype: bf16, fp16 or fp32")
+    est.add_argument(
+        "--depth",
+        type=_positive_int,
+        default=None,
+        help="group rows by the first N module-path components (default: blocks)",
+    )
+    est.add_argument(
+        "--all-layers",
+        action="store_true",
+        help="one row per block even when consecutive blocks are identical",
+    )
+    est.add_argument("--kernels", type=int, default=10, help="also list the N slowest kernels")
+    est.add_argument("--tf32", action="store_true", help="fp32 matmuls on tf32 tensor cores")
+    est.add_argument(
+        "--no-overlap", action="store_true", help="T = W/pi + Q/beta instead of max (seed 000 §5)"
+    )
+    est.add_argument("--compute-efficiency", type=_fraction, default=1.0)
+    est.add_argument("--bandwidth-efficiency", type=_fraction, default=1.0)
+    est.add_argument("--launch-overhead-us", type=float, default=0.0)
+    est.add_argument("--from-trace", metavar="PATH", help="re-estimate a saved trace JSON")
+    est.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
+    est.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
+    est.add_argument("--csv", metavar="PATH", help="write one row per kernel as CSV")
+
+    hw = commands.add_parser("hardware", help="list accelerators and their ridge points")
+    hw.add_argument("name", nargs="?", help="show one accelerator's figures and sources")
+
+    commands.add_parser("models", help="list the shipped model configs")
+    return parser
+
+
+def _estimate(args: argparse.Namespace) -> None:
+    from torchroof.workloads import trace_prefill
+
+    if args.from_trace:
+        trace = Trace.load(args.from_trace)
+        label = f"trace {args.from_trace}"
+    else:
+        model = build_model(load_config(args.model), args.dtype)
+        trace = trace_prefill(model, args.batch, args.seq)
+        trace.metadata.update({"model": str(args.model), "dtype": args.dtype})
+        label = f"{args.model} prefill, batch {args.batch} x {args.seq} tokens, {args.dtype}"
+    if args.save_trace:
+        trace.save(args.save_trace)
+    est = estimate_trace(
+        trace,
+        args.hardware,
+        allow_tf32=args.tf32,
+        overlap=not args.no_overlap,
+        compute_efficiency=args.compute_efficiency,
+        bandwidth_efficiency=args.bandwidth_efficiency,
+        launch_overhead_s=args.launch_overhead_us * 1e-6,
+    )
+    print(f"torchroof estimate: {label}")
+    print(est.table(depth=args.depth, collapse=not args.all_layers))
+    print()
+    print(est.summary())
+    if args.kernels > 0:
+        print()
+        print(est.kernel_table(top=args.kernels))
+    if args.json:
+        est.to_json(args.json)
+    if args.csv:
+        est.to_csv(args.csv)
+
+
+def _hardware(args: argparse.Namespace) -> None:
+    if args.name:
+        spec = get(args.name)
+        print(f"{spec.display_name} ({spec.name}); aliases: {', '.join(spec.aliases)}")
+        rows = [
+            [key, f"{fig.value:.4g}", "yes" if fig.approximate else "", fig.source]
+            for key, fig in spec.figures().items()
+        ]
+        print(
+            tabulate(rows, headers=["figure", "value", "approx", "source"], disable_numparse=True)
+        )
+        return
+    rows = []
+    for spec in available():
+        ridges = []
+        for dtype in ("bf16", "fp8", "fp32"):
+            try:
+                ridges.append(f"{spec.ridge(dtype):.0f}")
+            except UnsupportedDtypeError:
+                ridges.append("-")
+        fp8 = spec.tensor_flops_per_s.get("fp8")
+        rows.append(
+            [
+                spec.name,
+                f"{spec.hbm_bytes_per_s.value / 1e12:.2f}",
+                f"{spec.hbm_capacity_bytes.value / 2**30:.0f}",
+                f"{spec.tensor_peak('bf16') / 1e12:.0f}",
+                f"{fp8.value / 1e12:.0f}" if fp8 else "-",
+                f"{spec.vector_peak('fp32') / 1e12:.1f}",
+                *ridges,
+            ]
+        )
+    headers = [
+        "name",
+        "HBM TB/s",
+        "GiB",
+        "bf16 TF/s",
+        "fp8 TF/s",
+        "fp32 TF/s",
+        "I* bf16",
+        "I* fp8",
+        "I* fp32",
+    ]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
+
+
+def _models(_args: argparse.Namespace) -> None:
+    from torchroof.models import shipped_config_dict
+
+    rows = [
+        [name, shipped_config_dict(name)["model_type"], shipped_config_dict(name)["_source"]]
+        for name in shipped_models()
+    ]
+    print(tabulate(rows, headers=["name", "model_type", "source"]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handlers = {"estimate": _estimate, "hardware": _hardware, "models": _models}
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        handlers[args.command](args)
+    except (
+        UnknownHardwareError,
+        UnknownModelError,
+        UnsupportedDtypeError,
+        ValueError,
+        FileNotFoundError,
+    ) as error:
+        print(f"torchroof: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Model sources: shipped configs (public architecture facts, no weights), local config
+files, and building a model on the meta device without touching real weights."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_MODEL = "llama-3-8b"
+
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+class UnknownModelError(KeyError):
+    """No shipped config of that name and no config file at that path."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def shipped_models() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def model_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bf16"`` -> ``torch.bfloat16``; a clear error for anything a model cannot be cast to."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[name.lower().removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(
+            f"unsupported model dtype {name!r}; choose one of bf16, fp16, fp32"
+        ) from None
+
+
+def shipped_config_dict(name: str) -> dict[str, Any]:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        close = difflib.get_close_matches(name, shipped_models(), n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownModelError(
+            f"unknown model {name!r}{hint} (shipped: {', '.join(shipped_models())}; "
+            "or pass a path to a config.json or a model directory)"
+        )
+    return json.loads(path.read_text())
+
+
+def load_config(source: Any) -> Any:
+    """A transformers ``PretrainedConfig`` from a shipped name, a config.json, a model
+    directory, or a config object (returned as is). Nothing is downloaded."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(source, PretrainedConfig):
+        return source
+    text = str(source)
+    path = Path(text)
+    if path.is_dir() or (path.suffix == ".json" and path.is_file()):
+        folder = path if path.is_dir() else path.parent
+        if path.is_file() and path.name != "config.json":
+            data = json.loads(path.read_text())
+            return AutoConfig.for_model(data.pop("model_type"), **data)
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    data = {k: v for k, v in shipped_config_dict(text).items() if not k.startswith("_")}
+    return AutoConfig.for_model(data.pop("model_type"), **data)
+
+
+def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Module:
+    """A causal LM from ``config`` on the meta device: no weights, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=model_dtype(dtype))
+    return model.eval()
