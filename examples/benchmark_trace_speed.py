@@ -79,10 +79,15 @@ def main() -> None:
     ours_rss = max(r["rss_bytes"] for r in runs["torchroof"])
     ref_rss = max(r["rss_bytes"] for r in runs["flopcounter"])
     print(f"{args.model} forward, {args.seq} tokens on meta, median of {args.repeats} runs")
-    print(f"  torchroof trace+estimate : {ours:6.2f} s   peak RSS {ours_rss / 2**20:6.0f} MiB"
-          f"   ({runs['torchroof'][0]['ops']} ops, {runs['torchroof'][0]['flops'] / 1e12:.1f} TFLOP)")
-    print(f"  FlopCounterMode          : {ref:6.2f} s   peak RSS {ref_rss / 2**20:6.0f} MiB"
-          f"   ({runs['flopcounter'][0]['flops'] / 1e12:.1f} TFLOP, attention not causal-halved)")
+    first, ref_first = runs["torchroof"][0], runs["flopcounter"][0]
+    print(
+        f"  torchroof trace+estimate : {ours:6.2f} s   peak RSS {ours_rss / 2**20:6.0f} MiB"
+        f"   ({first['ops']} ops, {first['flops'] / 1e12:.1f} TFLOP)"
+    )
+    print(
+        f"  FlopCounterMode          : {ref:6.2f} s   peak RSS {ref_rss / 2**20:6.0f} MiB"
+        f"   ({ref_first['flops'] / 1e12:.1f} TFLOP, attention not causal-halved)"
+    )
     print(f"  time ratio torchroof / FlopCounterMode: {ours / ref:.2f} (target <= 1.5)")
     print(f"  torchroof peak RSS: {ours_rss / 2**30:.2f} GiB (target < 1 GB)")
 
