@@ -86,10 +86,6 @@ def score_matrix_bytes(shape: AttentionShape, itemsize: int) -> int:
     return 4 * itemsize * shape.batch * shape.heads * shape.pairs
 
 
-def _fused_cost(flops: int, reads: list[TensorMeta], writes: list[TensorMeta], dtype: str) -> Cost:
-    return Cost(flops, unique_bytes(reads), unique_bytes(writes), "tensor", dtype)
-
-
 def _qkv(op: OpRecord) -> tuple[TensorMeta, TensorMeta, TensorMeta]:
     return op.tensor("query"), op.tensor("key"), op.tensor("value")
 
@@ -97,6 +93,24 @@ def _qkv(op: OpRecord) -> tuple[TensorMeta, TensorMeta, TensorMeta]:
 def _bias(op: OpRecord) -> list[TensorMeta]:
     bias = op.tensor("attn_bias") or op.tensor("attn_mask")
     return [bias] if bias is not None else []
+
+
+def _fused_attention_cost(op: OpRecord, layout: str, backward: bool) -> Cost:
+    """A fused kernel reads q, k, v (K/V at their own h_kv heads), any bias and, in backward,
+    dO, o and the log-sum-exp once; it writes o and the lse (forward) or dq, dk, dv."""
+    q, k, v = _qkv(op)
+    shape = (AttentionShape.from_bhld if layout == "bhld" else AttentionShape.from_blhd)(q, k, v)
+    causal = bool(op.arg("is_causal", False)) or bool(op.arg("custom_mask_type", 0))
+    reads = [q, k, v, *_bias(op)]
+    if backward:
+        flops = attention_backward_flops(shape, causal)
+        saved = ("grad_out", "grad_out_", "out", "logsumexp")
+        reads += [t for name in saved if (t := op.tensor(name)) is not None]
+        writes = list(op.outputs[:3])  # dq, dk, dv
+    else:
+        flops = attention_forward_flops(shape, causal)
+        writes = list(op.outputs[:2])  # o, logsumexp; the rest are RNG / debug scalars
+    return Cost(flops, unique_bytes(reads), unique_bytes(writes), "tensor", q.dtype)
 
 
 @register(
@@ -107,13 +121,8 @@ def _bias(op: OpRecord) -> list[TensorMeta]:
     "aten._scaled_dot_product_fused_attention_overrideable",
 )
 def sdpa_forward(op: OpRecord) -> Cost:
-    """Fused attention forward: reads q, k, v (K/V at their own h_kv heads) and any bias once;
-    writes o and the log-sum-exp (seed 000 "The compulsory bound": Q = 4·s·N·d per head)."""
-    q, k, v = _qkv(op)
-    shape = AttentionShape.from_bhld(q, k, v)
-    flops = attention_forward_flops(shape, bool(op.arg("is_causal", False)))
-    writes = list(op.outputs[:2])  # output, logsumexp; the rest are RNG / debug scalars
-    return _fused_cost(flops, [q, k, v, *_bias(op)], writes, q.dtype)
+    """Fused attention forward (seed 000 "The compulsory bound": Q = 4·s·N·d per head)."""
+    return _fused_attention_cost(op, "bhld", backward=False)
 
 
 @register(
@@ -124,40 +133,20 @@ def sdpa_forward(op: OpRecord) -> Cost:
     "aten._scaled_dot_product_fused_attention_overrideable_backward",
 )
 def sdpa_backward(op: OpRecord) -> Cost:
-    """Fused attention backward: reads dO, q, k, v, o, lse once; writes dq, dk, dv once
-    (seed 000 "FlashAttention": S is recomputed, never stored)."""
-    q, k, v = _qkv(op)
-    shape = AttentionShape.from_bhld(q, k, v)
-    flops = attention_backward_flops(shape, bool(op.arg("is_causal", False)))
-    reads = [q, k, v, *_bias(op)]
-    for name in ("grad_out", "grad_out_", "out", "logsumexp"):
-        if (t := op.tensor(name)) is not None:
-            reads.append(t)
-    return _fused_cost(flops, reads, list(op.outputs[:3]), q.dtype)
+    """Fused attention backward (seed 000 "FlashAttention": S is recomputed, never stored)."""
+    return _fused_attention_cost(op, "bhld", backward=True)
 
 
 @register("aten._flash_attention_forward", "aten._efficient_attention_forward")
 def flash_forward_blhd(op: OpRecord) -> Cost:
     """Lower-level flash/efficient forward in (batch, length, heads, dim) layout (seed 000)."""
-    q, k, v = _qkv(op)
-    shape = AttentionShape.from_blhd(q, k, v)
-    causal = bool(op.arg("is_causal", False)) or bool(op.arg("custom_mask_type", 0))
-    flops = attention_forward_flops(shape, causal)
-    return _fused_cost(flops, [q, k, v, *_bias(op)], list(op.outputs[:2]), q.dtype)
+    return _fused_attention_cost(op, "blhd", backward=False)
 
 
 @register("aten._flash_attention_backward", "aten._efficient_attention_backward")
 def flash_backward_blhd(op: OpRecord) -> Cost:
     """Lower-level flash/efficient backward in (batch, length, heads, dim) layout (seed 000)."""
-    q, k, v = _qkv(op)
-    shape = AttentionShape.from_blhd(q, k, v)
-    causal = bool(op.arg("is_causal", False)) or bool(op.arg("custom_mask_type", 0))
-    flops = attention_backward_flops(shape, causal)
-    reads = [q, k, v, *_bias(op)]
-    for name in ("grad_out", "out", "logsumexp"):
-        if (t := op.tensor(name)) is not None:
-            reads.append(t)
-    return _fused_cost(flops, reads, list(op.outputs[:3]), q.dtype)
+    return _fused_attention_cost(op, "blhd", backward=True)
 
 
 @register(

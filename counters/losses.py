@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 from torchroof.counters.cost import Cost
-from torchroof.counters.registry import Rule, register
-from torchroof.counters.tensors import compute_dtype, io_bytes, unique_bytes
+from torchroof.counters.registry import register, register_per_element
+from torchroof.counters.tensors import io_bytes, unique_bytes
 
 from torchroof.records import OpRecord
 
@@ -55,18 +55,10 @@ ELEMENTWISE_LOSS_FLOPS: dict[str, int] = {
 }
 
 
-def _loss_rule(flops_per_element: int) -> Rule:
-    def rule(op: OpRecord) -> Cost:
-        read, written = io_bytes(op)
-        x = op.inputs[0]
-        return Cost(flops_per_element * x.numel, read, written, "vector", compute_dtype(op.inputs))
-
-    return rule
+def _first_input_numel(op: OpRecord) -> int:
+    return op.inputs[0].numel
 
 
-for _name, _flops in ELEMENTWISE_LOSS_FLOPS.items():
-    if hasattr(torch.ops.aten, _name):
-        _rule = _loss_rule(_flops)
-        _rule.__name__ = f"loss_{_name}"
-        _rule.__doc__ = f"{_name}: {_flops} FLOP per element, inputs read once."
-        register(f"aten.{_name}")(_rule)
+register_per_element(
+    ELEMENTWISE_LOSS_FLOPS, elements=_first_input_numel, what="inputs read once", in_place=False
+)

@@ -7,10 +7,7 @@ and writes dx (and dweight, dbias when asked).
 
 from __future__ import annotations
 
-import torch
-from torchroof.counters.cost import Cost
-from torchroof.counters.registry import Rule, register
-from torchroof.counters.tensors import compute_dtype, io_bytes
+from torchroof.counters.registry import register_per_element
 
 from torchroof.records import OpRecord
 
@@ -35,19 +32,10 @@ NORM_FLOPS: dict[str, int] = {
 }
 
 
-def _norm_rule(flops_per_element: int) -> Rule:
-    def rule(op: OpRecord) -> Cost:
-        read, written = io_bytes(op)
-        x = op.inputs[0] if op.inputs else None
-        numel = x.numel if x is not None else 0
-        return Cost(flops_per_element * numel, read, written, "vector", compute_dtype(op.inputs))
-
-    return rule
+def _normalised_numel(op: OpRecord) -> int:
+    return op.inputs[0].numel if op.inputs else 0
 
 
-for _name, _flops in NORM_FLOPS.items():
-    if hasattr(torch.ops.aten, _name):
-        _rule = _norm_rule(_flops)
-        _rule.__name__ = f"norm_{_name}"
-        _rule.__doc__ = f"{_name}: {_flops} FLOP per input element (seed 000 Table 3)."
-        register(f"aten.{_name}")(_rule)
+register_per_element(
+    NORM_FLOPS, elements=_normalised_numel, what="seed 000 Table 3", in_place=False
+)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from torchroof.counters.cost import Cost, Unit
-from torchroof.counters.registry import Rule, register
+from torchroof.counters.registry import register, register_per_element
 from torchroof.counters.tensors import (
     compute_dtype,
     io_bytes,
@@ -167,31 +167,27 @@ POW_SQUARE_FLOPS = 1
 POW_GENERAL_FLOPS = 3
 
 
-def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
-    read, written = io_bytes(op)
-    out = written_tensors(op)
-    numel = out[0].unique_numel if out else 0
-    return Cost(flops_per_element * numel, read, written, unit, compute_dtype(read_tensors(op)))
-
-
-def _table_rule(flops_per_element: int, unit: Unit) -> Rule:
-    def rule(op: OpRecord) -> Cost:
-        return _pointwise_cost(op, flops_per_element, unit)
-
-    return rule
-
-
 def _packets(base: str) -> list[str]:
     """``aten.base`` and its in-place ``aten.base_``, where this torch has them."""
-    names = [base, f"{base}_"]
-    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+    return [f"aten.{n}" for n in (base, f"{base}_") if hasattr(torch.ops.aten, n)]
 
 
-for _name, (_flops, _unit) in POINTWISE_FLOPS.items():
-    _rule = _table_rule(_flops, _unit)
-    _rule.__name__ = f"pointwise_{_name}"
-    _rule.__doc__ = f"{_name}: {_flops} FLOP/element on the {_unit} unit (seed 000 Table 3)."
-    register(*_packets(_name))(_rule)
+def _written_numel(op: OpRecord) -> int:
+    out = written_tensors(op)
+    return out[0].unique_numel if out else 0
+
+
+def _all_written_numel(op: OpRecord) -> int:
+    return sum(t.unique_numel for t in written_tensors(op))
+
+
+register_per_element(POINTWISE_FLOPS, elements=_written_numel, what="seed 000 Table 3")
+
+
+def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
+    read, written = io_bytes(op)
+    dtype = compute_dtype(read_tensors(op))
+    return Cost(flops_per_element * _written_numel(op), read, written, unit, dtype)
 
 
 @register(*_packets("gelu"))
@@ -258,35 +254,11 @@ def copy_(op: OpRecord) -> Cost:
     )
 
 
-_FOREACH_ONLY = {"norm", "max"}  # handled in reductions
-
-
-def _foreach_rule(flops_per_element: int, unit: Unit) -> Rule:
-    def rule(op: OpRecord) -> Cost:
-        read, written = io_bytes(op)
-        out = written_tensors(op)
-        numel = sum(t.unique_numel for t in out)
-        return Cost(flops_per_element * numel, read, written, unit, compute_dtype(op.inputs))
-
-    return rule
-
-
-_FOREACH_TABLE = dict(POINTWISE_FLOPS)
-_FOREACH_TABLE.update({"pow": (POW_GENERAL_FLOPS, SFU), "copy": (0, "none")})
-for _name, (_flops, _unit) in _FOREACH_TABLE.items():
-    _packets_here = [
-        f"aten._foreach_{n}"
-        for n in (_name, f"{_name}_")
-        if hasattr(torch.ops.aten, f"_foreach_{n}")
-    ]
-    if _packets_here:
-        _rule = _foreach_rule(_flops, _unit)
-        _rule.__name__ = f"foreach_{_name}"
-        _rule.__doc__ = (
-            f"_foreach_{_name}: {_flops} FLOP/element over every tensor in the "
-            "list, each read and written once (seed 000 Table 3)."
-        )
-        register(*_packets_here)(_rule)
+# _foreach_X over a list: every tensor read and written once (seed 000 Table 3 per element).
+_FOREACH_TABLE = {**POINTWISE_FLOPS, "pow": (POW_GENERAL_FLOPS, SFU), "copy": (0, "none")}
+register_per_element(
+    _FOREACH_TABLE, elements=_all_written_numel, what="seed 000 Table 3", prefix="_foreach_"
+)
 
 
 @register("aten._foreach_zero_", "aten.zero_", "aten.fill", "aten.fill_")

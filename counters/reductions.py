@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torchroof.counters.cost import Cost
-from torchroof.counters.registry import Rule, register
+from torchroof.counters.registry import register, register_per_element
 from torchroof.counters.tensors import compute_dtype, io_bytes
 
 from torchroof.records import OpRecord
@@ -57,23 +56,14 @@ SOFTMAX_FLOPS: dict[str, int] = {
 }
 
 
-def _per_input_rule(flops_per_element: int) -> Rule:
-    def rule(op: OpRecord) -> Cost:
-        read, written = io_bytes(op)
-        processed = op.tensors("self") or list(op.inputs[:1])  # Tensor[] for _foreach_norm
-        numel = sum(t.numel for t in processed)
-        return Cost(flops_per_element * numel, read, written, "vector", compute_dtype(op.inputs))
-
-    return rule
+def _processed_numel(op: OpRecord) -> int:
+    """Input elements a reduction passes over (``Tensor[] self`` for ``_foreach_norm``)."""
+    processed = op.tensors("self") or list(op.inputs[:1])
+    return sum(t.numel for t in processed)
 
 
-for _table in (REDUCTION_FLOPS, SOFTMAX_FLOPS):
-    for _name, _flops in _table.items():
-        _packets = [f"aten.{n}" for n in (_name, f"{_name}_") if hasattr(torch.ops.aten, n)]
-        _rule = _per_input_rule(_flops)
-        _rule.__name__ = f"reduction_{_name}"
-        _rule.__doc__ = f"{_name}: {_flops} FLOP per input element, one pass (seed 000 Table 3)."
-        register(*_packets)(_rule)
+register_per_element(REDUCTION_FLOPS, elements=_processed_numel, what="one pass, seed 000 Table 3")
+register_per_element(SOFTMAX_FLOPS, elements=_processed_numel, what="seed 000 Table 3: softmax")
 
 
 def _dim_size(op: OpRecord) -> int:

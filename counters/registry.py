@@ -8,10 +8,11 @@ and output bytes and marked ``counted=False`` (DESIGN rule 1: never a silent zer
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from torchroof.counters.cost import ZERO, Cost
-from torchroof.counters.tensors import io_bytes, is_view_schema
+import torch
+from torchroof.counters.cost import ZERO, Cost, Unit
+from torchroof.counters.tensors import compute_dtype, io_bytes, is_view_schema, read_tensors
 
 from torchroof.records import OpRecord
 
@@ -37,6 +38,35 @@ def register(*packets: str) -> Callable[[Rule], Rule]:
         return rule
 
     return decorate
+
+
+def register_per_element(
+    table: Mapping[str, int | tuple[int, Unit]],
+    *,
+    elements: Callable[[OpRecord], int],
+    what: str,
+    unit: Unit = "vector",
+    prefix: str = "",
+    in_place: bool = True,
+) -> None:
+    """Register ``W = f · elements(op)``, inputs read once, outputs written once, for every
+    ``name: f`` (or ``name: (f, unit)``) in ``table``; ``in_place`` adds ``name_`` where this
+    torch has it. ``what`` names the table in each rule's docstring."""
+    for name, entry in table.items():
+        flops, op_unit = entry if isinstance(entry, tuple) else (entry, unit)
+        variants = (name, f"{name}_") if in_place else (name,)
+        packets = [f"aten.{prefix}{v}" for v in variants if hasattr(torch.ops.aten, prefix + v)]
+        if not packets:
+            continue
+
+        def rule(op: OpRecord, flops: int = flops, op_unit: Unit = op_unit) -> Cost:
+            read, written = io_bytes(op)
+            dtype = compute_dtype(read_tensors(op))
+            return Cost(flops * elements(op), read, written, op_unit, dtype)
+
+        rule.__name__ = f"{prefix}{name}"
+        rule.__doc__ = f"{prefix}{name}: {flops} FLOP per element on the {op_unit} unit ({what})."
+        register(*packets)(rule)
 
 
 def rule_for(packet: str) -> Rule | None:
