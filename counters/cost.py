@@ -7,7 +7,10 @@ read once, every output written once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torchroof.records import TensorMeta
 
 Unit = Literal["tensor", "vector", "sfu", "none"]
 """Which ceiling an op can reach (DESIGN rule 4): tensor cores for matmul-class ops, the
@@ -25,6 +28,9 @@ class Cost:
     unit: Unit = "none"
     dtype: str = ""  # compute dtype that selects the peak (e.g. "bfloat16"); "" = n/a
     counted: bool = True  # False when no rule exists and only bytes were charged
+    # Which tensors the read bytes come from, when a rule reads only part of its inputs
+    # (gathers, scatters, in-place copies); empty means "each input, read once, in full".
+    reads: tuple[tuple[TensorMeta, int], ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -52,6 +58,7 @@ class Cost:
             unit=lead.unit,
             dtype=lead.dtype or self.dtype or other.dtype,
             counted=self.counted and other.counted,
+            reads=self.reads + other.reads,
         )
 
     def scaled(self, factor: float) -> Cost:
@@ -63,6 +70,7 @@ class Cost:
             self.unit,
             self.dtype,
             self.counted,
+            tuple((t, round(n * factor)) for t, n in self.reads),
         )
 
 

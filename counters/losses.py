@@ -23,8 +23,12 @@ def nll_loss(op: OpRecord) -> Cost:
     """Gathers one log-probability per target and sums: reads N values (not N·C), N targets."""
     log_probs, target = op.tensor("self"), op.tensor("target")
     weight = op.tensor("weight")
-    read = target.numel * log_probs.itemsize + target.nbytes + (weight.nbytes if weight else 0)
-    return Cost(target.numel, read, unique_bytes(op.outputs), "vector", log_probs.dtype)
+    reads = ((log_probs, target.numel * log_probs.itemsize), (target, target.nbytes))
+    reads += ((weight, weight.nbytes),) if weight is not None else ()
+    read = sum(n for _, n in reads)
+    return Cost(
+        target.numel, read, unique_bytes(op.outputs), "vector", log_probs.dtype, reads=reads
+    )
 
 
 @register(*_existing("nll_loss_backward", "nll_loss2d_backward"))

@@ -6,12 +6,15 @@ elements (not the whole source) and scatters write the scattered ones (compulsor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torchroof.counters.cost import ZERO, Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import (
     compute_dtype,
     io_bytes,
+    tensor_key,
     unique_bytes,
     written_tensors,
 )
@@ -108,9 +111,16 @@ def view(op: OpRecord) -> Cost:
     return ZERO
 
 
-@register(*_existing(*METADATA_OPS))
+_PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
+
+
+@register(
+    *_existing(*METADATA_OPS),
+    *[f"profiler.{n}" for n in _PROFILER_OPS if hasattr(torch.ops.profiler, n)],
+)
 def metadata(op: OpRecord) -> Cost:
-    """Allocation and metadata queries launch no kernel and move no tensor bytes.
+    """Allocation, metadata queries and profiler markers (``torch.optim`` wraps each step
+    in ``record_function``) launch no kernel and move no tensor bytes.
 
     NB: ``_local_scalar_dense`` (``.item()``) is a device-to-host sync on a GPU; its latency
     is not a roofline quantity and is left to the launch-overhead option.
@@ -216,15 +226,24 @@ def movement(op: OpRecord) -> Cost:
     """
     source = op.tensor("self")
     if op.packet in _GATHERS and source is not None:
-        others = [t for t in op.inputs if t is not source]
         gathered = min(source.nbytes, unique_bytes(op.outputs[:1]))
-        read = gathered + unique_bytes(others)
-        return Cost(0, read, unique_bytes(op.outputs), "none", source.dtype)
+        others = _distinct(t for t in op.inputs if t is not source)
+        reads = ((source, gathered), *((t, t.nbytes) for t in others))
+        read = sum(n for _, n in reads)
+        return Cost(0, read, unique_bytes(op.outputs), "none", source.dtype, reads=reads)
     read, written = io_bytes(op)
     return Cost(0, read, written, "none", compute_dtype(op.inputs))
 
 
 _GATHERS = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take"}
+
+
+def _distinct(tensors: Iterable[TensorMeta]) -> list[TensorMeta]:
+    """Each tensor once (the same tensor passed twice is read once)."""
+    seen: dict[tuple, TensorMeta] = {}
+    for t in tensors:
+        seen.setdefault(tensor_key(t), t)
+    return list(seen.values())
 
 
 @register(
@@ -259,18 +278,21 @@ def scatter(op: OpRecord) -> Cost:
     The out-of-place form copies ``self`` first (read + write of the whole tensor).
     """
     target = op.tensor("self")
-    updates = [t for t in op.inputs if t is not target]
-    update_bytes = unique_bytes(updates)
     values = op.tensor("values") or op.tensor("src") or op.tensor("source")
     touched = values.numel * target.itemsize if values is not None else target.nbytes
     accumulate = bool(op.arg("accumulate", False)) or "add" in op.packet or "reduce" in op.packet
-    read = update_bytes + (touched if accumulate else 0)
+    reads = [(t, t.nbytes) for t in _distinct(t for t in op.inputs if t is not target)]
+    if accumulate:
+        reads.append((target, touched))
     written = touched
     flops = values.numel if (accumulate and values is not None) else 0
     if not op.packet.endswith("_"):
-        read += target.nbytes  # functional form: copy self, then scatter into the copy
+        reads.append((target, target.nbytes))  # functional form: copy self, then scatter
         written = target.nbytes
-    return Cost(flops, read, written, "vector" if flops else "none", target.dtype)
+    read = sum(n for _, n in reads)
+    return Cost(
+        flops, read, written, "vector" if flops else "none", target.dtype, reads=tuple(reads)
+    )
 
 
 @register(
@@ -296,8 +318,9 @@ def embedding(op: OpRecord) -> Cost:
     weight, indices = op.tensor("weight"), op.tensor("indices")
     rows = min(indices.numel, weight.shape[0])
     row_bytes = weight.nbytes // max(weight.shape[0], 1)
+    reads = ((weight, rows * row_bytes), (indices, indices.nbytes))
     read = rows * row_bytes + indices.nbytes
-    return Cost(0, read, unique_bytes(op.outputs), "none", weight.dtype)
+    return Cost(0, read, unique_bytes(op.outputs), "none", weight.dtype, reads=reads)
 
 
 @register(*_existing("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward"))

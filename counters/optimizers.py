@@ -61,3 +61,18 @@ def fused_sgd(op: OpRecord) -> Cost:
 def fused_adagrad(op: OpRecord) -> Cost:
     """Adagrad: reads p, g, the squared-gradient sum; writes p and the sum."""
     return _fused_cost(op, ADAGRAD_FLOPS, ("state_sums",))
+
+
+@register("torchroof.fused_optimizer_step")
+def fused_optimizer_step(op: OpRecord) -> Cost:
+    """The one fused kernel a training runtime launches for the whole update (seed 000 §16):
+    reads params, grads and state buffers once; writes params and state once, plus the
+    low-precision weight copy (``params_out``) when fp32 masters are kept. AdamW with fp32
+    masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param."""
+    params, grads = op.tensors("params"), op.tensors("grads")
+    states, params_out = op.tensors("states"), op.tensors("params_out")
+    numel = sum(t.numel for t in params)
+    read = unique_bytes(params + grads + states)
+    written = unique_bytes(params + states + params_out)
+    flops = int(op.arg("flops_per_element")) * numel
+    return Cost(flops, read, written, "vector", params[0].dtype if params else "")

@@ -245,13 +245,9 @@ def copy_(op: OpRecord) -> Cost:
     """In-place copy: reads the source, writes the destination; the old contents are not read."""
     src = op.tensor("src") or op.tensor("other")
     dst = written_tensors(op)
-    return Cost(
-        0,
-        unique_bytes([src] if src else []),
-        unique_bytes(dst),
-        "none",
-        dst[0].dtype if dst else "",
-    )
+    reads = ((src, src.nbytes),) if src else ()
+    dtype = dst[0].dtype if dst else ""
+    return Cost(0, sum(n for _, n in reads), unique_bytes(dst), "none", dtype, reads=reads)
 
 
 # _foreach_X over a list: every tensor read and written once (seed 000 Table 3 per element).

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.models import build_model, load_config, shipped_models
+from torchroof.models import load_config, shipped_models
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
@@ -41,10 +41,7 @@ def test_linear_flops_equal_flop_counter_mode(meta_lm):
 
 def test_shipped_llama_3_8b_prefill_matches_analytic_count():
     """Llama-3-8B at 4096 tokens: W = 2·N_linear·T + attention 4·L·h·T²·d / 2 (causal)."""
-    from torchroof.workloads import trace_prefill
-
-    model = build_model(load_config("llama-3-8b"))
-    est = trace_prefill(model, 1, 4096).estimate("h100")
+    est = torchroof.estimate("llama-3-8b", "prefill", batch=1, seq=4096, hardware="h100")
     assert est.uncounted == {}
     d, layers, ffn, kv = 4096, 32, 14336, 1024  # kv = 8 heads x 128
     per_layer_linear = d * d + 2 * d * kv + d * d + 3 * d * ffn  # q, k, v, o, gate/up/down

@@ -8,10 +8,12 @@ import torchroof
 
 
 def test_every_registered_packet_exists_in_this_torch():
+    # torchroof.* are the synthetic kernels capture emits (the fused optimizer step)
     missing = [
         p
         for p in registered_packets()
-        if not hasattr(getattr(torch.ops, p.split(".")[0]), p.split(".")[1])
+        if not p.startswith("torchroof.")
+        and not hasattr(getattr(torch.ops, p.split(".")[0]), p.split(".")[1])
     ]
     assert missing == []
 

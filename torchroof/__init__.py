@@ -7,10 +7,11 @@ print(est.table())
 """
 
 from torchroof.capture import Capture, trace
-from torchroof.estimate import estimate_trace
+from torchroof.pipeline import estimate, estimate_trace, meta_copy, trace_workload
 from torchroof.records import OpRecord, TensorMeta, Trace
 from torchroof.report import Estimate, KernelEstimate, LayerRow
 from torchroof.roofline import RooflineOptions
+from torchroof.workloads import Workload
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,10 @@ __all__ = [
     "RooflineOptions",
     "TensorMeta",
     "Trace",
+    "Workload",
+    "estimate",
     "estimate_trace",
+    "meta_copy",
     "trace",
+    "trace_workload",
 ]

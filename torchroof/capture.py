@@ -15,7 +15,8 @@ walk, no per-tensor hooks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchroof.records import Assumption, OpRecord, Phase, TensorMeta, TensorRef, Trace
+from torchroof.records import Assumption, OpRecord, Phase, Role, TensorMeta, TensorRef, Trace
 
 aten = torch.ops.aten
 
@@ -90,6 +91,8 @@ class Capture:
         self._phase_override: list[Phase] = []
         self._optimizer_depth = 0
         self._stack: list[str] = []
+        self._entered_in_backward: list[bool] = []  # per stack entry: a recompute?
+        self._recompute_depth = 0
         self._seq_starts: list[int] = []  # sequence nr at each change of the module stack
         self._seq_modules: list[str] = []  # innermost module from that change on
         self._module_names: dict[int, str] = {}
@@ -131,12 +134,16 @@ class Capture:
         if name is None:
             prefix = f"{self._stack[-1]}.{type(module).__name__}" if self._stack else ""
             name = self._register_root(module, prefix)
+        in_backward = torch._C._current_autograd_node() is not None
         self._stack.append(name)
+        self._entered_in_backward.append(in_backward)
+        self._recompute_depth += in_backward
         self._log_stack_change()
 
     def _exit_module(self, _module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
         if self._stack:
             self._stack.pop()
+            self._recompute_depth -= self._entered_in_backward.pop()
         self._log_stack_change()
 
     def _register_root(self, root: torch.nn.Module, prefix: str) -> str:
@@ -148,6 +155,7 @@ class Capture:
                 self.trace.parameters.setdefault(
                     self._storage_id(param), f"{path}.{pname}".strip(".")
                 )
+                self.mark([param], "weights")
         return self._module_names[id(root)]
 
     def _log_stack_change(self) -> None:
@@ -174,23 +182,32 @@ class Capture:
     def _exit_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._optimizer_depth -= 1
 
+    @contextlib.contextmanager
+    def phase(self, phase: Phase) -> Iterator[None]:
+        """Record what runs inside as ``phase`` work: for what a training loop does around
+        autograd and ``torch.optim`` (which are detected on their own)."""
+        self._phase_override.append(phase)
+        try:
+            yield
+        finally:
+            self._phase_override.pop()
+
     def _context(self) -> tuple[Phase, str, Any]:
         """(phase, module path, autograd node or None) for the op about to be recorded."""
         node = torch._C._current_autograd_node()
         if node is not None:
+            if self._recompute_depth:  # a checkpointed forward re-run inside backward
+                return "recompute", self._stack[-1], node
             return "backward", self._module_of_node(node), node
-        if self._optimizer_depth:
-            return "optimizer", "", None
         if self._phase_override:
             return self._phase_override[-1], "", None
+        if self._optimizer_depth:
+            return "optimizer", "", None
         return "forward", (self._stack[-1] if self._stack else ""), None
 
     def run_as_backward(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        self._phase_override.append("backward")
-        try:
+        with self.phase("backward"):
             return func(*args, **kwargs)
-        finally:
-            self._phase_override.pop()
 
     # -- tensors ------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor) -> int:
@@ -224,6 +241,36 @@ class Capture:
             self._storage_id(tensor),
             int(offset),
         )
+
+    def mark(self, tensors: Iterable[torch.Tensor], role: Role, count_bytes: bool = True) -> None:
+        """Label the storages of ``tensors`` (weights, gradients, optimizer state, KV cache);
+        the first label a storage gets is kept, and (with ``count_bytes``) its bytes are
+        added to ``role_bytes``, the memory the role holds."""
+        for tensor in tensors:
+            sid = self._storage_id(tensor)
+            if sid in self.trace.roles:
+                continue
+            self.trace.roles[sid] = role
+            size = tensor.untyped_storage().nbytes() if count_bytes else 0
+            self.trace.role_bytes[role] = self.trace.role_bytes.get(role, 0) + size
+
+    def record_synthetic(
+        self,
+        name: str,
+        tensors: dict[str, torch.Tensor | list[torch.Tensor]],
+        scalars: dict[str, Any],
+        phase: Phase,
+        module: str = "",
+        outputs: tuple[TensorMeta, ...] = (),
+    ) -> OpRecord:
+        """Record the kernel a GPU would launch where the traced run took another path
+        (e.g. a fused optimizer step where meta runs the foreach one)."""
+        inputs: list[TensorMeta] = []
+        args: dict[str, Any] = {k: self._convert(v, inputs) for k, v in tensors.items()}
+        args.update(scalars)
+        op = OpRecord(len(self.trace.ops), name, tuple(inputs), outputs, args, module, phase, True)
+        self.trace.ops.append(op)
+        return op
 
     def synthetic_meta(self, shape: Iterable[int], dtype: torch.dtype) -> TensorMeta:
         """A tensor the modelled kernel would produce but the captured run did not."""
@@ -296,6 +343,10 @@ class Capture:
         self._suppress += 1
         try:
             out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and out.dim() == 4:
+                # The flash kernel writes o as (B, L, H, d) in memory, so the caller's
+                # ``o.transpose(1, 2).contiguous()`` is free on a GPU; give o that layout.
+                out = out.transpose(1, 2).contiguous().transpose(1, 2)
         finally:
             self._suppress -= 1
         end_seq = torch._C._autograd._get_sequence_nr()

@@ -8,16 +8,11 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from torchroof.estimate import estimate_trace
 from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
-from torchroof.models import (
-    DEFAULT_MODEL,
-    UnknownModelError,
-    build_model,
-    load_config,
-    shipped_models,
-)
+from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
+from torchroof.pipeline import estimate_trace, trace_workload
 from torchroof.records import Trace
+from torchroof.workloads import CACHES, OPTIMIZERS, PRECISIONS, REGIMES, Workload
 
 DEFAULT_HARDWARE = "h100-sxm"
 
@@ -55,8 +50,35 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_HARDWARE,
         help=f"accelerator name, alias or TOML path (default {DEFAULT_HARDWARE})",
     )
+    est.add_argument("--regime", choices=REGIMES, default="prefill")
     est.add_argument("--batch", type=_positive_int, default=1)
-    est.add_argument("--seq", type=_positive_int, default=4096, help="tokens per sequence")
+    est.add_argument(
+        "--seq", type=_positive_int, default=4096, help="tokens per sequence (prefill, train)"
+    )
+    est.add_argument(
+        "--context",
+        type=_positive_int,
+        default=None,
+        help="tokens already in the KV cache (decode; default --seq)",
+    )
+    est.add_argument(
+        "--cache",
+        choices=CACHES,
+        default="static",
+        help="decode cache: static (in place) or dynamic (HF DynamicCache, cat)",
+    )
+    est.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    est.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="bf16",
+        help="train: bf16/fp16/fp32 throughout, or mixed (fp32 master + state)",
+    )
+    est.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="train: activation checkpointing (recompute in backward)",
+    )
     est.add_argument("--dtype", default="bf16", help="model dtype: bf16, fp16 or fp32")
     est.add_argument(
         "--depth",
@@ -89,17 +111,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _estimate(args: argparse.Namespace) -> None:
-    from torchroof.workloads import trace_prefill
+def _workload_label(model: str, w: Workload, dtype: str) -> str:
+    if w.regime == "decode":
+        return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {dtype}"
+    label = f"{model} {w.regime}, batch {w.batch} x {w.seq} tokens"
+    if w.regime == "train":
+        label += f", {w.optimizer}, {w.precision} precision"
+        label += ", activation checkpointing" if w.checkpointing else ""
+        return label
+    return f"{label}, {dtype}"
 
+
+def _estimate(args: argparse.Namespace) -> None:
     if args.from_trace:
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
     else:
-        model = build_model(load_config(args.model), args.dtype)
-        trace = trace_prefill(model, args.batch, args.seq)
-        trace.metadata.update({"model": str(args.model), "dtype": args.dtype})
-        label = f"{args.model} prefill, batch {args.batch} x {args.seq} tokens, {args.dtype}"
+        workload = Workload(
+            regime=args.regime,
+            batch=args.batch,
+            seq=args.seq,
+            context=args.context or args.seq,
+            cache=args.cache,
+            optimizer=args.optimizer,
+            precision=args.precision,
+            checkpointing=args.checkpointing,
+        )
+        get(args.hardware)  # a bad name fails before tracing
+        trace = trace_workload(args.model, workload, args.dtype)
+        trace.metadata["dtype"] = args.dtype
+        label = _workload_label(args.model, workload, args.dtype)
     if args.save_trace:
         trace.save(args.save_trace)
     est = estimate_trace(

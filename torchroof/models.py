@@ -23,6 +23,10 @@ _DTYPES = {
 }
 
 
+class ModelBuildError(ValueError):
+    """transformers could not build a causal LM from the config given."""
+
+
 class UnknownModelError(KeyError):
     """No shipped config of that name and no config file at that path."""
 
@@ -81,6 +85,13 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
     """A causal LM from ``config`` on the meta device: no weights, no memory."""
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=model_dtype(dtype))
+    dtype = model_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (ValueError, KeyError, AttributeError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelBuildError(
+            f"cannot build a causal LM from {type(config).__name__}: {first}"
+        ) from error
     return model.eval()

@@ -14,8 +14,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-Phase = Literal["forward", "backward", "optimizer"]
-PHASES: tuple[Phase, ...] = ("forward", "backward", "optimizer")
+Phase = Literal["forward", "backward", "recompute", "optimizer"]
+PHASES: tuple[Phase, ...] = ("forward", "backward", "recompute", "optimizer")
+
+Role = Literal["weights", "gradients", "optimizer_state", "kv_cache"]
+ROLES: tuple[Role, ...] = ("weights", "gradients", "optimizer_state", "kv_cache")
+"""What a storage holds; every storage without a role holds activations."""
 
 TRACE_FORMAT_VERSION = 1
 
@@ -189,12 +193,16 @@ class Trace:
     """Every aten op of a step in execution order, plus what capture had to assume.
 
     ``parameters`` maps storage ids of ``nn.Parameter``s seen during capture to their
-    qualified names, so later stages can tell weight bytes from activation bytes.
+    qualified names; ``roles`` maps storage ids to what they hold (weights, gradients,
+    optimizer state, KV cache) and ``role_bytes`` sums each role's storage bytes, so later
+    stages can label traffic and size the memory footprint.
     """
 
     ops: list[OpRecord] = field(default_factory=list)
     assumptions: list[Assumption] = field(default_factory=list)
     parameters: dict[int, str] = field(default_factory=dict)
+    roles: dict[int, Role] = field(default_factory=dict)
+    role_bytes: dict[str, int] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[OpRecord]:
@@ -206,7 +214,7 @@ class Trace:
     def estimate(self, hardware: Any = "h100-sxm", **options: Any) -> Any:
         """Price every op and time it with the roofline on ``hardware`` (name, alias, path
         or HardwareSpec). Options are those of :class:`torchroof.roofline.RooflineOptions`."""
-        from torchroof.estimate import estimate_trace
+        from torchroof.pipeline import estimate_trace
 
         return estimate_trace(self, hardware, **options)
 
@@ -216,6 +224,8 @@ class Trace:
             "version": TRACE_FORMAT_VERSION,
             "metadata": self.metadata,
             "parameters": {str(k): v for k, v in self.parameters.items()},
+            "roles": {str(k): v for k, v in self.roles.items()},
+            "role_bytes": self.role_bytes,
             "assumptions": [[a.op_index, a.module, a.what] for a in self.assumptions],
             "ops": [op.to_json() for op in self.ops],
         }
@@ -233,6 +243,8 @@ class Trace:
             ops=[OpRecord.from_json(op) for op in data["ops"]],
             assumptions=[Assumption(*a) for a in data["assumptions"]],
             parameters={int(k): v for k, v in data["parameters"].items()},
+            roles={int(k): v for k, v in data["roles"].items()},
+            role_bytes=dict(data["role_bytes"]),
             metadata=data["metadata"],
         )
 

@@ -14,7 +14,18 @@ from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.memory import MemoryFootprint
 from torchroof.records import PHASES
+
+# Byte categories, in the order reports show them.
+CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
+CATEGORY_LABELS = {
+    "weights": "weights",
+    "activations": "activations",
+    "kv_cache": "KV",
+    "gradients": "grads",
+    "optimizer_state": "opt state",
+}
 
 ESTIMATE_FORMAT_VERSION = 1
 TOP_LEVEL = "(top level)"
@@ -41,10 +52,20 @@ class KernelEstimate:
     memory_s: float
     time_s: float
     bound: str
+    read_by: dict[str, int] = field(default_factory=dict)  # bytes read, by category
+    written_by: dict[str, int] = field(default_factory=dict)  # bytes written, by category
 
     @property
     def bytes(self) -> int:
         return self.bytes_read + self.bytes_written
+
+    @property
+    def traffic(self) -> dict[str, int]:
+        """Bytes read and written, by category."""
+        total = dict(self.read_by)
+        for category, size in self.written_by.items():
+            total[category] = total.get(category, 0) + size
+        return total
 
     @property
     def intensity(self) -> float:
@@ -71,6 +92,7 @@ class LayerRow:
     time_s: float = 0.0
     memory_bound_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    traffic: dict[str, int] = field(default_factory=dict)
 
     def add(self, kernel: KernelEstimate) -> None:
         self.kernels += 1
@@ -80,6 +102,20 @@ class LayerRow:
         self.phase_s[kernel.phase] = self.phase_s.get(kernel.phase, 0.0) + kernel.time_s
         if kernel.bound == "memory":
             self.memory_bound_s += kernel.time_s
+        for category, size in kernel.traffic.items():
+            self.traffic[category] = self.traffic.get(category, 0) + size
+
+    def merge(self, other: LayerRow) -> None:
+        """Add another row's totals into this one."""
+        self.kernels += other.kernels
+        self.flops += other.flops
+        self.bytes += other.bytes
+        self.time_s += other.time_s
+        self.memory_bound_s += other.memory_bound_s
+        for phase, seconds in other.phase_s.items():
+            self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
+        for category, size in other.traffic.items():
+            self.traffic[category] = self.traffic.get(category, 0) + size
 
     @property
     def intensity(self) -> float:
@@ -127,13 +163,7 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
             first, last = _block_index(run[0].name), _block_index(run[-1].name)
             total = LayerRow(f"{first[0]}.{first[1]}-{last[1]} (x{len(run)})")
             for row in run:
-                total.kernels += row.kernels
-                total.flops += row.flops
-                total.bytes += row.bytes
-                total.time_s += row.time_s
-                total.memory_bound_s += row.memory_bound_s
-                for phase, seconds in row.phase_s.items():
-                    total.phase_s[phase] = total.phase_s.get(phase, 0.0) + seconds
+                total.merge(row)
             merged.append(total)
         else:
             merged.extend(run)
@@ -183,6 +213,7 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryFootprint | None = None
 
     # -- totals ---------------------------------------------------------------------------
     @property
@@ -213,6 +244,43 @@ class Estimate:
     def phase_time_s(self, phase: str) -> float:
         return sum(k.time_s for k in self.kernels if k.phase == phase)
 
+    def traffic(self) -> dict[str, int]:
+        """HBM bytes by category (weights, activations, kv_cache, gradients,
+        optimizer_state) over the whole step."""
+        total: dict[str, int] = {}
+        for kernel in self.kernels:
+            for category, size in kernel.traffic.items():
+                total[category] = total.get(category, 0) + size
+        return total
+
+    # -- workload figures -----------------------------------------------------------------
+    @property
+    def workload(self) -> dict[str, Any]:
+        return self.metadata.get("workload", {})
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens the step processes per second (decode: B / step time)."""
+        tokens = self.metadata.get("tokens", 0)
+        return tokens / self.time_s if self.time_s and tokens else 0.0
+
+    @property
+    def kv_bytes_read(self) -> int:
+        """KV-cache bytes read by the step (seed 000: decode reads the whole cache)."""
+        return sum(k.read_by.get("kv_cache", 0) for k in self.kernels)
+
+    @property
+    def weight_bytes_read(self) -> int:
+        return sum(k.read_by.get("weights", 0) for k in self.kernels)
+
+    @property
+    def kv_crossover_batch(self) -> float:
+        """Batch at which KV-cache reads overtake weight reads (seed 000: B_cross =
+        s·P / KV bytes per sequence), scaled from this step's batch."""
+        batch = int(self.workload.get("batch", 1))
+        per_sequence = self.kv_bytes_read / batch
+        return self.weight_bytes_read / per_sequence if per_sequence else float("inf")
+
     # -- grouping -------------------------------------------------------------------------
     def rows(self, depth: int | None = None) -> list[LayerRow]:
         """Per-layer budget rows in execution order (first appearance)."""
@@ -233,9 +301,15 @@ class Estimate:
         consecutive blocks into one row."""
         phases = [p for p in PHASES if self.phase_time_s(p) > 0]
         split = len(phases) > 1
+        step_traffic = self.traffic()
+        categories = [c for c in CATEGORIES if step_traffic.get(c)]
         headers = ["layer", "kernels", "GFLOP", "MB", "FLOP/B", "time ms"]
         if split:
             headers += [f"{p} ms" for p in phases]
+        if len(categories) > 1:
+            headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
+        else:
+            categories = []
         headers += ["share %", "bound"]
         total = self.time_s or 1.0
         body = []
@@ -251,6 +325,7 @@ class Estimate:
             ]
             if split:
                 line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
+            line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
             line += [f"{100 * row.time_s / total:.1f}", row.bound]
             body.append(line)
         footer: list[Any] = [
@@ -263,6 +338,7 @@ class Estimate:
         ]
         if split:
             footer += [_ms(self.phase_time_s(p)) for p in phases]
+        footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
         footer += ["100.0", f"{100 * self.memory_bound_share:.0f}% mem"]
         body.append(footer)
         return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
@@ -314,8 +390,34 @@ class Estimate:
             f"intensity {_intensity(self.flops / self.bytes if self.bytes else float('inf'))} "
             "FLOP/B",
             f"MFU: {100 * self.mfu:.1f}%, time memory-bound: {100 * self.memory_bound_share:.0f}%",
-            self.coverage_line(),
         ]
+        traffic = self.traffic()
+        if traffic:
+            lines.append(
+                "traffic: "
+                + ", ".join(
+                    f"{CATEGORY_LABELS[c]} {traffic[c] / 1e9:.3f} GB"
+                    for c in CATEGORIES
+                    if c in traffic
+                )
+            )
+        if self.tokens_per_s:
+            lines.append(f"throughput: {self.tokens_per_s:,.1f} tokens/s")
+        if self.workload.get("regime") == "decode":
+            lines.append(
+                f"decode: weights read {self.weight_bytes_read / 1e9:.2f} GB, KV read "
+                f"{self.kv_bytes_read / 1e9:.3f} GB per step ({self.workload.get('cache')} "
+                f"cache); KV reads overtake weight reads at batch "
+                f"{self.kv_crossover_batch:.0f}"
+            )
+        if self.memory is not None:
+            lines.append(self.memory.line())
+            if self.workload.get("regime") == "decode":
+                lines.append(
+                    f"largest decode batch that fits at context {self.workload.get('context')}: "
+                    f"{self.memory.max_batch}"
+                )
+        lines.append(self.coverage_line())
         lines += [f"assumption: {a}" for a in self.assumptions]
         return "\n".join(lines)
 
@@ -334,12 +436,15 @@ class Estimate:
             "assumptions": self.assumptions,
             "options": self.options,
             "metadata": self.metadata,
+            "memory": self.memory.to_dict() if self.memory else None,
             "totals": {
                 "time_s": self.time_s,
                 "flops": self.flops,
                 "bytes": self.bytes,
                 "mfu": self.mfu,
                 "memory_bound_share": self.memory_bound_share,
+                "tokens_per_s": self.tokens_per_s,
+                "traffic": self.traffic(),
             },
             "kernels": [k.to_json() for k in self.kernels],
         }
@@ -362,6 +467,7 @@ class Estimate:
             assumptions=data["assumptions"],
             options=data["options"],
             metadata=data["metadata"],
+            memory=MemoryFootprint(**data["memory"]) if data.get("memory") else None,
         )
 
     def to_json(self, path: str | Path | None = None) -> str:

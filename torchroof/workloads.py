@@ -1,39 +1,410 @@
-"""Drive a model through a step under capture.
+"""Drive a model through prefill, decode or a training step under capture.
 
-Issue 2 ships the prefill forward; decode and training steps build on the same capture.
+One path for every regime (STYLE.md: no per-regime formula sheets): the real model runs
+on meta, and only what meta cannot do is supplied here — a KV cache built directly at
+context N, optimizer state allocated before the traced step, and the fused optimizer
+kernel a GPU would launch.
 """
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from torchroof.capture import trace
+from torchroof.capture import Capture
 from torchroof.records import Trace
 
+REGIMES = ("prefill", "decode", "train")
+CACHES = ("static", "dynamic")
+PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
 
-def _check_positive(**sizes: int) -> None:
-    for name, value in sizes.items():
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+# Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
+# and the number of fp32/param-dtype state tensors per parameter).
+# seed 000 "Optimizers as memory workloads": Adam ~12 FLOPs, two moments; SGD one step,
+# momentum one buffer.
+FUSED_OPTIMIZERS: dict[str, tuple[int, int]] = {
+    "adamw": (12, 2),
+    "adam": (12, 2),
+    "sgd": (2, 0),
+    "sgd-momentum": (4, 1),
+}
+# Optimizers whose torch.optim step is traced as it runs (no single fused kernel exists).
+TRACED_OPTIMIZERS = ("adafactor", "muon")
+OPTIMIZERS = (*FUSED_OPTIMIZERS, *TRACED_OPTIMIZERS)
 
 
-def trace_prefill(model: torch.nn.Module, batch: int, seq: int) -> Trace:
-    """B sequences of T tokens through the model, under ``no_grad``, last-token logits only
-    (what generation needs) when the model supports ``logits_to_keep``."""
-    _check_positive(batch=batch, seq=seq)
-    device = next(model.parameters()).device
-    ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
-    kwargs: dict[str, Any] = {"use_cache": False}
+class WorkloadError(ValueError):
+    """A workload that cannot be built from the arguments or the model given."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What step to trace.
+
+    ``precision`` (train only): ``bf16`` / ``fp16`` / ``fp32`` keep parameters, gradients
+    and optimizer state in that dtype; ``mixed`` is bf16 compute with fp32 master weights,
+    fp32 gradients and fp32 optimizer state, the bf16 weights rewritten by the optimizer
+    (seed 000 §16: 30 B/param for AdamW).
+    """
+
+    regime: str = "prefill"
+    batch: int = 1
+    seq: int = 4096  # tokens per sequence (prefill, train)
+    context: int = 0  # tokens already in the KV cache (decode)
+    cache: str = "static"
+    optimizer: str = "adamw"
+    precision: str = "bf16"
+    checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.regime not in REGIMES:
+            raise WorkloadError(f"unknown regime {self.regime!r}; choose one of {REGIMES}")
+        _check_positive("batch", self.batch)
+        if self.regime == "decode":
+            _check_positive("context", self.context)
+        else:
+            _check_positive("seq", self.seq)
+        if self.cache not in CACHES:
+            raise WorkloadError(f"unknown cache {self.cache!r}; choose one of {CACHES}")
+        if self.optimizer not in OPTIMIZERS:
+            raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens processed by the step (decode: one per sequence)."""
+        return self.batch * (1 if self.regime == "decode" else self.seq)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise WorkloadError(f"{name} must be a positive integer, got {value!r}")
+
+
+def compute_dtype(workload: Workload, dtype: str | torch.dtype) -> torch.dtype:
+    """The dtype the model's weights and activations are built in for this workload."""
+    from torchroof.models import model_dtype
+
+    if workload.regime == "train" and workload.precision != "mixed":
+        return model_dtype(workload.precision)
+    if workload.regime == "train":
+        return torch.bfloat16
+    return model_dtype(dtype)
+
+
+def run_workload(model: torch.nn.Module, workload: Workload) -> Trace:
+    """Trace one step of ``workload`` on ``model`` (which must live on meta)."""
+    if workload.regime == "prefill":
+        trace = _prefill(model, workload)
+    elif workload.regime == "decode":
+        trace = _decode(model, workload)
+    else:
+        trace = _train(model, workload)
+    trace.metadata["workload"] = workload.to_dict()
+    trace.metadata["tokens"] = workload.tokens
+    return trace
+
+
+# -- inference ------------------------------------------------------------------------------
+def _text_config(model: torch.nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        raise WorkloadError(
+            f"{type(model).__name__} has no transformers config: prefill with a KV cache and "
+            "decode need a transformers causal LM (trace other modules with torchroof.trace())"
+        )
+    return config.get_text_config(decoder=True)
+
+
+def _kv_shape(model: torch.nn.Module) -> tuple[int, int]:
+    """(KV heads, head dim) from the config; a clear error when the config lacks them."""
+    text = _text_config(model)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if heads is None or hidden is None:
+        raise WorkloadError(
+            f"config {type(text).__name__} has no num_attention_heads / hidden_size: "
+            "cannot size a KV cache for it"
+        )
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return kv_heads, head_dim
+
+
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+def build_kv_cache(
+    model: torch.nn.Module, batch: int, capacity: int, filled: int, kind: str
+) -> Any:
+    """A transformers cache on meta, already holding ``filled`` tokens (no prefill is run).
+
+    ``static`` preallocates ``capacity`` slots and writes new tokens in place (what paged
+    and static-cache runtimes do); ``dynamic`` is HF's ``DynamicCache``, which ``cat``s the
+    whole cache every step.
+    """
+    from transformers import DynamicCache, StaticCache
+
+    kv_heads, head_dim = _kv_shape(model)
+    dtype = _model_dtype(model)
+    config = model.config
+    if kind == "static":
+        cache = StaticCache(config=config, max_cache_len=capacity)
+        cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device("meta"))
+        return cache
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        window = getattr(layer, "sliding_window", None)
+        length = min(filled, window - 1) if window else filled
+        layer.lazy_initialization(
+            *(torch.empty(batch, kv_heads, 0, head_dim, dtype=dtype, device="meta"),) * 2
+        )
+        layer.keys = torch.empty(batch, kv_heads, length, head_dim, dtype=dtype, device="meta")
+        layer.values = torch.empty(batch, kv_heads, length, head_dim, dtype=dtype, device="meta")
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = filled
+    return cache
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    tensors = []
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                tensors.append(tensor)
+    return tensors
+
+
+def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) -> dict[str, Any]:
+    import inspect
+
     params = inspect.signature(model.forward).parameters
-    last_logits = "logits_to_keep" in params
-    if last_logits:
-        kwargs["logits_to_keep"] = 1
-    with torch.no_grad(), trace() as recorded:
+    kwargs: dict[str, Any] = {"position_ids": positions, "use_cache": True}
+    kwargs["cache" if "cache" in params else "past_key_values"] = cache
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
+    return kwargs
+
+
+def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled: int) -> Trace:
+    batch = workload.batch
+    capacity = filled + new
+    cache = build_kv_cache(model, batch, capacity, filled, workload.cache)
+    ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
+    positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
+    kwargs = _forward_kwargs(model, positions, cache)
+    capture = Capture()
+    with torch.no_grad(), capture as trace:
+        capture.mark(cache_tensors(cache), "kv_cache")
         model(ids, **kwargs)
-    recorded.metadata.update(
-        {"workload": "prefill", "batch": batch, "seq": seq, "last_token_logits": last_logits}
+        capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
+    # The footprint is the cache as the step leaves it (a dynamic cache's old tensors die).
+    trace.role_bytes["kv_cache"] = sum(t.untyped_storage().nbytes() for t in cache_tensors(cache))
+    trace.metadata["cache"] = workload.cache
+    trace.metadata["kv_cache_tokens"] = capacity
+    return trace
+
+
+def _prefill(model: torch.nn.Module, workload: Workload) -> Trace:
+    """B sequences of T tokens, writing their K/V into the cache."""
+    model.eval()
+    return _inference_step(model, workload, new=workload.seq, filled=0)
+
+
+def _decode(model: torch.nn.Module, workload: Workload) -> Trace:
+    """One new token for each of B sequences against a cache already holding N tokens."""
+    model.eval()
+    return _inference_step(model, workload, new=1, filled=workload.context)
+
+
+# -- training -------------------------------------------------------------------------------
+@dataclass
+class _OptimizerState:
+    """What the optimizer keeps per parameter: fp32 masters (mixed), gradients it reads,
+    and its moment buffers."""
+
+    params: list[torch.Tensor]
+    masters: list[torch.Tensor]  # == params unless precision is mixed
+    grads: list[torch.Tensor]  # what the optimizer reads (fp32 main grads when mixed)
+    states: list[list[torch.Tensor]]  # one list per state buffer kind
+    steps: list[torch.Tensor]
+
+
+def _allocate_state(params: list[torch.Tensor], workload: Workload) -> _OptimizerState:
+    mixed = workload.precision == "mixed"
+
+    def like(p: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(p, dtype=torch.float32 if mixed else p.dtype, device="meta")
+
+    masters = [like(p) for p in params] if mixed else list(params)
+    grads = [like(p) for p in params] if mixed else []
+    buffers = FUSED_OPTIMIZERS.get(workload.optimizer, (0, 0))[1]
+    states = [[like(p) for p in params] for _ in range(buffers)]
+    steps = [torch.ones((), dtype=torch.float32) for _ in params]
+    return _OptimizerState(params, masters, grads, states, steps)
+
+
+def _fused_step(capture: Capture, state: _OptimizerState, workload: Workload) -> None:
+    """One fused kernel over every parameter: reads weights, gradients and state once,
+    writes weights and state once (and the bf16 weights from the fp32 masters when mixed)."""
+    flops, _ = FUSED_OPTIMIZERS[workload.optimizer]
+    mixed = workload.precision == "mixed"
+    grads = state.grads if mixed else [p.grad for p in state.params]
+    capture.record_synthetic(
+        "torchroof.fused_optimizer_step.default",
+        {
+            "params": state.masters,
+            "grads": grads,
+            "states": [t for kind in state.states for t in kind],
+            "params_out": state.params if mixed else [],
+        },
+        {"optimizer": workload.optimizer, "flops_per_element": flops},
+        phase="optimizer",
     )
-    return recorded
+
+
+def _traced_step(capture: Capture, state: _OptimizerState, workload: Workload, opt: Any) -> None:
+    """Run a torch.optim step as it is (Adafactor, Muon); with mixed precision it updates
+    the fp32 masters and the bf16 weights are rewritten from them."""
+    with capture.phase("optimizer"), torch.no_grad():
+        opt.step()
+        if workload.precision == "mixed":
+            torch._foreach_copy_(state.params, state.masters)
+
+
+def _make_torch_optimizer(workload: Workload, state: _OptimizerState, names: list[str]) -> Any:
+    masters = state.masters
+    if workload.precision == "mixed":
+        for master, grad in zip(masters, state.grads, strict=True):
+            master.grad = grad
+    if workload.optimizer == "adafactor":
+        return torch.optim.Adafactor(masters, lr=1e-3, foreach=True)
+    # Muon orthogonalises 2-D hidden matrices; embeddings, the head and 1-D parameters
+    # take AdamW, as the Muon write-up prescribes.
+    hidden = [
+        p
+        for p, n in zip(masters, names, strict=True)
+        if p.ndim == 2 and "embed" not in n and "lm_head" not in n and "wte" not in n
+    ]
+    rest = [p for p in masters if all(p is not h for h in hidden)]
+    return _MuonWithAdamW(
+        torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=3e-4, foreach=True)
+    )
+
+
+class _MuonWithAdamW:
+    def __init__(self, muon: Any, adamw: Any) -> None:
+        self.parts = [muon, adamw]
+        self.state = {**muon.state, **adamw.state}
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [
+            t
+            for part in self.parts
+            for per_param in part.state.values()
+            for t in per_param.values()
+            if isinstance(t, torch.Tensor) and t.is_meta
+        ]
+
+
+def _train(model: torch.nn.Module, workload: Workload) -> Trace:
+    """Forward, cross-entropy on labels, the real autograd backward and a steady-state
+    optimizer step (state already allocated), all traced."""
+    model.train()
+    if workload.checkpointing:
+        if not hasattr(model, "gradient_checkpointing_enable") and not hasattr(
+            model, "activation_checkpointing_enable"
+        ):
+            raise WorkloadError("activation checkpointing needs a transformers model")
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names, params = [n for n, _ in named], [p for _, p in named]
+    state = _allocate_state(params, workload)
+    opt = None
+    if workload.optimizer in TRACED_OPTIMIZERS:
+        opt = _make_torch_optimizer(workload, state, names)
+        if workload.precision != "mixed":
+            for p in params:
+                p.grad = torch.empty_like(p)
+        with Capture():  # warm-up step: allocates state; answers .item() on meta
+            opt.step()
+        for p in params:
+            p.grad = None
+    ids = torch.zeros(workload.batch, workload.seq, dtype=torch.long, device="meta")
+    capture = Capture()
+    with capture as trace:
+        capture.mark(
+            state.masters, "optimizer_state" if workload.precision == "mixed" else "weights"
+        )
+        capture.mark([t for kind in state.states for t in kind], "optimizer_state")
+        capture.mark(state.grads, "gradients")
+        if opt is not None:
+            capture.mark(
+                opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt),
+                "optimizer_state",
+            )
+        loss = _loss(model, ids)
+        loss.backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        if workload.precision == "mixed":
+            # bf16 gradients are accumulated into the fp32 main gradients the optimizer
+            # reads (Megatron-style); they are transient, so only the fp32 ones are held.
+            capture.mark(grads, "gradients", count_bytes=False)
+            with capture.phase("backward"), torch.no_grad():
+                torch._foreach_add_(state.grads, grads)
+        else:
+            capture.mark(grads, "gradients")
+        if opt is None:
+            _fused_step(capture, state, workload)
+        else:
+            _traced_step(capture, state, workload, opt)
+    trace.metadata["optimizer"] = workload.optimizer
+    trace.metadata["precision"] = workload.precision
+    trace.metadata["parameters"] = sum(p.numel() for p in params)
+    return trace
+
+
+def _state_of(opt: Any) -> list[torch.Tensor]:
+    return [
+        t
+        for per in opt.state.values()
+        for t in per.values()
+        if isinstance(t, torch.Tensor) and t.is_meta
+    ]
+
+
+def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    try:
+        out = model(ids, labels=ids)
+    except TypeError:
+        out = None
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise WorkloadError(
+            f"{type(model).__name__} returned no loss for labels=: the train regime needs a "
+            "causal LM that computes cross-entropy on labels"
+        )
+    return loss
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000)."""
+    kv_heads, head_dim = _kv_shape(model)
+    layers = _text_config(model).num_hidden_layers
+    return 2 * _model_dtype(model).itemsize * kv_heads * head_dim * layers

@@ -1,0 +1,228 @@
+"""Prefill, decode and training workloads, memory fit (seed 000 "decode is a GEMV", "The
+crossover that ends batching", "Optimizers as memory workloads")."""
+
+import pytest
+import torch
+
+import torchroof
+from torchroof.models import ModelBuildError, UnknownModelError, build_model, load_config
+from torchroof.workloads import Workload, WorkloadError, kv_bytes_per_token
+
+
+@pytest.fixture(scope="module")
+def llama70_decode_b1():
+    return torchroof.estimate("llama-3-70b", "decode", batch=1, context=128, hardware="h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def llama70_decode_b64_8k():
+    return torchroof.estimate("llama-3-70b", "decode", batch=64, context=8192, hardware="h100")
+
+
+def test_llama70b_decode_batch1_is_a_weight_read(llama70_decode_b1):
+    est = llama70_decode_b1
+    # 70.55e9 parameters x 2 B = 141.1 GB held; the embedding table is gathered (one row
+    # per token), so 141.1 - 128256·8192·2 (2.1 GB) = 139.0 GB of weights are read
+    assert est.memory.weights_bytes == pytest.approx(141.1e9, rel=1e-3)
+    assert est.weight_bytes_read == pytest.approx(139.0e9, rel=2e-3)
+    # seed: 140 GB / 3.35 TB/s = 41.8 ms, about 24 tokens/s
+    assert est.time_s == pytest.approx(41.8e-3, rel=0.02)
+    assert est.tokens_per_s == pytest.approx(24, abs=0.5)
+    assert est.memory_bound_share > 0.99
+
+
+def test_llama70b_kv_cache_and_crossover(llama70_decode_b64_8k):
+    model = build_model(load_config("llama-3-70b"))
+    # 2 (K, V) · 2 B · 80 layers · 8 KV heads · 128 = 327,680 bytes per token
+    assert kv_bytes_per_token(model) == 2 * 2 * 80 * 8 * 128 == 327_680
+    # 8192 tokens: 2.68 GB per sequence
+    assert kv_bytes_per_token(model) * 8192 == pytest.approx(2.68e9, rel=2e-3)
+    est = llama70_decode_b64_8k
+    # the step reads each sequence's cache once: 64 · 327,680 · 8193 (context + new token)
+    assert est.kv_bytes_read == pytest.approx(64 * 327_680 * 8193, rel=1e-3)
+    # seed: B_cross = 140 GB / 2.6 GB ≈ 53; exactly, 139.0 GB / 2.685 GB = 51.8
+    assert est.kv_crossover_batch == pytest.approx(53, rel=0.05)
+    assert "overtake weight reads at batch 52" in est.summary()
+
+
+def test_decode_attention_intensity_is_2g_over_s(llama70_decode_b64_8k):
+    attention = [k for k in llama70_decode_b64_8k.kernels if "attention" in k.name]
+    assert len(attention) == 80
+    # g = 64 / 8 = 8 query heads per KV head: I = 2g/s = 8 (seed 000 Attention III)
+    for kernel in attention:
+        assert kernel.intensity == pytest.approx(8, rel=0.01)
+
+
+def test_llama70b_does_not_fit_one_h100(llama70_decode_b1):
+    memory = llama70_decode_b1.memory
+    assert not memory.fits
+    # 141.1 GB of weights + 0.04 GB KV against 80 GiB = 85.9 GB: 55.2 GB missing
+    assert memory.missing_bytes == pytest.approx(141.15e9 - 80 * 2**30, rel=2e-3)
+    assert "does NOT fit: 55.2" in llama70_decode_b1.summary()
+    assert memory.max_batch == 0
+
+
+def test_kv_bytes_follow_num_key_value_heads(meta_lm):
+    def kv_read(kv_heads):
+        model = meta_lm("llama", num_key_value_heads=kv_heads)
+        return torchroof.estimate(model, "decode", batch=4, context=256).kv_bytes_read
+
+    # The step reads each cache once: K and V, 2 layers, 257 tokens (context + the new one)
+
+    # 4 sequences · 257 tokens · 2 layers · 2 (K, V) · h_kv · 32 dims · 2 B
+    assert kv_read(2) == 4 * 257 * 2 * 2 * 2 * 32 * 2
+    assert kv_read(4) == 2 * kv_read(2)
+    assert kv_read(1) * 2 == kv_read(2)
+
+
+def test_dynamic_cache_copies_the_whole_cache_every_step(meta_lm):
+    model = meta_lm("llama")
+    static = torchroof.estimate(model, "decode", batch=2, context=1024, cache="static")
+    dynamic = torchroof.estimate(model, "decode", batch=2, context=1024, cache="dynamic")
+    cats = [
+        k for k in dynamic.kernels if k.name == "aten.cat.default" and k.traffic.get("kv_cache")
+    ]
+    assert len(cats) == 4  # K and V in each of 2 layers
+    # each cat reads the 1024-token cache and writes 1025 tokens: (1024 + 1 + 1025) · 2·2·32·2
+    per_cat = (1024 + 1 + 1025) * 2 * 2 * 32 * 2
+    assert all(k.bytes == per_cat for k in cats)
+    assert dynamic.traffic()["kv_cache"] > 2.9 * static.traffic()["kv_cache"]
+    assert dynamic.metadata["cache"] == "dynamic"
+
+
+def test_prefill_writes_the_kv_cache(meta_lm):
+    est = torchroof.estimate(meta_lm("llama"), "prefill", batch=2, seq=64)
+    writes = [k for k in est.kernels if k.name == "aten.index_copy_.default"]
+    assert len(writes) == 4  # K and V of 2 layers
+    # 2 sequences · 64 tokens · 2 KV heads · 32 dims · 2 B written into the cache
+    assert all(k.written_by == {"kv_cache": 2 * 64 * 2 * 32 * 2} for k in writes)
+    assert est.tokens_per_s == pytest.approx(128 / est.time_s)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "precision", "bytes_per_param"),
+    [
+        # seed 000 §16, fp32 master + bf16 copy: Adam 16 read + 14 written = 30 B,
+        ("adamw", "mixed", 30),
+        ("adam", "mixed", 30),
+        # plain SGD 4 + 4 read, 4 + 2 written = 14 B; with momentum 12 + 10 = 22 B
+        ("sgd", "mixed", 14),
+        ("sgd-momentum", "mixed", 22),
+        # one dtype throughout: AdamW reads p, g, m, v and writes p, m, v: 7 · s
+        ("adamw", "bf16", 14),
+        ("adamw", "fp32", 28),
+    ],
+)
+def test_fused_optimizer_bytes_per_parameter(optimizer, precision, bytes_per_param, meta_lm):
+    est = torchroof.estimate(
+        meta_lm("llama"), "train", batch=1, seq=16, optimizer=optimizer, precision=precision
+    )
+    step = [k for k in est.kernels if k.phase == "optimizer"]
+    assert [k.name for k in step] == ["torchroof.fused_optimizer_step.default"]
+    params = est.metadata["parameters"]
+    assert step[0].bytes == bytes_per_param * params
+    if optimizer.startswith("adam"):
+        assert step[0].flops == 12 * params  # seed: ~12 FLOPs per parameter
+
+
+def test_training_step_phases_and_matmul_ratio(meta_lm):
+    est = torchroof.estimate(meta_lm("llama"), "train", batch=2, seq=64)
+    assert est.uncounted == {}
+    assert all(est.phase_time_s(p) > 0 for p in ("forward", "backward", "optimizer"))
+
+    def matmul_flops(phase):
+        return sum(k.flops for k in est.kernels if k.phase == phase and k.name == "aten.mm.default")
+
+    assert matmul_flops("backward") == 2 * matmul_flops("forward")
+    table = est.table()
+    for header in (
+        "forward ms",
+        "backward ms",
+        "optimizer ms",
+        "weights MB",
+        "grads MB",
+        "opt state MB",
+        "activations MB",
+    ):
+        assert header in table
+    row = next(r for r in est.rows() if r.name == "optimizer")
+    assert set(row.traffic) >= {"weights", "gradients", "optimizer_state"}
+
+
+def test_activation_checkpointing_recomputes_forward_in_backward(meta_lm):
+    plain = torchroof.estimate(meta_lm("llama"), "train", batch=2, seq=64)
+    ckpt = torchroof.estimate(meta_lm("llama"), "train", batch=2, seq=64, checkpointing=True)
+    recompute = [k for k in ckpt.kernels if k.phase == "recompute"]
+    assert recompute and all(k.module.startswith("model.layers.") for k in recompute)
+    block_forward = sum(
+        k.flops
+        for k in plain.kernels
+        if k.phase == "forward" and k.module.startswith("model.layers.")
+    )
+    # the decoder layers' forward runs again inside backward, up to the last tensor the
+    # backward needs (non-reentrant checkpointing stops early: the down_proj output is
+    # never saved, so that matmul is not redone)
+    recomputed = sum(k.flops for k in recompute)
+    assert 0.5 * block_forward < recomputed < block_forward
+    assert ckpt.memory.activations_peak_bytes < plain.memory.activations_peak_bytes
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "muon"])
+def test_traced_optimizers_are_priced(optimizer, meta_lm):
+    est = torchroof.estimate(meta_lm("llama"), "train", batch=1, seq=16, optimizer=optimizer)
+    assert est.uncounted == {}
+    step = [k for k in est.kernels if k.phase == "optimizer"]
+    assert step
+    if optimizer == "muon":
+        # Newton-Schulz: matmuls on the tensor cores dominate the update's work
+        tensor = sum(k.flops for k in step if k.unit == "tensor")
+        assert tensor > 0.9 * sum(k.flops for k in step)
+
+
+def test_real_cpu_module_is_traced_on_a_meta_copy(meta_lm):
+    from conftest import FAMILY_CONFIGS
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("llama", **FAMILY_CONFIGS["llama"])
+    )
+    before = model.lm_head.weight.detach().clone()
+    est = torchroof.estimate(model, "train", batch=1, seq=16)
+    assert model.lm_head.weight.device.type == "cpu"
+    torch.testing.assert_close(model.lm_head.weight.detach(), before)
+    assert model.lm_head.weight.grad is None
+    meta_twin = torchroof.estimate(meta_lm("llama", dtype=torch.float32), "train", batch=1, seq=16)
+    assert est.flops == meta_twin.flops
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(model="llama-3-8", regime="prefill"), UnknownModelError, "did you mean"),
+        (dict(model="gpt2", regime="prefill", batch=-1), WorkloadError, "batch must be"),
+        (dict(model="gpt2", regime="decode", context=0), WorkloadError, "context must be"),
+        (dict(model="gpt2", regime="serve"), WorkloadError, "unknown regime"),
+        (dict(model="gpt2", regime="train", optimizer="lion"), WorkloadError, "unknown optimizer"),
+    ],
+)
+def test_bad_input_is_a_clear_error(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        torchroof.estimate(**kwargs)
+
+
+def test_config_without_the_fields_a_regime_needs():
+    from transformers import PretrainedConfig
+
+    with pytest.raises(ModelBuildError, match="cannot build a causal LM"):
+        torchroof.estimate(PretrainedConfig(), "decode", context=8)
+    module = torch.nn.Linear(8, 8, device="meta")
+    with pytest.raises(WorkloadError, match="transformers causal LM"):
+        torchroof.estimate(module, "decode", context=8)
+
+
+def test_workload_validation():
+    assert Workload("decode", batch=3, context=10).tokens == 3
+    assert Workload("train", batch=2, seq=10).tokens == 20
+    with pytest.raises(WorkloadError, match="cache"):
+        Workload("decode", context=4, cache="paged-ish")

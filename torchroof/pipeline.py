@@ -1,0 +1,205 @@
+"""Trace -> Estimate: price every op, group into kernels, time each on the accelerator;
+and ``estimate()``, which builds the model on meta and traces a workload first."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchroof.counters import Cost
+from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
+from torchroof.fusion import Kernel, kernels_for
+from torchroof.hardware import HardwareSpec, get, spec_dtype
+from torchroof.memory import footprint
+from torchroof.records import Trace
+from torchroof.report import Estimate, KernelEstimate
+from torchroof.roofline import RooflineOptions, time_kernel
+
+ACTIVATIONS = "activations"
+
+
+def traffic_by_role(kernel: Kernel, roles: dict[int, str]) -> tuple[dict[str, int], dict[str, int]]:
+    """The kernel's (read, written) bytes split by what they hold (weights, activations,
+    KV cache, gradients, optimizer state). Each side is split in proportion to the unique
+    bytes of the tensors it touches, so the parts sum to the rule's own byte counts."""
+    cost = kernel.cost
+    explicit: dict[str, int] = defaultdict(int)
+    for t, size in cost.reads:  # rules that read only part of their inputs say which part
+        explicit[roles.get(t.storage, ACTIVATIONS)] += size
+    sides: list[dict[str, int]] = []
+    for tensors, total in (
+        ([t for op in kernel.ops for t in read_tensors(op)], cost.bytes_read),
+        ([t for op in kernel.ops for t in written_tensors(op)], cost.bytes_written),
+    ):
+        if explicit and not sides:
+            sides.append(dict(explicit))
+            continue
+        by_role: dict[str, list] = defaultdict(list)
+        for t in tensors:
+            by_role[roles.get(t.storage, ACTIVATIONS)].append(t)
+        sizes = {role: unique_bytes(ts) for role, ts in by_role.items()}
+        whole = sum(sizes.values())
+        if not whole:
+            sides.append({ACTIVATIONS: total} if total else {})
+            continue
+        sides.append({role: round(total * size / whole) for role, size in sizes.items() if size})
+    return sides[0], sides[1]
+
+
+def _timed(
+    index: int, kernel: Kernel, cost: Cost, t: Any, traffic: dict[str, int]
+) -> KernelEstimate:
+    return KernelEstimate(
+        index=index,
+        name=kernel.name,
+        ops=tuple(op.name for op in kernel.ops),
+        module=kernel.module,
+        phase=kernel.phase,
+        flops=cost.flops,
+        bytes_read=cost.bytes_read,
+        bytes_written=cost.bytes_written,
+        unit=cost.unit,
+        dtype=cost.dtype,
+        counted=cost.counted,
+        peak_flops_per_s=t.peak_flops_per_s,
+        compute_s=t.compute_s,
+        memory_s=t.memory_s,
+        time_s=t.time_s,
+        bound=t.bound,
+        read_by=traffic[0],
+        written_by=traffic[1],
+    )
+
+
+def estimate_trace(
+    trace: Trace,
+    hardware: str | Path | HardwareSpec = "h100-sxm",
+    *,
+    fusion: str = "eager",
+    **options: Any,
+) -> Estimate:
+    """Price and time every op of ``trace`` on ``hardware``.
+
+    ``options`` are :class:`RooflineOptions` fields (``allow_tf32``, ``overlap``,
+    ``compute_efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``).
+    """
+    spec = get(hardware)
+    roofline = RooflineOptions(**options)
+    kernels, coverage = kernels_for(trace.ops, fusion)
+    timed: list[KernelEstimate] = []
+    tensor_flops: dict[str, int] = defaultdict(int)
+    for index, kernel in enumerate(kernels):
+        cost = kernel.cost
+        if cost.unit == "tensor":
+            tensor_flops[cost.dtype] += cost.flops
+        t = time_kernel(cost, spec, roofline)
+        timed.append(_timed(index, kernel, cost, t, traffic_by_role(kernel, trace.roles)))
+    if tensor_flops:
+        reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)
+        reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=roofline.allow_tf32)
+        reference_dtype = spec_dtype(reference_dtype)
+    else:
+        reference_dtype, reference_peak = "fp32", spec.vector_peak("fp32")
+    batch = int(trace.metadata.get("workload", {}).get("batch", 1))
+    return Estimate(
+        hardware=spec.name,
+        hardware_display=spec.display_name,
+        hbm_bytes_per_s=spec.hbm_bytes_per_s.value,
+        reference_peak_flops_per_s=reference_peak,
+        reference_dtype=reference_dtype,
+        kernels=timed,
+        op_count=coverage.ops,
+        uncounted=coverage.uncounted,
+        assumptions=[
+            f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions
+        ],
+        options={"fusion": fusion, **roofline.to_dict()},
+        metadata=dict(trace.metadata),
+        memory=footprint(trace, spec.hbm_capacity_bytes.value, batch),
+    )
+
+
+def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model with every parameter and buffer on meta. The original is never
+    touched (a workload sets train mode, gradients, checkpointing on the copy) and no real
+    weight is copied: deepcopy is handed meta stand-ins for them."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_meta:
+            continue
+        stand_in = torch.empty_like(t, device="meta")
+        if isinstance(t, torch.nn.Parameter):
+            stand_in = torch.nn.Parameter(stand_in, requires_grad=t.requires_grad)
+        memo[id(t)] = stand_in
+    return copy.deepcopy(model, memo)
+
+
+def estimate(
+    model: Any = "llama-3-8b",
+    regime: str = "prefill",
+    *,
+    hardware: str | Path | HardwareSpec = "h100-sxm",
+    batch: int = 1,
+    seq: int = 4096,
+    context: int = 0,
+    dtype: str | torch.dtype | None = None,
+    cache: str = "static",
+    optimizer: str = "adamw",
+    precision: str | None = None,
+    checkpointing: bool = False,
+    fusion: str = "eager",
+    **options: Any,
+) -> Estimate:
+    """Estimate one step of ``model`` on ``hardware``.
+
+    ``model`` is an ``nn.Module`` (any device: it is traced on a meta copy, its weights are
+    never touched), a transformers config, a path to a config.json or model directory, or
+    a shipped config name (``torchroof models``). ``regime`` is ``prefill`` (B x seq tokens,
+    writing the KV cache), ``decode`` (one token for B sequences against a cache of
+    ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step).
+
+    ``dtype`` (inference) and ``precision`` (train: bf16, fp16, fp32 or mixed) cast the
+    model; left out, a module keeps its own dtype and a config is built in bf16.
+    """
+    from torchroof.workloads import Workload
+
+    workload = Workload(
+        regime=regime,
+        batch=batch,
+        seq=seq,
+        context=context,
+        cache=cache,
+        optimizer=optimizer,
+        precision=precision or "bf16",
+        checkpointing=checkpointing,
+    )
+    spec = get(hardware)  # fail on a bad name before any tracing
+    cast = dtype is not None or precision is not None
+    trace = trace_workload(model, workload, dtype or "bf16", cast_module=cast)
+    return estimate_trace(trace, spec, fusion=fusion, **options)
+
+
+def trace_workload(
+    model: Any, workload: Any, dtype: str | torch.dtype = "bf16", cast_module: bool = False
+) -> Trace:
+    """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
+    keeps its dtype unless ``cast_module``."""
+    from torchroof.models import build_model, load_config
+    from torchroof.workloads import compute_dtype, run_workload
+
+    if isinstance(model, torch.nn.Module):
+        module = meta_copy(model)
+        if cast_module:
+            module = module.to(compute_dtype(workload, dtype))
+        label = type(model).__name__
+    else:
+        module = build_model(load_config(model), compute_dtype(workload, dtype))
+        label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+    trace = run_workload(module, workload)
+    trace.metadata["model"] = label
+    return trace
