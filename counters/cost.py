@@ -28,9 +28,11 @@ class Cost:
     unit: Unit = "none"
     dtype: str = ""  # compute dtype that selects the peak (e.g. "bfloat16"); "" = n/a
     counted: bool = True  # False when no rule exists and only bytes were charged
-    # Which tensors the read bytes come from, when a rule reads only part of its inputs
-    # (gathers, scatters, in-place copies); empty means "each input, read once, in full".
+    # Which tensors the bytes come from, when a rule does not read each input and write each
+    # output once in full (gathers, scatters, in-place copies, synthetic kernels); empty
+    # means exactly that.
     reads: tuple[tuple[TensorMeta, int], ...] = ()
+    writes: tuple[tuple[TensorMeta, int], ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -59,6 +61,7 @@ class Cost:
             dtype=lead.dtype or self.dtype or other.dtype,
             counted=self.counted and other.counted,
             reads=self.reads + other.reads,
+            writes=self.writes + other.writes,
         )
 
     def scaled(self, factor: float) -> Cost:
@@ -71,6 +74,7 @@ class Cost:
             self.dtype,
             self.counted,
             tuple((t, round(n * factor)) for t, n in self.reads),
+            tuple((t, round(n * factor)) for t, n in self.writes),
         )
 
 

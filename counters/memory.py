@@ -6,15 +6,13 @@ elements (not the whole source) and scatters write the scattered ones (compulsor
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torchroof.counters.cost import ZERO, Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import (
     compute_dtype,
+    distinct,
     io_bytes,
-    tensor_key,
     unique_bytes,
     written_tensors,
 )
@@ -227,7 +225,7 @@ def movement(op: OpRecord) -> Cost:
     source = op.tensor("self")
     if op.packet in _GATHERS and source is not None:
         gathered = min(source.nbytes, unique_bytes(op.outputs[:1]))
-        others = _distinct(t for t in op.inputs if t is not source)
+        others = distinct(t for t in op.inputs if t is not source)
         reads = ((source, gathered), *((t, t.nbytes) for t in others))
         read = sum(n for _, n in reads)
         return Cost(0, read, unique_bytes(op.outputs), "none", source.dtype, reads=reads)
@@ -236,14 +234,6 @@ def movement(op: OpRecord) -> Cost:
 
 
 _GATHERS = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take"}
-
-
-def _distinct(tensors: Iterable[TensorMeta]) -> list[TensorMeta]:
-    """Each tensor once (the same tensor passed twice is read once)."""
-    seen: dict[tuple, TensorMeta] = {}
-    for t in tensors:
-        seen.setdefault(tensor_key(t), t)
-    return list(seen.values())
 
 
 @register(
@@ -281,7 +271,7 @@ def scatter(op: OpRecord) -> Cost:
     values = op.tensor("values") or op.tensor("src") or op.tensor("source")
     touched = values.numel * target.itemsize if values is not None else target.nbytes
     accumulate = bool(op.arg("accumulate", False)) or "add" in op.packet or "reduce" in op.packet
-    reads = [(t, t.nbytes) for t in _distinct(t for t in op.inputs if t is not target)]
+    reads = [(t, t.nbytes) for t in distinct(t for t in op.inputs if t is not target)]
     if accumulate:
         reads.append((target, touched))
     written = touched

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
-from torchroof.counters.tensors import unique_bytes
+from torchroof.counters.tensors import distinct, unique_bytes
 
 from torchroof.records import OpRecord
 
@@ -72,7 +72,16 @@ def fused_optimizer_step(op: OpRecord) -> Cost:
     params, grads = op.tensors("params"), op.tensors("grads")
     states, params_out = op.tensors("states"), op.tensors("params_out")
     numel = sum(t.numel for t in params)
-    read = unique_bytes(params + grads + states)
-    written = unique_bytes(params + states + params_out)
+    reads = tuple((t, t.nbytes) for t in distinct(params + grads + states))
+    writes = tuple((t, t.nbytes) for t in distinct(params + states + params_out))
     flops = int(op.arg("flops_per_element")) * numel
-    return Cost(flops, read, written, "vector", params[0].dtype if params else "")
+    dtype = params[0].dtype if params else ""
+    return Cost(
+        flops,
+        sum(n for _, n in reads),
+        sum(n for _, n in writes),
+        "vector",
+        dtype,
+        reads=reads,
+        writes=writes,
+    )

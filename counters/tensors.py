@@ -15,6 +15,14 @@ def tensor_key(t: TensorMeta) -> tuple[Any, ...]:
     return (t.storage, t.offset, t.shape, t.stride, t.dtype)
 
 
+def distinct(tensors: Iterable[TensorMeta]) -> list[TensorMeta]:
+    """Each tensor once, in first-seen order (the same tensor passed twice is read once)."""
+    seen: dict[tuple[Any, ...], TensorMeta] = {}
+    for t in tensors:
+        seen.setdefault(tensor_key(t), t)
+    return list(seen.values())
+
+
 def unique_bytes(tensors: Iterable[TensorMeta]) -> int:
     """Bytes of the distinct tensors in ``tensors`` (``a + a`` reads ``a`` once)."""
     seen: set[tuple[Any, ...]] = set()

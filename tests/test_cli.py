@@ -63,3 +63,53 @@ def test_negative_batch_is_rejected(capsys):
         main(["estimate", "gpt2", "--batch", "-1"])
     assert info.value.code == 2
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_decode_and_train_from_the_command_line(capsys):
+    assert (
+        main(
+            [
+                "estimate",
+                "gpt2",
+                "--regime",
+                "decode",
+                "--batch",
+                "8",
+                "--context",
+                "512",
+                "--kernels",
+                "0",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "decode, batch 8, context 512, static cache" in printed
+    assert "tokens/s" in printed and "KV reads overtake weight reads" in printed
+    assert "largest decode batch that fits at context 512" in printed
+    assert (
+        main(
+            [
+                "estimate",
+                "gpt2",
+                "--regime",
+                "train",
+                "--seq",
+                "128",
+                "--precision",
+                "mixed",
+                "--kernels",
+                "0",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "optimizer ms" in printed and "opt state MB" in printed
+    assert "optimizer state" in printed and "fits" in printed
+
+
+def test_decode_context_zero_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", "gpt2", "--regime", "decode", "--context", "0"])
+    assert "positive integer" in capsys.readouterr().err

@@ -88,7 +88,7 @@ class Capture:
         self.trace = Trace()
         self.flash_attention = flash_attention
         self._suppress = 0
-        self._phase_override: list[Phase] = []
+        self._phase_override: list[tuple[Phase, str]] = []
         self._optimizer_depth = 0
         self._stack: list[str] = []
         self._entered_in_backward: list[bool] = []  # per stack entry: a recompute?
@@ -183,10 +183,10 @@ class Capture:
         self._optimizer_depth -= 1
 
     @contextlib.contextmanager
-    def phase(self, phase: Phase) -> Iterator[None]:
-        """Record what runs inside as ``phase`` work: for what a training loop does around
-        autograd and ``torch.optim`` (which are detected on their own)."""
-        self._phase_override.append(phase)
+    def phase(self, phase: Phase, module: str = "") -> Iterator[None]:
+        """Record what runs inside as ``phase`` work under the label ``module``: for what a
+        training loop does around autograd and ``torch.optim`` (detected on their own)."""
+        self._phase_override.append((phase, module))
         try:
             yield
         finally:
@@ -200,7 +200,8 @@ class Capture:
                 return "recompute", self._stack[-1], node
             return "backward", self._module_of_node(node), node
         if self._phase_override:
-            return self._phase_override[-1], "", None
+            phase, module = self._phase_override[-1]
+            return phase, module, None
         if self._optimizer_depth:
             return "optimizer", "", None
         return "forward", (self._stack[-1] if self._stack else ""), None

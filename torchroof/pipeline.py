@@ -25,19 +25,20 @@ ACTIVATIONS = "activations"
 
 def traffic_by_role(kernel: Kernel, roles: dict[int, str]) -> tuple[dict[str, int], dict[str, int]]:
     """The kernel's (read, written) bytes split by what they hold (weights, activations,
-    KV cache, gradients, optimizer state). Each side is split in proportion to the unique
-    bytes of the tensors it touches, so the parts sum to the rule's own byte counts."""
+    KV cache, gradients, optimizer state). Where the rule said which tensors its bytes come
+    from, that is used; otherwise each side is split in proportion to the unique bytes of
+    the tensors it touches, so the parts always sum to the rule's own byte counts."""
     cost = kernel.cost
-    explicit: dict[str, int] = defaultdict(int)
-    for t, size in cost.reads:  # rules that read only part of their inputs say which part
-        explicit[roles.get(t.storage, ACTIVATIONS)] += size
     sides: list[dict[str, int]] = []
-    for tensors, total in (
-        ([t for op in kernel.ops for t in read_tensors(op)], cost.bytes_read),
-        ([t for op in kernel.ops for t in written_tensors(op)], cost.bytes_written),
+    for explicit, tensors, total in (
+        (cost.reads, [t for op in kernel.ops for t in read_tensors(op)], cost.bytes_read),
+        (cost.writes, [t for op in kernel.ops for t in written_tensors(op)], cost.bytes_written),
     ):
-        if explicit and not sides:
-            sides.append(dict(explicit))
+        if explicit:  # the rule said which tensors its bytes come from
+            split: dict[str, int] = defaultdict(int)
+            for t, size in explicit:
+                split[roles.get(t.storage, ACTIVATIONS)] += size
+            sides.append(dict(split))
             continue
         by_role: dict[str, list] = defaultdict(list)
         for t in tensors:

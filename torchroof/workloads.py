@@ -366,7 +366,7 @@ def _train(model: torch.nn.Module, workload: Workload) -> Trace:
             # bf16 gradients are accumulated into the fp32 main gradients the optimizer
             # reads (Megatron-style); they are transient, so only the fp32 ones are held.
             capture.mark(grads, "gradients", count_bytes=False)
-            with capture.phase("backward"), torch.no_grad():
+            with capture.phase("backward", "gradient accumulation"), torch.no_grad():
                 torch._foreach_add_(state.grads, grads)
         else:
             capture.mark(grads, "gradients")
