@@ -100,18 +100,29 @@ def addr(op: OpRecord) -> Cost:
 def grouped_mm(op: OpRecord) -> Cost:
     """Grouped GEMM (MoE experts): 2·M_total·N·K summed over groups.
 
-    NB: with ``offs`` the rows are split among groups at run time; the total is the same.
+    NB: with ``offs`` the rows are split among groups at run time, which meta cannot know.
+    Balanced routing is assumed: M routed rows touch min(G, M) of the G expert matrices, so
+    a decode step with fewer routed tokens than experts reads only that many experts.
     """
-    a, b = op.tensor("self").shape, op.tensor("mat2").shape
+    a, b = op.tensor("self"), op.tensor("mat2")
     out = op.outputs[0].shape
-    k = a[-1]
-    if len(a) == 2 and len(b) == 2:
+    k = a.shape[-1]
+    if len(a.shape) == 2 and len(b.shape) == 2:
         # 2D x 2D with offs (the weight-gradient form): groups split K, so the total
         # contraction is K once for each of the N_out x M_out outputs of one group.
         flops = 2 * out[-2] * out[-1] * k
     else:
         flops = 2 * math.prod(out) * k
-    return _tensor_cost(op, flops, "self", "mat2")
+    read, written = io_bytes(op)
+    dtype = compute_dtype([a, b])
+    if len(a.shape) == 2 and len(b.shape) == 3 and op.tensor("offs") is not None:
+        groups, rows = b.shape[0], a.shape[0]
+        touched = b.nbytes * min(groups, rows) // groups
+        others = [t for t in op.inputs if t is not b]
+        reads = ((b, touched), *((t, t.nbytes) for t in others))
+        read = sum(n for _, n in reads)
+        return Cost(flops, read, written, "tensor", dtype, reads=reads)
+    return Cost(flops, read, written, "tensor", dtype)
 
 
 @register("aten.convolution", "aten._convolution")

@@ -42,6 +42,8 @@ REDUCTION_FLOPS: dict[str, int] = {
     "logcumsumexp": 4,
     "_cummax_helper": 1,
     "_cummin_helper": 1,
+    "histc": 1,  # one bin increment per element (MoE routing counts tokens per expert)
+    "bincount": 1,
     "_foreach_norm": 2,
     "_foreach_max": 1,
 }

@@ -226,3 +226,23 @@ def test_workload_validation():
     assert Workload("train", batch=2, seq=10).tokens == 20
     with pytest.raises(WorkloadError, match="cache"):
         Workload("decode", context=4, cache="paged-ish")
+
+
+def test_moe_decode_reads_only_the_routed_experts():
+    from conftest import SMALL
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("mixtral", **SMALL, num_local_experts=8, num_experts_per_tok=2)
+
+    def expert_weight_reads(batch):
+        est = torchroof.estimate(config, "decode", batch=batch, context=64)
+        assert est.uncounted == {}
+        grouped = [k for k in est.kernels if k.name == "aten._grouped_mm.default"]
+        assert len(grouped) == 4  # gate-up and down projections in each of 2 layers
+        return sum(k.read_by.get("weights", 0) for k in grouped)
+
+    # per layer: gate_up [8, 128, 512] + down [8, 256, 128] bf16 = 8 · 196,608 · 2 bytes;
+    # balanced routing: batch 1 routes 2 token-slots to 2 of the 8 experts, batch 8 to all 8
+    all_experts = 2 * 8 * (128 * 512 + 256 * 128) * 2
+    assert expert_weight_reads(8) == all_experts
+    assert expert_weight_reads(1) == all_experts * 2 // 8

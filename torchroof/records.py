@@ -52,11 +52,13 @@ class TensorMeta:
     @property
     def unique_numel(self) -> int:
         """Distinct elements addressed: a broadcast (stride-0) dimension is read once."""
-        if any(size == 0 for size in self.shape):
-            return 0
-        return math.prod(
-            size for size, step in zip(self.shape, self.stride, strict=True) if step != 0
-        )
+        count = 1
+        for size, step in zip(self.shape, self.stride, strict=True):
+            if size == 0:
+                return 0
+            if step:
+                count *= size
+        return count
 
     @property
     def itemsize(self) -> int:
