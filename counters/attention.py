@@ -158,11 +158,35 @@ def sdpa_math(op: OpRecord) -> Cost:
     seed 000: W = 4N²d, Q = 4s(Nd + N²), I -> d/s. The math path computes every pair, so a
     causal mask saves nothing here.
     """
+    return materialized_attention_cost(op)
+
+
+def materialized_attention_cost(op: OpRecord) -> Cost:
+    """The naive kernel chain for a fused attention op: S and P written to HBM and read back.
+
+    seed 000 "Attention from first principles": the forward adds four N² round trips per
+    head (write S, read S, write P, read P), W = 4N²d, Q = 4s(Nd + N²), I -> d/s; every
+    pair is computed, so a causal mask saves nothing. NB: the backward is taken as six N²
+    passes (read P, write and read dP, write dS, read dS twice for dQ and dK); the seed gives
+    only the forward.
+    """
     q, k, v = _qkv(op)
-    shape = AttentionShape.from_bhld(q, k, v)
-    flops = attention_forward_flops(shape, causal=False)
-    reads = unique_bytes([q, k, v, *_bias(op)])
-    scores = score_matrix_bytes(shape, q.itemsize)
-    return Cost(
-        flops, reads + scores // 2, unique_bytes(op.outputs[:1]) + scores // 2, "tensor", q.dtype
+    backward = "backward" in op.name
+    layout = (
+        "blhd"
+        if op.name.startswith(("aten._flash_attention", "aten._efficient_attention"))
+        else "bhld"
     )
+    shape = (AttentionShape.from_bhld if layout == "bhld" else AttentionShape.from_blhd)(q, k, v)
+    per_pass = score_matrix_bytes(shape, q.itemsize) // 4  # s · Lq · Lk per head
+    if backward:
+        flops = attention_backward_flops(shape, causal=False)
+        saved = ("grad_out", "grad_out_", "out")
+        reads = [q, k, v, *_bias(op)] + [t for n in saved if (t := op.tensor(n)) is not None]
+        writes = list(op.outputs[:3])
+        read, written = unique_bytes(reads) + 4 * per_pass, unique_bytes(writes) + 2 * per_pass
+    else:
+        flops = attention_forward_flops(shape, causal=False)
+        read = unique_bytes([q, k, v, *_bias(op)]) + 2 * per_pass
+        written = unique_bytes(op.outputs[:1]) + 2 * per_pass
+    return Cost(flops, read, written, "tensor", q.dtype)

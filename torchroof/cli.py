@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from torchroof.fusion import ATTENTION_POLICIES, LOSS_POLICIES
 from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.pipeline import estimate_trace, trace_workload
@@ -92,6 +93,28 @@ def _parser() -> argparse.ArgumentParser:
         help="one row per block even when consecutive blocks are identical",
     )
     est.add_argument("--kernels", type=int, default=10, help="also list the N slowest kernels")
+    est.add_argument(
+        "--fusion",
+        default="eager",
+        help="kernel policy: eager or fused; two, comma-separated, are compared",
+    )
+    est.add_argument(
+        "--epilogue",
+        action="store_true",
+        help="fused: matmuls absorb the elementwise ops that follow them",
+    )
+    est.add_argument(
+        "--loss",
+        choices=LOSS_POLICIES,
+        default="materialized",
+        help="chunked: fused linear cross-entropy (no N x V logits in HBM)",
+    )
+    est.add_argument(
+        "--attention",
+        choices=ATTENTION_POLICIES,
+        default="flash",
+        help="math: the naive kernel that writes S and P to HBM",
+    )
     est.add_argument("--tf32", action="store_true", help="fp32 matmuls on tf32 tensor cores")
     est.add_argument(
         "--no-overlap", action="store_true", help="T = W/pi + Q/beta instead of max (seed 000 §5)"
@@ -143,16 +166,30 @@ def _estimate(args: argparse.Namespace) -> None:
         label = _workload_label(args.model, workload, args.dtype)
     if args.save_trace:
         trace.save(args.save_trace)
-    est = estimate_trace(
-        trace,
-        args.hardware,
-        allow_tf32=args.tf32,
-        overlap=not args.no_overlap,
-        compute_efficiency=args.compute_efficiency,
-        bandwidth_efficiency=args.bandwidth_efficiency,
-        launch_overhead_s=args.launch_overhead_us * 1e-6,
-    )
+    policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
+    if not 1 <= len(policies) <= 2:
+        raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
+    estimates = [
+        estimate_trace(
+            trace,
+            args.hardware,
+            fusion=policy,
+            epilogue=args.epilogue,
+            loss=args.loss,
+            attention=args.attention,
+            allow_tf32=args.tf32,
+            overlap=not args.no_overlap,
+            compute_efficiency=args.compute_efficiency,
+            bandwidth_efficiency=args.bandwidth_efficiency,
+            launch_overhead_s=args.launch_overhead_us * 1e-6,
+        )
+        for policy in policies
+    ]
+    est = estimates[-1]
     print(f"torchroof estimate: {label}")
+    if len(estimates) == 2:
+        print(estimates[0].compare(estimates[1], depth=args.depth, collapse=not args.all_layers))
+        print()
     print(est.table(depth=args.depth, collapse=not args.all_layers))
     print()
     print(est.summary())

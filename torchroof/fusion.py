@@ -1,36 +1,141 @@
-"""Kernels from a trace: which ops a runtime launches together.
+"""Kernels from a trace: which ops a runtime launches together, and what they move.
 
-The ``eager`` policy is one kernel per op that moves bytes or does arithmetic, which is
-what PyTorch eager launches; views and allocation-only ops launch nothing (DESIGN rule 2).
+seed 000 "Fusion": a kernel boundary is a memory boundary. Fusing leaves W unchanged and
+cuts Q to the group's external traffic: inputs produced outside it and outputs read
+outside it (DESIGN rule 6).
+
+Policies:
+- ``eager``: one kernel per op that moves bytes or computes (what PyTorch eager launches);
+  views and allocation-only ops launch nothing (DESIGN rule 2).
+- ``fused``: data-connected runs of pointwise ops, casts, copies, reductions, norms,
+  softmax and their backward become one kernel, as an Inductor-style compiler fuses them;
+  matmuls, attention, gathers and scatters stay their own kernels. ``epilogue=True`` lets a
+  matmul absorb the elementwise ops that consume only its output (bias, activation,
+  residual). A fused kernel stays inside one block (``model.layers.3``), so each layer's
+  budget is its own; a compiler may also fuse across the seam (a residual add with the
+  next layer's norm), which this leaves as two kernels.
+
+Orthogonal options: ``loss="chunked"`` fuses the LM head's GEMMs with the cross-entropy
+forward and backward (no N_t x V tensor in HBM, seed 000 "The fix is a roofline fix");
+``attention="math"`` prices attention as the naive kernel that writes S and P.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from torchroof.counters import Cost, cost_of
-from torchroof.records import OpRecord, Phase
+from torchroof.counters.attention import materialized_attention_cost
+from torchroof.counters.norms import NORM_FLOPS
+from torchroof.counters.pointwise import POINTWISE_FLOPS
+from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
+from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
+from torchroof.memory import storage_extent_bytes
+from torchroof.records import OpRecord, Phase, TensorMeta
+from torchroof.report import layer_key
 
-FUSION_POLICIES = ("eager",)
+FUSION_POLICIES = ("eager", "fused")
+LOSS_POLICIES = ("materialized", "chunked")
+ATTENTION_POLICIES = ("flash", "math")
+
+# seed 000 Lab 3: real fused kernels start spilling past roughly 64 KB of live state per
+# 256-thread block; a row-wise kernel keeps about one row per thread group in flight.
+DEFAULT_ON_CHIP_BUDGET_BYTES = 64 * 1024
+
+
+def _packets(*names: str) -> set[str]:
+    return {f"aten.{n}" for name in names for n in (name, f"{name}_")}
+
+
+_SCANS_AND_SCATTERS = {
+    "cumsum",
+    "cumprod",
+    "logcumsumexp",
+    "_cummax_helper",
+    "_cummin_helper",
+    "histc",
+    "bincount",
+    "_foreach_norm",
+    "_foreach_max",
+}
+FUSABLE_PACKETS = (
+    _packets(*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow")
+    | _packets(*(n for n in REDUCTION_FLOPS if n not in _SCANS_AND_SCATTERS))
+    | _packets(*SOFTMAX_FLOPS, *NORM_FLOPS)
+    | _packets(
+        "_to_copy",
+        "clone",
+        "copy",
+        "fill",
+        "zero",
+        "zeros",
+        "ones",
+        "full",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "scalar_tensor",
+        "arange",
+        "native_dropout",
+        "native_dropout_backward",
+        "cat",
+        "constant_pad_nd",
+        "tril",
+        "triu",
+        "repeat",
+        "flip",
+        "roll",
+        "slice_backward",
+        "select_backward",
+        "lift_fresh_copy",
+    )
+)
+"""Ops an Inductor-style compiler fuses: elementwise, casts, layout copies, row
+reductions. ``copy_`` is absent on purpose: it writes into an existing buffer."""
+
+_LOSS_CHAIN = {
+    "aten.nll_loss_forward",
+    "aten.nll_loss_backward",
+    "aten._log_softmax_backward_data",
+    "aten._to_copy",
+    "aten.clone",
+}
+MATMUL_PACKETS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._addmm_activation"}
+_ATTENTION_PREFIXES = (
+    "aten._scaled_dot_product_",
+    "aten._flash_attention",
+    "aten._efficient_attention",
+)
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """One launched kernel: its member ops and their summed cost."""
+    """One launched kernel: its member ops, their cost with the group's external bytes,
+    and flags (e.g. an on-chip budget the fused group exceeds)."""
 
     ops: tuple[OpRecord, ...]
     cost: Cost
+    flags: tuple[str, ...] = ()
 
     @property
     def lead(self) -> OpRecord:
-        """The member op that names the kernel: the first one (the only one under eager)."""
+        """The member that names the kernel: the matmul or attention if there is one, else
+        the first member."""
+        for op in self.ops:
+            if op.packet in MATMUL_PACKETS or op.name.startswith(_ATTENTION_PREFIXES):
+                return op
         return self.ops[0]
 
     @property
     def name(self) -> str:
-        return self.lead.name
+        if len(self.ops) == 1:
+            return self.lead.name
+        return f"fused[{self.lead.name} +{len(self.ops) - 1}]"
 
     @property
     def module(self) -> str:
@@ -49,25 +154,338 @@ class Coverage:
     uncounted: dict[str, int]
 
 
-def eager_kernels(
-    ops: Iterable[OpRecord], price: Callable[[OpRecord], Cost] = cost_of
-) -> tuple[list[Kernel], Coverage]:
-    """One kernel per op with non-zero W or Q, in execution order."""
-    kernels: list[Kernel] = []
-    uncounted: Counter[str] = Counter()
-    count = 0
-    for op in ops:
-        count += 1
-        cost = price(op)
-        if not cost.counted:
-            uncounted[op.name] += 1
+@dataclass(frozen=True)
+class FusionOptions:
+    """How ops become kernels."""
+
+    policy: str = "eager"
+    epilogue: bool = False  # a matmul absorbs the elementwise ops that follow it
+    loss: str = "materialized"
+    attention: str = "flash"
+    on_chip_budget_bytes: int = DEFAULT_ON_CHIP_BUDGET_BYTES
+
+    def __post_init__(self) -> None:
+        for value, known, what in (
+            (self.policy, FUSION_POLICIES, "fusion policy"),
+            (self.loss, LOSS_POLICIES, "loss policy"),
+            (self.attention, ATTENTION_POLICIES, "attention policy"),
+        ):
+            if value not in known:
+                raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+        if self.on_chip_budget_bytes <= 0:
+            raise ValueError("on_chip_budget_bytes must be positive")
+
+
+@dataclass
+class _Group:
+    members: list[int] = field(default_factory=list)
+    first_outside_read: int | None = None  # first op outside the group reading its output
+    kind: str = "fusable"  # fusable | anchor | epilogue (a matmul taking followers) | loss
+
+
+class _Graph:
+    """Who writes and who reads each storage, in execution order (views excluded)."""
+
+    def __init__(self, ops: Sequence[OpRecord], costs: Sequence[Cost]) -> None:
+        self.readers: dict[int, list[int]] = defaultdict(list)
+        self.writers: dict[int, list[int]] = defaultdict(list)
+        for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
+            if not (cost.flops or cost.bytes):
+                continue  # a view or metadata op touches nothing
+            for t in read_tensors(op):
+                self.readers[t.storage].append(i)
+            for t in written_tensors(op):
+                self.writers[t.storage].append(i)
+
+    def read_after(self, storage: int, index: int, group: set[int]) -> bool:
+        """Is ``storage`` read after op ``index`` by an op outside ``group``?"""
+        return any(j > index and j not in group for j in self.readers.get(storage, ()))
+
+    def read_later(self, storage: int, index: int) -> bool:
+        return any(j > index for j in self.readers.get(storage, ()))
+
+
+def _is_fusable(op: OpRecord, cost: Cost) -> bool:
+    return cost.counted and op.packet in FUSABLE_PACKETS
+
+
+def price(op: OpRecord, attention: str = "flash") -> Cost:
+    """The op's cost under the attention policy (``math`` writes S and P to HBM)."""
+    if (
+        attention == "math"
+        and op.name.startswith("aten._scaled_dot_product_")
+        and "math" not in op.name
+    ):
+        return materialized_attention_cost(op)
+    return cost_of(op)
+
+
+def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[int]]:
+    """The LM head's GEMMs and the cross-entropy around them, forward and backward, as one
+    fused linear-cross-entropy kernel per loss (seed 000 "The fix is a roofline fix")."""
+    producer: dict[int, int] = {}
+    consumers: dict[int, list[int]] = defaultdict(list)
+    for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
+        for t in read_tensors(op):
+            consumers[t.storage].append(i)
         if cost.flops or cost.bytes:
-            kernels.append(Kernel((op,), cost))
-    return kernels, Coverage(count, dict(uncounted))
+            for t in written_tensors(op):
+                producer[t.storage] = i
+    groups: list[list[int]] = []
+    for i, op in enumerate(ops):
+        if op.packet != "aten._log_softmax" or op.phase != "forward":
+            continue
+        chain = {i}
+        # back from the log-softmax through casts to the head GEMM
+        j = producer.get(op.inputs[0].storage)
+        while j is not None and ops[j].packet in ("aten._to_copy", "aten.clone"):
+            chain.add(j)
+            j = producer.get(ops[j].inputs[0].storage)
+        if j is None or ops[j].packet not in MATMUL_PACKETS:
+            continue
+        chain.add(j)
+        frontier = [t.storage for t in ops[i].outputs]
+        # forward on to the loss, its backward, and the GEMMs that consume grad-logits
+        seen: set[int] = set()
+        while frontier:
+            storage = frontier.pop()
+            if storage in seen:
+                continue
+            seen.add(storage)
+            for k in consumers.get(storage, ()):
+                if k in chain or not (costs[k].flops or costs[k].bytes):
+                    continue  # views share their base's storage: its readers are found too
+                packet = ops[k].packet
+                if packet in MATMUL_PACKETS:
+                    if ops[k].phase == "backward":
+                        chain.add(k)  # dX and dW GEMMs of the head; their outputs leave
+                    continue
+                if packet in _LOSS_CHAIN or (
+                    packet in FUSABLE_PACKETS and ops[k].phase == "backward"
+                ):
+                    chain.add(k)
+                    frontier.extend(t.storage for t in written_tensors(ops[k]))
+        groups.append(sorted(chain))
+    return groups
 
 
-def kernels_for(ops: Iterable[OpRecord], policy: str = "eager") -> tuple[list[Kernel], Coverage]:
-    """Group ops into kernels under a named fusion policy."""
-    if policy == "eager":
-        return eager_kernels(ops)
-    raise ValueError(f"unknown fusion policy {policy!r}; known: {', '.join(FUSION_POLICIES)}")
+def _group_ops(
+    ops: Sequence[OpRecord], costs: Sequence[Cost], options: FusionOptions
+) -> list[_Group]:
+    """Greedy vertical fusion in execution order.
+
+    An op joins the group of one of its producers when the group can still run as one
+    kernel: every other input of the op was produced before anything outside the group
+    first read the group's output (otherwise that input may depend on the group and the
+    merged kernel would wait on itself).
+    """
+    groups: list[_Group] = []
+    group_of: dict[int, int] = {}
+    taken: set[int] = set()
+    if options.loss == "chunked":
+        for members in _loss_groups(ops, costs):
+            if taken.intersection(members):
+                continue
+            groups.append(_Group(members=list(members), kind="loss"))
+            for i in members:
+                group_of[i] = len(groups) - 1
+            taken.update(members)
+    last_writer: dict[int, int] = {}  # storage -> op index
+
+    def note_reads(i: int, own: int) -> None:
+        for t in read_tensors(ops[i]):
+            w = last_writer.get(t.storage)
+            if w is None:
+                continue
+            g = group_of[w]
+            if g != own and groups[g].first_outside_read is None:
+                groups[g].first_outside_read = i
+
+    for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
+        if not (cost.flops or cost.bytes):
+            continue
+        if i in taken:
+            note_reads(i, group_of[i])
+            for t in written_tensors(op):
+                last_writer[t.storage] = i
+            continue
+        chosen = None
+        if options.policy == "fused" and _is_fusable(op, cost):
+            chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
+            if chosen is not None:
+                _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
+        if chosen is None:
+            kind = "fusable" if (options.policy == "fused" and _is_fusable(op, cost)) else "anchor"
+            if kind == "anchor" and options.epilogue and op.packet in MATMUL_PACKETS:
+                kind = "epilogue"
+            groups.append(_Group(kind=kind))
+            chosen = len(groups) - 1
+        groups[chosen].members.append(i)
+        group_of[i] = chosen
+        note_reads(i, chosen)
+        for t in written_tensors(op):
+            last_writer[t.storage] = i
+    return groups
+
+
+def _merge_siblings(
+    i: int,
+    chosen: int,
+    ops: Sequence[OpRecord],
+    groups: list[_Group],
+    group_of: dict[int, int],
+    last_writer: dict[int, int],
+) -> None:
+    """Op ``i`` joins ``chosen`` and also reads another fusable group's output (a diamond:
+    RoPE's ``q·cos`` and ``rotate_half(q)·sin`` meet in one add). While nothing outside
+    either group has read them, nothing can depend on them, so they merge into one kernel."""
+    target = groups[chosen]
+    if target.first_outside_read is not None:
+        return
+    for t in read_tensors(ops[i]):
+        w = last_writer.get(t.storage)
+        if w is None or group_of[w] == chosen:
+            continue
+        h = group_of[w]
+        other = groups[h]
+        same_block = ops[other.members[0]].phase == ops[i].phase and layer_key(
+            ops[other.members[0]].module, ops[i].phase
+        ) == layer_key(ops[i].module, ops[i].phase)
+        if other.kind != "fusable" or other.first_outside_read is not None or not same_block:
+            continue
+        target.members.extend(other.members)
+        for j in other.members:
+            group_of[j] = chosen
+        other.members = []
+
+
+def _joinable_group(
+    i: int,
+    ops: Sequence[OpRecord],
+    groups: list[_Group],
+    group_of: dict[int, int],
+    last_writer: dict[int, int],
+    options: FusionOptions,
+) -> int | None:
+    op = ops[i]
+    producers = [last_writer.get(t.storage) for t in read_tensors(op)]
+    candidates = sorted(
+        {group_of[w] for w in producers if w is not None}, key=lambda g: -groups[g].members[-1]
+    )
+    for g in candidates:
+        group = groups[g]
+        if group.kind not in ("fusable", "epilogue"):
+            continue
+        first = ops[group.members[0]]
+        if first.phase != op.phase:
+            continue
+        if group.kind != "loss" and layer_key(first.module, first.phase) != layer_key(
+            op.module, op.phase
+        ):
+            continue  # NB: kernels stay inside one block so each layer's budget is its own
+        if group.kind == "epilogue" and group.first_outside_read is not None:
+            continue  # the matmul output is needed elsewhere: it must be written anyway
+        limit = group.first_outside_read
+        others = [w for w in producers if w is not None and group_of[w] != g]
+        if limit is None or all(w < limit for w in others):
+            return g
+    return None
+
+
+def _group_kernel(
+    members: list[int],
+    ops: Sequence[OpRecord],
+    costs: Sequence[Cost],
+    graph: _Graph,
+    roles: dict[int, str],
+    options: FusionOptions,
+) -> Kernel:
+    """Sum W; Q is the external traffic only (DESIGN rule 6)."""
+    if len(members) == 1:
+        i = members[0]
+        return Kernel((ops[i],), costs[i])
+    member_set = set(members)
+    produced: set[int] = set()
+    reads: dict[tuple, tuple[TensorMeta, int]] = {}
+    writes: dict[tuple, tuple[TensorMeta, int]] = {}
+    internal_row_bytes: dict[int, int] = {}
+    total = Cost()
+    for i in members:
+        op, cost = ops[i], costs[i]
+        total = total + Cost(cost.flops, 0, 0, cost.unit, cost.dtype, cost.counted)
+        explicit = {tensor_key(t): n for t, n in cost.reads}
+        for t in read_tensors(op):
+            if t.storage in produced:
+                continue
+            key = tensor_key(t)
+            reads.setdefault(key, (t, explicit.get(key, t.nbytes)))
+        for t in written_tensors(op):
+            produced.add(t.storage)
+            live = (
+                t.storage in roles
+                or graph.read_after(t.storage, i, member_set)
+                or not graph.read_later(t.storage, i)
+            )
+            if live:
+                writes[tensor_key(t)] = (t, t.nbytes)
+            elif t.shape:
+                internal_row_bytes[t.storage] = t.shape[-1] * t.itemsize
+    read_list = _per_storage(reads.values())
+    write_list = _per_storage(writes.values())
+    cost = Cost(
+        total.flops,
+        sum(n for _, n in read_list),
+        sum(n for _, n in write_list),
+        total.unit,
+        total.dtype,
+        total.counted,
+        reads=read_list,
+        writes=write_list,
+    )
+    flags: tuple[str, ...] = ()
+    live_row = sum(internal_row_bytes.values())
+    if live_row > options.on_chip_budget_bytes:
+        flags = (
+            f"on-chip state {live_row / 1024:.0f} KiB per row exceeds the "
+            f"{options.on_chip_budget_bytes / 1024:.0f} KiB budget: may spill",
+        )
+    return Kernel(tuple(ops[i] for i in members), cost, flags)
+
+
+def _per_storage(views: Iterable[tuple[TensorMeta, int]]) -> tuple[tuple[TensorMeta, int], ...]:
+    """Overlapping views of one storage (``q`` and its two halves in RoPE) are moved once:
+    a storage costs at most the extent its views reach."""
+    by_storage: dict[int, list[tuple[TensorMeta, int]]] = defaultdict(list)
+    for t, size in views:
+        by_storage[t.storage].append((t, size))
+    out: list[tuple[TensorMeta, int]] = []
+    for entries in by_storage.values():
+        total = sum(size for _, size in entries)
+        extent = max(storage_extent_bytes(t) for t, _ in entries)
+        if len(entries) == 1 or total <= extent:
+            out.extend(entries)
+        else:
+            widest = max(entries, key=lambda e: storage_extent_bytes(e[0]))[0]
+            out.append((widest, extent))
+    return tuple(out)
+
+
+def build_kernels(
+    ops: Iterable[OpRecord],
+    options: FusionOptions | None = None,
+    roles: dict[int, str] | None = None,
+    pricer: Callable[[OpRecord], Cost] | None = None,
+) -> tuple[list[Kernel], Coverage]:
+    """Group a trace's ops into the kernels a runtime would launch under ``options``."""
+    options = options or FusionOptions()
+    ops = list(ops)
+    costs = [pricer(op) if pricer else price(op, options.attention) for op in ops]
+    uncounted = Counter(op.name for op, c in zip(ops, costs, strict=True) if not c.counted)
+    coverage = Coverage(len(ops), dict(uncounted))
+    graph = _Graph(ops, costs)
+    groups = _group_ops(ops, costs, options)
+    kernels = [
+        _group_kernel(sorted(g.members), ops, costs, graph, roles or {}, options)
+        for g in sorted((g for g in groups if g.members), key=lambda g: min(g.members))
+    ]
+    return kernels, coverage

@@ -13,7 +13,7 @@ import torch
 
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
-from torchroof.fusion import Kernel, kernels_for
+from torchroof.fusion import FusionOptions, Kernel, build_kernels
 from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.memory import footprint
 from torchroof.records import Trace
@@ -74,6 +74,7 @@ def _timed(
         bound=t.bound,
         read_by=traffic[0],
         written_by=traffic[1],
+        flags=kernel.flags,
     )
 
 
@@ -82,16 +83,29 @@ def estimate_trace(
     hardware: str | Path | HardwareSpec = "h100-sxm",
     *,
     fusion: str = "eager",
+    epilogue: bool = False,
+    loss: str = "materialized",
+    attention: str = "flash",
+    on_chip_budget_bytes: int | None = None,
     **options: Any,
 ) -> Estimate:
     """Price and time every op of ``trace`` on ``hardware``.
 
-    ``options`` are :class:`RooflineOptions` fields (``allow_tf32``, ``overlap``,
+    ``fusion`` (eager | fused), ``epilogue``, ``loss`` (materialized | chunked) and
+    ``attention`` (flash | math) choose the kernels (:mod:`torchroof.fusion`); ``options``
+    are :class:`RooflineOptions` fields (``allow_tf32``, ``overlap``,
     ``compute_efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``).
     """
     spec = get(hardware)
     roofline = RooflineOptions(**options)
-    kernels, coverage = kernels_for(trace.ops, fusion)
+    fusion_options = FusionOptions(
+        policy=fusion,
+        epilogue=epilogue,
+        loss=loss,
+        attention=attention,
+        **({"on_chip_budget_bytes": on_chip_budget_bytes} if on_chip_budget_bytes else {}),
+    )
+    kernels, coverage = build_kernels(trace.ops, fusion_options, trace.roles)
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
     for index, kernel in enumerate(kernels):
@@ -119,7 +133,13 @@ def estimate_trace(
         assumptions=[
             f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions
         ],
-        options={"fusion": fusion, **roofline.to_dict()},
+        options={
+            "fusion": fusion,
+            "epilogue": epilogue,
+            "loss": loss,
+            "attention": attention,
+            **roofline.to_dict(),
+        },
         metadata=dict(trace.metadata),
         memory=footprint(trace, spec.hbm_capacity_bytes.value, batch),
     )

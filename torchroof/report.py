@@ -54,6 +54,7 @@ class KernelEstimate:
     bound: str
     read_by: dict[str, int] = field(default_factory=dict)  # bytes read, by category
     written_by: dict[str, int] = field(default_factory=dict)  # bytes written, by category
+    flags: tuple[str, ...] = ()  # warnings, e.g. a fused group past the on-chip budget
 
     @property
     def bytes(self) -> int:
@@ -74,11 +75,12 @@ class KernelEstimate:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["ops"] = list(self.ops)
+        data["flags"] = list(self.flags)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KernelEstimate:
-        return cls(**{**data, "ops": tuple(data["ops"])})
+        return cls(**{**data, "ops": tuple(data["ops"]), "flags": tuple(data.get("flags", ()))})
 
 
 @dataclass
@@ -192,6 +194,31 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
+
+
+def _by_block(rows: list[LayerRow], collapse: bool) -> dict[str, LayerRow]:
+    """Rows keyed by name; with ``collapse``, every numbered block of a stack is summed into
+    one ``model.layers.* (xN)`` row, so two estimates line up whatever their kernels."""
+    if not collapse:
+        return {r.name: r for r in rows}
+    merged: dict[str, LayerRow] = {}
+    counts: dict[str, int] = {}
+    for row in rows:
+        index = _block_index(row.name)
+        key = f"{index[0]}.*" if index else row.name
+        if key not in merged:
+            merged[key] = LayerRow(key)
+            counts[key] = 0
+        merged[key].merge(row)
+        counts[key] += 1
+    for key, row in merged.items():
+        if counts[key] > 1:
+            row.name = f"{key} (x{counts[key]})"
+    return {row.name: row for row in merged.values()}
+
+
+def _ratio(before: float, after: float) -> str:
+    return f"{before / after:.2f}x" if after else "-"
 
 
 def _intensity(value: float) -> str:
@@ -363,6 +390,71 @@ class Estimate:
         headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound"]
         return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
+    @property
+    def label(self) -> str:
+        """Short name of how this estimate was made (hardware and kernel policies)."""
+        parts = [self.hardware, str(self.options.get("fusion", "eager"))]
+        for key, default in (("loss", "materialized"), ("attention", "flash")):
+            value = self.options.get(key, default)
+            if value != default:
+                parts.append(f"{key}={value}")
+        if self.options.get("epilogue"):
+            parts.append("epilogue")
+        return " ".join(parts)
+
+    def compare(
+        self,
+        other: Estimate,
+        depth: int | None = None,
+        collapse: bool = True,
+        tablefmt: str = "simple",
+    ) -> str:
+        """Per-layer time and bytes of two estimates side by side, with the speed-up
+        (``self`` / ``other``), in the spirit of seed 000's fusion bench (Lab 3)."""
+        mine = _by_block(self.rows(depth), collapse)
+        theirs = _by_block(other.rows(depth), collapse)
+        names = list(mine) + [n for n in theirs if n not in mine]
+        a, b = self.label, other.label
+        headers = [
+            "layer",
+            f"{a} ms",
+            f"{b} ms",
+            "speed-up",
+            f"{a} MB",
+            f"{b} MB",
+            f"{a} kernels",
+            f"{b} kernels",
+        ]
+        empty = LayerRow("")
+        body = []
+        for name in names:
+            x, y = mine.get(name, empty), theirs.get(name, empty)
+            body.append(
+                [
+                    name,
+                    _ms(x.time_s),
+                    _ms(y.time_s),
+                    _ratio(x.time_s, y.time_s),
+                    f"{x.bytes / 1e6:.2f}",
+                    f"{y.bytes / 1e6:.2f}",
+                    x.kernels,
+                    y.kernels,
+                ]
+            )
+        body.append(
+            [
+                "total",
+                _ms(self.time_s),
+                _ms(other.time_s),
+                _ratio(self.time_s, other.time_s),
+                f"{self.bytes / 1e6:.2f}",
+                f"{other.bytes / 1e6:.2f}",
+                len(self.kernels),
+                len(other.kernels),
+            ]
+        )
+        return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
     def coverage_line(self) -> str:
         if not self.uncounted:
             return f"coverage: {self.op_count} ops, all priced by a rule"
@@ -417,6 +509,12 @@ class Estimate:
                     f"largest decode batch that fits at context {self.workload.get('context')}: "
                     f"{self.memory.max_batch}"
                 )
+        flagged = [k for k in self.kernels if k.flags]
+        if flagged:
+            lines.append(
+                f"on-chip pressure: {len(flagged)} fused kernels exceed the on-chip budget "
+                f"(e.g. #{flagged[0].index} {flagged[0].module}: {flagged[0].flags[0]})"
+            )
         lines.append(self.coverage_line())
         lines += [f"assumption: {a}" for a in self.assumptions]
         return "\n".join(lines)
