@@ -113,3 +113,15 @@ def test_decode_context_zero_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "gpt2", "--regime", "decode", "--context", "0"])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_fusion_policies_side_by_side(capsys):
+    assert (
+        main(["estimate", "gpt2", "--seq", "256", "--fusion", "eager,fused", "--kernels", "0"]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert "h100-sxm eager ms" in printed and "h100-sxm fused ms" in printed
+    total = next(line for line in printed.splitlines() if line.startswith("total"))
+    assert total.split()[3].endswith("x")  # the speed-up column
+    assert main(["estimate", "gpt2", "--fusion", "inductor", "--seq", "8"]) == 2
+    assert "unknown fusion policy" in capsys.readouterr().err
