@@ -66,7 +66,7 @@ def test_json_round_trip(tmp_path, llama_estimate):
     assert back.kernels == llama_estimate.kernels
     assert back.time_s == pytest.approx(llama_estimate.time_s)
     assert back.table() == llama_estimate.table()
-    assert back.options["fusion"] == "eager"
+    assert back.options["fusion"] == "fused"  # the default policy
 
 
 def test_csv_has_one_row_per_kernel(tmp_path, llama_estimate):

@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--kernels", type=int, default=10, help="also list the N slowest kernels")
     est.add_argument(
         "--fusion",
-        default="eager",
+        default="fused",
         help="kernel policy: eager or fused; two, comma-separated, are compared",
     )
     est.add_argument(

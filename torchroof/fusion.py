@@ -158,7 +158,7 @@ class Coverage:
 class FusionOptions:
     """How ops become kernels."""
 
-    policy: str = "eager"
+    policy: str = "fused"
     epilogue: bool = False  # a matmul absorbs the elementwise ops that follow it
     loss: str = "materialized"
     attention: str = "flash"

@@ -3,9 +3,12 @@ and ``estimate()``, which builds the model on meta and traces a workload first."
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +85,7 @@ def estimate_trace(
     trace: Trace,
     hardware: str | Path | HardwareSpec = "h100-sxm",
     *,
-    fusion: str = "eager",
+    fusion: str = "fused",
     epilogue: bool = False,
     loss: str = "materialized",
     attention: str = "flash",
@@ -96,6 +99,35 @@ def estimate_trace(
     are :class:`RooflineOptions` fields (``allow_tf32``, ``overlap``,
     ``compute_efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``).
     """
+    with _no_gc():
+        return _estimate_trace(
+            trace, hardware, fusion, epilogue, loss, attention, on_chip_budget_bytes, options
+        )
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: pricing allocates many small objects and nothing
+    cyclic, and each full collection would rescan the whole model and trace."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _estimate_trace(
+    trace: Trace,
+    hardware: str | Path | HardwareSpec,
+    fusion: str,
+    epilogue: bool,
+    loss: str,
+    attention: str,
+    on_chip_budget_bytes: int | None,
+    options: dict[str, Any],
+) -> Estimate:
     spec = get(hardware)
     roofline = RooflineOptions(**options)
     fusion_options = FusionOptions(
@@ -173,7 +205,7 @@ def estimate(
     optimizer: str = "adamw",
     precision: str | None = None,
     checkpointing: bool = False,
-    fusion: str = "eager",
+    fusion: str = "fused",
     **options: Any,
 ) -> Estimate:
     """Estimate one step of ``model`` on ``hardware``.

@@ -217,6 +217,15 @@ def _by_block(rows: list[LayerRow], collapse: bool) -> dict[str, LayerRow]:
     return {row.name: row for row in merged.values()}
 
 
+def _members(ops: tuple[str, ...], limit: int = 6) -> str:
+    """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
+    if len(ops) == 1:
+        return ""
+    names = [op.split(".")[1] for op in ops]
+    more = f" +{len(names) - limit}" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
 def _ratio(before: float, after: float) -> str:
     return f"{before / after:.2f}x" if after else "-"
 
@@ -384,10 +393,22 @@ class Estimate:
                 _intensity(k.intensity),
                 f"{k.time_s * 1e6:.1f}",
                 k.bound,
+                _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
             ]
             for k in ranked
         ]
-        headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound"]
+        headers = [
+            "#",
+            "op",
+            "module",
+            "phase",
+            "GFLOP",
+            "MB",
+            "FLOP/B",
+            "time us",
+            "bound",
+            "members",
+        ]
         return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
     @property
