@@ -126,12 +126,149 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
     est.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
     est.add_argument("--csv", metavar="PATH", help="write one row per kernel as CSV")
+    est.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png or .svg)")
+    est.add_argument("--plot-layers", metavar="PATH", help="stacked per-layer time (.png/.svg)")
+    est.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
+
+    cmp = commands.add_parser("compare", help="variants side by side (--vary KEY=V1,V2,...)")
+    _workload_args(cmp)
+    cmp.add_argument(
+        "--vary",
+        action="append",
+        required=True,
+        metavar="KEY=V1,V2",
+        help="estimate argument or config field to vary; repeatable",
+    )
+    cmp.add_argument("--layers", action="store_true", help="also per-layer deltas vs the first")
+
+    swp = commands.add_parser("sweep", help="step time and tokens/s against batch/context/seq")
+    _workload_args(swp)
+    swp.add_argument("--over", choices=["batch", "context", "seq"], default="batch")
+    swp.add_argument(
+        "--values", default="1,2,4,8,16,32,64,128,256,512", help="comma-separated sizes"
+    )
+    swp.add_argument("--csv", metavar="PATH")
+    swp.add_argument("--plot", metavar="PATH", help="curve (.png or .svg)")
+
+    roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
+    roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    roof.add_argument("--dtype", default="bf16")
+    roof.add_argument("--intensity", type=float, required=True, help="FLOP per HBM byte")
+
+    gemm = commands.add_parser("gemm", help="the seed's GEMM workbench (Lab 2)")
+    gemm.add_argument("m", type=_positive_int)
+    gemm.add_argument("n", type=_positive_int)
+    gemm.add_argument("k", type=_positive_int)
+    gemm.add_argument("--dtype", default="bf16")
+    gemm.add_argument("--tile", type=_positive_int, default=128)
+    gemm.add_argument("--l2-absorption", type=float, default=0.85)
+    gemm.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    gemm.add_argument(
+        "--local-budget-kib",
+        type=float,
+        default=228.0,
+        help="on-chip budget for the tile fit check (H100 SM: 228 KiB)",
+    )
 
     hw = commands.add_parser("hardware", help="list accelerators and their ridge points")
     hw.add_argument("name", nargs="?", help="show one accelerator's figures and sources")
 
     commands.add_parser("models", help="list the shipped model configs")
     return parser
+
+
+def _workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    parser.add_argument("--regime", choices=REGIMES, default="prefill")
+    parser.add_argument("--batch", type=_positive_int, default=1)
+    parser.add_argument("--seq", type=_positive_int, default=4096)
+    parser.add_argument("--context", type=_positive_int, default=4096)
+    parser.add_argument("--cache", choices=CACHES, default="static")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--fusion", default="fused")
+
+
+def _base_settings(args: argparse.Namespace) -> dict:
+    base = {
+        "hardware": args.hardware,
+        "regime": args.regime,
+        "batch": args.batch,
+        "seq": args.seq,
+        "context": args.context,
+        "cache": args.cache,
+        "optimizer": args.optimizer,
+        "fusion": args.fusion,
+    }
+    if args.precision:
+        base["precision"] = args.precision
+    if args.dtype:
+        base["dtype"] = args.dtype
+    return base
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from torchroof.compare import compare, parse_value
+
+    vary: dict[str, list] = {}
+    for item in args.vary:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--vary takes KEY=V1,V2,..., got {item!r}")
+        vary[key.strip()] = [parse_value(key.strip(), v) for v in values.split(",") if v.strip()]
+    result = compare(args.model, vary, **_base_settings(args))
+    print(f"torchroof compare: {args.model} {args.regime}")
+    print(result.table())
+    if args.layers:
+        print()
+        print(result.layer_deltas())
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from torchroof.compare import sweep
+
+    values = [int(v) for v in args.values.split(",") if v.strip()]
+    base = _base_settings(args)
+    base.pop(args.over, None)
+    result = sweep(args.model, args.over, values, **base)
+    print(f"torchroof sweep: {args.model} {args.regime} over {args.over}")
+    print(result.table())
+    if args.regime == "decode" and args.over == "batch":
+        print(
+            f"B* (weight GEMMs reach the ridge): {result.ridge_batch:.0f}; "
+            f"KV reads overtake weight reads at batch {result.kv_crossover_batch:.0f} "
+            f"(context {args.context})"
+        )
+    if args.csv:
+        result.to_csv(args.csv)
+    if args.plot:
+        from torchroof.plots import sweep_plot
+
+        sweep_plot(result, args.plot)
+
+
+def _roofline(args: argparse.Namespace) -> None:
+    from torchroof.explore import roofline_point
+
+    print("\n".join(roofline_point(args.hardware, args.dtype, args.intensity).lines()))
+
+
+def _gemm(args: argparse.Namespace) -> None:
+    from torchroof.explore import gemm_workbench
+
+    reading = gemm_workbench(
+        args.m,
+        args.n,
+        args.k,
+        dtype=args.dtype,
+        tile=args.tile,
+        l2_absorption=args.l2_absorption,
+        hardware=args.hardware,
+        local_budget_bytes=int(args.local_budget_kib * 1024),
+    )
+    print("\n".join(reading.lines()))
 
 
 def _workload_label(model: str, w: Workload, dtype: str) -> str:
@@ -200,6 +337,17 @@ def _estimate(args: argparse.Namespace) -> None:
         est.to_json(args.json)
     if args.csv:
         est.to_csv(args.csv)
+    if args.timeline:
+        from torchroof.timeline import write_chrome_trace
+
+        write_chrome_trace(est, args.timeline)
+    if args.plot_roofline or args.plot_layers:
+        from torchroof.plots import layer_plot, roofline_plot
+
+        if args.plot_roofline:
+            roofline_plot(est, args.plot_roofline)
+        if args.plot_layers:
+            layer_plot(est, args.plot_layers, depth=args.depth)
 
 
 def _hardware(args: argparse.Namespace) -> None:
@@ -261,7 +409,15 @@ def _models(_args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"estimate": _estimate, "hardware": _hardware, "models": _models}
+    handlers = {
+        "estimate": _estimate,
+        "hardware": _hardware,
+        "models": _models,
+        "compare": _compare,
+        "sweep": _sweep,
+        "roofline": _roofline,
+        "gemm": _gemm,
+    }
     if args.command is None:
         parser.print_help()
         return 0
@@ -273,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         UnsupportedDtypeError,
         ValueError,
         FileNotFoundError,
+        ImportError,
     ) as error:
         print(f"torchroof: error: {error}", file=sys.stderr)
         return 2

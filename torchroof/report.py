@@ -310,6 +310,20 @@ class Estimate:
         return sum(k.read_by.get("weights", 0) for k in self.kernels)
 
     @property
+    def ridge_batch(self) -> float:
+        """B*: the batch at which the weight GEMMs reach the ridge (seed 000: B* = s·I*/2,
+        295 for bf16 on an H100) — this step's batch times how far below the ridge its
+        weight matmuls sit."""
+        batch = int(self.workload.get("batch", 1))
+        weight_flops = sum(
+            k.flops for k in self.kernels if k.unit == "tensor" and k.read_by.get("weights")
+        )
+        ridge = self.reference_peak_flops_per_s / self.hbm_bytes_per_s
+        if not weight_flops:
+            return float("inf")
+        return batch * ridge / (weight_flops / self.weight_bytes_read)
+
+    @property
     def kv_crossover_batch(self) -> float:
         """Batch at which KV-cache reads overtake weight reads (seed 000: B_cross =
         s·P / KV bytes per sequence), scaled from this step's batch."""

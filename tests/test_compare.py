@@ -1,0 +1,140 @@
+"""Variants, sweeps, the explorer and GEMM workbench, plots and the timeline (seed 000 Labs
+1-4 on real models)."""
+
+import json
+
+import pytest
+
+import torchroof
+from torchroof.cli import main
+from torchroof.compare import compare, parse_value, sweep
+from torchroof.explore import gemm_workbench, roofline_point
+
+
+def test_gqa_comparison_kv_bytes_differ_by_exactly_eight():
+    result = compare(
+        "llama-3-70b", {"num_key_value_heads": [64, 8]}, regime="decode", batch=1, context=8192
+    )
+    mha, gqa = (v.estimate for v in result.variants)
+    # 2 · 2 B · 80 layers · h_kv · 128 · 8193 tokens: h_kv 64 vs 8
+    assert mha.kv_bytes_read == 8 * gqa.kv_bytes_read
+    assert gqa.kv_bytes_read == pytest.approx(2 * 2 * 80 * 8 * 128 * 8193, rel=1e-3)
+    table = result.table()
+    kv_ratio = next(line for line in table.splitlines() if line.strip().startswith("KV vs first"))
+    assert kv_ratio.split()[-1] == "0.125x"
+    assert "num_key_value_heads=64" in table and "num_key_value_heads=8" in table
+
+
+def test_decode_batch_sweep_reproduces_ridge_and_crossover(tmp_path):
+    result = sweep(
+        "llama-3-70b", "batch", [1, 64], regime="decode", context=8192, hardware="h100-sxm"
+    )
+    # seed 000: B* = s · I* / 2 = 2 · 295.3 / 2 = 295 for bf16 weights on an H100
+    assert result.ridge_batch == pytest.approx(295.3, rel=0.01)
+    # seed 000: KV overtakes weights near 53 at 8k context (exactly 139.0 / 2.685 = 51.8)
+    assert result.kv_crossover_batch == pytest.approx(53, rel=0.05)
+    rows = result.rows()
+    assert rows[1]["tokens_per_s"] > 20 * rows[0]["tokens_per_s"]  # nearly free until B*
+    path = tmp_path / "sweep.csv"
+    result.to_csv(path)
+    assert path.read_text().splitlines()[0].startswith("batch,step_time_s,tokens_per_s")
+
+
+def test_gemm_workbench_seed_numbers():
+    g = gemm_workbench(
+        4096, 4096, 4096, dtype="bf16", tile=128, l2_absorption=0.85, hardware="h100"
+    )
+    assert g.flops == 2 * 4096**3
+    assert g.intensity("compulsory") == pytest.approx(4096 / 3)  # 1365.3
+    # tiled: 2K / [s(2K/T + 1)] = 8192 / (2 · 65) = 63.0, tending to T/s = 64 as K grows
+    assert g.intensity("tiled") == pytest.approx(8192 / 130)
+    assert g.tiled_intensity_limit == 64
+    deep = gemm_workbench(4096, 4096, 4096 * 64, tile=128)
+    assert deep.intensity("tiled") == pytest.approx(64, rel=0.01)
+    # modelled: compulsory + 15% of the re-reads
+    assert g.modelled_bytes == pytest.approx(
+        g.compulsory_bytes + 0.15 * (g.tiled_bytes - g.compulsory_bytes)
+    )
+    # seed 004: two bf16 128² tiles (64 KiB) + a 128² fp32 accumulator (64 KiB) do not fit
+    # a 96 KiB budget
+    assert g.tile_bytes == 2 * 128 * 128 * 2 + 128 * 128 * 4 == 131072
+    small = gemm_workbench(4096, 4096, 4096, tile=128, local_budget_bytes=96 * 1024)
+    assert not small.tile_fits and g.tile_fits
+
+
+def test_roofline_explorer_rmsnorm_example():
+    r = roofline_point("h100", "bf16", 2)
+    # seed 000: an RMSNorm at I = 2 on an H100 reaches 2 / 295 = 0.68% of bf16 peak
+    assert r.fraction_of_peak == pytest.approx(2 * 3.35e12 / 989.4e12)
+    assert round(100 * r.fraction_of_peak, 2) == 0.68
+    assert r.regime == "memory-bound"
+    assert roofline_point("h100", "bf16", 1365).regime == "compute-bound"
+    with pytest.raises(ValueError, match="positive"):
+        roofline_point("h100", "bf16", 0)
+
+
+def test_plots_are_valid_images(tmp_path, meta_lm):
+    pytest.importorskip("matplotlib")
+    from torchroof.plots import layer_plot, roofline_plot, sweep_plot
+
+    est = torchroof.estimate(meta_lm("llama"), "train", batch=2, seq=64)
+    png = roofline_plot(est, tmp_path / "roofline.png")
+    svg = layer_plot(est, tmp_path / "layers.svg")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert "<svg" in svg.read_text()[:2000] and svg.stat().st_size > 5_000
+    curve = sweep(meta_lm("llama"), "batch", [1, 4, 16], regime="decode", context=128)
+    out = sweep_plot(curve, tmp_path / "sweep.png")
+    assert out.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="png or .svg"):
+        roofline_plot(est, tmp_path / "roofline.jpg")
+
+
+def test_timeline_is_a_chrome_trace(tmp_path, meta_lm):
+    from torchroof.timeline import write_chrome_trace
+
+    est = torchroof.estimate(meta_lm("llama"), "train", batch=1, seq=32)
+    path = tmp_path / "timeline.json"
+    write_chrome_trace(est, path)
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == len(est.kernels)
+    starts = [e["ts"] for e in events]
+    assert starts == sorted(starts)
+    assert sum(e["dur"] for e in events) == pytest.approx(est.time_s * 1e6)
+    assert {e["tid"] for e in events} == {1, 2, 4}  # forward, backward, optimizer tracks
+
+
+def test_compare_rejects_unknown_keys_and_parses_values():
+    assert parse_value("batch", "64") == 64 and parse_value("hardware", "h100") == "h100"
+    assert parse_value("rope_theta", "1e6") == 1e6 and parse_value("epilogue", "true") is True
+    with pytest.raises(ValueError, match="unknown key 'num_heads_typo'"):
+        compare("gpt2", {"num_heads_typo": [1, 2]}, seq=16)
+
+
+def test_cli_explorer_gemm_compare_and_sweep(capsys, tmp_path):
+    assert main(["roofline", "--hardware", "h100", "--dtype", "bf16", "--intensity", "2"]) == 0
+    assert "fraction of peak: 0.68%" in capsys.readouterr().out
+    assert main(["gemm", "4096", "4096", "4096", "--tile", "128", "--hardware", "h100"]) == 0
+    printed = capsys.readouterr().out
+    assert "I = 1365.3" in printed and "T/s = 64" in printed
+    assert main(["compare", "gpt2", "--seq", "64", "--vary", "hardware=h100,a100"]) == 0
+    assert "hardware=a100" in capsys.readouterr().out
+    plot = tmp_path / "sweep.png"
+    assert (
+        main(
+            [
+                "sweep",
+                "gpt2",
+                "--regime",
+                "decode",
+                "--context",
+                "64",
+                "--values",
+                "1,8",
+                "--plot",
+                str(plot),
+            ]
+        )
+        == 0
+    )
+    assert "B* (weight GEMMs reach the ridge)" in capsys.readouterr().out
+    assert plot.exists()

@@ -1,0 +1,261 @@
+"""Variants side by side and sweeps: which GPU, which batch, GQA or not, bf16 or fp8,
+fused or eager — one estimate per variant, one table (seed 000's labs on real models)."""
+
+from __future__ import annotations
+
+import copy
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from torchroof.pipeline import estimate, estimate_trace, trace_workload
+from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
+from torchroof.workloads import Workload
+
+# Keys that are arguments of torchroof.estimate; every other key is a model-config field.
+ESTIMATE_KEYS = {
+    "hardware",
+    "dtype",
+    "fusion",
+    "attention",
+    "loss",
+    "epilogue",
+    "batch",
+    "context",
+    "seq",
+    "optimizer",
+    "precision",
+    "cache",
+    "regime",
+    "checkpointing",
+}
+_INT_KEYS = {"batch", "context", "seq"}
+# Keys that only change how a trace is priced, so variants differing in them share a trace.
+PRICING_KEYS = {"hardware", "fusion", "attention", "loss", "epilogue"}
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A CLI value in the type the key takes: ints for sizes and most config fields,
+    floats where they have a point, booleans for true/false, strings otherwise."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    if key in _INT_KEYS:
+        raise ValueError(f"{key} takes integers, got {text!r}")
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
+def _with_config_fields(model: Any, fields: dict[str, Any]) -> Any:
+    """The model's config with ``fields`` replaced (a copy; the original is untouched)."""
+    from torchroof.models import load_config
+
+    if not fields:
+        return model
+    config = copy.deepcopy(load_config(model if not hasattr(model, "config") else model.config))
+    for key, value in fields.items():
+        if not hasattr(config, key):
+            known = sorted(ESTIMATE_KEYS)
+            raise ValueError(
+                f"unknown key {key!r}: not an estimate argument ({', '.join(known)}) "
+                f"nor a field of {type(config).__name__}"
+            )
+        setattr(config, key, value)
+    return config
+
+
+@dataclass
+class Variant:
+    label: str
+    settings: dict[str, Any]
+    estimate: Estimate
+
+
+@dataclass
+class Comparison:
+    """One estimate per variant, in the order asked."""
+
+    variants: list[Variant]
+
+    def table(self, tablefmt: str = "simple") -> str:
+        """A column per variant: time, throughput, MFU, traffic by category, memory, fit,
+        and each figure's ratio to the first variant where it matters."""
+        first = self.variants[0].estimate
+        rows: list[list[Any]] = []
+
+        def add(name: str, values: Sequence[str]) -> None:
+            rows.append([name, *values])
+
+        ests = [v.estimate for v in self.variants]
+        add("step time ms", [f"{e.time_s * 1e3:.3f}" for e in ests])
+        add("  vs first", [f"{e.time_s / first.time_s:.3f}x" for e in ests])
+        add("tokens/s", [f"{e.tokens_per_s:,.1f}" for e in ests])
+        add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
+        add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
+        traffic = [e.traffic() for e in ests]
+        for category in CATEGORIES:
+            if not any(t.get(category) for t in traffic):
+                continue
+            label = CATEGORY_LABELS[category]
+            add(f"{label} GB", [f"{t.get(category, 0) / 1e9:.3f}" for t in traffic])
+            base = traffic[0].get(category, 0)
+            ratios = [f"{t.get(category, 0) / base:.3f}x" for t in traffic] if base else []
+            if any(r != "1.000x" for r in ratios):
+                add(f"  {label} vs first", ratios)
+        add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
+        if all(e.memory for e in ests):
+            add("memory GB", [f"{e.memory.total_bytes / 1e9:.2f}" for e in ests])
+            add(
+                "fits",
+                [
+                    "yes" if e.memory.fits else f"no (-{e.memory.missing_bytes / 1e9:.1f} GB)"
+                    for e in ests
+                ],
+            )
+        headers = ["", *(v.label for v in self.variants)]
+        return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+    def layer_deltas(self, depth: int | None = None) -> str:
+        """Per-layer time of every variant against the first."""
+        return "\n\n".join(
+            self.variants[0].estimate.compare(v.estimate, depth=depth) for v in self.variants[1:]
+        )
+
+
+def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparison:
+    """Estimate ``model`` once per value of each varied key (the others held at ``base``).
+
+    Keys are :func:`torchroof.estimate` arguments (hardware, dtype, fusion, batch, context,
+    seq, optimizer, …) or model-config fields (``num_key_value_heads=[64, 8]``).
+    """
+    if not vary:
+        raise ValueError("nothing to vary: give at least one key with its values")
+    variants: list[Variant] = []
+    traces: dict[str, Any] = {}  # variants that differ only in pricing share one trace
+    for key, values in vary.items():
+        if not values:
+            raise ValueError(f"{key}: no values to compare")
+        for value in values:
+            settings = {**base, key: value}
+            pricing = {k: v for k, v in settings.items() if k in PRICING_KEYS}
+            tracing = {k: v for k, v in settings.items() if k not in PRICING_KEYS}
+            cache_key = repr(sorted(tracing.items(), key=lambda kv: kv[0]))
+            if cache_key not in traces:
+                traces[cache_key] = _trace(model, tracing)
+            est = estimate_trace(traces[cache_key], **pricing)
+            variants.append(Variant(f"{key}={value}", settings, est))
+    return Comparison(variants)
+
+
+def _trace(model: Any, tracing: dict[str, Any]) -> Any:
+    fields = {k: v for k, v in tracing.items() if k not in ESTIMATE_KEYS}
+    kwargs = {k: v for k, v in tracing.items() if k in ESTIMATE_KEYS}
+    source = _with_config_fields(model, fields)
+    workload = Workload(
+        regime=kwargs.get("regime", "prefill"),
+        batch=kwargs.get("batch", 1),
+        seq=kwargs.get("seq", 4096),
+        context=kwargs.get("context", 0),
+        cache=kwargs.get("cache", "static"),
+        optimizer=kwargs.get("optimizer", "adamw"),
+        precision=kwargs.get("precision") or "bf16",
+        checkpointing=kwargs.get("checkpointing", False),
+    )
+    cast = kwargs.get("dtype") is not None or kwargs.get("precision") is not None
+    return trace_workload(source, workload, kwargs.get("dtype") or "bf16", cast_module=cast)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    value: int
+    estimate: Estimate
+
+
+@dataclass
+class Sweep:
+    """One estimate per value of a size (batch, context or seq)."""
+
+    key: str
+    points: list[SweepPoint]
+
+    @property
+    def ridge_batch(self) -> float:
+        """B* from the first point (the same at every batch: it is a weights property)."""
+        return self.points[0].estimate.ridge_batch
+
+    @property
+    def kv_crossover_batch(self) -> float:
+        return self.points[0].estimate.kv_crossover_batch
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for point in self.points:
+            e = point.estimate
+            traffic = e.traffic()
+            out.append(
+                {
+                    self.key: point.value,
+                    "step_time_s": e.time_s,
+                    "tokens_per_s": e.tokens_per_s,
+                    "mfu": e.mfu,
+                    "weight_bytes": traffic.get("weights", 0),
+                    "kv_bytes": traffic.get("kv_cache", 0),
+                    "activation_bytes": traffic.get("activations", 0),
+                    "memory_bytes": e.memory.total_bytes if e.memory else 0,
+                    "fits": e.memory.fits if e.memory else True,
+                }
+            )
+        return out
+
+    def table(self) -> str:
+        rows = [
+            [
+                r[self.key],
+                f"{r['step_time_s'] * 1e3:.3f}",
+                f"{r['tokens_per_s']:,.1f}",
+                f"{100 * r['mfu']:.1f}",
+                f"{r['weight_bytes'] / 1e9:.2f}",
+                f"{r['kv_bytes'] / 1e9:.2f}",
+                f"{r['memory_bytes'] / 1e9:.1f}",
+                "yes" if r["fits"] else "no",
+            ]
+            for r in self.rows()
+        ]
+        headers = [
+            self.key,
+            "step ms",
+            "tokens/s",
+            "MFU %",
+            "weights GB",
+            "KV GB",
+            "memory GB",
+            "fits",
+        ]
+        return tabulate(rows, headers=headers, disable_numparse=True)
+
+    def to_csv(self, path: str | Path) -> None:
+        rows = self.rows()
+        with Path(path).open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def sweep(model: Any, key: str, values: Sequence[int], **base: Any) -> Sweep:
+    """Estimate ``model`` at each value of ``key`` (batch, context or seq)."""
+    if key not in _INT_KEYS:
+        raise ValueError(f"sweep over one of {sorted(_INT_KEYS)}, got {key!r}")
+    if not values:
+        raise ValueError("no values to sweep")
+    points = [SweepPoint(int(v), estimate(model, **{**base, key: int(v)})) for v in values]
+    return Sweep(key, points)
