@@ -33,8 +33,7 @@ from torchroof.counters.pointwise import POINTWISE_FLOPS
 from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
 from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
 from torchroof.memory import storage_extent_bytes
-from torchroof.records import OpRecord, Phase, TensorMeta
-from torchroof.report import layer_key
+from torchroof.records import OpRecord, Phase, TensorMeta, layer_key
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")

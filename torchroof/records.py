@@ -17,6 +17,9 @@ from typing import Any, Literal
 Phase = Literal["forward", "backward", "recompute", "optimizer"]
 PHASES: tuple[Phase, ...] = ("forward", "backward", "recompute", "optimizer")
 
+TOP_LEVEL = "(top level)"  # row of ops run outside any module
+OPTIMIZER = "optimizer"  # row of the optimizer step
+
 Role = Literal["weights", "gradients", "optimizer_state", "kv_cache"]
 ROLES: tuple[Role, ...] = ("weights", "gradients", "optimizer_state", "kv_cache")
 """What a storage holds; every storage without a role holds activations."""
@@ -33,6 +36,26 @@ def dtype_itemsize(dtype: str) -> int:
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
     return torch_dtype.itemsize
+
+
+def layer_key(module: str, phase: str, depth: int | None = None) -> str:
+    """Row a kernel belongs to.
+
+    Default (``depth=None``): the repeated block, i.e. the module path up to its first
+    numeric component (``model.layers.3``), else the innermost module (``lm_head``).
+    ``depth=k`` keeps the first k components of the path instead.
+    """
+    if phase == OPTIMIZER:
+        return OPTIMIZER
+    if not module:
+        return TOP_LEVEL
+    parts = module.split(".")
+    if depth is not None:
+        return ".".join(parts[: max(depth, 1)])
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return module
 
 
 @dataclass(frozen=True, slots=True)

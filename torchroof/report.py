@@ -15,7 +15,7 @@ from typing import Any
 from tabulate import tabulate
 
 from torchroof.memory import MemoryFootprint
-from torchroof.records import PHASES
+from torchroof.records import PHASES, TOP_LEVEL, layer_key
 
 # Byte categories, in the order reports show them.
 CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
@@ -28,8 +28,6 @@ CATEGORY_LABELS = {
 }
 
 ESTIMATE_FORMAT_VERSION = 1
-TOP_LEVEL = "(top level)"
-OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True)
@@ -127,26 +125,6 @@ class LayerRow:
     def bound(self) -> str:
         """The pipe most of this row's time waits on."""
         return "memory" if self.memory_bound_s * 2 >= self.time_s else "compute"
-
-
-def layer_key(module: str, phase: str, depth: int | None = None) -> str:
-    """Row a kernel belongs to.
-
-    Default (``depth=None``): the repeated block, i.e. the module path up to its first
-    numeric component (``model.layers.3``), else the innermost module (``lm_head``).
-    ``depth=k`` keeps the first k components of the path instead.
-    """
-    if phase == OPTIMIZER:
-        return OPTIMIZER
-    if not module:
-        return TOP_LEVEL
-    parts = module.split(".")
-    if depth is not None:
-        return ".".join(parts[: max(depth, 1)])
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return module
 
 
 def _block_index(name: str) -> tuple[str, int] | None:
