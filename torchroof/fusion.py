@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from torchroof.counters import Cost, cost_of
 from torchroof.counters.attention import materialized_attention_cost
+from torchroof.counters.memory import CREATION_OPS
 from torchroof.counters.norms import NORM_FLOPS
 from torchroof.counters.pointwise import POINTWISE_FLOPS
 from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
@@ -62,24 +63,13 @@ _SCANS_AND_SCATTERS = {
 FUSABLE_PACKETS = (
     _packets(*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow")
     | _packets(*(n for n in REDUCTION_FLOPS if n not in _SCANS_AND_SCATTERS))
-    | _packets(*SOFTMAX_FLOPS, *NORM_FLOPS)
+    | _packets(*SOFTMAX_FLOPS, *NORM_FLOPS, *CREATION_OPS)
     | _packets(
         "_to_copy",
         "clone",
         "copy",
         "fill",
         "zero",
-        "zeros",
-        "ones",
-        "full",
-        "zeros_like",
-        "ones_like",
-        "full_like",
-        "new_zeros",
-        "new_ones",
-        "new_full",
-        "scalar_tensor",
-        "arange",
         "native_dropout",
         "native_dropout_backward",
         "cat",
