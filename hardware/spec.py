@@ -104,6 +104,10 @@ class HardwareSpec:
         """
         key = spec_dtype(dtype)
         if key == "fp32":
+            if allow_tf32 and "tf32" in self.tensor_flops_per_s:
+                return self._tensor("tf32")
+            if "fp32" in self.tensor_flops_per_s:  # a measured (e.g. CPU) fp32 matmul rate
+                return self._tensor("fp32")
             if allow_tf32:
                 return self._tensor("tf32")
             return self.vector_peak("fp32")
@@ -142,8 +146,6 @@ class HardwareSpec:
 
     def ridge(self, dtype: str, *, allow_tf32: bool = False) -> float:
         """Machine balance I* = pi / beta at the HBM boundary (seed 000 Table 1)."""
-        if spec_dtype(dtype) == "fp32" and not allow_tf32:
-            return self.vector_peak("fp32") / self.hbm_bytes_per_s.value
         return self.tensor_peak(dtype, allow_tf32=allow_tf32) / self.hbm_bytes_per_s.value
 
     def figures(self) -> dict[str, Figure]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -150,6 +151,34 @@ def _parser() -> argparse.ArgumentParser:
     swp.add_argument("--csv", metavar="PATH")
     swp.add_argument("--plot", metavar="PATH", help="curve (.png or .svg)")
 
+    cal = commands.add_parser("calibrate", help="measure this device's ceilings -> TOML")
+    cal.add_argument("--device", default="cpu", help="cpu or cuda")
+    cal.add_argument("-o", "--output", default=None, help="TOML path (default: print it)")
+    cal.add_argument("--name", default=None, help="spec name (default: <device>-measured)")
+
+    val = commands.add_parser("validate", help="predicted vs measured for a real step")
+    val.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    val.add_argument("--regime", choices=REGIMES, default="prefill")
+    val.add_argument("--device", default="cpu")
+    val.add_argument("--hardware", default=None, help="measured TOML (default: calibrate now)")
+    val.add_argument("--batch", type=_positive_int, default=1)
+    val.add_argument(
+        "--seq",
+        type=_positive_int,
+        default=256,
+        help="tokens per sequence; for decode, the cache's context",
+    )
+    val.add_argument(
+        "--layers",
+        type=_positive_int,
+        default=None,
+        help="override num_hidden_layers (CPU default 4)",
+    )
+    val.add_argument(
+        "--hidden", type=_positive_int, default=None, help="override hidden_size (CPU default 512)"
+    )
+    val.add_argument("--json", metavar="PATH")
+
     roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
     roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
     roof.add_argument("--dtype", default="bf16")
@@ -247,6 +276,43 @@ def _sweep(args: argparse.Namespace) -> None:
         from torchroof.plots import sweep_plot
 
         sweep_plot(result, args.plot)
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from torchroof.calibrate import calibrate
+
+    result = calibrate(args.device, progress=lambda m: print(f"calibrate: {m}", file=sys.stderr))
+    text = result.to_toml(args.name or f"{args.device.replace(':', '-')}-measured")
+    print("\n".join(result.lines()))
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from torchroof.validate import validate
+
+    overrides = {}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.hidden:
+        overrides["hidden_size"] = args.hidden
+    result = validate(
+        args.model,
+        args.regime,
+        device=args.device,
+        hardware=args.hardware,
+        batch=args.batch,
+        seq=args.seq,
+        overrides=overrides,
+    )
+    print(result.table())
+    print()
+    print(result.summary())
+    if args.json:
+        result.to_json(args.json)
 
 
 def _roofline(args: argparse.Namespace) -> None:
@@ -416,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": _compare,
         "sweep": _sweep,
         "roofline": _roofline,
+        "calibrate": _calibrate,
+        "validate": _validate,
         "gemm": _gemm,
     }
     if args.command is None:
