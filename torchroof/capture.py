@@ -183,6 +183,16 @@ class Capture:
         self._optimizer_depth -= 1
 
     @contextlib.contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Run tensor work that is not part of the step (setting up state) without
+        recording it."""
+        self._suppress += 1
+        try:
+            yield
+        finally:
+            self._suppress -= 1
+
+    @contextlib.contextmanager
     def phase(self, phase: Phase, module: str = "") -> Iterator[None]:
         """Record what runs inside as ``phase`` work under the label ``module``: for what a
         training loop does around autograd and ``torch.optim`` (detected on their own)."""
@@ -341,15 +351,12 @@ class Capture:
         mask = params.get("attn_mask")
         context = self._context()
         first_seq = torch._C._autograd._get_sequence_nr()
-        self._suppress += 1
-        try:
+        with self.unrecorded():
             out = func(*args, **kwargs)
             if isinstance(out, torch.Tensor) and out.dim() == 4:
                 # The flash kernel writes o as (B, L, H, d) in memory, so the caller's
                 # ``o.transpose(1, 2).contiguous()`` is free on a GPU; give o that layout.
                 out = out.transpose(1, 2).contiguous().transpose(1, 2)
-        finally:
-            self._suppress -= 1
         end_seq = torch._C._autograd._get_sequence_nr()
 
         batch_heads_q = tuple(query.shape[:-1])

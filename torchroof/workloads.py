@@ -142,23 +142,27 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def build_kv_cache(
-    model: torch.nn.Module, batch: int, capacity: int, filled: int, kind: str
+    model: torch.nn.Module, batch: int, capacity: int, filled: int, kind: str, capture: Capture
 ) -> Any:
     """A transformers cache on meta, already holding ``filled`` tokens (no prefill is run).
 
     ``static`` preallocates ``capacity`` slots and writes new tokens in place (what paged
-    and static-cache runtimes do); ``dynamic`` is HF's ``DynamicCache``, which ``cat``s the
-    whole cache every step.
+    and static-cache runtimes do). Its layers allocate on their first update, from the
+    model's own K/V shapes (MLA's wider keys, per-layer head counts), without the
+    allocation being recorded. ``dynamic`` is HF's ``DynamicCache``, which ``cat``s the
+    whole cache every step; it is filled up front from the config's KV shape.
     """
     from transformers import DynamicCache, StaticCache
 
-    kv_heads, head_dim = _kv_shape(model)
-    dtype = _model_dtype(model)
+    _text_config(model)  # a clear error for a module without a transformers config
     config = model.config
     if kind == "static":
         cache = StaticCache(config=config, max_cache_len=capacity)
-        cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device("meta"))
+        for layer in cache.layers:
+            _allocate_unrecorded(layer, capture)
         return cache
+    kv_heads, head_dim = _kv_shape(model)
+    dtype = _model_dtype(model)
     cache = DynamicCache(config=config)
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
@@ -173,14 +177,34 @@ def build_kv_cache(
     return cache
 
 
-def cache_tensors(cache: Any) -> list[torch.Tensor]:
-    tensors = []
-    for layer in getattr(cache, "layers", []):
-        for name in ("keys", "values"):
-            tensor = getattr(layer, name, None)
-            if isinstance(tensor, torch.Tensor):
-                tensors.append(tensor)
+def _allocate_unrecorded(layer: Any, capture: Capture) -> None:
+    """Make a cache layer's lazy allocation invisible to the trace and label its tensors
+    as KV cache (the cache exists before the step; allocating it is not the step's work)."""
+    original = layer.lazy_initialization
+
+    def initialise(*args: Any, **kwargs: Any) -> None:
+        with capture.unrecorded():
+            original(*args, **kwargs)
+        capture.mark(cache_tensors_of(layer), "kv_cache")
+
+    layer.lazy_initialization = initialise
+
+
+def cache_tensors_of(layer: Any) -> list[torch.Tensor]:
+    """Every tensor a cache layer holds (keys, values, or a recurrent layer's states)."""
+    tensors: list[torch.Tensor] = []
+    for value in vars(layer).values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            tensors.append(value)
+        elif isinstance(value, (list, tuple)):
+            tensors.extend(
+                v for v in value if isinstance(v, torch.Tensor) and v.is_floating_point()
+            )
     return tensors
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    return [t for layer in getattr(cache, "layers", []) for t in cache_tensors_of(layer)]
 
 
 def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) -> dict[str, Any]:
@@ -197,11 +221,11 @@ def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any)
 def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled: int) -> Trace:
     batch = workload.batch
     capacity = filled + new
-    cache = build_kv_cache(model, batch, capacity, filled, workload.cache)
+    capture = Capture()
+    cache = build_kv_cache(model, batch, capacity, filled, workload.cache, capture)
     ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
     positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
     kwargs = _forward_kwargs(model, positions, cache)
-    capture = Capture()
     with torch.no_grad(), capture as trace:
         capture.mark(cache_tensors(cache), "kv_cache")
         model(ids, **kwargs)

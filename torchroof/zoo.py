@@ -1,0 +1,158 @@
+"""Every causal-LM architecture the installed transformers defines, traced on meta.
+
+For each architecture: its default config (no download), the model built on meta at full
+depth, and each regime run through torchroof; one row per architecture and regime with
+ok / error (the exception's first line), the number of ops, the uncounted ops by name, and
+the time taken. Usable as a benchmark script: ``python -m torchroof.zoo`` or
+``torchroof zoo``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchroof.pipeline import estimate_trace
+from torchroof.workloads import Workload, run_workload
+
+# Small workloads: full depth, few tokens. Meta makes the size of each op irrelevant.
+ZOO_WORKLOADS = {
+    "prefill": Workload("prefill", batch=1, seq=32),
+    "decode": Workload("decode", batch=1, context=32),
+    "train": Workload("train", batch=1, seq=32),
+}
+
+
+@dataclass
+class ZooRow:
+    architecture: str
+    regime: str
+    ok: bool
+    error: str = ""
+    ops: int = 0
+    uncounted: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def architectures() -> list[str]:
+    """model_type names with a causal-LM class in the installed transformers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def run_one(architecture: str, regime: str) -> ZooRow:
+    from transformers import AutoConfig
+
+    from torchroof.models import build_model
+
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = AutoConfig.for_model(architecture)
+            model = build_model(config, "bf16")
+            trace = run_workload(model, ZOO_WORKLOADS[regime])
+            est = estimate_trace(trace, "h100-sxm")
+        return ZooRow(
+            architecture,
+            regime,
+            True,
+            "",
+            est.op_count,
+            dict(est.uncounted),
+            time.perf_counter() - start,
+        )
+    except Exception as error:  # noqa: BLE001 - every failure becomes a row
+        return ZooRow(
+            architecture, regime, False, _first_line(error), seconds=time.perf_counter() - start
+        )
+
+
+def run_zoo(
+    archs: Iterable[str] | None = None,
+    regimes: Sequence[str] = ("prefill", "decode", "train"),
+    progress: Callable[[ZooRow], None] = lambda row: None,
+) -> list[ZooRow]:
+    rows = []
+    for arch in archs or architectures():
+        for regime in regimes:
+            row = run_one(arch, regime)
+            rows.append(row)
+            progress(row)
+    return rows
+
+
+def summary(rows: list[ZooRow]) -> dict[str, Any]:
+    archs = sorted({r.architecture for r in rows})
+    regimes = sorted({r.regime for r in rows})
+    by_arch: dict[str, list[ZooRow]] = {a: [] for a in archs}
+    for r in rows:
+        by_arch[r.architecture].append(r)
+    all_ok = [a for a, rs in by_arch.items() if all(r.ok for r in rs)]
+    clean = [a for a in all_ok if all(not r.uncounted for r in by_arch[a])]
+    return {
+        "architectures": len(archs),
+        "regimes": regimes,
+        "all_regimes_ok": len(all_ok),
+        "all_regimes_ok_and_fully_priced": len(clean),
+        "per_regime_ok": {g: sum(r.ok for r in rows if r.regime == g) for g in regimes},
+        "seconds": sum(r.seconds for r in rows),
+    }
+
+
+def to_json(rows: list[ZooRow], path: str | Path) -> None:
+    Path(path).write_text(
+        json.dumps({"summary": summary(rows), "rows": [asdict(r) for r in rows]}, indent=1)
+    )
+
+
+def table(rows: list[ZooRow]) -> str:
+    from tabulate import tabulate
+
+    body = [
+        [
+            r.architecture,
+            r.regime,
+            "ok" if r.ok else "error",
+            r.ops,
+            ", ".join(f"{k} x{v}" for k, v in r.uncounted.items()),
+            f"{r.seconds:.1f}",
+            r.error[:100],
+        ]
+        for r in rows
+    ]
+    return tabulate(
+        body,
+        headers=["architecture", "regime", "status", "ops", "uncounted", "s", "error"],
+        disable_numparse=True,
+    )
+
+
+def _print_row(row: ZooRow) -> None:
+    status = "ok " if row.ok else "ERR"
+    extra = row.error[:90] if not row.ok else ""
+    if row.uncounted:
+        extra += f" uncounted {row.uncounted}"
+    print(
+        f"{row.architecture:32s} {row.regime:8s} {status} {row.seconds:5.1f}s {extra}", flush=True
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    out = sys.argv[1] if len(sys.argv) > 1 else "zoo.json"
+    result = run_zoo(progress=_print_row)
+    to_json(result, out)
+    print(json.dumps(summary(result), indent=1))
