@@ -161,3 +161,17 @@ def convolution_backward(op: OpRecord) -> Cost:
     if mask[2]:
         flops += grad.numel  # bias gradient: a sum over everything but channels
     return _tensor_cost(op, flops, "grad_output", "weight")
+
+
+@register("aten.linalg_solve_triangular", "aten.triangular_solve")
+def triangular_solve(op: OpRecord) -> Cost:
+    """X = A⁻¹B for a triangular A [.., n, n] and right-hand sides B: n² FLOPs per
+    right-hand-side column (half of a dense product's 2n², FMA = 2); blocked TRSM runs on the
+    tensor cores. Gated delta-rule attention (Qwen3-Next) solves one per chunk."""
+    if op.packet == "aten.triangular_solve":  # (self = B, A)
+        a, b, operand = op.tensor("A"), op.tensor("self"), "A"
+    else:  # linalg_solve_triangular(self = A, B)
+        a, b, operand = op.tensor("self"), op.tensor("B"), "self"
+    n = a.shape[-1]
+    columns = b.numel // n  # every right-hand side, over the batch
+    return _tensor_cost(op, n * n * columns, operand)

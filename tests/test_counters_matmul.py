@@ -108,3 +108,12 @@ def test_fp32_matmul_runs_on_vector_units_unless_tf32_allowed():
     # 2·1024³ FLOP at 66.9 TF/s vs at 494.7 TF/s
     assert plain.time_s / tf32.time_s == pytest.approx(494.7 / 66.9)
     assert math.isclose(plain.flops, 2 * 1024**3)
+
+
+def test_triangular_solve_counts_n_squared_per_column():
+    a, b = _meta(4, 64, 64, dtype=torch.float32), _meta(4, 64, 16, dtype=torch.float32)
+    op, cost = _single(lambda x, y: torch.linalg.solve_triangular(x, y, upper=False), a, b)
+    # 4 matrices · 64² · 16 columns = 262,144 FLOPs (half of a dense 2·n²·k product)
+    assert cost.flops == 4 * 64 * 64 * 16 == 262_144
+    assert cost.unit == "tensor"
+    assert cost.bytes == 4 * (4 * 64 * 64 + 2 * 4 * 64 * 16)  # read A and B, write X

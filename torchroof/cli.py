@@ -179,6 +179,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     val.add_argument("--json", metavar="PATH")
 
+    zoo = commands.add_parser("zoo", help="trace every causal-LM architecture in transformers")
+    zoo.add_argument("--regimes", default="prefill,decode,train")
+    zoo.add_argument("--arch", action="append", default=None, help="one architecture; repeatable")
+    zoo.add_argument("--json", metavar="PATH", default=None)
+
     roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
     roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
     roof.add_argument("--dtype", default="bf16")
@@ -313,6 +318,21 @@ def _validate(args: argparse.Namespace) -> None:
     print(result.summary())
     if args.json:
         result.to_json(args.json)
+
+
+def _zoo(args: argparse.Namespace) -> None:
+    import json
+
+    from torchroof import zoo
+
+    regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
+    unknown = [r for r in regimes if r not in zoo.ZOO_WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown regimes {unknown}; choose from {sorted(zoo.ZOO_WORKLOADS)}")
+    rows = zoo.run_zoo(args.arch, regimes, progress=zoo.print_row)
+    print(json.dumps(zoo.summary(rows), indent=1))
+    if args.json:
+        zoo.to_json(rows, args.json)
 
 
 def _roofline(args: argparse.Namespace) -> None:
@@ -482,6 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": _compare,
         "sweep": _sweep,
         "roofline": _roofline,
+        "zoo": _zoo,
         "calibrate": _calibrate,
         "validate": _validate,
         "gemm": _gemm,

@@ -139,7 +139,7 @@ def table(rows: list[ZooRow]) -> str:
     )
 
 
-def _print_row(row: ZooRow) -> None:
+def print_row(row: ZooRow) -> None:
     status = "ok " if row.ok else "ERR"
     extra = row.error[:90] if not row.ok else ""
     if row.uncounted:
@@ -153,6 +153,6 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     out = sys.argv[1] if len(sys.argv) > 1 else "zoo.json"
-    result = run_zoo(progress=_print_row)
+    result = run_zoo(progress=print_row)
     to_json(result, out)
     print(json.dumps(summary(result), indent=1))
