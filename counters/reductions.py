@@ -29,6 +29,8 @@ REDUCTION_FLOPS: dict[str, int] = {
     "argmin": 1,
     "any": 1,
     "all": 1,
+    "_is_all_true": 1,  # torch.all on a bool tensor, as data-dependent checks call it
+    "_is_any_true": 1,
     "count_nonzero": 1,
     "var": 3,  # Welford: subtract, multiply, add
     "std": 3,
