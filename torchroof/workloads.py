@@ -180,7 +180,9 @@ def build_kv_cache(
 def _allocate_unrecorded(layer: Any, capture: Capture) -> None:
     """Make a cache layer's lazy allocation invisible to the trace and label its tensors
     as KV cache (the cache exists before the step; allocating it is not the step's work)."""
-    original = layer.lazy_initialization
+    original = getattr(layer, "lazy_initialization", None)
+    if original is None:  # placeholder layers (KV shared with another layer) hold nothing
+        return
 
     def initialise(*args: Any, **kwargs: Any) -> None:
         with capture.unrecorded():
