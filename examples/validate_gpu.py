@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 import torchroof
 from torchroof.calibrate import calibrate, time_op
-from torchroof.validate import validate
+from torchroof.validate import TINY_OVERRIDES, validate
 
 OUT = Path(__file__).resolve().parent / "validation"
 
@@ -119,19 +119,7 @@ def main() -> None:
                 ]
             )
 
-    overrides = (
-        dict(
-            num_hidden_layers=2,
-            hidden_size=256,
-            intermediate_size=768,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
-            vocab_size=4096,
-        )
-        if small
-        else {}
-    )
+    overrides = dict(TINY_OVERRIDES) if small else {}
     model_runs = [
         ("prefill", 1, 256 if small else 4096),
         ("decode", 1, 256 if small else 8192),

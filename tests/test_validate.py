@@ -12,7 +12,7 @@ from torchroof.hardware import get
 
 from torchroof.calibrate import calibrate
 from torchroof.report import KernelEstimate
-from torchroof.validate import diagnose, normalise, validate
+from torchroof.validate import TINY_OVERRIDES, diagnose, normalise, validate
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +46,14 @@ def test_calibration_is_positive_and_plausible(cpu_toml):
 @pytest.mark.parametrize("regime", ["prefill", "decode", "train"])
 def test_validate_a_small_transformer_on_cpu(regime, cpu_toml, tmp_path):
     _, path = cpu_toml
-    small = dict(
-        num_hidden_layers=2,
-        hidden_size=256,
-        intermediate_size=768,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=4096,
-    )
     result = validate(
-        "llama-3-8b", regime, hardware=str(path), seq=64, overrides=small, warmup=1, iterations=2
+        "llama-3-8b",
+        regime,
+        hardware=str(path),
+        seq=64,
+        overrides=TINY_OVERRIDES,
+        warmup=1,
+        iterations=2,
     )
     assert result.measured_total_s > 0 and result.predicted_total_s > 0
     assert 0.01 < result.total_ratio < 100

@@ -37,6 +37,17 @@ CPU_OVERRIDES = {
     "vocab_size": 32000,
 }
 
+# A smoke-test size: seconds for all three regimes on two CPU cores.
+TINY_OVERRIDES = {
+    "num_hidden_layers": 2,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 4096,
+}
+
 FAR_BELOW = 3.0  # measured / predicted above this is diagnosed
 
 
