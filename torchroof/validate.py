@@ -292,10 +292,10 @@ def _decode_step(
 ) -> Callable[[], None]:
     from transformers import StaticCache
 
-    from torchroof.workloads import _kv_shape
+    from torchroof.workloads import kv_shape
 
     model.eval()
-    kv_heads, head_dim = _kv_shape(model)
+    kv_heads, head_dim = kv_shape(model)
     dtype = next(model.parameters()).dtype
     cache = StaticCache(config=model.config, max_cache_len=context + steps)
     cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device(device))

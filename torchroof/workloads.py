@@ -122,7 +122,7 @@ def _text_config(model: torch.nn.Module) -> Any:
     return config.get_text_config(decoder=True)
 
 
-def _kv_shape(model: torch.nn.Module) -> tuple[int, int]:
+def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(KV heads, head dim) from the config; a clear error when the config lacks them."""
     text = _text_config(model)
     heads = getattr(text, "num_attention_heads", None)
@@ -161,7 +161,7 @@ def build_kv_cache(
         for layer in cache.layers:
             _allocate_unrecorded(layer, capture)
         return cache
-    kv_heads, head_dim = _kv_shape(model)
+    kv_heads, head_dim = kv_shape(model)
     dtype = _model_dtype(model)
     cache = DynamicCache(config=config)
     for layer in cache.layers:
@@ -431,6 +431,6 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
     """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000)."""
-    kv_heads, head_dim = _kv_shape(model)
+    kv_heads, head_dim = kv_shape(model)
     layers = _text_config(model).num_hidden_layers
     return 2 * _model_dtype(model).itemsize * kv_heads * head_dim * layers
