@@ -12,9 +12,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from torchroof.pipeline import estimate, estimate_trace, trace_workload
+from torchroof.pipeline import estimate, estimate_trace, trace_model
 from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
-from torchroof.workloads import Workload
 
 # Keys that are arguments of torchroof.estimate; every other key is a model-config field.
 ESTIMATE_KEYS = {
@@ -160,19 +159,7 @@ def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparis
 def _trace(model: Any, tracing: dict[str, Any]) -> Any:
     fields = {k: v for k, v in tracing.items() if k not in ESTIMATE_KEYS}
     kwargs = {k: v for k, v in tracing.items() if k in ESTIMATE_KEYS}
-    source = _with_config_fields(model, fields)
-    workload = Workload(
-        regime=kwargs.get("regime", "prefill"),
-        batch=kwargs.get("batch", 1),
-        seq=kwargs.get("seq", 4096),
-        context=kwargs.get("context", 0),
-        cache=kwargs.get("cache", "static"),
-        optimizer=kwargs.get("optimizer", "adamw"),
-        precision=kwargs.get("precision") or "bf16",
-        checkpointing=kwargs.get("checkpointing", False),
-    )
-    cast = kwargs.get("dtype") is not None or kwargs.get("precision") is not None
-    return trace_workload(source, workload, kwargs.get("dtype") or "bf16", cast_module=cast)
+    return trace_model(_with_config_fields(model, fields), **kwargs)
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,36 @@ def estimate(
     ``dtype`` (inference) and ``precision`` (train: bf16, fp16, fp32 or mixed) cast the
     model; left out, a module keeps its own dtype and a config is built in bf16.
     """
+    spec = get(hardware)  # fail on a bad name before any tracing
+    trace = trace_model(
+        model,
+        regime,
+        batch=batch,
+        seq=seq,
+        context=context,
+        dtype=dtype,
+        cache=cache,
+        optimizer=optimizer,
+        precision=precision,
+        checkpointing=checkpointing,
+    )
+    return estimate_trace(trace, spec, fusion=fusion, **options)
+
+
+def trace_model(
+    model: Any,
+    regime: str = "prefill",
+    *,
+    batch: int = 1,
+    seq: int = 4096,
+    context: int = 0,
+    dtype: str | torch.dtype | None = None,
+    cache: str = "static",
+    optimizer: str = "adamw",
+    precision: str | None = None,
+    checkpointing: bool = False,
+) -> Trace:
+    """The trace :func:`estimate` prices: the workload's arguments as in ``estimate``."""
     from torchroof.workloads import Workload
 
     workload = Workload(
@@ -231,10 +261,8 @@ def estimate(
         precision=precision or "bf16",
         checkpointing=checkpointing,
     )
-    spec = get(hardware)  # fail on a bad name before any tracing
     cast = dtype is not None or precision is not None
-    trace = trace_workload(model, workload, dtype or "bf16", cast_module=cast)
-    return estimate_trace(trace, spec, fusion=fusion, **options)
+    return trace_workload(model, workload, dtype or "bf16", cast_module=cast)
 
 
 def trace_workload(
