@@ -6,19 +6,14 @@ log-softmax, and its gradient is a full N_t × V write, which is where the traff
 
 from __future__ import annotations
 
-import torch
 from torchroof.counters.cost import Cost
-from torchroof.counters.registry import register, register_per_element
+from torchroof.counters.registry import aten_packets, register, register_per_element
 from torchroof.counters.tensors import io_bytes, unique_bytes
 
 from torchroof.records import OpRecord
 
 
-def _existing(*names: str) -> list[str]:
-    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
-
-
-@register(*_existing("nll_loss_forward", "nll_loss2d_forward"))
+@register(*aten_packets("nll_loss_forward", "nll_loss2d_forward"))
 def nll_loss(op: OpRecord) -> Cost:
     """Gathers one log-probability per target and sums: reads N values (not N·C), N targets."""
     log_probs, target = op.tensor("self"), op.tensor("target")
@@ -31,7 +26,7 @@ def nll_loss(op: OpRecord) -> Cost:
     )
 
 
-@register(*_existing("nll_loss_backward", "nll_loss2d_backward"))
+@register(*aten_packets("nll_loss_backward", "nll_loss2d_backward"))
 def nll_loss_backward(op: OpRecord) -> Cost:
     """Zero-filled N × C gradient with -w/total at each target: one full write."""
     read, written = io_bytes(op)

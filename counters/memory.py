@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torchroof.counters.cost import ZERO, Cost
-from torchroof.counters.registry import register
+from torchroof.counters.registry import aten_packets, register
 from torchroof.counters.tensors import (
     compute_dtype,
     distinct,
@@ -18,11 +18,6 @@ from torchroof.counters.tensors import (
 )
 
 from torchroof.records import OpRecord, TensorMeta
-
-
-def _existing(*names: str) -> list[str]:
-    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
-
 
 VIEW_OPS = (
     "view",
@@ -103,7 +98,7 @@ METADATA_OPS = (
 )
 
 
-@register(*_existing(*VIEW_OPS))
+@register(*aten_packets(*VIEW_OPS))
 def view(op: OpRecord) -> Cost:
     """Views alias their input: no kernel, no bytes (DESIGN rule 2)."""
     return ZERO
@@ -113,7 +108,7 @@ _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_recor
 
 
 @register(
-    *_existing(*METADATA_OPS),
+    *aten_packets(*METADATA_OPS),
     *[f"profiler.{n}" for n in _PROFILER_OPS if hasattr(torch.ops.profiler, n)],
 )
 def metadata(op: OpRecord) -> Cost:
@@ -166,7 +161,7 @@ CREATION_OPS = (
 """Tensors made from nothing or from a distribution: a kernel writes them, reads nothing."""
 
 
-@register(*_existing(*CREATION_OPS))
+@register(*aten_packets(*CREATION_OPS))
 def creation(op: OpRecord) -> Cost:
     """Tensors made from nothing (or from a distribution): their bytes written once."""
     written = written_tensors(op)
@@ -175,7 +170,7 @@ def creation(op: OpRecord) -> Cost:
 
 
 @register(
-    *_existing(
+    *aten_packets(
         "cat",
         "stack",
         "repeat",
@@ -239,7 +234,7 @@ _GATHERS = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gathe
 
 
 @register(
-    *_existing(
+    *aten_packets(
         "index_put",
         "index_put_",
         "_index_put_impl_",
@@ -288,7 +283,7 @@ def scatter(op: OpRecord) -> Cost:
 
 
 @register(
-    *_existing(
+    *aten_packets(
         "slice_backward",
         "select_backward",
         "diagonal_backward",
@@ -315,7 +310,9 @@ def embedding(op: OpRecord) -> Cost:
     return Cost(0, read, unique_bytes(op.outputs), "none", weight.dtype, reads=reads)
 
 
-@register(*_existing("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward"))
+@register(
+    *aten_packets("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward")
+)
 def embedding_backward(op: OpRecord) -> Cost:
     """Gradient of a row gather: zero the [V, d] gradient, scatter-add each incoming row."""
     grad = op.tensor("grad_output") or op.tensor("grad")

@@ -7,9 +7,8 @@ unscales it in place.
 
 from __future__ import annotations
 
-import torch
 from torchroof.counters.cost import Cost
-from torchroof.counters.registry import register
+from torchroof.counters.registry import aten_packets, register
 from torchroof.counters.tensors import distinct, unique_bytes
 
 from torchroof.records import OpRecord
@@ -34,19 +33,13 @@ def _fused_cost(op: OpRecord, flops_per_element: int, state: tuple[str, ...]) ->
     return Cost(flops_per_element * numel, read, written, "vector", dtype)
 
 
-@register(
-    *[
-        f"aten.{n}"
-        for n in ("_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw")
-        if hasattr(torch.ops.aten, n)
-    ]
-)
+@register(*aten_packets("_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw"))
 def fused_adam(op: OpRecord) -> Cost:
     """Adam/AdamW: reads p, g, m, v (and max v for AMSGrad), writes p, m, v (seed 000 §16)."""
     return _fused_cost(op, ADAM_FLOPS, ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"))
 
 
-@register(*[f"aten.{n}" for n in ("_fused_sgd_", "_fused_sgd") if hasattr(torch.ops.aten, n)])
+@register(*aten_packets("_fused_sgd_", "_fused_sgd"))
 def fused_sgd(op: OpRecord) -> Cost:
     """SGD (momentum buffers when given): seed 000 §16, 14 B/param plain, 22 with momentum
     under its fp32-master convention."""
@@ -55,9 +48,7 @@ def fused_sgd(op: OpRecord) -> Cost:
     return _fused_cost(op, flops, ("momentum_buffer_list",))
 
 
-@register(
-    *[f"aten.{n}" for n in ("_fused_adagrad_", "_fused_adagrad") if hasattr(torch.ops.aten, n)]
-)
+@register(*aten_packets("_fused_adagrad_", "_fused_adagrad"))
 def fused_adagrad(op: OpRecord) -> Cost:
     """Adagrad: reads p, g, the squared-gradient sum; writes p and the sum."""
     return _fused_cost(op, ADAGRAD_FLOPS, ("state_sums",))

@@ -7,9 +7,8 @@ read and written, so a broadcast input is read once.
 
 from __future__ import annotations
 
-import torch
 from torchroof.counters.cost import Cost, Unit
-from torchroof.counters.registry import register, register_per_element
+from torchroof.counters.registry import aten_packets, register, register_per_element
 from torchroof.counters.tensors import (
     compute_dtype,
     io_bytes,
@@ -169,7 +168,7 @@ POW_GENERAL_FLOPS = 3
 
 def _packets(base: str) -> list[str]:
     """``aten.base`` and its in-place ``aten.base_``, where this torch has them."""
-    return [f"aten.{n}" for n in (base, f"{base}_") if hasattr(torch.ops.aten, n)]
+    return aten_packets(base, f"{base}_")
 
 
 def _written_numel(op: OpRecord) -> int:
@@ -232,7 +231,7 @@ _COPY_OPS = [
 ]
 
 
-@register(*(f"aten.{n}" for n in _COPY_OPS if hasattr(torch.ops.aten, n)))
+@register(*aten_packets(*_COPY_OPS))
 def copy(op: OpRecord) -> Cost:
     """Casts and copies: 0 FLOPs, read once and written once (seed 000 Table 3: bf16 -> fp32
     cast moves 6 bytes per element for no arithmetic)."""

@@ -40,6 +40,12 @@ def register(*packets: str) -> Callable[[Rule], Rule]:
     return decorate
 
 
+def aten_packets(*names: str) -> list[str]:
+    """``aten.<name>`` for each name this torch defines (newer ops are skipped on older
+    torch rather than failing at import)."""
+    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+
+
 def register_per_element(
     table: Mapping[str, int | tuple[int, Unit]],
     *,
@@ -55,7 +61,7 @@ def register_per_element(
     for name, entry in table.items():
         flops, op_unit = entry if isinstance(entry, tuple) else (entry, unit)
         variants = (name, f"{name}_") if in_place else (name,)
-        packets = [f"aten.{prefix}{v}" for v in variants if hasattr(torch.ops.aten, prefix + v)]
+        packets = aten_packets(*(prefix + v for v in variants))
         if not packets:
             continue
 
