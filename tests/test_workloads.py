@@ -216,7 +216,7 @@ def test_bad_input_is_a_clear_error(kwargs, error, message):
 def test_config_without_the_fields_a_regime_needs():
     from transformers import PretrainedConfig
 
-    with pytest.raises(ModelBuildError, match="cannot build a causal LM"):
+    with pytest.raises(ModelBuildError, match="cannot build a language model"):
         torchroof.estimate(PretrainedConfig(), "decode", context=8)
     module = torch.nn.Linear(8, 8, device="meta")
     with pytest.raises(WorkloadError, match="transformers causal LM"):

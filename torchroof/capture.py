@@ -479,10 +479,12 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         capture = self.capture
+        if func is _LOCAL_SCALAR_DENSE and _needs_item_answer(args[0]):
+            if capture._suppress:
+                return _neutral_scalar(args[0].dtype)
+            return capture.answer_item(func, args, kwargs)
         if capture._suppress:
             return func(*args, **kwargs)
-        if func is _LOCAL_SCALAR_DENSE and _needs_item_answer(args[0]):
-            return capture.answer_item(func, args, kwargs)
         context = capture._context()
         node = context[2]
         if node is not None and capture._sdpa_groups and capture.sdpa_group_of(node):
@@ -501,7 +503,11 @@ class _FunctionHook(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and self.capture.flash_attention:
+        if (
+            func is F.scaled_dot_product_attention
+            and self.capture.flash_attention
+            and not self.capture._suppress
+        ):
             return self.capture.sdpa(func, args, kwargs)
         if func in _BACKWARD_ENTRY_POINTS:
             return self.capture.run_as_backward(func, args, kwargs)

@@ -81,17 +81,37 @@ def load_config(source: Any) -> Any:
     return AutoConfig.for_model(data.pop("model_type"), **data)
 
 
-def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Module:
-    """A causal LM from ``config`` on the meta device: no weights, no memory."""
-    from transformers import AutoModelForCausalLM
+def model_class(config: Any) -> Any:
+    """The transformers auto class for ``config``: sequence-to-sequence LM for an
+    encoder–decoder (T5, BART), causal LM for a decoder, masked LM for an encoder that
+    has no causal head (DistilBERT, DeBERTa)."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
 
+    kind = getattr(config, "model_type", "")
+    if getattr(config, "is_encoder_decoder", False) and kind in (
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    ):
+        return AutoModelForSeq2SeqLM
+    if kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModelForMaskedLM
+
+
+def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Module:
+    """A language model from ``config`` on the meta device: no weights, no memory."""
     dtype = model_dtype(dtype)
+    auto = model_class(config)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = auto.from_config(config, dtype=dtype)
     except (ValueError, KeyError, AttributeError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelBuildError(
-            f"cannot build a causal LM from {type(config).__name__}: {first}"
+            f"cannot build a language model from {type(config).__name__}: {first}"
         ) from error
     return model.eval()

@@ -209,18 +209,113 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
     return [t for layer in getattr(cache, "layers", []) for t in cache_tensors_of(layer)]
 
 
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params", "state")
+_CACHE_OUTPUTS = ("past_key_values", "cache", "cache_params", "state")
+
+
+def _cache_argument(model: torch.nn.Module) -> str | None:
+    """The forward argument a model takes its cache or recurrent state in."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return next((name for name in _CACHE_ARGUMENTS if name in params), None)
+
+
 def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) -> dict[str, Any]:
     import inspect
 
     params = inspect.signature(model.forward).parameters
-    kwargs: dict[str, Any] = {"position_ids": positions, "use_cache": True}
-    kwargs["cache" if "cache" in params else "past_key_values"] = cache
+    kwargs: dict[str, Any] = {"use_cache": True}
+    if "position_ids" in params:
+        kwargs["position_ids"] = positions
+    name = _cache_argument(model)
+    if cache is not None and name is not None:
+        kwargs[name] = cache
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
     return kwargs
 
 
+def _returned_cache(output: Any) -> Any:
+    for name in _CACHE_OUTPUTS:
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def state_tensors(cache: Any, depth: int = 4) -> list[torch.Tensor]:
+    """Every floating tensor a cache object holds, at any nesting (a transformers Cache's
+    layers, a recurrent model's conv/SSM/RNN states in dicts, lists or attributes)."""
+    found: dict[int, torch.Tensor] = {}
+
+    def walk(value: Any, level: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                found.setdefault(id(value), value)
+        elif level <= 0 or isinstance(value, (str, bytes, int, float, bool, type(None))):
+            return
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item, level - 1)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, level - 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type)):
+            for item in vars(value).values():
+                walk(item, level - 1)
+
+    walk(cache, depth)
+    return list(found.values())
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
 def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled: int) -> Trace:
+    """Attention-only models: a cache built directly at context N. Models with recurrent
+    state (SSM, linear attention, hybrids) or a cache of their own: the context is run
+    unrecorded first, so the traced step reads and updates a warm state."""
+    config = _text_config(model) and model.config
+    if getattr(config, "is_encoder_decoder", False):
+        return _encoder_decoder_step(model, workload, new, filled)
+    can_generate = getattr(model, "can_generate", lambda: True)()
+    if not can_generate:
+        if filled:
+            raise WorkloadError(
+                f"{type(model).__name__} is an encoder: it does not generate, so it has no "
+                "decode step (prefill and train trace it)"
+            )
+        return _warm_state_step(model, workload, new, filled, static=False)
+    if workload.cache == "dynamic" or _attention_only_static_cache(model):
+        trace = _prebuilt_cache_step(model, workload, new, filled)
+        if trace is not None:
+            return trace
+    try:
+        return _warm_state_step(model, workload, new, filled, static=True)
+    except Exception:  # noqa: BLE001 - the model refuses a StaticCache: use its own
+        return _warm_state_step(model, workload, new, filled, static=False)
+
+
+def _attention_only_static_cache(model: torch.nn.Module) -> bool:
+    from transformers import StaticCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    _text_config(model)  # a clear error for a module without a transformers config
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=1)
+    except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
+        return False
+    return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def _prebuilt_cache_step(
+    model: torch.nn.Module, workload: Workload, new: int, filled: int
+) -> Trace | None:
+    """The step against a cache that already holds ``filled`` tokens; None when the model
+    ignored the cache it was given (a recurrent model that takes its state elsewhere)."""
     batch = workload.batch
     capacity = filled + new
     capture = Capture()
@@ -228,14 +323,95 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
     ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
     positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
     kwargs = _forward_kwargs(model, positions, cache)
-    with torch.no_grad(), capture as trace:
-        capture.mark(cache_tensors(cache), "kv_cache")
-        model(ids, **kwargs)
-        capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
+    try:
+        with torch.no_grad(), capture as trace:
+            capture.mark(cache_tensors(cache), "kv_cache")
+            model(ids, **kwargs)
+            capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
+    except Exception:
+        if workload.cache == "dynamic":
+            raise
+        return None
+    held = cache_tensors(cache)
+    if workload.cache == "static" and not held:
+        return None
     # The footprint is the cache as the step leaves it (a dynamic cache's old tensors die).
-    trace.role_bytes["kv_cache"] = sum(t.untyped_storage().nbytes() for t in cache_tensors(cache))
+    trace.role_bytes["kv_cache"] = sum(t.untyped_storage().nbytes() for t in held)
     trace.metadata["cache"] = workload.cache
     trace.metadata["kv_cache_tokens"] = capacity
+    return trace
+
+
+def _warm_state_step(
+    model: torch.nn.Module, workload: Workload, new: int, filled: int, static: bool
+) -> Trace:
+    """Run the ``filled`` context tokens unrecorded (filling a StaticCache, or the cache
+    or recurrent state the model makes itself), then trace the ``new`` tokens against it.
+    The state the step reads and writes (K/V, conv and SSM states) is the decode cache."""
+    from transformers import StaticCache
+
+    batch = workload.batch
+    capacity = filled + new
+    cache = StaticCache(config=model.config, max_cache_len=capacity) if static else None
+    capture = Capture()
+    with torch.no_grad(), capture as trace:
+        if filled:
+            with capture.unrecorded():
+                context = torch.zeros(batch, filled, dtype=torch.long, device="meta")
+                positions = torch.arange(filled, device="meta").unsqueeze(0).expand(batch, -1)
+                out = model(context, **_forward_kwargs(model, positions, cache))
+                cache = _returned_cache(out) if cache is None else cache
+            if cache is None:
+                raise WorkloadError(
+                    f"{type(model).__name__} returned no cache or state after its context: "
+                    "cannot trace a decode step for it"
+                )
+        capture.mark(state_tensors(cache), "kv_cache")
+        ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
+        positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
+        out = model(ids, **_forward_kwargs(model, positions, cache))
+        cache = _returned_cache(out) if cache is None or not static else cache
+        held = state_tensors(cache)
+        capture.mark(held, "kv_cache")  # state made by this step (a prefill's, a cat's)
+    trace.role_bytes["kv_cache"] = _storage_bytes(held)
+    trace.metadata["cache"] = ("static" if static else "model") if held else "none"
+    trace.metadata["kv_cache_tokens"] = capacity
+    return trace
+
+
+def _encoder_decoder_step(
+    model: torch.nn.Module, workload: Workload, new: int, filled: int
+) -> Trace:
+    """An encoder–decoder (T5, BART). Prefill: the encoder over the ``seq`` source tokens
+    and the decoder's first token, which writes the self- and cross-attention caches.
+    Decode: one decoder token against a source of ``context`` tokens and ``context``
+    generated tokens, both cached (the context is run unrecorded first)."""
+    batch = workload.batch
+    capture = Capture()
+    source_length = new if not filled else filled
+    source = torch.zeros(batch, source_length, dtype=torch.long, device="meta")
+    start = torch.zeros(batch, 1, dtype=torch.long, device="meta")
+    with torch.no_grad(), capture as trace:
+        if filled:
+            with capture.unrecorded():
+                prefix = torch.zeros(batch, filled, dtype=torch.long, device="meta")
+                out = model(input_ids=source, decoder_input_ids=prefix, use_cache=True)
+            cache = _returned_cache(out)
+            encoded = (out.encoder_last_hidden_state,)
+            capture.mark(state_tensors(cache), "kv_cache")
+            out = model(
+                encoder_outputs=encoded,
+                decoder_input_ids=start,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        else:
+            out = model(input_ids=source, decoder_input_ids=start, use_cache=True)
+        held = state_tensors(_returned_cache(out))
+        capture.mark(held, "kv_cache")
+    trace.role_bytes["kv_cache"] = _storage_bytes(held)
+    trace.metadata["cache"] = "encoder-decoder"
+    trace.metadata["kv_cache_tokens"] = filled + 1
     return trace
 
 
@@ -416,8 +592,11 @@ def _state_of(opt: Any) -> list[torch.Tensor]:
 
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    inputs = {"input_ids": ids, "labels": ids}
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids  # teacher forcing on a target as long as the source
     try:
-        out = model(ids, labels=ids)
+        out = model(**inputs)
     except TypeError:
         out = None
     loss = getattr(out, "loss", None)
@@ -430,7 +609,16 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000)."""
+    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000).
+
+    Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and layer
+    instead: s · (kv_lora_rank + qk_rope_head_dim) · L.
+    """
+    text = _text_config(model)
+    itemsize = _model_dtype(model).itemsize
+    latent = getattr(text, "kv_lora_rank", None)
+    if latent:
+        rope = getattr(text, "qk_rope_head_dim", 0) or 0
+        return itemsize * (latent + rope) * text.num_hidden_layers
     kv_heads, head_dim = kv_shape(model)
-    layers = _text_config(model).num_hidden_layers
-    return 2 * _model_dtype(model).itemsize * kv_heads * head_dim * layers
+    return 2 * itemsize * kv_heads * head_dim * text.num_hidden_layers
