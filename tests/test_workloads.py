@@ -241,6 +241,8 @@ def test_moe_decode_reads_only_the_routed_experts():
         assert est.uncounted == {}
         grouped = [k for k in est.kernels if k.name == "aten._grouped_mm.default"]
         assert len(grouped) == 4  # gate-up and down projections in each of 2 layers
+        assert any("balanced routing" in a for a in est.assumptions)  # stated in the report
+        assert "balanced routing" in est.summary()
         return sum(k.read_by.get("weights", 0) for k in grouped)
 
     # per layer: gate_up [8, 128, 512] + down [8, 256, 128] bf16 = 8 · 196,608 · 2 bytes;

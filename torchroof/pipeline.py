@@ -163,7 +163,8 @@ def _estimate_trace(
         op_count=coverage.ops,
         uncounted=coverage.uncounted,
         assumptions=[
-            f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions
+            *routing_assumptions(trace),
+            *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
         options={
             "fusion": fusion,
@@ -175,6 +176,19 @@ def _estimate_trace(
         metadata=dict(trace.metadata),
         memory=footprint(trace, spec.hbm_capacity_bytes.value, batch),
     )
+
+
+BALANCED_ROUTING = (
+    "MoE experts: balanced routing assumed, each of the E experts receives tokens·top_k/E "
+    "routed tokens; grouped-GEMM FLOPs are exact for any routing, and the expert weights read "
+    "are those of min(E, tokens·top_k) experts"
+)
+
+
+def routing_assumptions(trace: Trace) -> list[str]:
+    """The routing assumption, stated once, when the step runs routed experts."""
+    routed = any("grouped_mm" in op.name for op in trace.ops)
+    return [BALANCED_ROUTING] if routed else []
 
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -402,8 +402,8 @@ def _encoder_decoder_step(
             out = model(
                 encoder_outputs=encoded,
                 decoder_input_ids=start,
-                past_key_values=cache,
                 use_cache=True,
+                **{_cache_argument(model) or "past_key_values": cache},
             )
         else:
             out = model(input_ids=source, decoder_input_ids=start, use_cache=True)

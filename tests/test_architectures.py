@@ -1,0 +1,126 @@
+"""Beyond dense decoders: recurrent state as the decode cache (SSM, hybrids), MLA's latent
+cache, encoder–decoder and encoder models. Small configs built on meta."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+import torchroof
+from torchroof.models import build_model
+from torchroof.workloads import Workload, WorkloadError, kv_bytes_per_token, run_workload
+
+
+def test_mamba_decode_reads_its_recurrent_state_as_the_cache():
+    config = AutoConfig.for_model(
+        "mamba",
+        hidden_size=64,
+        state_size=16,
+        expand=2,
+        conv_kernel=4,
+        num_hidden_layers=2,
+        vocab_size=512,
+    )
+    trace = run_workload(build_model(config), Workload("decode", context=100))
+    # d_inner = 2 · 64 = 128. Per layer: conv state [1, 128, 4] bf16 = 1,024 B and SSM
+    # state [1, 128, 16] fp32 = 8,192 B; 2 layers -> 18,432 B, whatever the context.
+    assert trace.role_bytes["kv_cache"] == 2 * (128 * 4 * 2 + 128 * 16 * 4) == 18_432
+    # the recurrent step, not a one-token scan: no scan over the context is recorded
+    assert trace.metadata["kv_cache_tokens"] == 101
+    est = torchroof.estimate(config, "decode", context=100)
+    assert est.uncounted == {}
+    assert est.kv_bytes_read > 0
+
+
+def test_hybrid_decode_cache_holds_attention_kv_and_ssm_state():
+    config = AutoConfig.for_model(
+        "jamba",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        vocab_size=512,
+    )
+    trace = run_workload(build_model(config), Workload("decode", context=31))
+    # layer 1 (attention): K and V of 32 slots, 2 heads of 16 dims, bf16: 2·32·2·16·2 = 4,096.
+    # layer 0 (mamba, d_inner 128): conv [1, 128, 4] bf16 = 1,024 + SSM [1, 128, 8] fp32 = 4,096.
+    assert trace.role_bytes["kv_cache"] == 4_096 + 1_024 + 4_096
+
+
+MLA = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    vocab_size=512,
+)
+
+
+def test_mla_caches_the_latent_not_expanded_kv():
+    model = build_model(AutoConfig.for_model("deepseek_v3", **MLA))
+    # latent 32 + rope key 8 per token and layer, bf16: 2 · 40 · 2 layers = 160 B/token;
+    # expanded K/V would be 4 heads · (K 24 + V 16) · 2 B · 2 layers = 640 B/token.
+    assert kv_bytes_per_token(model) == 2 * (32 + 8) * 2 == 160
+    trace = run_workload(model, Workload("decode", context=100))
+    assert trace.role_bytes["kv_cache"] == 160 * 101  # 101 slots: context + the new token
+    est = torchroof.estimate(AutoConfig.for_model("deepseek_v3", **MLA), "decode", context=100)
+    assert est.uncounted == {}
+    assert any("balanced routing" in a for a in est.assumptions)
+
+
+T5 = dict(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2, vocab_size=512)
+
+
+def test_encoder_decoder_prefill_writes_self_and_cross_attention_caches():
+    config = AutoConfig.for_model("t5", **T5)
+    est = torchroof.estimate(config, "prefill", seq=50)
+    assert est.uncounted == {}
+    # the decoder's first token caches its own K/V (1 token) and the cross-attention K/V
+    # of the 50 encoded source tokens: 2 layers · 2 (K, V) · 64 · 2 B · (1 + 50) = 26,112
+    assert est.memory.kv_cache_bytes == 2 * 2 * 64 * 2 * (1 + 50) == 26_112
+    # encoder: 2 layers of q, k, v, o (64x64) + wi, wo (64x128) over 50 tokens, plus the
+    # decoder's one token; the encoder's linear FLOPs alone are 2·50·2·(4·64·64 + 2·64·128)
+    assert est.flops > 2 * 50 * 2 * (4 * 64 * 64 + 2 * 64 * 128)
+
+
+def test_encoder_decoder_decode_and_train():
+    config = AutoConfig.for_model("t5", **T5)
+    decode = torchroof.estimate(config, "decode", context=40)
+    assert decode.uncounted == {}
+    # self-attention cache 41 tokens + cross-attention 40 source tokens, 2 layers, bf16
+    assert decode.memory.kv_cache_bytes == 2 * 2 * 64 * 2 * (41 + 40)
+    train = torchroof.estimate(config, "train", seq=32)
+    assert train.uncounted == {}
+    assert train.phase_time_s("backward") > train.phase_time_s("forward") > 0
+
+
+def test_encoder_only_models_prefill_and_train_but_do_not_decode():
+    config = AutoConfig.for_model(
+        "distilbert", dim=64, hidden_dim=128, n_layers=2, n_heads=4, vocab_size=512
+    )
+    assert torchroof.estimate(config, "prefill", seq=32).uncounted == {}
+    assert torchroof.estimate(config, "train", seq=32).uncounted == {}
+    with pytest.raises(WorkloadError, match="encoder: it does not generate"):
+        torchroof.estimate(config, "decode", context=32)
