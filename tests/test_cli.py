@@ -125,3 +125,49 @@ def test_fusion_policies_side_by_side(capsys):
     assert total.split()[3].endswith("x")  # the speed-up column
     assert main(["estimate", "gpt2", "--fusion", "inductor", "--seq", "8"]) == 2
     assert "unknown fusion policy" in capsys.readouterr().err
+
+
+def test_limitations_are_one_line_not_a_stack_trace(tmp_path, capsys):
+    # an encoder has no decode step: named in one line
+    config = tmp_path / "distilbert.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "distilbert",
+                "dim": 64,
+                "hidden_dim": 128,
+                "n_layers": 2,
+                "n_heads": 4,
+                "vocab_size": 512,
+            }
+        )
+    )
+    assert main(["estimate", str(config), "--regime", "decode", "--context", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "does not generate" in err and "Traceback" not in err and err.count("\n") == 1
+    # a config transformers rejects: one line naming the file
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 0}))
+    assert main(["estimate", str(broken), "--seq", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid model config" in err and "ZeroDivisionError" in err
+    assert err.count("\n") == 1
+
+
+def test_a_model_that_fails_on_meta_is_one_named_error():
+    from conftest import meta_causal_lm
+
+    import torchroof
+
+    model = meta_causal_lm("llama")
+
+    def broken_forward(*args, **kwargs):
+        raise RuntimeError("data-dependent op on meta\nsecond line of detail")
+
+    model.model.layers[1].mlp.forward = broken_forward
+    with pytest.raises(torchroof.ModelTraceError) as info:
+        torchroof.estimate(model, "prefill", seq=8)
+    message = str(info.value)
+    assert message.startswith("LlamaForCausalLM could not be traced for prefill: RuntimeError")
+    assert "second line" not in message and "Architectures that do not trace" in message
+    assert isinstance(info.value.__cause__, RuntimeError)

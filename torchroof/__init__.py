@@ -7,7 +7,13 @@ print(est.table())
 """
 
 from torchroof.capture import Capture, trace
-from torchroof.pipeline import estimate, estimate_trace, meta_copy, trace_workload
+from torchroof.pipeline import (
+    ModelTraceError,
+    estimate,
+    estimate_trace,
+    meta_copy,
+    trace_workload,
+)
 from torchroof.records import OpRecord, TensorMeta, Trace
 from torchroof.report import Estimate, KernelEstimate, LayerRow
 from torchroof.roofline import RooflineOptions
@@ -20,6 +26,7 @@ __all__ = [
     "Estimate",
     "KernelEstimate",
     "LayerRow",
+    "ModelTraceError",
     "OpRecord",
     "RooflineOptions",
     "TensorMeta",

@@ -65,10 +65,23 @@ def shipped_config_dict(name: str) -> dict[str, Any]:
 def load_config(source: Any) -> Any:
     """A transformers ``PretrainedConfig`` from a shipped name, a config.json, a model
     directory, or a config object (returned as is). Nothing is downloaded."""
-    from transformers import AutoConfig, PretrainedConfig
+    from transformers import PretrainedConfig
 
     if isinstance(source, PretrainedConfig):
         return source
+    try:
+        return _read_config(source)
+    except (UnknownModelError, FileNotFoundError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a config transformers rejects: one line
+        from torchroof.pipeline import first_line
+
+        raise ModelBuildError(f"invalid model config {source}: {first_line(error)}") from error
+
+
+def _read_config(source: Any) -> Any:
+    from transformers import AutoConfig
+
     text = str(source)
     path = Path(text)
     if path.is_dir() or (path.suffix == ".json" and path.is_file()):
@@ -109,9 +122,10 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
     try:
         with torch.device("meta"):
             model = auto.from_config(config, dtype=dtype)
-    except (ValueError, KeyError, AttributeError, TypeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except Exception as error:  # noqa: BLE001 - every build failure is one clear line
+        from torchroof.pipeline import first_line
+
         raise ModelBuildError(
-            f"cannot build a language model from {type(config).__name__}: {first}"
+            f"cannot build a language model from {type(config).__name__}: {first_line(error)}"
         ) from error
     return model.eval()

@@ -249,6 +249,17 @@ def estimate(
     return estimate_trace(trace, spec, fusion=fusion, **options)
 
 
+class ModelTraceError(ValueError):
+    """The model's own forward or backward failed on meta (a limitation, named in one
+    line; the original exception is chained)."""
+
+
+def first_line(error: BaseException) -> str:
+    """``Type: first line of the message`` for one-line error reports."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
 def trace_model(
     model: Any,
     regime: str = "prefill",
@@ -285,7 +296,7 @@ def trace_workload(
     """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
     keeps its dtype unless ``cast_module``."""
     from torchroof.models import build_model, load_config
-    from torchroof.workloads import compute_dtype, run_workload
+    from torchroof.workloads import WorkloadError, compute_dtype, run_workload
 
     if isinstance(model, torch.nn.Module):
         module = meta_copy(model)
@@ -295,6 +306,14 @@ def trace_workload(
     else:
         module = build_model(load_config(model), compute_dtype(workload, dtype))
         label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-    trace = run_workload(module, workload)
+    try:
+        trace = run_workload(module, workload)
+    except WorkloadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the model's own code failed on meta
+        raise ModelTraceError(
+            f"{type(module).__name__} could not be traced for {workload.regime}: "
+            f"{first_line(error)} (see README, 'Architectures that do not trace')"
+        ) from error
     trace.metadata["model"] = label
     return trace

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchroof.pipeline import estimate_trace
+from torchroof.pipeline import estimate_trace, first_line
 from torchroof.workloads import Workload, run_workload
 
 # Small workloads: full depth, few tokens. Meta makes the size of each op irrelevant.
@@ -46,11 +46,6 @@ def architectures() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
-
-
 def run_one(architecture: str, regime: str) -> ZooRow:
     from transformers import AutoConfig
 
@@ -75,7 +70,7 @@ def run_one(architecture: str, regime: str) -> ZooRow:
         )
     except Exception as error:  # noqa: BLE001 - every failure becomes a row
         return ZooRow(
-            architecture, regime, False, _first_line(error), seconds=time.perf_counter() - start
+            architecture, regime, False, first_line(error), seconds=time.perf_counter() - start
         )
 
 
