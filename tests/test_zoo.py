@@ -1,12 +1,26 @@
 """A guard for the zoo: diverse architectures, built from their default configs at full
-depth on meta, trace every regime with every op priced (dense, GQA, MoE, MLA-style, SSM,
-hybrid linear attention)."""
+depth on meta, trace every regime with every op priced. A regression in any of them
+(a new failure, a new uncounted op) fails here before the full zoo is rerun."""
 
 import pytest
 
 from torchroof.zoo import run_one, summary
 
-DIVERSE = ["llama", "mixtral", "deepseek_v3", "mamba", "qwen3_next", "gpt2"]
+DIVERSE = [
+    # dense decoders (MHA, GQA, parallel blocks, ALiBi, soft-capping)
+    *("llama", "gpt2", "gemma2", "phi3", "olmo2", "falcon", "gpt_neox", "opt", "bloom"),
+    *("cohere", "mistral", "qwen3"),
+    # mixture of experts (grouped GEMMs, shared experts, sinks)
+    *("mixtral", "qwen2_moe", "olmoe", "gpt_oss"),
+    # multi-head latent attention
+    "deepseek_v3",
+    # state-space models
+    *("mamba", "mamba2"),
+    # hybrids: attention with SSM / linear attention / recurrences / short convolutions
+    *("jamba", "qwen3_next", "falcon_h1", "recurrent_gemma", "zamba2", "minimax", "lfm2"),
+    # encoder-decoders (decode with self- and cross-attention caches) and an encoder stack
+    *("bart", "t5", "bert"),
+]
 
 
 @pytest.mark.parametrize("architecture", DIVERSE)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -183,6 +185,10 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--regimes", default="prefill,decode,train")
     zoo.add_argument("--arch", action="append", default=None, help="one architecture; repeatable")
     zoo.add_argument("--json", metavar="PATH", default=None)
+    zoo.add_argument(
+        "--jobs", type=_positive_int, default=os.cpu_count() or 1, help="worker processes"
+    )
+    zoo.add_argument("--table", action="store_true", help="print every row as a table")
 
     roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
     roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
@@ -329,10 +335,15 @@ def _zoo(args: argparse.Namespace) -> None:
     unknown = [r for r in regimes if r not in zoo.ZOO_WORKLOADS]
     if unknown:
         raise ValueError(f"unknown regimes {unknown}; choose from {sorted(zoo.ZOO_WORKLOADS)}")
-    rows = zoo.run_zoo(args.arch, regimes, progress=zoo.print_row)
+    start = time.perf_counter()
+    rows = zoo.run_zoo(args.arch, regimes, progress=zoo.print_row, jobs=args.jobs)
+    wall = time.perf_counter() - start
+    if args.table:
+        print(zoo.table(rows))
     print(json.dumps(zoo.summary(rows), indent=1))
+    print(f"wall time {wall / 60:.1f} min with {args.jobs} worker(s)")
     if args.json:
-        zoo.to_json(rows, args.json)
+        zoo.to_json(rows, args.json, wall_seconds=wall, jobs=args.jobs)
 
 
 def _roofline(args: argparse.Namespace) -> None:

@@ -74,18 +74,45 @@ def run_one(architecture: str, regime: str) -> ZooRow:
         )
 
 
+def run_architecture(architecture: str, regimes: Sequence[str]) -> list[ZooRow]:
+    return [run_one(architecture, regime) for regime in regimes]
+
+
+def _run_in_worker(architecture: str, regimes: Sequence[str]) -> list[ZooRow]:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: tracing on meta is single-threaded
+    return run_architecture(architecture, regimes)
+
+
 def run_zoo(
     archs: Iterable[str] | None = None,
     regimes: Sequence[str] = ("prefill", "decode", "train"),
     progress: Callable[[ZooRow], None] = lambda row: None,
+    jobs: int = 1,
 ) -> list[ZooRow]:
-    rows = []
-    for arch in archs or architectures():
-        for regime in regimes:
-            row = run_one(arch, regime)
-            rows.append(row)
-            progress(row)
-    return rows
+    """Rows in architecture order; ``jobs`` worker processes trace architectures in
+    parallel (each architecture's regimes stay in one process)."""
+    names = list(archs or architectures())
+    if jobs <= 1:
+        rows = []
+        for arch in names:
+            for row in run_architecture(arch, regimes):
+                rows.append(row)
+                progress(row)
+        return rows
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    results: dict[str, list[ZooRow]] = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {arch: pool.submit(_run_in_worker, arch, tuple(regimes)) for arch in names}
+        for arch in names:
+            results[arch] = futures[arch].result()
+            for row in results[arch]:
+                progress(row)
+    return [row for arch in names for row in results[arch]]
 
 
 def summary(rows: list[ZooRow]) -> dict[str, Any]:
@@ -106,9 +133,25 @@ def summary(rows: list[ZooRow]) -> dict[str, Any]:
     }
 
 
-def to_json(rows: list[ZooRow], path: str | Path) -> None:
+def to_json(rows: list[ZooRow], path: str | Path, **run: Any) -> None:
+    """The summary (plus how the run was made: wall time, workers, versions) and the rows."""
+    import platform
+
+    import torch
+    import transformers
+
+    environment = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpus": __import__("os").cpu_count(),
+        **run,
+    }
     Path(path).write_text(
-        json.dumps({"summary": summary(rows), "rows": [asdict(r) for r in rows]}, indent=1)
+        json.dumps(
+            {"summary": summary(rows), "run": environment, "rows": [asdict(r) for r in rows]},
+            indent=1,
+        )
     )
 
 
@@ -144,10 +187,24 @@ def print_row(row: ZooRow) -> None:
     )
 
 
-if __name__ == "__main__":  # pragma: no cover
-    import sys
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m torchroof.zoo [OUT.json] [--jobs N] [--arch NAME ...]``: the benchmark
+    script form; prints a row per architecture and regime, the summary and the wall time."""
+    import argparse
+    import os
 
-    out = sys.argv[1] if len(sys.argv) > 1 else "zoo.json"
-    result = run_zoo(progress=print_row)
-    to_json(result, out)
+    parser = argparse.ArgumentParser(prog="python -m torchroof.zoo")
+    parser.add_argument("out", nargs="?", default="zoo.json")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--arch", action="append", default=None)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    result = run_zoo(args.arch, progress=print_row, jobs=args.jobs)
+    wall = time.perf_counter() - start
+    to_json(result, args.out, wall_seconds=wall, jobs=args.jobs)
     print(json.dumps(summary(result), indent=1))
+    print(f"wall time {wall / 60:.1f} min with {args.jobs} worker(s)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
