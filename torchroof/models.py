@@ -117,11 +117,18 @@ def model_class(config: Any) -> Any:
 
 def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Module:
     """A language model from ``config`` on the meta device: no weights, no memory."""
+    from torchroof.completions import causal_lm_sub_config
+
     dtype = model_dtype(dtype)
     auto = model_class(config)
     try:
         with torch.device("meta"):
-            model = auto.from_config(config, dtype=dtype)
+            built = causal_lm_sub_config(config) if auto.__name__.endswith("CausalLM") else None
+            if built is not None:  # a composite whose causal LM takes a sub-config (MusicGen)
+                model_cls, sub_config = built
+                model = model_cls._from_config(sub_config, dtype=dtype)
+            else:
+                model = auto.from_config(config, dtype=dtype)
     except Exception as error:  # noqa: BLE001 - every build failure is one clear line
         from torchroof.pipeline import first_line
 

@@ -137,6 +137,21 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
     return kv_heads, head_dim
 
 
+def token_ids(model: torch.nn.Module, batch: int, length: int) -> torch.Tensor:
+    """Input ids on meta: [batch, length], or [batch · codebooks, length] for a decoder over
+    parallel audio codebooks (MusicGen)."""
+    codebooks = getattr(getattr(model, "config", None), "num_codebooks", None) or 1
+    return torch.zeros(batch * codebooks, length, dtype=torch.long, device="meta")
+
+
+def _labels(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Labels for ``ids``: the ids themselves; [batch, length, codebooks] for MusicGen."""
+    codebooks = getattr(model.config, "num_codebooks", None) or 1
+    if codebooks == 1:
+        return ids
+    return ids.view(-1, codebooks, ids.shape[-1]).transpose(1, 2)
+
+
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
@@ -320,7 +335,7 @@ def _prebuilt_cache_step(
     capacity = filled + new
     capture = Capture()
     cache = build_kv_cache(model, batch, capacity, filled, workload.cache, capture)
-    ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
+    ids = token_ids(model, batch, new)
     positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
     kwargs = _forward_kwargs(model, positions, cache)
     try:
@@ -357,7 +372,7 @@ def _warm_state_step(
     with torch.no_grad(), capture as trace:
         if filled:
             with capture.unrecorded():
-                context = torch.zeros(batch, filled, dtype=torch.long, device="meta")
+                context = token_ids(model, batch, filled)
                 positions = torch.arange(filled, device="meta").unsqueeze(0).expand(batch, -1)
                 out = model(context, **_forward_kwargs(model, positions, cache))
                 cache = _returned_cache(out) if cache is None else cache
@@ -367,7 +382,7 @@ def _warm_state_step(
                     "cannot trace a decode step for it"
                 )
         capture.mark(state_tensors(cache), "kv_cache")
-        ids = torch.zeros(batch, new, dtype=torch.long, device="meta")
+        ids = token_ids(model, batch, new)
         positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
         out = model(ids, **_forward_kwargs(model, positions, cache))
         cache = _returned_cache(out) if cache is None or not static else cache
@@ -548,7 +563,7 @@ def _train(model: torch.nn.Module, workload: Workload) -> Trace:
             opt.step()
         for p in params:
             p.grad = None
-    ids = torch.zeros(workload.batch, workload.seq, dtype=torch.long, device="meta")
+    ids = token_ids(model, workload.batch, workload.seq)
     capture = Capture()
     with capture as trace:
         capture.mark(
@@ -592,7 +607,7 @@ def _state_of(opt: Any) -> list[torch.Tensor]:
 
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    inputs = {"input_ids": ids, "labels": ids}
+    inputs = {"input_ids": ids, "labels": _labels(model, ids)}
     if getattr(model.config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids  # teacher forcing on a target as long as the source
     try:

@@ -47,15 +47,14 @@ def architectures() -> list[str]:
 
 
 def run_one(architecture: str, regime: str) -> ZooRow:
-    from transformers import AutoConfig
-
+    from torchroof.completions import default_config
     from torchroof.models import build_model
 
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = AutoConfig.for_model(architecture)
+            config = default_config(architecture)
             model = build_model(config, "bf16")
             trace = run_workload(model, ZOO_WORKLOADS[regime])
             est = estimate_trace(trace, "h100-sxm")
