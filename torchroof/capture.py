@@ -30,6 +30,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchroof import routing
 from torchroof.records import Assumption, OpRecord, Phase, Role, TensorMeta, TensorRef, Trace
 
 aten = torch.ops.aten
@@ -105,6 +106,7 @@ class Capture:
         self._op_names: dict[Any, str] = {}
         self._dispatch = _Recorder(self)
         self._function = _FunctionHook(self)
+        self.means = routing.Means()  # balanced-routing answers for nonzero / tolist
         self._handles: list[Any] = []
 
     # -- context management -------------------------------------------------------------
@@ -337,6 +339,26 @@ class Capture:
         )
         return value
 
+    def answer_data_dependent(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], context: Any
+    ) -> Any:
+        """nonzero / boolean-mask indexing on meta: the balanced-routing answer
+        (torchroof.routing), recorded as an assumption."""
+        out, what = routing.answer(self.means, func, args, kwargs)
+        if context is not None:
+            op = self.record(func, args, kwargs, out, context)
+            self.trace.assumptions.append(Assumption(op.index, op.module, what))
+        return out
+
+    def answer_tolist(self, tensor: torch.Tensor) -> Any:
+        value, how = self.means.tolist(tensor, _neutral_scalar(tensor.dtype))
+        if not self._suppress:
+            phase, module, _ = self._context()
+            self.trace.assumptions.append(
+                Assumption(len(self.trace.ops), module, f"Tensor.tolist() on {tensor.dtype} {how}")
+            )
+        return value
+
     # -- scaled dot-product attention ---------------------------------------------------
     def sdpa(self, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
         """Run SDPA (unrecorded) and record the fused kernel a GPU would launch instead.
@@ -483,13 +505,21 @@ class _Recorder(TorchDispatchMode):
             if capture._suppress:
                 return _neutral_scalar(args[0].dtype)
             return capture.answer_item(func, args, kwargs)
+        data_dependent = _needs_item_answer(args[0]) and routing.is_data_dependent(func, args)
         if capture._suppress:
-            return func(*args, **kwargs)
+            if data_dependent:
+                return capture.answer_data_dependent(func, args, kwargs, None)
+            out = func(*args, **kwargs)
+            capture.means.observe(func, args, out)
+            return out
         context = capture._context()
         node = context[2]
         if node is not None and capture._sdpa_groups and capture.sdpa_group_of(node):
             return func(*args, **kwargs)  # replaced by the synthetic flash backward
+        if data_dependent:
+            return capture.answer_data_dependent(func, args, kwargs, context)
         out = func(*args, **kwargs)
+        capture.means.observe(func, args, out)
         capture.record(func, args, kwargs, out, context)
         return out
 
@@ -509,6 +539,8 @@ class _FunctionHook(TorchFunctionMode):
             and not self.capture._suppress
         ):
             return self.capture.sdpa(func, args, kwargs)
+        if func is torch.Tensor.tolist and args and _needs_item_answer(args[0]):
+            return self.capture.answer_tolist(args[0])
         if func in _BACKWARD_ENTRY_POINTS:
             return self.capture.run_as_backward(func, args, kwargs)
         return func(*args, **kwargs)

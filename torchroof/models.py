@@ -3,6 +3,7 @@ files, and building a model on the meta device without touching real weights."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from pathlib import Path
@@ -115,12 +116,20 @@ def model_class(config: Any) -> Any:
     return AutoModelForMaskedLM
 
 
+_DECODER_ONLY_AS_CAUSAL_LM = ("reformer",)
+
+
 def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Module:
     """A language model from ``config`` on the meta device: no weights, no memory."""
     from torchroof.completions import causal_lm_sub_config
 
     dtype = model_dtype(dtype)
     auto = model_class(config)
+    if getattr(config, "model_type", "") in _DECODER_ONLY_AS_CAUSAL_LM and not config.is_decoder:
+        # Reformer's LM head asserts ``is_decoder=True`` (its config defaults to False):
+        # a causal LM is a decoder, so the copy says so; nothing else in the config changes.
+        config = copy.deepcopy(config)
+        config.is_decoder = True
     try:
         with torch.device("meta"):
             built = causal_lm_sub_config(config) if auto.__name__.endswith("CausalLM") else None
@@ -128,11 +137,57 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
                 model_cls, sub_config = built
                 model = model_cls._from_config(sub_config, dtype=dtype)
             else:
-                model = auto.from_config(config, dtype=dtype)
+                try:
+                    model = auto.from_config(config, dtype=dtype)
+                except ImportError:
+                    # A multimodal model whose vision or audio tower needs a package that is
+                    # not installed (Gemma 3n: timm): the language model alone, from its
+                    # text config.
+                    text = config.get_text_config(decoder=True)
+                    if text is config:
+                        raise
+                    model = model_class(text).from_config(text, dtype=dtype)
     except Exception as error:  # noqa: BLE001 - every build failure is one clear line
         from torchroof.pipeline import first_line
 
         raise ModelBuildError(
             f"cannot build a language model from {type(config).__name__}: {first_line(error)}"
         ) from error
+    _prepare(model, dtype)
     return model.eval()
+
+
+def _prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """What a model needs beyond its config before it can run on meta.
+
+    Parameters made by a factory the ``torch.device("meta")`` context does not reach
+    (``torch.FloatTensor(...)`` in XLNet, ``torch.normal(mean, std, size)`` in DiffLlama)
+    land on the CPU, the legacy constructor's in fp32: they are moved to meta, floating
+    ones in the model dtype, so no real compute or device copy sneaks into the trace.
+    X-MOD routes every layer through a language adapter and refuses input without a
+    language: the config's first language is taken as the default. GIT is traced text-only.
+    """
+    moved: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.is_meta:
+                continue
+            if id(param) not in moved:
+                kind = dtype if param.is_floating_point() else param.dtype
+                stand_in = torch.empty_like(param, device="meta", dtype=kind)
+                moved[id(param)] = torch.nn.Parameter(stand_in, requires_grad=param.requires_grad)
+            module._parameters[name] = moved[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and not buffer.is_meta:
+                module._buffers[name] = torch.empty_like(buffer, device="meta")
+    # GIT's loss drops the logits of the image tokens it expects before the text; a
+    # text-only step (no pixel_values) has none, so it would drop the text's own logits.
+    git = getattr(model, "git", None)
+    for layer in getattr(getattr(git, "encoder", None), "layer", []):
+        self_attention = getattr(getattr(layer, "attention", None), "self", None)
+        if hasattr(self_attention, "image_patch_tokens"):
+            self_attention.image_patch_tokens = 0
+    config = getattr(model, "config", None)
+    languages = getattr(config, "languages", None)
+    if hasattr(model, "set_default_language") and languages and not config.default_language:
+        model.set_default_language(list(languages)[0])

@@ -224,8 +224,8 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
     return [t for layer in getattr(cache, "layers", []) for t in cache_tensors_of(layer)]
 
 
-_CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params", "state")
-_CACHE_OUTPUTS = ("past_key_values", "cache", "cache_params", "state")
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params", "state", "past_buckets_states")
+_CACHE_OUTPUTS = ("past_key_values", "cache", "cache_params", "state", "past_buckets_states")
 
 
 def _cache_argument(model: torch.nn.Module) -> str | None:
@@ -314,6 +314,34 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
         return _warm_state_step(model, workload, new, filled, static=False)
 
 
+def recurrent_only_cache(model: torch.nn.Module) -> Any:
+    """A ``DynamicCache`` for a hybrid whose config has no attention layer (Bamba,
+    GraniteMoeHybrid at their defaults: Mamba layers only), or None for any other model.
+
+    Their forward still builds the full-attention mask, which asks the cache for its
+    sequence length, and a cache of only linear-attention layers refuses (transformers
+    raises "can only be called on Attention layers"), the model's own cache included.
+    No layer reads that mask, so the cache answers as an empty attention cache would."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import CacheLayerMixin
+
+    try:
+        probe = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
+        return None
+    if not probe.layers or any(isinstance(layer, CacheLayerMixin) for layer in probe.layers):
+        return None
+
+    class RecurrentOnlyCache(DynamicCache):
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return 0
+
+        def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+            return query_length, 0
+
+    return RecurrentOnlyCache(config=model.config)
+
+
 def _attention_only_static_cache(model: torch.nn.Module) -> bool:
     from transformers import StaticCache
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
@@ -367,7 +395,10 @@ def _warm_state_step(
 
     batch = workload.batch
     capacity = filled + new
-    cache = StaticCache(config=model.config, max_cache_len=capacity) if static else None
+    if static:
+        cache = StaticCache(config=model.config, max_cache_len=capacity)
+    else:
+        cache = recurrent_only_cache(model)  # None: the model makes its own
     capture = Capture()
     with torch.no_grad(), capture as trace:
         if filled:
@@ -401,6 +432,8 @@ def _encoder_decoder_step(
     and the decoder's first token, which writes the self- and cross-attention caches.
     Decode: one decoder token against a source of ``context`` tokens and ``context``
     generated tokens, both cached (the context is run unrecorded first)."""
+    from transformers.modeling_outputs import BaseModelOutput
+
     batch = workload.batch
     capture = Capture()
     source_length = new if not filled else filled
@@ -409,10 +442,12 @@ def _encoder_decoder_step(
     with torch.no_grad(), capture as trace:
         if filled:
             with capture.unrecorded():
-                prefix = torch.zeros(batch, filled, dtype=torch.long, device="meta")
+                prefix = token_ids(model, batch, filled)
                 out = model(input_ids=source, decoder_input_ids=prefix, use_cache=True)
             cache = _returned_cache(out)
-            encoded = (out.encoder_last_hidden_state,)
+            # A ModelOutput, not a bare tuple: BART wraps a tuple itself, ProphetNet reads
+            # ``encoder_outputs.last_hidden_state`` from what it is given.
+            encoded = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state)
             capture.mark(state_tensors(cache), "kv_cache")
             out = model(
                 encoder_outputs=encoded,
@@ -607,7 +642,10 @@ def _state_of(opt: Any) -> list[torch.Tensor]:
 
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    inputs = {"input_ids": ids, "labels": _labels(model, ids)}
+    inputs: dict[str, Any] = {"input_ids": ids, "labels": _labels(model, ids)}
+    if recurrent_only_cache(model) is not None:
+        inputs["use_cache"] = False  # a training step keeps no state (and the mask then
+        # needs no cache: see recurrent_only_cache)
     if getattr(model.config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids  # teacher forcing on a target as long as the source
     try:

@@ -10,10 +10,11 @@ the time taken. Usable as a benchmark script: ``python -m torchroof.zoo`` or
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,17 @@ ZOO_WORKLOADS = {
     "decode": Workload("decode", batch=1, context=32),
     "train": Workload("train", batch=1, seq=32),
 }
+
+
+def zoo_workload(config: Any, regime: str) -> Workload:
+    """The regime's zoo workload, at the one training length a model accepts when its
+    config fixes it: Reformer's axial position embeddings train only on sequences of
+    exactly prod(axial_pos_shape) tokens (4096 by default)."""
+    workload = ZOO_WORKLOADS[regime]
+    axial = getattr(config, "axial_pos_shape", None)
+    if regime == "train" and axial and getattr(config, "axial_pos_embds", False):
+        return replace(workload, seq=math.prod(axial))
+    return workload
 
 
 @dataclass
@@ -56,7 +68,7 @@ def run_one(architecture: str, regime: str) -> ZooRow:
             warnings.simplefilter("ignore")
             config = default_config(architecture)
             model = build_model(config, "bf16")
-            trace = run_workload(model, ZOO_WORKLOADS[regime])
+            trace = run_workload(model, zoo_workload(config, regime))
             est = estimate_trace(trace, "h100-sxm")
         return ZooRow(
             architecture,

@@ -1,0 +1,173 @@
+"""Data-dependent ops on meta, answered under balanced routing.
+
+``nonzero``, boolean-mask indexing and ``Tensor.tolist()`` have no data-independent meta
+kernel: the size of what they return depends on values meta does not have. Routing code
+(MoE expert loops, language adapters) builds those values in a few recognisable ways, so
+capture keeps the *mean value* of the tensors they come from:
+
+* ``one_hot(i, E)`` is, on meta, ``i.unsqueeze(-1) == arange(E)``: mean 1/E;
+* ``zeros(...).scatter(d, idx, 1)``: mean ``idx.numel() / numel``;
+* ``sum`` over dims multiplies the mean by the elements reduced (tokens per expert);
+* ``x > 0`` / ``x != 0`` of a count: the fraction of experts hit, min(1, mean count);
+* views, casts and copies keep it.
+
+A tensor of unknown provenance counts as all nonzero (the same choice as ``.item()``
+answering True: no padding, every sequence in the one language). The answers are balanced
+routing: each of the E experts gets tokens·top_k/E rows (rounded up, so small batches hit
+tokens·top_k experts of one row each), and ``tolist()`` of per-expert counts sums to
+tokens·top_k exactly, as the ``split`` that follows requires.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+aten = torch.ops.aten
+
+_KEEP = {
+    aten._to_copy.default,
+    aten.clone.default,
+    aten.alias.default,
+    aten.detach.default,
+    aten.permute.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.select.int,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.unsqueeze.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.expand.default,
+    aten.slice.Tensor,
+    aten.flatten.using_ints,
+}
+_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+_ZEROS = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
+_SCATTER_VALUE = {aten.scatter.value, aten.scatter_.value}
+_SUM = {aten.sum.dim_IntList, aten.sum.default}
+_ANY_HIT = {aten.gt.Scalar, aten.ne.Scalar}
+_INDEX = {
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._index_put_impl_.default,
+}
+
+
+def is_data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
+    """``nonzero``, or indexing with a boolean mask (which runs a nonzero inside)."""
+    if func is aten.nonzero.default:
+        return True
+    return func in _INDEX and any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
+    )
+
+
+def _numel(t: torch.Tensor) -> int:
+    return max(int(t.numel()), 1)
+
+
+class Means:
+    """Mean value per meta tensor, where routing code made it knowable."""
+
+    def __init__(self) -> None:
+        self._mean = WeakTensorKeyDictionary()
+        self._arange = WeakTensorKeyDictionary()  # tensor -> length of the arange it views
+
+    def mean(self, tensor: torch.Tensor) -> float | None:
+        return self._mean.get(tensor)
+
+    def observe(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        if not isinstance(out, torch.Tensor):
+            return
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func in _ARANGE:
+            self._arange[out] = int(out.shape[0])
+        elif func in _ZEROS:
+            self._mean[out] = 0.0
+        elif func in _KEEP and first is not None:
+            if first in self._mean:
+                self._mean[out] = self._mean[first]
+            if first in self._arange:
+                self._arange[out] = self._arange[first]
+        elif func is aten.eq.Tensor and len(args) == 2:
+            for a, b in (args, args[::-1]):
+                if isinstance(b, torch.Tensor) and b in self._arange and a not in self._arange:
+                    self._mean[out] = 1.0 / max(self._arange[b], 1)  # one_hot
+        elif func in _SCATTER_VALUE and first is not None and first in self._mean:
+            index, value = args[2], args[3]
+            added = float(value) * index.numel() / _numel(first)
+            self._mean[out] = min(self._mean[first] + added, float(value))
+        elif func in _SUM and first is not None and first in self._mean:
+            self._mean[out] = self._mean[first] * _numel(first) / _numel(out)
+        elif func in _ANY_HIT and first is not None and first in self._mean and args[1] == 0:
+            self._mean[out] = min(1.0, self._mean[first])
+
+    # -- answers ------------------------------------------------------------------------------
+    def nonzero_rows(self, mask: torch.Tensor) -> int:
+        """Rows ``nonzero(mask)`` returns: ceil(numel · mean), all when the mean is unknown."""
+        mean = self.mean(mask)
+        if mean is None:
+            return int(mask.numel())
+        return min(int(mask.numel()), math.ceil(mask.numel() * mean - 1e-9))
+
+    def tolist(self, tensor: torch.Tensor, neutral: Any) -> tuple[Any, str]:
+        """Nested list for ``tensor.tolist()``: a count tensor split evenly so that it sums
+        to its total (tokens·top_k for per-expert counts); otherwise ``neutral`` everywhere."""
+        shape = tuple(tensor.shape)
+        n = int(tensor.numel())
+        mean = self.mean(tensor)
+        if mean is not None and not tensor.dtype.is_floating_point and tensor.dtype != torch.bool:
+            total = round(mean * n)
+            base, extra = divmod(total, max(n, 1))
+            flat: list[Any] = [base + 1] * extra + [base] * (n - extra)
+            how = f"balanced: {total} split over {n}"
+        else:
+            flat = [neutral] * n
+            how = f"{neutral!r} everywhere"
+        return _nest(flat, shape), how
+
+    def bool_indices(self, indices: list[Any]) -> tuple[list[Any], int | None]:
+        """Boolean masks in an index list replaced by the long indices ``nonzero`` gives."""
+        out: list[Any] = []
+        rows = None
+        for index in indices:
+            if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+                rows = self.nonzero_rows(index)
+                out.extend(
+                    torch.empty(rows, dtype=torch.long, device=index.device)
+                    for _ in range(max(index.dim(), 1))
+                )
+            else:
+                out.append(index)
+        return out, rows
+
+
+def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return flat
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [_nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def answer(
+    means: Means, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, str]:
+    """Run a data-dependent op on meta with the balanced answer; (output, what was assumed)."""
+    if func is aten.nonzero.default:
+        mask = args[0]
+        rows = means.nonzero_rows(mask)
+        out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
+        return out, f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
+    indices, rows = means.bool_indices(list(args[1]))
+    out = func(args[0], indices, *args[2:], **kwargs)
+    return out, f"boolean mask indexing answered {rows} selected rows"
