@@ -9,7 +9,7 @@ capture keeps the *mean value* of the tensors they come from:
 * ``zeros(...).scatter(d, idx, 1)``: mean ``idx.numel() / numel``;
 * ``sum`` over dims multiplies the mean by the elements reduced (tokens per expert);
 * ``x > 0`` / ``x != 0`` of a count: the fraction of experts hit, min(1, mean count);
-* views, casts and copies keep it.
+* views, casts, copies and integer indexing (``mask[e]``) keep it.
 
 A tensor of unknown provenance counts as all nonzero (the same choice as ``.item()``
 answering True: no padding, every sequence in the one language). The answers are balanced
@@ -92,7 +92,8 @@ class Means:
             self._arange[out] = int(out.shape[0])
         elif func in _ZEROS:
             self._mean[out] = 0.0
-        elif func in _KEEP and first is not None:
+        elif (func in _KEEP or func is aten.index.Tensor) and first is not None:
+            # (indexing with integer indices picks rows: their mean is the whole's mean)
             if first in self._mean:
                 self._mean[out] = self._mean[first]
             if first in self._arange:

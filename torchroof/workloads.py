@@ -248,7 +248,23 @@ def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any)
         kwargs[name] = cache
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
+    kwargs.update(_patch_inputs(model, *positions.shape))
     return kwargs
+
+
+def _patch_inputs(model: torch.nn.Module, batch: int, length: int) -> dict[str, Any]:
+    """A byte-latent model (BLT) groups bytes into patches where a small LM's entropy
+    spikes, which meta cannot evaluate: it is given fixed patches of ``patch_size`` bytes
+    (BLT's static patching), the same count of patches as its mean patch size gives."""
+    import inspect
+
+    config = getattr(model, "config", None)
+    size = getattr(config, "patch_size", None)
+    takes = "patch_lengths" in inspect.signature(model.forward).parameters
+    if not size or not (takes or hasattr(config, "patching_mode")):
+        return {}
+    patches = -(-length // size)
+    return {"patch_lengths": torch.full((batch, patches), size, dtype=torch.long, device="meta")}
 
 
 def _returned_cache(output: Any) -> Any:
@@ -643,6 +659,7 @@ def _state_of(opt: Any) -> list[torch.Tensor]:
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     inputs: dict[str, Any] = {"input_ids": ids, "labels": _labels(model, ids)}
+    inputs.update(_patch_inputs(model, *ids.shape))
     if recurrent_only_cache(model) is not None:
         inputs["use_cache"] = False  # a training step keeps no state (and the mask then
         # needs no cache: see recurrent_only_cache)
