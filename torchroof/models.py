@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from torchroof.errors import first_line
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_MODEL = "llama-3-8b"
 
@@ -75,8 +77,6 @@ def load_config(source: Any) -> Any:
     except (UnknownModelError, FileNotFoundError):
         raise
     except Exception as error:  # noqa: BLE001 - a config transformers rejects: one line
-        from torchroof.pipeline import first_line
-
         raise ModelBuildError(f"invalid model config {source}: {first_line(error)}") from error
 
 
@@ -148,8 +148,6 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
                         raise
                     model = model_class(text).from_config(text, dtype=dtype)
     except Exception as error:  # noqa: BLE001 - every build failure is one clear line
-        from torchroof.pipeline import first_line
-
         raise ModelBuildError(
             f"cannot build a language model from {type(config).__name__}: {first_line(error)}"
         ) from error

@@ -16,6 +16,7 @@ import torch
 
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
+from torchroof.errors import first_line
 from torchroof.fusion import FusionOptions, Kernel, build_kernels
 from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.memory import footprint
@@ -164,6 +165,7 @@ def _estimate_trace(
         uncounted=coverage.uncounted,
         assumptions=[
             *routing_assumptions(trace),
+            *cache_assumptions(trace),
             *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
         options={
@@ -189,6 +191,14 @@ def routing_assumptions(trace: Trace) -> list[str]:
     """The routing assumption, stated once, when the step runs routed experts."""
     routed = any("grouped_mm" in op.name for op in trace.ops)
     return [BALANCED_ROUTING] if routed else []
+
+
+def cache_assumptions(trace: Trace) -> list[str]:
+    """Which cache an inference step used when it is not the static cache asked for."""
+    fallback = trace.metadata.get("cache_fallback")
+    if not fallback:
+        return []
+    return [f"cache: the step used a {trace.metadata.get('cache')} cache ({fallback})"]
 
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -252,12 +262,6 @@ def estimate(
 class ModelTraceError(ValueError):
     """The model's own forward or backward failed on meta (a limitation, named in one
     line; the original exception is chained)."""
-
-
-def first_line(error: BaseException) -> str:
-    """``Type: first line of the message`` for one-line error reports."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
 def trace_model(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchroof.capture import Capture
+from torchroof.errors import first_line
 from torchroof.records import Trace
 
 REGIMES = ("prefill", "decode", "train")
@@ -320,14 +321,19 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
                 "decode step (prefill and train trace it)"
             )
         return _warm_state_step(model, workload, new, filled, static=False)
+    reasons: list[str] = []
     if workload.cache == "dynamic" or _attention_only_static_cache(model):
-        trace = _prebuilt_cache_step(model, workload, new, filled)
+        trace = _prebuilt_cache_step(model, workload, new, filled, reasons)
         if trace is not None:
             return trace
     try:
-        return _warm_state_step(model, workload, new, filled, static=True)
-    except Exception:  # noqa: BLE001 - the model refuses a StaticCache: use its own
-        return _warm_state_step(model, workload, new, filled, static=False)
+        trace = _warm_state_step(model, workload, new, filled, static=True)
+    except Exception as error:  # noqa: BLE001 - the model refuses a StaticCache: use its own
+        reasons.append(f"a StaticCache was refused: {first_line(error)}")
+        trace = _warm_state_step(model, workload, new, filled, static=False)
+    if reasons:
+        trace.metadata["cache_fallback"] = "; ".join(reasons)
+    return trace
 
 
 def recurrent_only_cache(model: torch.nn.Module) -> Any:
@@ -371,7 +377,7 @@ def _attention_only_static_cache(model: torch.nn.Module) -> bool:
 
 
 def _prebuilt_cache_step(
-    model: torch.nn.Module, workload: Workload, new: int, filled: int
+    model: torch.nn.Module, workload: Workload, new: int, filled: int, reasons: list[str]
 ) -> Trace | None:
     """The step against a cache that already holds ``filled`` tokens; None when the model
     ignored the cache it was given (a recurrent model that takes its state elsewhere)."""
@@ -387,12 +393,14 @@ def _prebuilt_cache_step(
             capture.mark(cache_tensors(cache), "kv_cache")
             model(ids, **kwargs)
             capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
-    except Exception:
+    except Exception as error:
         if workload.cache == "dynamic":
             raise
+        reasons.append(f"a cache prefilled to the context was refused: {first_line(error)}")
         return None
     held = cache_tensors(cache)
     if workload.cache == "static" and not held:
+        reasons.append("the model keeps its state outside the cache it was given")
         return None
     # The footprint is the cache as the step leaves it (a dynamic cache's old tensors die).
     trace.role_bytes["kv_cache"] = sum(t.untyped_storage().nbytes() for t in held)

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torchroof.pipeline import estimate_trace, first_line
+from torchroof.errors import first_line
+from torchroof.pipeline import estimate_trace
 from torchroof.workloads import Workload, run_workload
 
 # Small workloads: full depth, few tokens. Meta makes the size of each op irrelevant.
@@ -49,6 +50,7 @@ class ZooRow:
     ops: int = 0
     uncounted: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    cache: str = ""  # the cache an inference step used (static, model, encoder-decoder, none)
 
 
 def architectures() -> list[str]:
@@ -78,6 +80,7 @@ def run_one(architecture: str, regime: str) -> ZooRow:
             est.op_count,
             dict(est.uncounted),
             time.perf_counter() - start,
+            str(trace.metadata.get("cache", "")),
         )
     except Exception as error:  # noqa: BLE001 - every failure becomes a row
         return ZooRow(
