@@ -190,3 +190,23 @@ def materialized_attention_cost(op: OpRecord) -> Cost:
         read = unique_bytes([q, k, v, *_bias(op)]) + 2 * per_pass
         written = unique_bytes(op.outputs[:1]) + 2 * per_pass
     return Cost(flops, read, written, "tensor", q.dtype)
+
+
+@register("torchroof.mla_decode_attention")
+def mla_decode_attention(op: OpRecord) -> Cost:
+    """Multi-head latent attention decode over the latent cache, weights absorbed (the
+    FlashMLA kernel; DeepSeek-V2 §2.1.2): every head's query, already multiplied into the
+    latent space, scores against the one cached latent ``c`` (r dims) with its rope key
+    (d_r dims) and averages ``c`` itself. W = 2·b·h·Lq·N·(r + d_r) + 2·b·h·Lq·N·r; Q reads
+    the queries, the latent and the rope cache once (one "KV head" shared by all heads,
+    seed 000's compulsory bytes) and writes the latent-space output."""
+    query, latent, rope = op.tensor("query"), op.tensor("latent"), op.tensor("rope")
+    *batch, heads, q_len, _ = query.shape
+    b = 1
+    for size in batch:
+        b *= size
+    kv_len, rank = latent.shape[-2], latent.shape[-1]
+    pairs = b * heads * q_len * kv_len
+    flops = 2 * pairs * (rank + rope.shape[-1]) + 2 * pairs * rank
+    reads = [query, latent, rope]
+    return Cost(flops, unique_bytes(reads), unique_bytes(op.outputs[:1]), "tensor", query.dtype)

@@ -124,3 +124,51 @@ def test_encoder_only_models_prefill_and_train_but_do_not_decode():
     assert torchroof.estimate(config, "train", seq=32).uncounted == {}
     with pytest.raises(WorkloadError, match="encoder: it does not generate"):
         torchroof.estimate(config, "decode", context=32)
+
+
+def test_absorbed_mla_decode_equals_transformers_expanded_attention():
+    """Absorption is exact: on CPU with real weights, the absorbed step's logits equal
+    transformers' expanded step's."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from torchroof.capture import Capture
+    from torchroof.mla import absorbed_mla
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("deepseek_v3", **{**MLA, "first_k_dense_replace": 2})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    ids = torch.randint(0, 512, (2, 12))
+    with torch.no_grad():
+        cache = model(ids[:, :11], use_cache=True).past_key_values
+        cache_copy = copy.deepcopy(cache)
+        expanded = model(ids[:, 11:], cache=cache, use_cache=True).logits
+        capture = Capture()
+        with capture, absorbed_mla(model, capture) as absorbed:
+            latent = model(ids[:, 11:], cache=cache_copy, use_cache=True).logits
+    assert absorbed
+    torch.testing.assert_close(latent, expanded, rtol=1e-5, atol=1e-5)
+    kernels = [
+        op for op in capture.trace.ops if op.name == "torchroof.mla_decode_attention.default"
+    ]
+    assert len(kernels) == 2  # one per layer
+
+
+def test_absorbed_mla_decode_reads_the_latent_once_per_layer():
+    config = AutoConfig.for_model("deepseek_v3", **MLA)
+    absorbed = torchroof.estimate(config, "decode", batch=2, context=99)
+    expanded = torchroof.estimate(config, "decode", batch=2, context=99, mla="expanded")
+    kernels = [k for k in absorbed.kernels if k.name == "torchroof.mla_decode_attention.default"]
+    assert len(kernels) == 2
+    # per layer, batch 2, 4 heads, 100 cached tokens, r = 32, d_r = 8:
+    # W = 2·2·4·100·(32 + 8) + 2·2·4·100·32 = 64,000 + 51,200 = 115,200
+    assert all(k.flops == 115_200 for k in kernels)
+    # reads: latent [2, 1, 100, 32] + rope key [2, 1, 100, 8] + queries [2, 4, 1, 40], bf16
+    # = (6,400 + 1,600 + 320) · 2 = 16,640 B; writes the latent output [2, 4, 1, 32]: 512 B
+    assert all(k.bytes == 16_640 + 512 for k in kernels)
+    assert absorbed.metadata["mla"] == "absorbed" and "mla" not in expanded.metadata
+    # expanded re-projects the whole cache through kv_b_proj every step: more work
+    assert expanded.flops > absorbed.flops
+    assert expanded.memory.kv_cache_bytes == absorbed.memory.kv_cache_bytes == 2 * 160 * 100

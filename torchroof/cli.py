@@ -16,7 +16,7 @@ from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, avai
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.pipeline import estimate_trace, trace_workload
 from torchroof.records import Trace
-from torchroof.workloads import CACHES, OPTIMIZERS, PRECISIONS, REGIMES, Workload
+from torchroof.workloads import CACHES, MLA_DECODES, OPTIMIZERS, PRECISIONS, REGIMES, Workload
 
 DEFAULT_HARDWARE = "h100-sxm"
 
@@ -82,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         "--checkpointing",
         action="store_true",
         help="train: activation checkpointing (recompute in backward)",
+    )
+    est.add_argument(
+        "--mla",
+        choices=MLA_DECODES,
+        default="absorbed",
+        help="decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
     )
     est.add_argument("--dtype", default="bf16", help="model dtype: bf16, fp16 or fp32")
     est.add_argument(
@@ -393,6 +399,7 @@ def _estimate(args: argparse.Namespace) -> None:
             optimizer=args.optimizer,
             precision=args.precision,
             checkpointing=args.checkpointing,
+            mla=args.mla,
         )
         get(args.hardware)  # a bad name fails before tracing
         trace = trace_workload(args.model, workload, args.dtype)

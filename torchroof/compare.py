@@ -31,6 +31,7 @@ ESTIMATE_KEYS = {
     "cache",
     "regime",
     "checkpointing",
+    "mla",
 }
 _INT_KEYS = {"batch", "context", "seq"}
 # Keys that only change how a trace is priced, so variants differing in them share a trace.

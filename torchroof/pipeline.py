@@ -194,11 +194,18 @@ def routing_assumptions(trace: Trace) -> list[str]:
 
 
 def cache_assumptions(trace: Trace) -> list[str]:
-    """Which cache an inference step used when it is not the static cache asked for."""
+    """Which cache an inference step used when it is not the static cache asked for, and
+    how latent attention was decoded."""
+    lines = []
     fallback = trace.metadata.get("cache_fallback")
-    if not fallback:
-        return []
-    return [f"cache: the step used a {trace.metadata.get('cache')} cache ({fallback})"]
+    if fallback:
+        lines.append(f"cache: the step used a {trace.metadata.get('cache')} cache ({fallback})")
+    if trace.metadata.get("mla") == "absorbed":
+        lines.append(
+            "MLA decode: up-projections absorbed, attention over the latent cache (FlashMLA); "
+            "mla='expanded' prices transformers' per-step K/V expansion instead"
+        )
+    return lines
 
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -229,6 +236,7 @@ def estimate(
     optimizer: str = "adamw",
     precision: str | None = None,
     checkpointing: bool = False,
+    mla: str = "absorbed",
     fusion: str = "fused",
     **options: Any,
 ) -> Estimate:
@@ -241,7 +249,9 @@ def estimate(
     ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step).
 
     ``dtype`` (inference) and ``precision`` (train: bf16, fp16, fp32 or mixed) cast the
-    model; left out, a module keeps its own dtype and a config is built in bf16.
+    model; left out, a module keeps its own dtype and a config is built in bf16. ``mla``:
+    how a decode step runs multi-head latent attention, ``absorbed`` into the latent (what
+    FlashMLA serves) or ``expanded`` per step (what transformers runs).
     """
     spec = get(hardware)  # fail on a bad name before any tracing
     trace = trace_model(
@@ -255,6 +265,7 @@ def estimate(
         optimizer=optimizer,
         precision=precision,
         checkpointing=checkpointing,
+        mla=mla,
     )
     return estimate_trace(trace, spec, fusion=fusion, **options)
 
@@ -276,6 +287,7 @@ def trace_model(
     optimizer: str = "adamw",
     precision: str | None = None,
     checkpointing: bool = False,
+    mla: str = "absorbed",
 ) -> Trace:
     """The trace :func:`estimate` prices: the workload's arguments as in ``estimate``."""
     from torchroof.workloads import Workload
@@ -289,6 +301,7 @@ def trace_model(
         optimizer=optimizer,
         precision=precision or "bf16",
         checkpointing=checkpointing,
+        mla=mla,
     )
     cast = dtype is not None or precision is not None
     return trace_workload(model, workload, dtype or "bf16", cast_module=cast)

@@ -8,6 +8,8 @@ kernel a GPU would launch.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ from torchroof.records import Trace
 REGIMES = ("prefill", "decode", "train")
 CACHES = ("static", "dynamic")
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
+# How a decode step runs multi-head latent attention: over the latent with the
+# up-projections absorbed (FlashMLA, vLLM, SGLang) or expanded per step (transformers).
+MLA_DECODES = ("absorbed", "expanded")
 
 # Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
 # and the number of fp32/param-dtype state tensors per parameter).
@@ -58,6 +63,7 @@ class Workload:
     optimizer: str = "adamw"
     precision: str = "bf16"
     checkpointing: bool = False
+    mla: str = "absorbed"  # decode of latent-attention models: "absorbed" or "expanded"
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
@@ -73,6 +79,8 @@ class Workload:
             raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
             raise WorkloadError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        if self.mla not in MLA_DECODES:
+            raise WorkloadError(f"unknown mla {self.mla!r}; choose one of {MLA_DECODES}")
 
     @property
     def tokens(self) -> int:
@@ -376,6 +384,22 @@ def _attention_only_static_cache(model: torch.nn.Module) -> bool:
     return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
 
 
+@contextlib.contextmanager
+def _latent_attention(
+    model: torch.nn.Module, workload: Workload, capture: Capture, trace: Trace
+) -> Iterator[None]:
+    """A decode step of a latent-attention model runs absorbed unless asked otherwise."""
+    from torchroof.mla import absorbed_mla
+
+    if workload.regime != "decode" or workload.mla != "absorbed":
+        yield
+        return
+    with absorbed_mla(model, capture) as absorbed:
+        if absorbed:
+            trace.metadata["mla"] = "absorbed"
+        yield
+
+
 def _prebuilt_cache_step(
     model: torch.nn.Module, workload: Workload, new: int, filled: int, reasons: list[str]
 ) -> Trace | None:
@@ -391,7 +415,8 @@ def _prebuilt_cache_step(
     try:
         with torch.no_grad(), capture as trace:
             capture.mark(cache_tensors(cache), "kv_cache")
-            model(ids, **kwargs)
+            with _latent_attention(model, workload, capture, trace):
+                model(ids, **kwargs)
             capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
     except Exception as error:
         if workload.cache == "dynamic":
@@ -439,7 +464,8 @@ def _warm_state_step(
         capture.mark(state_tensors(cache), "kv_cache")
         ids = token_ids(model, batch, new)
         positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
-        out = model(ids, **_forward_kwargs(model, positions, cache))
+        with _latent_attention(model, workload, capture, trace):
+            out = model(ids, **_forward_kwargs(model, positions, cache))
         cache = _returned_cache(out) if cache is None or not static else cache
         held = state_tensors(cache)
         capture.mark(held, "kv_cache")  # state made by this step (a prefill's, a cat's)
