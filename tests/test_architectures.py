@@ -172,3 +172,15 @@ def test_absorbed_mla_decode_reads_the_latent_once_per_layer():
     # expanded re-projects the whole cache through kv_b_proj every step: more work
     assert expanded.flops > absorbed.flops
     assert expanded.memory.kv_cache_bytes == absorbed.memory.kv_cache_bytes == 2 * 160 * 100
+
+
+def test_a_model_without_a_cache_recomputes_the_context_every_token():
+    config = AutoConfig.for_model(
+        "openai-gpt", n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=128
+    )
+    decode = torchroof.estimate(config, "decode", context=32)
+    prefill = torchroof.estimate(config, "prefill", seq=33)
+    # GPT-1 has no KV cache in transformers: generating token 33 runs all 33 tokens again
+    assert decode.flops == prefill.flops
+    assert decode.memory.kv_cache_bytes == 0
+    assert any("recomputes all 33 tokens" in a for a in decode.assumptions)

@@ -199,7 +199,9 @@ def cache_assumptions(trace: Trace) -> list[str]:
     lines = []
     fallback = trace.metadata.get("cache_fallback")
     if fallback:
-        lines.append(f"cache: the step used a {trace.metadata.get('cache')} cache ({fallback})")
+        kind = trace.metadata.get("cache")
+        used = "no cache" if kind == "none" else f"the step used a {kind} cache"
+        lines.append(f"cache: {used} ({fallback})")
     if trace.metadata.get("mla") == "absorbed":
         lines.append(
             "MLA decode: up-projections absorbed, attention over the latent cache (FlashMLA); "

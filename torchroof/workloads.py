@@ -339,7 +339,7 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
     except Exception as error:  # noqa: BLE001 - the model refuses a StaticCache: use its own
         reasons.append(f"a StaticCache was refused: {first_line(error)}")
         trace = _warm_state_step(model, workload, new, filled, static=False)
-    if reasons:
+    if reasons and "cache_fallback" not in trace.metadata:
         trace.metadata["cache_fallback"] = "; ".join(reasons)
     return trace
 
@@ -469,9 +469,30 @@ def _warm_state_step(
         cache = _returned_cache(out) if cache is None or not static else cache
         held = state_tensors(cache)
         capture.mark(held, "kv_cache")  # state made by this step (a prefill's, a cat's)
+    if filled and not held:
+        return _recompute_step(model, workload, capacity)
     trace.role_bytes["kv_cache"] = _storage_bytes(held)
     trace.metadata["cache"] = ("static" if static else "model") if held else "none"
     trace.metadata["kv_cache_tokens"] = capacity
+    return trace
+
+
+def _recompute_step(model: torch.nn.Module, workload: Workload, length: int) -> Trace:
+    """A model that keeps no cache (GPT-1, XLNet without memory) generates by running the
+    whole sequence again: the step is a forward over all N + 1 tokens."""
+    capture = Capture()
+    ids = token_ids(model, workload.batch, length)
+    positions = torch.arange(length, device="meta").unsqueeze(0).expand(workload.batch, -1)
+    kwargs = _forward_kwargs(model, positions, None)
+    kwargs.pop("use_cache")
+    with torch.no_grad(), capture as trace:
+        model(ids, **kwargs)
+    trace.role_bytes["kv_cache"] = 0
+    trace.metadata["cache"] = "none"
+    trace.metadata["cache_fallback"] = (
+        f"the model keeps no cache: each generated token recomputes all {length} tokens"
+    )
+    trace.metadata["kv_cache_tokens"] = 0
     return trace
 
 
