@@ -25,8 +25,11 @@ def test_mamba_decode_reads_its_recurrent_state_as_the_cache():
     # d_inner = 2 · 64 = 128. Per layer: conv state [1, 128, 4] bf16 = 1,024 B and SSM
     # state [1, 128, 16] fp32 = 8,192 B; 2 layers -> 18,432 B, whatever the context.
     assert trace.role_bytes["kv_cache"] == 2 * (128 * 4 * 2 + 128 * 16 * 4) == 18_432
-    # the recurrent step, not a one-token scan: no scan over the context is recorded
+    # the recurrent step, not a scan over the context: the same ops at any context length
     assert trace.metadata["kv_cache_tokens"] == 101
+    longer = run_workload(build_model(config), Workload("decode", context=1000))
+    assert [op.name for op in longer.ops] == [op.name for op in trace.ops]
+    assert longer.role_bytes["kv_cache"] == trace.role_bytes["kv_cache"]
     est = torchroof.estimate(config, "decode", context=100)
     assert est.uncounted == {}
     assert est.kv_bytes_read > 0
@@ -184,3 +187,24 @@ def test_a_model_without_a_cache_recomputes_the_context_every_token():
     assert decode.flops == prefill.flops
     assert decode.memory.kv_cache_bytes == 0
     assert any("recomputes all 33 tokens" in a for a in decode.assumptions)
+
+
+def test_absorbed_mla_reads_each_up_projection_once_whatever_the_batch():
+    model = build_model(AutoConfig.for_model("deepseek_v3", **MLA))
+    trace = run_workload(model, Workload("decode", batch=8, context=99))
+    layer0 = [op for op in trace.ops if op.module.startswith("model.layers.0.self_attn")]
+    bmms = [op for op in layer0 if op.name == "aten.bmm.default"]
+    # q·W_UK over [h=4, d_nope=16, r=32] and o·W_UV over [4, 32, d_v=16]: the weights as
+    # they are, the 8 sequences folded into the rows (not a weight copy per sequence)
+    assert [op.inputs[1].shape for op in bmms] == [(4, 16, 32), (4, 32, 16)]
+    assert [op.inputs[0].shape for op in bmms] == [(4, 8, 16), (4, 8, 32)]
+    copies = [op for op in layer0 if op.name in ("aten.clone.default", "aten.expand.default")]
+    assert not any(op.outputs[0].shape[-2:] in ((16, 32), (32, 16)) for op in copies)
+
+
+def test_sparse_attention_indexers_keep_the_expanded_path():
+    from torchroof.completions import default_config
+
+    est = torchroof.estimate(default_config("deepseek_v32"), "decode", context=64)
+    assert "mla" not in est.metadata  # DSA's top-k indexer is not absorbed (not modelled)
+    assert est.uncounted == {}

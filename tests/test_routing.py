@@ -62,3 +62,25 @@ def test_decode_routes_each_token_slot_to_its_own_expert():
         op for op in t.ops if op.name == "aten.mm.default" and op.tensor("mat2").shape == (32, 48)
     ]
     assert [op.tensor("self").shape for op in expert_mms] == [(1, 32), (1, 32)]
+
+
+def test_transformers_eager_expert_loop_runs_every_hit_expert():
+    """transformers' own eager loop one-hots into E + 1 classes and skips the padding
+    class with ``if expert_idx == num_experts``; on meta that comparison answers False, so
+    the experts run (balanced: tokens·top_k/(E + 1) rows each, over E + 1 loop turns)."""
+    from conftest import SMALL
+    from transformers import AutoConfig
+
+    def expert_flops(implementation):
+        config = AutoConfig.for_model(
+            "mixtral", **SMALL, num_local_experts=8, num_experts_per_tok=2
+        )
+        config._experts_implementation = implementation
+        est = torchroof.estimate(config, "prefill", seq=64)
+        assert est.uncounted == {}
+        assert any("balanced routing" in a for a in est.assumptions)
+        return sum(k.flops for k in est.kernels if "experts" in k.module)
+
+    grouped, eager = expert_flops("grouped_mm"), expert_flops("eager")
+    # 64 tokens · top-2 = 128 routed rows; eager: 9 turns of ceil(128 / 9) = 15 rows = 135
+    assert grouped < eager < grouped * 135 / 128 * 1.01

@@ -23,6 +23,11 @@ DIVERSE = [
 ]
 
 
+# The cache each one's decode step uses: a silent drop from the static cache to the
+# model's own (or to recomputing the context) is a regression too.
+DECODE_CACHE = {"minimax": "model", "bart": "encoder-decoder", "t5": "encoder-decoder"}
+
+
 @pytest.mark.parametrize("architecture", DIVERSE)
 def test_architecture_traces_every_regime_fully_priced(architecture):
     rows = [run_one(architecture, regime) for regime in ("prefill", "decode", "train")]
@@ -30,6 +35,7 @@ def test_architecture_traces_every_regime_fully_priced(architecture):
         assert row.ok, f"{architecture} {row.regime}: {row.error}"
         assert row.uncounted == {}, f"{architecture} {row.regime}: {row.uncounted}"
         assert row.ops > 0
+    assert rows[1].cache == DECODE_CACHE.get(architecture, "static")
     assert summary(rows)["all_regimes_ok_and_fully_priced"] == 1
 
 

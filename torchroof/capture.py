@@ -332,7 +332,7 @@ class Capture:
 
     def answer_item(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         tensor = args[0]
-        value = _neutral_scalar(tensor.dtype)
+        value = self.means.item(tensor, _neutral_scalar(tensor.dtype))
         op = self.record(func, args, kwargs, None)
         self.trace.assumptions.append(
             Assumption(op.index, op.module, f"Tensor.item() on {tensor.dtype} answered {value!r}")
@@ -503,7 +503,7 @@ class _Recorder(TorchDispatchMode):
         capture = self.capture
         if func is _LOCAL_SCALAR_DENSE and _needs_item_answer(args[0]):
             if capture._suppress:
-                return _neutral_scalar(args[0].dtype)
+                return capture.means.item(args[0], _neutral_scalar(args[0].dtype))
             return capture.answer_item(func, args, kwargs)
         data_dependent = _needs_item_answer(args[0]) and routing.is_data_dependent(func, args)
         if capture._suppress:

@@ -39,6 +39,21 @@ def mla_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
+def absorbable(layer: torch.nn.Module) -> bool:
+    """Dense MLA only: a sparse-attention indexer (DeepSeek-V3.2's DSA, GLM-MoE-DSA,
+    HY-V4, …) picks top-k tokens and attention sinks add a term, neither of which the
+    absorbed kernel here models; those layers keep transformers' expanded path."""
+    return not hasattr(layer, "indexer") and getattr(layer, "sinks", None) is None
+
+
+def _per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[b, h, L, d] @ [h, d, e] -> [b, h, L, e] as one batched matmul over heads, the
+    weight read once (a plain broadcast matmul would copy it for every sequence)."""
+    b, h, length, d = x.shape
+    rows = x.transpose(0, 1).reshape(h, b * length, d)
+    return torch.bmm(rows, weight).view(h, b, length, -1).transpose(0, 1)
+
+
 def _latent_passthrough(kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[Any, Any]:
     return kv_nope, k_rot
 
@@ -63,7 +78,7 @@ def absorbed_attention(
     weight = module.kv_b_proj.weight.view(heads, nope + module.v_head_dim, rank)
     w_uk, w_uv = weight[:, :nope], weight[:, nope:]  # [h, d_nope, r], [h, d_v, r]
     q_nope, q_rope = query.split([nope, query.shape[-1] - nope], dim=-1)
-    q_absorbed = torch.cat([torch.matmul(q_nope, w_uk), q_rope], dim=-1)  # [b, h, Lq, r + d_r]
+    q_absorbed = torch.cat([_per_head(q_nope, w_uk), q_rope], dim=-1)  # [b, h, Lq, r + d_r]
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     with capture.unrecorded():  # the kernel's result, computed but recorded as one op below
         scores = torch.matmul(q_absorbed[..., :rank], latent.transpose(-1, -2))
@@ -86,7 +101,7 @@ def absorbed_attention(
         module=where,
         outputs=(capture.tensor_meta(out_latent),),
     )
-    out = torch.matmul(out_latent, w_uv.transpose(-1, -2))  # [b, h, Lq, d_v]
+    out = _per_head(out_latent, w_uv.transpose(-1, -2))  # [b, h, Lq, d_v]
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -97,8 +112,8 @@ def absorbed_mla(model: torch.nn.Module, capture: Capture) -> Iterator[bool]:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    layers = mla_layers(model)
-    if not layers:
+    layers = [layer for layer in mla_layers(model) if absorbable(layer)]
+    if not layers or len(layers) != len(mla_layers(model)):
         yield False
         return
     configs = {id(m.config): m.config for m in layers if hasattr(m, "config")}

@@ -139,14 +139,18 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
             else:
                 try:
                     model = auto.from_config(config, dtype=dtype)
-                except ImportError:
+                except ImportError as missing:
                     # A multimodal model whose vision or audio tower needs a package that is
                     # not installed (Gemma 3n: timm): the language model alone, from its
-                    # text config.
+                    # text config, and the estimate says so.
                     text = config.get_text_config(decoder=True)
                     if text is config:
                         raise
                     model = model_class(text).from_config(text, dtype=dtype)
+                    model.torchroof_build_note = (
+                        f"built text-only as {type(model).__name__} (the full "
+                        f"{type(config).__name__} model needs {first_line(missing)[:120]})"
+                    )
     except Exception as error:  # noqa: BLE001 - every build failure is one clear line
         raise ModelBuildError(
             f"cannot build a language model from {type(config).__name__}: {first_line(error)}"

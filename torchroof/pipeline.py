@@ -189,14 +189,18 @@ BALANCED_ROUTING = (
 
 def routing_assumptions(trace: Trace) -> list[str]:
     """The routing assumption, stated once, when the step runs routed experts."""
-    routed = any("grouped_mm" in op.name for op in trace.ops)
+    routed = any("grouped_mm" in op.name for op in trace.ops) or any(
+        a.what.startswith(("nonzero of", "boolean mask", "Tensor.tolist()"))
+        for a in trace.assumptions
+    )
     return [BALANCED_ROUTING] if routed else []
 
 
 def cache_assumptions(trace: Trace) -> list[str]:
-    """Which cache an inference step used when it is not the static cache asked for, and
-    how latent attention was decoded."""
-    lines = []
+    """How the model was built when not as asked (text-only), which cache an inference
+    step used when it is not the static cache asked for, and how latent attention was
+    decoded."""
+    lines = [f"model: {trace.metadata['build_note']}"] if trace.metadata.get("build_note") else []
     fallback = trace.metadata.get("cache_fallback")
     if fallback:
         kind = trace.metadata.get("cache")

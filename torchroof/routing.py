@@ -9,6 +9,8 @@ capture keeps the *mean value* of the tensors they come from:
 * ``zeros(...).scatter(d, idx, 1)``: mean ``idx.numel() / numel``;
 * ``sum`` over dims multiplies the mean by the elements reduced (tokens per expert);
 * ``x > 0`` / ``x != 0`` of a count: the fraction of experts hit, min(1, mean count);
+* an index ``nonzero`` returned, compared with one value (``expert_idx == num_experts``,
+  the padding class transformers' expert loops skip): False, so every hit expert runs;
 * views, casts, copies and integer indexing (``mask[e]``) keep it.
 
 A tensor of unknown provenance counts as all nonzero (the same choice as ``.item()``
@@ -53,6 +55,7 @@ _ZEROS = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
 _SCATTER_VALUE = {aten.scatter.value, aten.scatter_.value}
 _SUM = {aten.sum.dim_IntList, aten.sum.default}
 _ANY_HIT = {aten.gt.Scalar, aten.ne.Scalar}
+_EQUAL = {aten.eq.Scalar, aten.eq.Tensor, aten.ne.Scalar, aten.ne.Tensor}
 _INDEX = {
     aten.index.Tensor,
     aten.index_put.default,
@@ -80,14 +83,40 @@ class Means:
     def __init__(self) -> None:
         self._mean = WeakTensorKeyDictionary()
         self._arange = WeakTensorKeyDictionary()  # tensor -> length of the arange it views
+        self._index = WeakTensorKeyDictionary()  # positions returned by nonzero
 
     def mean(self, tensor: torch.Tensor) -> float | None:
         return self._mean.get(tensor)
 
+    def mark_index(self, tensor: torch.Tensor) -> None:
+        self._index[tensor] = True
+
+    def item(self, tensor: torch.Tensor, neutral: Any) -> Any:
+        """``.item()`` of a boolean whose mean is known (an expert index compared with the
+        padding class: False), else the neutral answer."""
+        mean = self.mean(tensor)
+        if tensor.dtype == torch.bool and mean is not None and tensor.numel() == 1:
+            return mean >= 0.5
+        return neutral
+
     def observe(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if isinstance(out, (tuple, list)):  # unbind: iterating over nonzero's rows
+            if first is not None and first in self._index:
+                for piece in out:
+                    if isinstance(piece, torch.Tensor):
+                        self._index[piece] = True
+            return
         if not isinstance(out, torch.Tensor):
             return
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is not None and first in self._index:
+            if func in _KEEP:
+                self._index[out] = True
+            elif func in _EQUAL:
+                # one expert index equals one given value (the padding class, expert E)
+                # for 1 of E indices: taken as never, so every hit expert runs
+                self._mean[out] = 0.0 if func in (aten.eq.Scalar, aten.eq.Tensor) else 1.0
+                return
         if func in _ARANGE:
             self._arange[out] = int(out.shape[0])
         elif func in _ZEROS:
@@ -168,6 +197,7 @@ def answer(
         mask = args[0]
         rows = means.nonzero_rows(mask)
         out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
+        means.mark_index(out)
         return out, f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
     indices, rows = means.bool_indices(list(args[1]))
     out = func(args[0], indices, *args[2:], **kwargs)

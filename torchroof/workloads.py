@@ -115,6 +115,9 @@ def run_workload(model: torch.nn.Module, workload: Workload) -> Trace:
         trace = _decode(model, workload)
     else:
         trace = _train(model, workload)
+    note = getattr(model, "torchroof_build_note", None)
+    if note:
+        trace.metadata["build_note"] = note
     trace.metadata["workload"] = workload.to_dict()
     trace.metadata["tokens"] = workload.tokens
     return trace
@@ -329,8 +332,16 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
                 "decode step (prefill and train trace it)"
             )
         return _warm_state_step(model, workload, new, filled, static=False)
+    from torchroof.mla import mla_layers
+
     reasons: list[str] = []
-    if workload.cache == "dynamic" or _attention_only_static_cache(model):
+    uniform = _attention_only_static_cache(model)
+    if workload.cache == "dynamic" and not (uniform and not mla_layers(model)):
+        # latent or recurrent layers: the model's own DynamicCache, filled by the context
+        trace = _warm_state_step(model, workload, new, filled, static=False)
+        trace.metadata["cache"] = "dynamic"
+        return trace
+    if workload.cache == "dynamic" or uniform:
         trace = _prebuilt_cache_step(model, workload, new, filled, reasons)
         if trace is not None:
             return trace
@@ -736,14 +747,18 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
     """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000).
 
-    Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and layer
-    instead: s · (kv_lora_rank + qk_rope_head_dim) · L.
+    Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and MLA
+    layer instead: s · (kv_lora_rank + qk_rope_head_dim) · L_MLA.
     """
+    from torchroof.mla import mla_layers
+
     text = _text_config(model)
     itemsize = _model_dtype(model).itemsize
     latent = getattr(text, "kv_lora_rank", None)
     if latent:
         rope = getattr(text, "qk_rope_head_dim", 0) or 0
-        return itemsize * (latent + rope) * text.num_hidden_layers
+        # hybrids (Kimi-Linear, Bailing) have latent attention in some layers only
+        layers = len(mla_layers(model)) or text.num_hidden_layers
+        return itemsize * (latent + rope) * layers
     kv_heads, head_dim = kv_shape(model)
     return 2 * itemsize * kv_heads * head_dim * text.num_hidden_layers

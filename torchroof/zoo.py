@@ -180,13 +180,14 @@ def table(rows: list[ZooRow]) -> str:
             r.ops,
             ", ".join(f"{k} x{v}" for k, v in r.uncounted.items()),
             f"{r.seconds:.1f}",
+            r.cache,
             r.error[:100],
         ]
         for r in rows
     ]
     return tabulate(
         body,
-        headers=["architecture", "regime", "status", "ops", "uncounted", "s", "error"],
+        headers=["architecture", "regime", "status", "ops", "uncounted", "s", "cache", "error"],
         disable_numparse=True,
     )
 
