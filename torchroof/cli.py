@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -333,7 +332,6 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _zoo(args: argparse.Namespace) -> None:
-    import json
 
     from torchroof import zoo
 
@@ -341,15 +339,7 @@ def _zoo(args: argparse.Namespace) -> None:
     unknown = [r for r in regimes if r not in zoo.ZOO_WORKLOADS]
     if unknown:
         raise ValueError(f"unknown regimes {unknown}; choose from {sorted(zoo.ZOO_WORKLOADS)}")
-    start = time.perf_counter()
-    rows = zoo.run_zoo(args.arch, regimes, progress=zoo.print_row, jobs=args.jobs)
-    wall = time.perf_counter() - start
-    if args.table:
-        print(zoo.table(rows))
-    print(json.dumps(zoo.summary(rows), indent=1))
-    print(f"wall time {wall / 60:.1f} min with {args.jobs} worker(s)")
-    if args.json:
-        zoo.to_json(rows, args.json, wall_seconds=wall, jobs=args.jobs)
+    zoo.run_and_report(args.arch, regimes, args.jobs, args.json, show_table=args.table)
 
 
 def _roofline(args: argparse.Namespace) -> None:

@@ -112,8 +112,8 @@ def absorbed_mla(model: torch.nn.Module, capture: Capture) -> Iterator[bool]:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    layers = [layer for layer in mla_layers(model) if absorbable(layer)]
-    if not layers or len(layers) != len(mla_layers(model)):
+    layers = mla_layers(model)
+    if not layers or not all(absorbable(layer) for layer in layers):
         yield False
         return
     configs = {id(m.config): m.config for m in layers if hasattr(m, "config")}

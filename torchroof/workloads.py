@@ -214,66 +214,53 @@ def _allocate_unrecorded(layer: Any, capture: Capture) -> None:
     def initialise(*args: Any, **kwargs: Any) -> None:
         with capture.unrecorded():
             original(*args, **kwargs)
-        capture.mark(cache_tensors_of(layer), "kv_cache")
+        capture.mark(state_tensors(layer), "kv_cache")
 
     layer.lazy_initialization = initialise
-
-
-def cache_tensors_of(layer: Any) -> list[torch.Tensor]:
-    """Every tensor a cache layer holds (keys, values, or a recurrent layer's states)."""
-    tensors: list[torch.Tensor] = []
-    for value in vars(layer).values():
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            tensors.append(value)
-        elif isinstance(value, (list, tuple)):
-            tensors.extend(
-                v for v in value if isinstance(v, torch.Tensor) and v.is_floating_point()
-            )
-    return tensors
-
-
-def cache_tensors(cache: Any) -> list[torch.Tensor]:
-    return [t for layer in getattr(cache, "layers", []) for t in cache_tensors_of(layer)]
 
 
 _CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params", "state", "past_buckets_states")
 _CACHE_OUTPUTS = ("past_key_values", "cache", "cache_params", "state", "past_buckets_states")
 
 
-def _cache_argument(model: torch.nn.Module) -> str | None:
-    """The forward argument a model takes its cache or recurrent state in."""
+def _forward_parameters(model: torch.nn.Module) -> Any:
+    """The names ``model.forward`` accepts."""
     import inspect
 
-    params = inspect.signature(model.forward).parameters
+    return inspect.signature(model.forward).parameters
+
+
+def _cache_argument(params: Any) -> str | None:
+    """The forward argument (of ``params``) a model takes its cache or recurrent state in."""
     return next((name for name in _CACHE_ARGUMENTS if name in params), None)
 
 
 def _forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) -> dict[str, Any]:
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
+    params = _forward_parameters(model)
     kwargs: dict[str, Any] = {"use_cache": True}
     if "position_ids" in params:
         kwargs["position_ids"] = positions
-    name = _cache_argument(model)
+    name = _cache_argument(params)
     if cache is not None and name is not None:
         kwargs[name] = cache
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
-    kwargs.update(_patch_inputs(model, *positions.shape))
+    kwargs.update(_patch_inputs(model, *positions.shape, params))
     return kwargs
 
 
-def _patch_inputs(model: torch.nn.Module, batch: int, length: int) -> dict[str, Any]:
+def _patch_inputs(
+    model: torch.nn.Module, batch: int, length: int, params: Any = None
+) -> dict[str, Any]:
     """A byte-latent model (BLT) groups bytes into patches where a small LM's entropy
     spikes, which meta cannot evaluate: it is given fixed patches of ``patch_size`` bytes
     (BLT's static patching), the same count of patches as its mean patch size gives."""
-    import inspect
-
     config = getattr(model, "config", None)
     size = getattr(config, "patch_size", None)
-    takes = "patch_lengths" in inspect.signature(model.forward).parameters
-    if not size or not (takes or hasattr(config, "patching_mode")):
+    if not size:
+        return {}
+    takes = "patch_lengths" in (params if params is not None else _forward_parameters(model))
+    if not (takes or hasattr(config, "patching_mode")):
         return {}
     patches = -(-length // size)
     return {"patch_lengths": torch.full((batch, patches), size, dtype=torch.long, device="meta")}
@@ -321,8 +308,8 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
     """Attention-only models: a cache built directly at context N. Models with recurrent
     state (SSM, linear attention, hybrids) or a cache of their own: the context is run
     unrecorded first, so the traced step reads and updates a warm state."""
-    config = _text_config(model) and model.config
-    if getattr(config, "is_encoder_decoder", False):
+    _text_config(model)  # a clear error for a module without a transformers config
+    if getattr(model.config, "is_encoder_decoder", False):
         return _encoder_decoder_step(model, workload, new, filled)
     can_generate = getattr(model, "can_generate", lambda: True)()
     if not can_generate:
@@ -425,21 +412,21 @@ def _prebuilt_cache_step(
     kwargs = _forward_kwargs(model, positions, cache)
     try:
         with torch.no_grad(), capture as trace:
-            capture.mark(cache_tensors(cache), "kv_cache")
+            capture.mark(state_tensors(cache), "kv_cache")
             with _latent_attention(model, workload, capture, trace):
                 model(ids, **kwargs)
-            capture.mark(cache_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
+            capture.mark(state_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
     except Exception as error:
         if workload.cache == "dynamic":
             raise
         reasons.append(f"a cache prefilled to the context was refused: {first_line(error)}")
         return None
-    held = cache_tensors(cache)
+    held = state_tensors(cache)
     if workload.cache == "static" and not held:
         reasons.append("the model keeps its state outside the cache it was given")
         return None
     # The footprint is the cache as the step leaves it (a dynamic cache's old tensors die).
-    trace.role_bytes["kv_cache"] = sum(t.untyped_storage().nbytes() for t in held)
+    trace.role_bytes["kv_cache"] = _storage_bytes(held)
     trace.metadata["cache"] = workload.cache
     trace.metadata["kv_cache_tokens"] = capacity
     return trace
@@ -535,7 +522,7 @@ def _encoder_decoder_step(
                 encoder_outputs=encoded,
                 decoder_input_ids=start,
                 use_cache=True,
-                **{_cache_argument(model) or "past_key_values": cache},
+                **{_cache_argument(_forward_parameters(model)) or "past_key_values": cache},
             )
         else:
             out = model(input_ids=source, decoder_input_ids=start, use_cache=True)

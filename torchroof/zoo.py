@@ -202,6 +202,27 @@ def print_row(row: ZooRow) -> None:
     )
 
 
+def run_and_report(
+    archs: Iterable[str] | None,
+    regimes: Sequence[str],
+    jobs: int,
+    json_path: str | Path | None = None,
+    show_table: bool = False,
+) -> list[ZooRow]:
+    """Run the zoo printing a line per row, then the summary and the wall time (and the
+    table, and the JSON with how the run was made): the CLI's and the script's job."""
+    start = time.perf_counter()
+    rows = run_zoo(archs, regimes, progress=print_row, jobs=jobs)
+    wall = time.perf_counter() - start
+    if show_table:
+        print(table(rows))
+    print(json.dumps(summary(rows), indent=1))
+    print(f"wall time {wall / 60:.1f} min with {jobs} worker(s)")
+    if json_path:
+        to_json(rows, json_path, wall_seconds=wall, jobs=jobs)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m torchroof.zoo [OUT.json] [--jobs N] [--arch NAME ...]``: the benchmark
     script form; prints a row per architecture and regime, the summary and the wall time."""
@@ -213,12 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--arch", action="append", default=None)
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    result = run_zoo(args.arch, progress=print_row, jobs=args.jobs)
-    wall = time.perf_counter() - start
-    to_json(result, args.out, wall_seconds=wall, jobs=args.jobs)
-    print(json.dumps(summary(result), indent=1))
-    print(f"wall time {wall / 60:.1f} min with {args.jobs} worker(s)")
+    run_and_report(args.arch, tuple(ZOO_WORKLOADS), args.jobs, args.out)
 
 
 if __name__ == "__main__":  # pragma: no cover
