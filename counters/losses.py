@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import aten_packets, register, register_per_element
-from torchroof.counters.tensors import io_bytes, unique_bytes
+from torchroof.counters.tensors import distinct, read_tensors, unique_bytes, written_tensors
 
 from torchroof.records import OpRecord
 
@@ -28,12 +28,13 @@ def nll_loss(op: OpRecord) -> Cost:
 
 @register(*aten_packets("nll_loss_backward", "nll_loss2d_backward"))
 def nll_loss_backward(op: OpRecord) -> Cost:
-    """Zero-filled N × C gradient with -w/total at each target: one full write."""
-    read, written = io_bytes(op)
-    log_probs = op.tensor("self")
-    read -= log_probs.nbytes  # only its shape is needed, its values are not read
-    target = op.tensor("target")
-    return Cost(target.numel, read, written, "vector", log_probs.dtype)
+    """Zero-filled N × C gradient with -w/total at each target: one full write. ``self``
+    (the log-probabilities) gives only its shape: its values are not read."""
+    log_probs, target = op.tensor("self"), op.tensor("target")
+    reads = tuple((t, 0 if t is log_probs else t.nbytes) for t in distinct(read_tensors(op)))
+    written = unique_bytes(written_tensors(op))
+    read = sum(n for _, n in reads)
+    return Cost(target.numel, read, written, "vector", log_probs.dtype, reads=reads)
 
 
 # FLOPs per element for the elementwise losses and their gradients.

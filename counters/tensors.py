@@ -57,6 +57,16 @@ def mutated_args(name: str) -> frozenset[str]:
 
 
 @cache
+def out_args(name: str) -> tuple[str, ...]:
+    """Schema arguments that are ``out=`` destinations (written, never read). Only the
+    schema says so: ``output`` of ``tanh_backward`` is an input (the forward's result)."""
+    func = resolve_overload(name)
+    if func is None:
+        return ()
+    return tuple(a.name for a in func._schema.arguments if a.is_out)
+
+
+@cache
 def is_view_schema(name: str) -> bool:
     """True when every output aliases an input without writing it (a view)."""
     func = resolve_overload(name)
@@ -82,7 +92,7 @@ def inputs_except(op: OpRecord, *names: str) -> list[TensorMeta]:
 
 def read_tensors(op: OpRecord) -> list[TensorMeta]:
     """Inputs an op reads: all tensor arguments except ``out=`` destinations."""
-    outs = [k for k in op.args if k.startswith("out")]
+    outs = [k for k in out_args(op.name) if k in op.args]
     return inputs_except(op, *outs) if outs else list(op.inputs)
 
 

@@ -11,7 +11,7 @@ from torchroof.report import Estimate, collapse_repeats, layer_key
 
 @pytest.fixture
 def llama_estimate(meta_lm):
-    model = meta_lm("llama", num_hidden_layers=3).eval()
+    model = meta_lm("llama", num_hidden_layers=4).eval()
     ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
     with torchroof.trace() as t:
         model(ids)
@@ -33,18 +33,21 @@ def test_rows_are_blocks_in_execution_order_and_sum_to_the_total(llama_estimate)
     rows = llama_estimate.rows()
     names = [r.name for r in rows]
     blocks = [n for n in names if n.startswith("model.layers.")]
-    assert blocks == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    assert blocks == ["model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3"]
     assert (
         names.index("model.embed_tokens") < names.index("model.layers.0") < names.index("lm_head")
     )
     assert sum(r.time_s for r in rows) == pytest.approx(llama_estimate.time_s)
     assert sum(r.flops for r in rows) == llama_estimate.flops
     assert sum(r.kernels for r in rows) == len(llama_estimate.kernels)
-    # identical blocks cost the same
+    # identical blocks cost the same, except where a kernel spans a seam (booked to the block
+    # its first op ran in, as Inductor fuses the first block's RoPE with the rotary cos/sin
+    # kernel and the last block's residual add with the final norm)
     layer_rows = [r for r in rows if r.name in blocks]
-    assert len({(r.flops, r.bytes) for r in layer_rows}) == 1
+    assert len({(r.flops, r.bytes) for r in layer_rows[1:3]}) == 1
+    assert (layer_rows[0].flops, layer_rows[0].bytes) != (layer_rows[1].flops, layer_rows[1].bytes)
     collapsed = collapse_repeats(rows)
-    assert "model.layers.0-2 (x3)" in [r.name for r in collapsed]
+    assert "model.layers.1-2 (x2)" in [r.name for r in collapsed]
     assert sum(r.time_s for r in collapsed) == pytest.approx(llama_estimate.time_s)
 
 

@@ -27,7 +27,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchroof import routing
@@ -93,6 +93,7 @@ class Capture:
         self._optimizer_depth = 0
         self._stack: list[str] = []
         self._entered_in_backward: list[bool] = []  # per stack entry: a recompute?
+        self._reactivated: list[bool] = []  # per stack entry: pushed the function mode back?
         self._recompute_depth = 0
         self._seq_starts: list[int] = []  # sequence nr at each change of the module stack
         self._seq_modules: list[str] = []  # innermost module from that change on
@@ -139,6 +140,7 @@ class Capture:
         in_backward = torch._C._current_autograd_node() is not None
         self._stack.append(name)
         self._entered_in_backward.append(in_backward)
+        self._reactivated.append(in_backward and self._function.reactivate())
         self._recompute_depth += in_backward
         self._log_stack_change()
 
@@ -146,6 +148,8 @@ class Capture:
         if self._stack:
             self._stack.pop()
             self._recompute_depth -= self._entered_in_backward.pop()
+            if self._reactivated.pop():
+                self._function.deactivate()
         self._log_stack_change()
 
     def _register_root(self, root: torch.nn.Module, prefix: str) -> str:
@@ -513,8 +517,13 @@ class _Recorder(TorchDispatchMode):
             capture.means.observe(func, args, out)
             return out
         context = capture._context()
-        node = context[2]
-        if node is not None and capture._sdpa_groups and capture.sdpa_group_of(node):
+        phase, _module, node = context
+        if (
+            node is not None
+            and phase == "backward"  # a recompute is forward work, whichever node asked for it
+            and capture._sdpa_groups
+            and capture.sdpa_group_of(node)
+        ):
             return func(*args, **kwargs)  # replaced by the synthetic flash backward
         if data_dependent:
             return capture.answer_data_dependent(func, args, kwargs, context)
@@ -525,11 +534,32 @@ class _Recorder(TorchDispatchMode):
 
 
 class _FunctionHook(TorchFunctionMode):
-    """Sees torch-level calls: replaces SDPA, marks explicit backward calls."""
+    """Sees torch-level calls: replaces SDPA, marks explicit backward calls.
+
+    NB: autograd runs every backward node under the thread-local state it saved when
+    backward was called, and that call came through ``__torch_function__`` below, which
+    torch runs with this mode popped off the stack. So backward nodes run without it, and
+    so would a checkpointed forward re-run inside backward: its SDPA would go down meta's
+    math path (bmm + an S×S softmax). ``Capture._enter_module`` therefore pushes the mode
+    back (:meth:`reactivate`) for a module entered during backward, until it exits.
+    """
 
     def __init__(self, capture: Capture) -> None:
         super().__init__()
         self.capture = capture
+
+    def reactivate(self) -> bool:
+        """Push this mode back on the stack if it is not there; True when pushed."""
+        if any(mode is self for mode in _get_current_function_mode_stack()):
+            return False
+        self.__enter__()
+        return True
+
+    def deactivate(self) -> None:
+        """Undo :meth:`reactivate` (pops only this mode, if it is the innermost)."""
+        stack = _get_current_function_mode_stack()
+        if stack and stack[-1] is self:
+            self.__exit__(None, None, None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}

@@ -22,6 +22,7 @@ forward and backward (no N_t x V tensor in HBM, seed 000 "The fix is a roofline 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ from torchroof.counters.pointwise import POINTWISE_FLOPS
 from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
 from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
 from torchroof.memory import storage_extent_bytes
-from torchroof.records import OpRecord, Phase, TensorMeta, layer_key
+from torchroof.recompute import Recomputable, recomputable_tensors, statistics_producer
+from torchroof.records import OpRecord, Phase, TensorMeta
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
@@ -82,6 +84,7 @@ FUSABLE_PACKETS = (
         "slice_backward",
         "select_backward",
         "lift_fresh_copy",
+        "nll_loss_backward",  # the one-hot gradient, built inline by its consumer
     )
 )
 """Ops an Inductor-style compiler fuses: elementwise, casts, layout copies, row
@@ -337,15 +340,93 @@ def _merge_siblings(
             continue
         h = group_of[w]
         other = groups[h]
-        same_block = ops[other.members[0]].phase == ops[i].phase and layer_key(
-            ops[other.members[0]].module, ops[i].phase
-        ) == layer_key(ops[i].module, ops[i].phase)
-        if other.kind != "fusable" or other.first_outside_read is not None or not same_block:
+        same_phase = ops[other.members[0]].phase == ops[i].phase
+        if other.kind != "fusable" or other.first_outside_read is not None or not same_phase:
             continue
         target.members.extend(other.members)
         for j in other.members:
             group_of[j] = chosen
         other.members = []
+
+
+# Inductor tries sibling pairs no more than this many nodes apart
+# (torch._inductor.config.max_fusion_buffer_group_pairwise_attempts = 64).
+SIBLING_WINDOW_OPS = 64
+
+
+def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Graph) -> None:
+    """Sibling fusion: two fusable kernels of one phase that read a common tensor, run over
+    the same number of elements and do not depend on each other become one kernel that
+    reads the shared tensor once (Inductor's horizontal fusion, scored by shared bytes).
+    SwiGLU backward's ``g·silu(gate)`` and ``silu_backward(g·up, gate)`` both read ``g``
+    and ``gate``; RoPE's q and k kernels both read cos and sin."""
+    group_of = {i: n for n, g in enumerate(groups) for i in g.members}
+    produced: list[set[int]] = [set() for _ in groups]
+    reads: list[set[int]] = [set() for _ in groups]
+    domain: list[int] = [0] * len(groups)
+    for n, g in enumerate(groups):
+        for i in g.members:
+            for t in written_tensors(ops[i]):
+                produced[n].add(t.storage)
+                domain[n] = max(domain[n], t.numel)
+            for t in read_tensors(ops[i]):
+                if t.numel > 1:  # a 0-d constant is inlined, not a shared buffer
+                    reads[n].add(t.storage)
+                domain[n] = max(domain[n], t.numel)
+    for n in range(len(groups)):
+        reads[n] -= produced[n]
+
+    def depends(later: int, earlier: int) -> bool:
+        """Does group ``later`` read, through any chain of kernels, what ``earlier`` makes?"""
+        frontier, seen = list(produced[earlier]), set()
+        stop = max(groups[later].members)
+        while frontier:
+            storage = frontier.pop()
+            for j in graph.readers.get(storage, ()):
+                if j > stop or j not in group_of:
+                    continue
+                h = group_of[j]
+                if h == later:
+                    return True
+                if h not in seen and h != earlier:
+                    seen.add(h)
+                    frontier.extend(produced[h])
+        return False
+
+    order = sorted(
+        (n for n, g in enumerate(groups) if g.kind == "fusable" and g.members),
+        key=lambda n: min(groups[n].members),
+    )
+    by_read: dict[int, list[int]] = defaultdict(list)
+    for n in order:
+        first = min(groups[n].members)
+        candidates = {h for s in reads[n] for h in by_read.get(s, ())}
+        merged = False
+        for h in sorted(candidates, key=lambda h: -max(groups[h].members)):
+            target = groups[h]
+            if (
+                not target.members
+                or first - max(target.members) > SIBLING_WINDOW_OPS
+                or ops[target.members[0]].phase != ops[first].phase
+                or domain[h] != domain[n]
+                or depends(n, h)
+                or depends(h, n)
+            ):
+                continue
+            target.members.extend(groups[n].members)
+            groups[n].members = []
+            produced[h] |= produced[n]
+            reads[h] = (reads[h] | reads[n]) - produced[h]
+            for i in target.members:
+                group_of[i] = h
+            for storage in reads[h]:
+                if h not in by_read[storage]:
+                    by_read[storage].append(h)
+            merged = True
+            break
+        if not merged:
+            for storage in reads[n]:
+                by_read[storage].append(n)
 
 
 def _joinable_group(
@@ -368,10 +449,6 @@ def _joinable_group(
         first = ops[group.members[0]]
         if first.phase != op.phase:
             continue
-        if group.kind != "loss" and layer_key(first.module, first.phase) != layer_key(
-            op.module, op.phase
-        ):
-            continue  # NB: kernels stay inside one block so each layer's budget is its own
         if group.kind == "epilogue" and group.first_outside_read is not None:
             continue  # the matmul output is needed elsewhere: it must be written anyway
         limit = group.first_outside_read
@@ -381,6 +458,56 @@ def _joinable_group(
     return None
 
 
+@dataclass
+class _SavePlan:
+    """What the compiled backward rebuilds instead of reading (torchroof/recompute.py)."""
+
+    rebuilt_by: dict[int, dict[int, Recomputable]] = field(default_factory=dict)  # op -> T
+    dropped: set[int] = field(default_factory=set)  # forward tensors never written
+    forced: set[int] = field(default_factory=set)  # sources that must be written
+    statistics: dict[int, list[TensorMeta]] = field(default_factory=dict)  # op -> row stats
+
+
+def _rebuilds(op: OpRecord, group: _Group) -> bool:
+    """Can this reader rebuild a pointwise input inside its own kernel? A fused backward
+    kernel can; so can the cross-entropy gather, which reads x[t] − max − lse at its
+    targets (Inductor inlines the log-softmax into it); a matmul cannot."""
+    if op.packet == "aten.nll_loss_forward" and group.kind == "anchor":
+        return True
+    return group.kind == "fusable" and op.phase in ("backward", "recompute")
+
+
+def _save_plan(
+    ops: Sequence[OpRecord],
+    costs: Sequence[Cost],
+    groups: list[_Group],
+    graph: _Graph,
+    roles: dict[int, str],
+) -> _SavePlan:
+    """A forward tensor whose every reader outside its kernel can rebuild it is not
+    written; those readers read its sources instead, and the sources are written."""
+    plan = _SavePlan()
+    group_of = {i: n for n, g in enumerate(groups) for i in g.members}
+    for storage, rebuilt in recomputable_tensors(ops, costs, roles).items():
+        made_by = group_of[graph.writers[storage][0]]
+        if groups[made_by].kind == "loss":
+            continue
+        outside = [j for j in graph.readers.get(storage, ()) if group_of.get(j) != made_by]
+        if not outside or not all(_rebuilds(ops[j], groups[group_of[j]]) for j in outside):
+            continue
+        plan.dropped.add(storage)
+        for j in outside:
+            plan.rebuilt_by.setdefault(j, {})[storage] = rebuilt
+        for source in rebuilt.sources:
+            plan.forced.add(source.storage)
+            producer = statistics_producer(source)
+            if producer is not None:
+                stats = plan.statistics.setdefault(producer, [])
+                if source not in stats:
+                    stats.append(source)
+    return plan
+
+
 def _group_kernel(
     members: list[int],
     ops: Sequence[OpRecord],
@@ -388,9 +515,10 @@ def _group_kernel(
     graph: _Graph,
     roles: dict[int, str],
     options: FusionOptions,
+    plan: _SavePlan,
 ) -> Kernel:
     """Sum W; Q is the external traffic only (DESIGN rule 6)."""
-    if len(members) == 1:
+    if len(members) == 1 and not _planned(members[0], ops, plan):
         i = members[0]
         return Kernel((ops[i],), costs[i])
     member_set = set(members)
@@ -401,22 +529,40 @@ def _group_kernel(
     born: dict[int, int] = {}  # storage -> position of its producer in the group
     last_use: dict[int, int] = {}  # storage -> position of its last reader in the group
     total = Cost()
+
+    def read(t: TensorMeta, size: int) -> None:
+        key = tensor_key(t)
+        reads[key] = (t, max(size, reads[key][1] if key in reads else 0))
+
     for position, i in enumerate(members):
         op, cost = ops[i], costs[i]
         total = total + Cost(cost.flops, 0, 0, cost.unit, cost.dtype, cost.counted)
         explicit = {tensor_key(t): n for t, n in cost.reads}
+        rebuilt = plan.rebuilt_by.get(i, {})
         for t in read_tensors(op):
             if t.storage in produced:
                 last_use[t.storage] = position
                 continue
-            key = tensor_key(t)
-            reads.setdefault(key, (t, explicit.get(key, t.nbytes)))
-        for t in written_tensors(op):
+            size = explicit.get(tensor_key(t), t.nbytes)
+            if t.storage not in rebuilt:
+                read(t, size)
+                continue
+            share = size / t.nbytes if t.nbytes else 0.0  # a gather reads some rows
+            for source in rebuilt[t.storage].sources:
+                if source.storage not in produced:
+                    read(source, math.ceil(source.nbytes * share))
+        for t in [*written_tensors(op), *plan.statistics.get(i, ())]:
             produced.add(t.storage)
             live = (
                 t.storage in roles
-                or graph.read_after(t.storage, i, member_set)
-                or not graph.read_later(t.storage, i)
+                or t.storage in plan.forced
+                or (
+                    t.storage not in plan.dropped
+                    and (
+                        graph.read_after(t.storage, i, member_set)
+                        or not graph.read_later(t.storage, i)
+                    )
+                )
             )
             if live:
                 writes[tensor_key(t)] = (t, t.nbytes)
@@ -443,6 +589,15 @@ def _group_kernel(
             f"{options.on_chip_budget_bytes / 1024:.1f} KiB budget: may spill",
         )
     return Kernel(tuple(ops[i] for i in members), cost, flags)
+
+
+def _planned(i: int, ops: Sequence[OpRecord], plan: _SavePlan) -> bool:
+    """Does the save plan change what op ``i`` reads or writes?"""
+    if i in plan.rebuilt_by or i in plan.statistics:
+        return True
+    return any(
+        t.storage in plan.dropped or t.storage in plan.forced for t in written_tensors(ops[i])
+    )
 
 
 def _peak_row_state(
@@ -495,8 +650,14 @@ def build_kernels(
     coverage = Coverage(len(ops), dict(uncounted))
     graph = _Graph(ops, costs)
     groups = _group_ops(ops, costs, options)
+    if options.policy == "fused":
+        _merge_horizontal(groups, ops, graph)
+    roles = roles or {}
+    plan = (
+        _save_plan(ops, costs, groups, graph, roles) if options.policy == "fused" else _SavePlan()
+    )
     kernels = [
-        _group_kernel(sorted(g.members), ops, costs, graph, roles or {}, options)
+        _group_kernel(sorted(g.members), ops, costs, graph, roles, options, plan)
         for g in sorted((g for g in groups if g.members), key=lambda g: min(g.members))
     ]
     return kernels, coverage

@@ -1,0 +1,93 @@
+"""Save versus recompute under a compiler: which saved tensors a fused backward rebuilds.
+
+torch.compile's min-cut partitioner saves for backward the tensors that are expensive to
+rebuild (matmul outputs, reductions, inputs) and recomputes cheap pointwise work inside the
+backward kernels that need it, so a saved ``silu(gate)`` or an fp32 upcast of a bf16
+activation is never written to HBM (it bans recomputing reductions, so a norm's row
+statistics are saved). Eager autograd instead saves every tensor its backward formulas
+name. seed 000 "Fusion": a kernel boundary is a memory boundary; a tensor the backward can
+rebuild from what it already reads need not cross it.
+
+This module answers, for a trace, which forward tensors are *recomputable* and from what
+*sources* (the saved tensors a kernel would read instead). Softmax and log-softmax rebuild
+from their input and two fp32 row statistics (max and log-sum-exp), which is how Inductor
+splits them; the statistics are written by the forward kernel in place of the full output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchroof.counters import Cost
+from torchroof.counters.pointwise import POINTWISE_FLOPS
+from torchroof.counters.tensors import read_tensors, written_tensors
+from torchroof.records import OpRecord, TensorMeta
+
+ROW_STATISTICS = 2  # max and log-sum-exp, fp32, one each per row
+
+_POINTWISE = {
+    f"aten.{name}" for name in (*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow", "_to_copy")
+}
+_ROW_REDUCED = {"aten._softmax", "aten._log_softmax", "aten._safe_softmax"}
+
+
+@dataclass(frozen=True)
+class Recomputable:
+    """A forward tensor a fused backward kernel can rebuild instead of reading it."""
+
+    sources: tuple[TensorMeta, ...]  # what is read instead
+
+
+def statistics_producer(t: TensorMeta) -> int | None:
+    """The op index of the softmax whose row statistics ``t`` is, or None."""
+    return -t.storage - 1 if t.storage < 0 else None
+
+
+def _row_statistics(op: OpRecord, index: int) -> TensorMeta:
+    """Two fp32 values per row of a softmax's output, as a storage of its own (a negative
+    id that names the op: ``-(index + 1)``)."""
+    out = op.outputs[0]
+    dim = op.arg("dim", -1) % max(len(out.shape), 1)
+    rows = tuple(s for d, s in enumerate(out.shape) if d != dim) + (ROW_STATISTICS,)
+    stride, running = [], 1
+    for size in reversed(rows):
+        stride.append(running)
+        running *= size
+    return TensorMeta(rows, tuple(reversed(stride)), "float32", -(index + 1))
+
+
+def recomputable_tensors(
+    ops: Sequence[OpRecord], costs: Sequence[Cost], roles: dict[int, str]
+) -> dict[int, Recomputable]:
+    """storage -> how to rebuild it, for every forward output of a pointwise op (through
+    chains of pointwise ops) or of a softmax; tensors with a role (weights, KV cache) and
+    outputs of matmuls, gathers and reductions are sources, never rebuilt."""
+    found: dict[int, Recomputable] = {}
+    for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
+        if not (cost.flops or cost.bytes):
+            continue
+        outputs = written_tensors(op)
+        inputs = read_tensors(op)
+        recomputable = (
+            op.phase in ("forward", "recompute")  # a checkpointed forward rebuilt in backward
+            and cost.counted
+            and (op.packet in _POINTWISE or op.packet in _ROW_REDUCED)
+            and len(outputs) == 1
+            and outputs[0].storage not in roles
+            and all(t.storage != outputs[0].storage for t in inputs)  # not in place
+        )
+        if not recomputable:
+            for t in outputs:
+                found.pop(t.storage, None)
+            continue
+        sources: dict[tuple, TensorMeta] = {}
+        for t in inputs:
+            rebuilt = found.get(t.storage)
+            for s in rebuilt.sources if rebuilt else (t,):
+                sources.setdefault((s.storage, s.shape, s.stride, s.offset), s)
+        if op.packet in _ROW_REDUCED:
+            statistics = _row_statistics(op, i)
+            sources[(statistics.storage,)] = statistics
+        found[outputs[0].storage] = Recomputable(tuple(sources.values()))
+    return found
