@@ -59,13 +59,18 @@ def fused_optimizer_step(op: OpRecord) -> Cost:
     """The one fused kernel a training runtime launches for the whole update (seed 000 §16):
     reads params, grads and state buffers once; writes params and state once, plus the
     low-precision weight copy (``params_out``) when fp32 masters are kept. AdamW with fp32
-    masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param."""
+    masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param.
+
+    A traced ``torch.optim`` step priced this way (torchroof.optimizer_step) may also pass
+    ``inputs`` (other tensors read once: a learning-rate tensor) and ``flops`` (the total of
+    the ops it replaces) instead of ``flops_per_element``."""
     params, grads = op.tensors("params"), op.tensors("grads")
     states, params_out = op.tensors("states"), op.tensors("params_out")
     numel = sum(t.numel for t in params)
-    reads = tuple((t, t.nbytes) for t in distinct(params + grads + states))
+    reads = tuple((t, t.nbytes) for t in distinct(params + grads + states + op.tensors("inputs")))
     writes = tuple((t, t.nbytes) for t in distinct(params + states + params_out))
-    flops = int(op.arg("flops_per_element")) * numel
+    total = op.arg("flops")
+    flops = int(total) if total is not None else int(op.arg("flops_per_element")) * numel
     dtype = params[0].dtype if params else ""
     return Cost(
         flops,

@@ -90,6 +90,7 @@ FUSABLE_PACKETS = (
 """Ops an Inductor-style compiler fuses: elementwise, casts, layout copies, row
 reductions. ``copy_`` is absent on purpose: it writes into an existing buffer."""
 
+_CREATION = _packets(*CREATION_OPS)  # read a template's shape, never its values
 _LOSS_CHAIN = {
     "aten.nll_loss_forward",
     "aten.nll_loss_backward",
@@ -369,6 +370,8 @@ def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Gra
             for t in written_tensors(ops[i]):
                 produced[n].add(t.storage)
                 domain[n] = max(domain[n], t.numel)
+            if ops[i].packet in _CREATION:
+                continue  # ``zeros_like(p)`` reads p's shape, not its values
             for t in read_tensors(ops[i]):
                 if t.numel > 1:  # a 0-d constant is inlined, not a shared buffer
                     reads[n].add(t.storage)
@@ -543,7 +546,7 @@ def _group_kernel(
             if t.storage in produced:
                 last_use[t.storage] = position
                 continue
-            size = explicit.get(tensor_key(t), t.nbytes)
+            size = 0 if op.packet in _CREATION else explicit.get(tensor_key(t), t.nbytes)
             if t.storage not in rebuilt:
                 read(t, size)
                 continue

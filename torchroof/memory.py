@@ -17,21 +17,23 @@ def storage_extent_bytes(t: TensorMeta) -> int:
     return (t.offset + last + 1) * t.itemsize
 
 
-def peak_activation_bytes(trace: Trace) -> int:
+def peak_activation_bytes(trace: Trace, roles: dict[int, str] | None = None) -> int:
     """Largest sum of activation storages alive at once.
 
     A storage is born at the first op that writes it and dies after the last op that
     touches it; storages with a role (weights, gradients, optimizer state, KV cache) and
     inputs that existed before the trace are not activations. NB: sizes are the largest
     extent any view reached, a lower bound on the allocation; allocator rounding and
-    fragmentation are not modelled.
+    fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
+    reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
     """
+    roles = trace.roles if roles is None else roles
     size: dict[int, int] = {}
     born: dict[int, int] = {}
     dies: dict[int, int] = {}
     for op in trace.ops:
         for t in op.outputs:
-            if t.storage in trace.roles:
+            if t.storage in roles:
                 continue
             born.setdefault(t.storage, op.index)
             size[t.storage] = max(size.get(t.storage, 0), storage_extent_bytes(t))
@@ -113,14 +115,22 @@ class MemoryFootprint:
         return asdict(self)
 
 
-def footprint(trace: Trace, capacity_bytes: float, batch: int = 1) -> MemoryFootprint:
-    role = trace.role_bytes
+def footprint(
+    trace: Trace,
+    capacity_bytes: float,
+    batch: int = 1,
+    roles: dict[int, str] | None = None,
+    role_bytes: dict[str, int] | None = None,
+) -> MemoryFootprint:
+    """The step's footprint; ``roles`` and ``role_bytes`` replace the trace's own labels
+    (pipeline adds what it reads from the optimizer phase of a step traced by hand)."""
+    role = trace.role_bytes if role_bytes is None else role_bytes
     return MemoryFootprint(
         weights_bytes=role.get("weights", 0),
         gradients_bytes=role.get("gradients", 0),
         optimizer_state_bytes=role.get("optimizer_state", 0),
         kv_cache_bytes=role.get("kv_cache", 0),
-        activations_peak_bytes=peak_activation_bytes(trace),
+        activations_peak_bytes=peak_activation_bytes(trace, roles),
         capacity_bytes=int(capacity_bytes),
         batch=batch,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torchroof import optimizer_step
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
 from torchroof.errors import first_line
@@ -138,7 +139,10 @@ def _estimate_trace(
         attention=attention,
         **({"on_chip_budget_bytes": on_chip_budget_bytes} if on_chip_budget_bytes else {}),
     )
-    kernels, coverage = build_kernels(trace.ops, fusion_options, trace.roles)
+    step = optimizer_step.analyse(trace)
+    roles = {**step.roles, **trace.roles}
+    ops = optimizer_step.fused_ops(trace.ops, step) if fusion == "fused" else trace.ops
+    kernels, coverage = build_kernels(ops, fusion_options, roles)
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
     for index, kernel in enumerate(kernels):
@@ -146,7 +150,7 @@ def _estimate_trace(
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
         t = time_kernel(cost, spec, roofline)
-        timed.append(_timed(index, kernel, cost, t, traffic_by_role(kernel, trace.roles)))
+        timed.append(_timed(index, kernel, cost, t, traffic_by_role(kernel, roles)))
     if tensor_flops:
         reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)
         reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=roofline.allow_tf32)
@@ -161,11 +165,12 @@ def _estimate_trace(
         reference_peak_flops_per_s=reference_peak,
         reference_dtype=reference_dtype,
         kernels=timed,
-        op_count=coverage.ops,
+        op_count=len(trace.ops),
         uncounted=coverage.uncounted,
         assumptions=[
             *routing_assumptions(trace),
             *cache_assumptions(trace),
+            *step.assumptions(fusion),
             *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
         options={
@@ -176,8 +181,18 @@ def _estimate_trace(
             **roofline.to_dict(),
         },
         metadata=dict(trace.metadata),
-        memory=footprint(trace, spec.hbm_capacity_bytes.value, batch),
+        memory=footprint(
+            trace,
+            spec.hbm_capacity_bytes.value,
+            batch,
+            roles,
+            _add_counts(trace.role_bytes, step.role_bytes),
+        ),
     )
+
+
+def _add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
 
 
 BALANCED_ROUTING = (
