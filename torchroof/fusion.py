@@ -495,7 +495,10 @@ def _save_plan(
         made_by = group_of[graph.writers[storage][0]]
         if groups[made_by].kind == "loss":
             continue
-        outside = [j for j in graph.readers.get(storage, ()) if group_of.get(j) != made_by]
+        readers = graph.readers.get(storage, ())
+        if not any(ops[j].phase == ops[graph.writers[storage][0]].phase for j in readers):
+            continue  # read by backward alone: an output of the step, which is written
+        outside = [j for j in readers if group_of.get(j) != made_by]
         if not outside or not all(_rebuilds(ops[j], groups[group_of[j]]) for j in outside):
             continue
         plan.dropped.add(storage)

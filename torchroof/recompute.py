@@ -16,7 +16,7 @@ splits them; the statistics are written by the forward kernel in place of the fu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from torchroof.counters import Cost
@@ -30,6 +30,7 @@ _POINTWISE = {
     f"aten.{name}" for name in (*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow", "_to_copy")
 }
 _ROW_REDUCED = {"aten._softmax", "aten._log_softmax", "aten._safe_softmax"}
+_NORMS_WITH_STATISTICS = {"aten.native_layer_norm", "aten._fused_rms_norm"}
 
 
 @dataclass(frozen=True)
@@ -62,17 +63,21 @@ def recomputable_tensors(
 ) -> dict[int, Recomputable]:
     """storage -> how to rebuild it, for every forward output of a pointwise op (through
     chains of pointwise ops) or of a softmax; tensors with a role (weights, KV cache) and
-    outputs of matmuls, gathers and reductions are sources, never rebuilt."""
+    outputs of matmuls, gathers and reductions are sources, never rebuilt. A tensor is
+    rebuilt only when the rebuild reads no more bulk bytes than the tensor itself."""
     found: dict[int, Recomputable] = {}
     for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
         if not (cost.flops or cost.bytes):
             continue
         outputs = written_tensors(op)
         inputs = read_tensors(op)
+        statistics_out: list[TensorMeta] = []
+        if op.packet in _NORMS_WITH_STATISTICS:  # y rebuilt from x, w, b and mean / rstd
+            outputs, statistics_out = outputs[:1], outputs[1:]
         recomputable = (
             op.phase in ("forward", "recompute")  # a checkpointed forward rebuilt in backward
             and cost.counted
-            and (op.packet in _POINTWISE or op.packet in _ROW_REDUCED)
+            and (op.packet in _POINTWISE or op.packet in _ROW_REDUCED or statistics_out)
             and len(outputs) == 1
             and outputs[0].storage not in roles
             and all(t.storage != outputs[0].storage for t in inputs)  # not in place
@@ -82,12 +87,25 @@ def recomputable_tensors(
                 found.pop(t.storage, None)
             continue
         sources: dict[tuple, TensorMeta] = {}
-        for t in inputs:
+        for t in [*inputs, *statistics_out]:
             rebuilt = found.get(t.storage)
             for s in rebuilt.sources if rebuilt else (t,):
                 sources.setdefault((s.storage, s.shape, s.stride, s.offset), s)
         if op.packet in _ROW_REDUCED:
             statistics = _row_statistics(op, i)
             sources[(statistics.storage,)] = statistics
-        found[outputs[0].storage] = Recomputable(tuple(sources.values()))
+        if _bulk_bytes(sources.values(), outputs[0]) <= outputs[0].nbytes:
+            found[outputs[0].storage] = Recomputable(tuple(sources.values()))
+        else:
+            found.pop(outputs[0].storage, None)  # cheaper to save: a cut the partitioner keeps
     return found
+
+
+def _bulk_bytes(sources: Iterable[TensorMeta], rebuilt: TensorMeta) -> int:
+    """Bytes a rebuild reads from sources as large as the tensor it rebuilds (per-row
+    statistics and broadcast weights are small beside it). A residual stream, whose sources
+    are every earlier block's output, is saved, never rebuilt."""
+    return sum(s.nbytes for s in sources if s.unique_numel * BULK_RATIO > rebuilt.unique_numel)
+
+
+BULK_RATIO = 8  # a source under 1/8 of the rebuilt tensor's elements is not bulk
