@@ -96,3 +96,12 @@ def topk(op: OpRecord) -> Cost:
     k = int(op.arg("k"))
     flops = op.tensor("self").numel * max(1, math.ceil(math.log2(max(k, 2))))
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
+
+
+@register("torchroof.column_reduction", "torchroof.column_partial", "torchroof.column_final")
+def column_reduction(op: OpRecord) -> Cost:
+    """A column reduction as Inductor splits it (torchroof/column_reductions.py): reads its
+    inputs once, writes its outputs (fp32 partials, or the reduced columns); W is the
+    reduction's own, carried in ``flops``."""
+    read, written = io_bytes(op)
+    return Cost(int(op.arg("flops", 0)), read, written, "vector", compute_dtype(op.inputs))

@@ -140,3 +140,45 @@ def test_fusion_crosses_the_seam_between_blocks(meta_lm):
         {op.module.split(".")[2] for op in k.ops if "layers" in op.module} for k in _kernels(t)
     ]
     assert {"0", "1"} in modules
+
+
+def test_split_factor_follows_inductor_outer_reduction_heuristic():
+    from torchroof.column_reductions import mix_order, split_factor
+
+    # 512 x 512: rows·cols = 262,144 < 32·132·2048 elements, split size 32 rows per thread
+    # -> S = ceil(512 / (4·32)) = 4 (Inductor's partial buffer: 4 x 512 fp32 = 8,192 B)
+    assert split_factor(512, 512) == 4
+    # 8192 x 4096: 33.5 M elements; 1056 target blocks / 32 column blocks = 33;
+    # ceil(8192 / (4·33)) = 63, nearest divisor of 8192 is 64 -> S = ceil(8192 / 256) = 32
+    assert split_factor(8192, 4096) == 32
+    assert split_factor(8192, 8448) == 1  # 132 SMs · 64 columns fill the device: no split
+    assert mix_order(8192, 4096) and not mix_order(4096, 4096)  # rows >= 2·cols
+    assert not mix_order(512, 512)  # < 4096 rows and < 5 Mi elements
+
+
+@pytest.mark.parametrize(("rows", "hidden"), [(512, 512), (8192, 4096)])
+def test_norm_weight_gradient_is_a_split_column_reduction(rows, hidden):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(hidden).to(device="meta", dtype=torch.bfloat16)
+    x = _meta(rows, hidden, dtype=torch.bfloat16, grad=True)
+    with torchroof.trace() as t:
+        norm(x).backward(_meta(rows, hidden, dtype=torch.bfloat16))
+    kernels = [(k.phase, k.cost.bytes_read, k.cost.bytes_written) for k in _kernels(t)]
+    act, row, w = 2 * rows * hidden, 4 * rows, 2 * hidden  # bf16 x / dy, fp32 stat, bf16 w
+    forward = ("forward", act + w, act + row)  # reads x, w; writes y and Σx² per row
+    dx = ("backward", 2 * act + w + row, act)  # reads dy, x, w, the stat; writes dx
+    if rows == 512:  # not mix-order: dW = Σ_rows dy·x̂ in a partial and a final kernel
+        assert kernels == [
+            forward,
+            dx,
+            ("backward", 2 * act + row, 4 * hidden * 4),  # S = 4 fp32 partial rows
+            ("backward", 4 * hidden * 4, w),
+        ]
+        assert sum(r + wr for _, r, wr in kernels) == 3_695_616  # Inductor's, to the byte
+    else:  # mix-order: the partial joins the dx kernel; the final is its own
+        assert kernels == [
+            forward,
+            ("backward", 2 * act + w + row, act + 32 * hidden * 4),
+            ("backward", 32 * hidden * 4, w),
+        ]

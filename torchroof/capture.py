@@ -36,6 +36,7 @@ from torchroof.records import Assumption, OpRecord, Phase, Role, TensorMeta, Ten
 aten = torch.ops.aten
 
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
+_CLONE = aten.clone.default
 _BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX
 
@@ -102,6 +103,8 @@ class Capture:
         self._storages: dict[int, tuple[int, StorageWeakRef]] = {}
         self._next_storage = 0
         self._sdpa_groups: list[_SdpaGroup] = []
+        # storages the skipped math-path SDPA backward made (dq, dk, dv among them)
+        self.flash_gradients: set[int] = set()
         self._sdpa_group_starts: list[int] = []
         self._arg_names = _ArgNames()
         self._op_names: dict[Any, str] = {}
@@ -524,11 +527,17 @@ class _Recorder(TorchDispatchMode):
             and capture._sdpa_groups
             and capture.sdpa_group_of(node)
         ):
-            return func(*args, **kwargs)  # replaced by the synthetic flash backward
+            out = func(*args, **kwargs)  # replaced by the synthetic flash backward
+            capture.flash_gradients.update(capture._storage_id(t) for t in _tensors_in(out))
+            return out
         if data_dependent:
             return capture.answer_data_dependent(func, args, kwargs, context)
         out = func(*args, **kwargs)
         capture.means.observe(func, args, out)
+        if func is _CLONE and capture._storage_id(args[0]) in capture.flash_gradients:
+            # The flash backward writes dq, dk, dv in the layout of q, k, v (as its forward
+            # writes o): the copy back to the projection's layout is free on a GPU.
+            return out
         capture.record(func, args, kwargs, out, context)
         return out
 

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from torchroof.column_reductions import COLUMN_PACKETS, split_column_reductions
 from torchroof.counters import Cost, cost_of
 from torchroof.counters.attention import materialized_attention_cost
 from torchroof.counters.memory import CREATION_OPS
@@ -85,7 +86,13 @@ FUSABLE_PACKETS = (
         "select_backward",
         "lift_fresh_copy",
         "nll_loss_backward",  # the one-hot gradient, built inline by its consumer
+        # gathers: an indexed load inside the consumer's loop (charged the rows they read)
+        "index",
+        "_unsafe_index",
+        "index_select",
+        "gather",
     )
+    | COLUMN_PACKETS
 )
 """Ops an Inductor-style compiler fuses: elementwise, casts, layout copies, row
 reductions. ``copy_`` is absent on purpose: it writes into an existing buffer."""
@@ -286,6 +293,8 @@ def _group_ops(
     last_writer: dict[int, int] = {}  # storage -> op index
 
     def note_reads(i: int, own: int) -> None:
+        if _own_loop_order(ops[i]):
+            return  # a column reduction inlines its pointwise producers: no wait on them
         for t in read_tensors(ops[i]):
             w = last_writer.get(t.storage)
             if w is None:
@@ -303,7 +312,7 @@ def _group_ops(
                 last_writer[t.storage] = i
             continue
         chosen = None
-        if options.policy == "fused" and _is_fusable(op, cost):
+        if options.policy == "fused" and _is_fusable(op, cost) and not _own_loop_order(op):
             chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
             if chosen is not None:
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
@@ -319,6 +328,14 @@ def _group_ops(
         for t in written_tensors(op):
             last_writer[t.storage] = i
     return groups
+
+
+def _own_loop_order(op: OpRecord) -> bool:
+    """A column reduction that cannot run inside a row kernel starts a kernel of its own
+    (torchroof/column_reductions.py); a mix-order partial may join one."""
+    if op.packet not in COLUMN_PACKETS:
+        return False
+    return op.packet == "torchroof.column_final" or not op.arg("mix_order")
 
 
 def _merge_siblings(
@@ -365,6 +382,7 @@ def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Gra
     produced: list[set[int]] = [set() for _ in groups]
     reads: list[set[int]] = [set() for _ in groups]
     domain: list[int] = [0] * len(groups)
+    columns = [any(_own_loop_order(ops[i]) for i in g.members) for g in groups]
     for n, g in enumerate(groups):
         for i in g.members:
             for t in written_tensors(ops[i]):
@@ -412,6 +430,7 @@ def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Gra
                 or first - max(target.members) > SIBLING_WINDOW_OPS
                 or ops[target.members[0]].phase != ops[first].phase
                 or domain[h] != domain[n]
+                or columns[h] != columns[n]
                 or depends(n, h)
                 or depends(h, n)
             ):
@@ -471,10 +490,16 @@ class _SavePlan:
     statistics: dict[int, list[TensorMeta]] = field(default_factory=dict)  # op -> row stats
 
 
-def _rebuilds(op: OpRecord, group: _Group) -> bool:
-    """Can this reader rebuild a pointwise input inside its own kernel? A fused backward
-    kernel can; so can the cross-entropy gather, which reads x[t] − max − lse at its
-    targets (Inductor inlines the log-softmax into it); a matmul cannot."""
+def _rebuilds(op: OpRecord, group: _Group, rebuilt: Recomputable, made_in: Phase) -> bool:
+    """Can this reader rebuild a pointwise input inside its own kernel instead of reading
+    it? A column reduction inlines its producer whatever it costs (Inductor fuses the
+    pointwise work into the reduction's loop); for a forward tensor, when the rebuild is
+    cheap, so can a fused backward kernel (the partitioner's recompute) and the
+    cross-entropy gather, which reads x[t] − max − lse at its targets; a matmul cannot."""
+    if op.packet in COLUMN_PACKETS:
+        return True
+    if made_in not in ("forward", "recompute") or not rebuilt.cheap:
+        return False
     if op.packet == "aten.nll_loss_forward" and group.kind == "anchor":
         return True
     return group.kind == "fusable" and op.phase in ("backward", "recompute")
@@ -496,10 +521,16 @@ def _save_plan(
         if groups[made_by].kind == "loss":
             continue
         readers = graph.readers.get(storage, ())
-        if not any(ops[j].phase == ops[graph.writers[storage][0]].phase for j in readers):
+        made_in = ops[graph.writers[storage][0]].phase
+        if not any(ops[j].phase == made_in for j in readers):
             continue  # read by backward alone: an output of the step, which is written
         outside = [j for j in readers if group_of.get(j) != made_by]
-        if not outside or not all(_rebuilds(ops[j], groups[group_of[j]]) for j in outside):
+        users = {group_of[j] for j in (outside if made_in != "backward" else readers)}
+        if len(users) > 1 and rebuilt.large():
+            continue  # reused and heavy: realized, not inlined into each user
+        if not outside or not all(
+            _rebuilds(ops[j], groups[group_of[j]], rebuilt, made_in) for j in outside
+        ):
             continue
         plan.dropped.add(storage)
         for j in outside:
@@ -654,6 +685,10 @@ def build_kernels(
     costs = [pricer(op) if pricer else price(op, options.attention) for op in ops]
     uncounted = Counter(op.name for op, c in zip(ops, costs, strict=True) if not c.counted)
     coverage = Coverage(len(ops), dict(uncounted))
+    if options.policy == "fused":
+        known = {id(op): cost for op, cost in zip(ops, costs, strict=True)}
+        ops = split_column_reductions(ops, [c.flops for c in costs])
+        costs = [known.get(id(op)) or cost_of(op) for op in ops]
     graph = _Graph(ops, costs)
     groups = _group_ops(ops, costs, options)
     if options.policy == "fused":

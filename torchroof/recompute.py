@@ -25,6 +25,9 @@ from torchroof.counters.tensors import read_tensors, written_tensors
 from torchroof.records import OpRecord, TensorMeta
 
 ROW_STATISTICS = 2  # max and log-sum-exp, fp32, one each per row
+# torch._inductor.config: _realize_opcount_threshold_default, realize_reads_threshold
+REALIZE_OPCOUNT_THRESHOLD = 30
+REALIZE_READS_THRESHOLD = 4
 
 _POINTWISE = {
     f"aten.{name}" for name in (*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow", "_to_copy")
@@ -38,6 +41,17 @@ class Recomputable:
     """A forward tensor a fused backward kernel can rebuild instead of reading it."""
 
     sources: tuple[TensorMeta, ...]  # what is read instead
+    cheap: bool = True  # the rebuild reads no more bulk bytes than the tensor itself
+    flops_per_element: float = 0.0  # W of the rebuilt chain per element of the tensor
+
+    def large(self) -> bool:
+        """Would Inductor realize this buffer rather than inline it into a second user?
+        (``TensorBox.should_realize_on_reuse``: more than 30 ops in its loop body or more
+        than 4 buffers read; FLOPs per element stand in for its op count.)"""
+        return (
+            self.flops_per_element > REALIZE_OPCOUNT_THRESHOLD
+            or len(self.sources) > REALIZE_READS_THRESHOLD
+        )
 
 
 def statistics_producer(t: TensorMeta) -> int | None:
@@ -61,10 +75,12 @@ def _row_statistics(op: OpRecord, index: int) -> TensorMeta:
 def recomputable_tensors(
     ops: Sequence[OpRecord], costs: Sequence[Cost], roles: dict[int, str]
 ) -> dict[int, Recomputable]:
-    """storage -> how to rebuild it, for every forward output of a pointwise op (through
-    chains of pointwise ops) or of a softmax; tensors with a role (weights, KV cache) and
-    outputs of matmuls, gathers and reductions are sources, never rebuilt. A tensor is
-    rebuilt only when the rebuild reads no more bulk bytes than the tensor itself."""
+    """storage -> how to rebuild it, for every output of a pointwise op (through chains of
+    cheap pointwise ops), a softmax or a norm; tensors with a role (weights, KV cache) and
+    outputs of matmuls, gathers and reductions are sources, never rebuilt. ``cheap`` when
+    the rebuild reads no more bulk bytes than the tensor itself: what the partitioner
+    recomputes in backward rather than saving (a consumer kernel that inlines its pointwise
+    producer, as a column reduction does, rebuilds whatever it costs)."""
     found: dict[int, Recomputable] = {}
     for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
         if not (cost.flops or cost.bytes):
@@ -75,8 +91,7 @@ def recomputable_tensors(
         if op.packet in _NORMS_WITH_STATISTICS:  # y rebuilt from x, w, b and mean / rstd
             outputs, statistics_out = outputs[:1], outputs[1:]
         recomputable = (
-            op.phase in ("forward", "recompute")  # a checkpointed forward rebuilt in backward
-            and cost.counted
+            cost.counted
             and (op.packet in _POINTWISE or op.packet in _ROW_REDUCED or statistics_out)
             and len(outputs) == 1
             and outputs[0].storage not in roles
@@ -87,17 +102,18 @@ def recomputable_tensors(
                 found.pop(t.storage, None)
             continue
         sources: dict[tuple, TensorMeta] = {}
+        chain = cost.flops / max(outputs[0].numel, 1)
         for t in [*inputs, *statistics_out]:
             rebuilt = found.get(t.storage)
-            for s in rebuilt.sources if rebuilt else (t,):
+            if rebuilt and rebuilt.cheap:
+                chain += rebuilt.flops_per_element
+            for s in rebuilt.sources if rebuilt and rebuilt.cheap else (t,):
                 sources.setdefault((s.storage, s.shape, s.stride, s.offset), s)
         if op.packet in _ROW_REDUCED:
             statistics = _row_statistics(op, i)
             sources[(statistics.storage,)] = statistics
-        if _bulk_bytes(sources.values(), outputs[0]) <= outputs[0].nbytes:
-            found[outputs[0].storage] = Recomputable(tuple(sources.values()))
-        else:
-            found.pop(outputs[0].storage, None)  # cheaper to save: a cut the partitioner keeps
+        cheap = _bulk_bytes(sources.values(), outputs[0]) <= outputs[0].nbytes
+        found[outputs[0].storage] = Recomputable(tuple(sources.values()), cheap, chain)
     return found
 
 

@@ -107,6 +107,13 @@ class InductorKernel:
     def bytes(self) -> int:
         return self.bytes_read + self.bytes_written
 
+    @property
+    def cpu_only(self) -> bool:
+        """A layout copy that exists only because the graph holds the CPU attention op:
+        ``_scaled_dot_product_flash_attention_for_cpu_backward`` wants its log-sum-exp in
+        another layout than its forward wrote; the GPU flash backward reads it as written."""
+        return self.kind == "pointwise" and any(op.endswith("_for_cpu_backward") for op in self.ops)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["bytes"] = self.bytes
@@ -130,8 +137,9 @@ class InductorKernel:
 
 
 def summary(kernels: Sequence[InductorKernel], phase: str | None = None) -> tuple[int, int]:
-    """(kernel count, total bytes read + written), over one phase or all of them."""
-    chosen = [k for k in kernels if phase is None or k.phase == phase]
+    """(kernel count, total bytes read + written), over one phase or all of them, without
+    the CPU-only layout copies (:attr:`InductorKernel.cpu_only`)."""
+    chosen = [k for k in kernels if (phase is None or k.phase == phase) and not k.cpu_only]
     return len(chosen), sum(k.bytes for k in chosen)
 
 
