@@ -75,9 +75,7 @@ def test_fused_training_forward_writes_exactly_what_backward_reads(meta_lm):
         model(ids, labels=ids).loss.backward()
     kernels, _ = build_kernels(t.ops, FusionOptions(policy="fused"), t.roles)
     backward_reads = {x.storage for op in t.ops if op.phase == "backward" for x in op.inputs}
-    written_forward = {
-        x.storage for k in kernels if k.phase == "forward" for x, _ in k.cost.writes
-    }
+    written_forward = {x.storage for k in kernels if k.phase == "forward" for x, _ in k.cost.writes}
     made_in_trace = {x.storage for op in t.ops for x in op.outputs}
     costs = [cost_of(op) for op in t.ops]
     rebuildable = recomputable_tensors(t.ops, costs, t.roles)
@@ -189,6 +187,21 @@ def test_chunked_cross_entropy_removes_the_logits_traffic():
     loss_bytes = materialized.bytes - gemm_bytes
     assert loss_bytes == pytest.approx(3 * 2 * n_t * vocab, rel=1e-3)
     assert loss_bytes - 3 * 2 * n_t * vocab > 2 * 2 * 4 * n_t
+    loss = [k for k in materialized.kernels if k.unit != "tensor"]
+    forward = [k for k in loss if k.phase == "forward"]
+    backward = [k for k in loss if k.phase == "backward"]
+    # forward: the row-statistics kernel (reads the bf16 logits, writes 2 fp32 per row) and
+    # the gather (x[t] at each target, its share of the statistics, rounded up, the int64
+    # targets; writes the fp32 loss and total weight)
+    assert [(k.bytes_read, k.bytes_written) for k in forward] == [
+        (2 * n_t * vocab, 2 * 4 * n_t),
+        (2 * n_t + 2 * 4 * n_t // vocab + 1 + 8 * n_t, 4 + 4),
+    ]
+    # backward: one kernel builds the one-hot gradient inline, rebuilds the log-softmax
+    # from the logits and the statistics, and writes the bf16 gradient of the logits
+    assert len(backward) == 1
+    assert backward[0].bytes_written == 2 * n_t * vocab
+    assert backward[0].bytes_read == pytest.approx(2 * n_t * vocab + 2 * 4 * n_t + 8 * n_t, abs=8)
     # chunked: one kernel; reads X and W, writes dX and dW; no N_t x V term at all
     assert len(chunked.kernels) == 1
     assert chunked.bytes == pytest.approx(2 * 2 * (n_t * d + d * vocab), rel=1e-3)

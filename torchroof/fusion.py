@@ -7,13 +7,17 @@ outside it (DESIGN rule 6).
 Policies:
 - ``eager``: one kernel per op that moves bytes or computes (what PyTorch eager launches);
   views and allocation-only ops launch nothing (DESIGN rule 2).
-- ``fused``: data-connected runs of pointwise ops, casts, copies, reductions, norms,
-  softmax and their backward become one kernel, as an Inductor-style compiler fuses them;
-  matmuls, attention, gathers and scatters stay their own kernels. ``epilogue=True`` lets a
-  matmul absorb the elementwise ops that consume only its output (bias, activation,
-  residual). A fused kernel stays inside one block (``model.layers.3``), so each layer's
-  budget is its own; a compiler may also fuse across the seam (a residual add with the
-  next layer's norm), which this leaves as two kernels.
+- ``fused``: what torch.compile's Inductor launches on a GPU, refereed by the compiler
+  itself (torchroof/referee.py, DESIGN rule 8). Data-connected runs of pointwise ops,
+  casts, copies, gathers, row reductions, norms, softmax and their backward become one
+  kernel, across module and block boundaries (a kernel is booked to the module of its
+  first op); independent sibling kernels that read a common tensor over the same number of
+  elements become one; a reduction over rows that keeps the last dimension is a split
+  reduction of its own (torchroof/column_reductions.py); the forward writes what the
+  compiled backward reads, which rebuilds cheap pointwise work from saved sources
+  (torchroof/recompute.py). Matmuls, attention and scatters stay their own kernels.
+  ``epilogue=True`` lets a matmul absorb the elementwise ops that consume only its output
+  (bias, activation, residual).
 
 Orthogonal options: ``loss="chunked"`` fuses the LM head's GEMMs with the cross-entropy
 forward and backward (no N_t x V tensor in HBM, seed 000 "The fix is a roofline fix");

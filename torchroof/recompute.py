@@ -8,8 +8,10 @@ statistics are saved). Eager autograd instead saves every tensor its backward fo
 name. seed 000 "Fusion": a kernel boundary is a memory boundary; a tensor the backward can
 rebuild from what it already reads need not cross it.
 
-This module answers, for a trace, which forward tensors are *recomputable* and from what
-*sources* (the saved tensors a kernel would read instead). Softmax and log-softmax rebuild
+This module answers, for a trace, which tensors are *recomputable* and from what *sources*
+(the saved tensors a kernel would read instead): forward tensors a fused backward kernel
+rebuilds, and any pointwise tensor a consumer kernel inlines (a column reduction inlines
+its producer's loop body, so the product it sums is never written). Softmax and log-softmax rebuild
 from their input and two fp32 row statistics (max and log-sum-exp), which is how Inductor
 splits them; the statistics are written by the forward kernel in place of the full output.
 """
@@ -38,7 +40,7 @@ _NORMS_WITH_STATISTICS = {"aten.native_layer_norm", "aten._fused_rms_norm"}
 
 @dataclass(frozen=True)
 class Recomputable:
-    """A forward tensor a fused backward kernel can rebuild instead of reading it."""
+    """A tensor a consumer kernel can rebuild instead of reading it."""
 
     sources: tuple[TensorMeta, ...]  # what is read instead
     cheap: bool = True  # the rebuild reads no more bulk bytes than the tensor itself

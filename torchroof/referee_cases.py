@@ -105,20 +105,23 @@ class CrossEntropy(nn.Module):
         return nn.functional.cross_entropy(logits.float(), targets)
 
 
+# The sizes every decoder case shares (one block: the 2-layer model builds its own blocks).
+DECODER_SIZES: dict[str, Any] = dict(
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    num_hidden_layers=1,
+    vocab_size=VOCAB,
+)
+
+
 def _llama_config(**overrides: Any) -> Any:
     from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        num_hidden_layers=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=4096,
-        **overrides,
-    )
+    sizes = {**DECODER_SIZES, "num_hidden_layers": 2, "max_position_embeddings": 4096}
+    config = LlamaConfig(**sizes, **overrides)
     config._attn_implementation = "sdpa"
     return config
 
@@ -194,15 +197,7 @@ def _qwen3(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-    config = Qwen3Config(
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        num_hidden_layers=1,
-        vocab_size=VOCAB,
-    )
+    config = Qwen3Config(**DECODER_SIZES)
     config._attn_implementation = "sdpa"
     return _decoder_layers(Qwen3DecoderLayer, config)(device, dtype, grad)
 
@@ -212,13 +207,7 @@ def _gemma2(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
     from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer
 
     config = Gemma2Config(
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        num_hidden_layers=1,
-        vocab_size=VOCAB,
+        **DECODER_SIZES,
         layer_types=["full_attention"],
         attn_logit_softcapping=50.0,
     )
@@ -250,14 +239,9 @@ def _mixtral_moe(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     config = MixtralConfig(
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE // 2,
+        **{**DECODER_SIZES, "intermediate_size": INTERMEDIATE // 2},
         num_local_experts=8,
         num_experts_per_tok=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        num_hidden_layers=1,
-        vocab_size=VOCAB,
     )
     # The default "eager" experts loop over nonzero() (data-dependent: no fullgraph compile);
     # "grouped_mm" sorts tokens by expert (sort, histc, cumsum offsets) and runs one
