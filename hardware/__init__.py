@@ -7,6 +7,7 @@ unknown name with the closest known names.
 from torchroof.hardware.spec import (
     Figure,
     HardwareSpec,
+    HardwareSpecError,
     UnknownHardwareError,
     UnsupportedDtypeError,
     available,
@@ -18,6 +19,7 @@ from torchroof.hardware.spec import (
 __all__ = [
     "Figure",
     "HardwareSpec",
+    "HardwareSpecError",
     "UnknownHardwareError",
     "UnsupportedDtypeError",
     "available",

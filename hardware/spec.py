@@ -7,6 +7,7 @@ Internal units are FLOP/s, bytes/s and bytes; convert only when rendering.
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -49,6 +50,26 @@ class UnsupportedDtypeError(ValueError):
     """The part has no ceiling for that datatype (e.g. fp8 on an A100)."""
 
 
+class HardwareSpecError(ValueError):
+    """A hardware TOML file that cannot be used, with every problem found in it.
+
+    ``str()`` is one line, the file first: ``PATH: N problems: FIRST; SECOND; ...`` (the
+    command line prints it after ``torchroof: error:``). ``problems`` holds each problem
+    alone, each starting with the dotted key it concerns; ``path`` is the file.
+    """
+
+    def __init__(self, path: str | Path, problems: list[str] | tuple[str, ...]) -> None:
+        self.path = str(path)
+        self.problems = tuple(problems)
+        count = len(self.problems)
+        noun = "problem" if count == 1 else "problems"
+        where = f"{self.path}: " if self.path else ""
+        super().__init__(f"{where}{count} {noun}: {'; '.join(self.problems)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # survive pickling (worker processes)
+        return (type(self), (self.path, self.problems))
+
+
 def spec_dtype(dtype: str) -> str:
     """Map a torch dtype name (``bfloat16``) or a spec key (``bf16``) to a spec key."""
     key = dtype.removeprefix("torch.")
@@ -61,6 +82,60 @@ def spec_dtype(dtype: str) -> str:
     )
 
 
+# The file format. Every key a hardware TOML may hold; anything else is an error (a
+# misspelt optional key would otherwise vanish without a word). The README's
+# "Accelerators" section documents the same keys (tests/test_hardware.py checks it).
+#
+# A figure is an inline table { value = <number>, source = "<where it came from>",
+# approximate = <bool, optional> }. Its value is finite and positive; where ``whole``,
+# also a whole number (bytes, counts).
+_FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
+    # key: (required, whole number, unit)
+    "hbm_bytes_per_s": (True, False, "B/s"),
+    "hbm_capacity_bytes": (True, True, "bytes"),
+    "sfu_flops_per_s": (True, False, "FLOP/s"),
+    "shared_memory_bytes_per_sm": (False, True, "bytes"),
+    "l2_bytes": (False, True, "bytes"),
+    "compute_units": (False, True, "SMs or CUs"),
+}
+_VECTOR_KEYS = ("fp32", "fp64")
+_TABLE_KEYS: dict[str, tuple[bool, tuple[str, ...] | None, tuple[str, ...], str]] = {
+    # [table]: (required, allowed keys (None: any), keys it must hold, unit of each figure)
+    "tensor_flops_per_s": (True, tuple(sorted(_SPEC_KEYS)), (), "FLOP/s"),
+    "vector_flops_per_s": (True, _VECTOR_KEYS, ("fp32",), "FLOP/s"),
+    "interconnect_bytes_per_s": (False, None, (), "B/s"),
+}
+_STRING_KEYS = {"name": True, "display_name": False, "source": False}  # key: required
+_OTHER_KEYS = ("aliases", "measured")  # a list of strings; calibrate's record (a table)
+_FIGURE_FIELDS = ("value", "source", "approximate")
+SCHEMA_KEYS: tuple[str, ...] = (
+    *_STRING_KEYS,
+    *_OTHER_KEYS,
+    *_FIGURE_KEYS,
+    *_TABLE_KEYS,
+)
+
+
+def _describe(raw: Any) -> str:
+    """A TOML value as the user wrote it, for an error message."""
+    if isinstance(raw, bool):
+        return f"{'true' if raw else 'false'} (a boolean)"
+    if isinstance(raw, (int, float)):
+        return f"{raw!r} (a number)"
+    if isinstance(raw, str):
+        text = raw if len(raw) <= 40 else raw[:37] + "..."
+        return f"{text!r} (a string)"
+    if isinstance(raw, list):
+        return f"an array of {len(raw)} item{'' if len(raw) == 1 else 's'}"
+    if isinstance(raw, dict):
+        return "a table"
+    return f"{raw!r} (a {type(raw).__name__})"
+
+
+def _is_number(raw: Any) -> bool:
+    return isinstance(raw, (int, float)) and not isinstance(raw, bool)
+
+
 @dataclass(frozen=True)
 class Figure:
     """One published or derived number, with where it came from."""
@@ -70,13 +145,108 @@ class Figure:
     approximate: bool = False
 
     @classmethod
-    def parse(cls, key: str, raw: Any) -> Figure:
-        if not isinstance(raw, dict) or "value" not in raw or "source" not in raw:
-            raise ValueError(f'{key}: expected {{ value = ..., source = "..." }}, got {raw!r}')
-        value = float(raw["value"])
-        if value <= 0:
-            raise ValueError(f"{key}: value must be positive, got {value}")
-        return cls(value, str(raw["source"]), bool(raw.get("approximate", False)))
+    def parse(cls, key: str, raw: Any, *, whole: bool = False, unit: str = "") -> Figure:
+        """One figure; every problem with it in one :class:`HardwareSpecError`."""
+        problems: list[str] = []
+        figure = _figure(key, raw, whole, unit, problems)
+        if figure is None:
+            raise HardwareSpecError("", problems)
+        return figure
+
+
+def _figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]) -> Figure | None:
+    """Check one figure, adding each problem to ``problems``; the figure if there were none."""
+    shape = '{ value = <number>, source = "<where it came from>" }'
+    if not isinstance(raw, dict):
+        problems.append(f"{key}: expected a figure {shape}, got {_describe(raw)}")
+        return None
+    before = len(problems)
+    for field_name in raw:
+        if field_name not in _FIGURE_FIELDS:
+            problems.append(
+                f"{key}.{field_name}: unknown field (a figure has {', '.join(_FIGURE_FIELDS)})"
+            )
+    value = raw.get("value")
+    units = f" of {unit}" if unit else ""
+    if "value" not in raw:
+        problems.append(f"{key}.value: missing (a number{units})")
+    elif not _is_number(value):
+        problems.append(f"{key}.value: expected a number{units}, got {_describe(value)}")
+    elif not math.isfinite(value):
+        problems.append(f"{key}.value: expected a finite number{units}, got {value}")
+    elif value <= 0:
+        problems.append(f"{key}.value: must be positive, got {value!r}")
+    elif whole and not float(value).is_integer():
+        problems.append(
+            f"{key}.value: {unit or 'this figure'} must be a whole number, got {value!r}"
+        )
+    source = raw.get("source")
+    if "source" not in raw:
+        problems.append(f"{key}.source: missing (every figure names where it came from)")
+    elif not isinstance(source, str):
+        problems.append(f"{key}.source: expected a string, got {_describe(source)}")
+    elif not source.strip():
+        problems.append(f"{key}.source: must not be empty")
+    approximate = raw.get("approximate", False)
+    if not isinstance(approximate, bool):
+        problems.append(f"{key}.approximate: expected true or false, got {_describe(approximate)}")
+    if len(problems) > before:
+        return None
+    return Figure(float(value), source, approximate)
+
+
+def _figure_table(
+    key: str,
+    raw: Any,
+    allowed: tuple[str, ...] | None,
+    needed: tuple[str, ...],
+    unit: str,
+    problems: list[str],
+) -> dict[str, Figure]:
+    if not isinstance(raw, dict):
+        problems.append(
+            f"{key}: expected a table of figures ([{key}] with lines like "
+            f'bf16 = {{ value = ..., source = "..." }}), got {_describe(raw)}'
+        )
+        return {}
+    out: dict[str, Figure] = {}
+    for name, figure_raw in raw.items():
+        dotted = f"{key}.{name}"
+        if name in SCHEMA_KEYS:
+            problems.append(_misplaced(key, name))
+            continue
+        if allowed is not None and name not in allowed:
+            problems.append(f"{dotted}: unknown datatype (known: {', '.join(allowed)})")
+            continue
+        figure = _figure(dotted, figure_raw, False, unit, problems)
+        if figure is not None:
+            out[name] = figure
+    for name in needed:
+        if name not in raw:
+            problems.append(f"{key}.{name}: required figure is missing")
+    return out
+
+
+def _misplaced(table: str, key: str) -> str:
+    return (
+        f"{table}.{key}: {key} is a top-level key, but written below the [{table}] header it "
+        f"belongs to that table; move it above the first [table] header"
+    )
+
+
+def _check_measured(raw: Any, problems: list[str]) -> None:
+    """calibrate's record: free-form, but validate reads ``launch_overhead_s``."""
+    if not isinstance(raw, dict):
+        problems.append(f"measured: expected a table, got {_describe(raw)}")
+        return
+    problems += [_misplaced("measured", key) for key in raw if key in SCHEMA_KEYS]
+    if "launch_overhead_s" in raw:
+        value = raw["launch_overhead_s"]
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            problems.append(
+                "measured.launch_overhead_s: expected a number of seconds >= 0, "
+                f"got {_describe(value)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -87,12 +257,14 @@ class HardwareSpec:
     display_name: str
     hbm_bytes_per_s: Figure
     hbm_capacity_bytes: Figure
-    l2_bytes: Figure
-    compute_units: Figure  # SMs (NVIDIA) or CUs (AMD)
     tensor_flops_per_s: dict[str, Figure]  # per spec dtype key: fp64, tf32, bf16, fp16, fp8, int8
     vector_flops_per_s: dict[str, Figure]  # non-tensor-core: fp32 (and fp64)
     sfu_flops_per_s: Figure
-    interconnect_bytes_per_s: dict[str, Figure] = field(default_factory=dict)
+    # on-chip shared memory (NVIDIA) or LDS (AMD) per SM/CU: the GEMM workbench's tile budget
+    shared_memory_bytes_per_sm: Figure | None = None
+    l2_bytes: Figure | None = None  # informational: read by nothing yet
+    compute_units: Figure | None = None  # informational: SMs (NVIDIA) or CUs (AMD)
+    interconnect_bytes_per_s: dict[str, Figure] = field(default_factory=dict)  # informational
     aliases: tuple[str, ...] = ()
     path: str = ""
 
@@ -148,13 +320,28 @@ class HardwareSpec:
         """Machine balance I* = pi / beta at the HBM boundary (seed 000 Table 1)."""
         return self.tensor_peak(dtype, allow_tf32=allow_tf32) / self.hbm_bytes_per_s.value
 
+    def shared_memory_per_sm(self) -> int:
+        """Bytes of shared memory one SM (LDS of one CU) offers a kernel's tiles."""
+        figure = self.shared_memory_bytes_per_sm
+        if figure is None:
+            where = f" to {self.path}" if self.path else ""
+            raise ValueError(
+                f"{self.display_name} lists no shared_memory_bytes_per_sm; add it{where} "
+                "or give the on-chip budget explicitly (--local-budget-kib)"
+            )
+        return int(figure.value)
+
     def figures(self) -> dict[str, Figure]:
-        """Every figure by dotted key, for listing sources."""
+        """Every figure by dotted key, for listing sources (optional ones when present)."""
+        optional = {
+            "shared_memory_bytes_per_sm": self.shared_memory_bytes_per_sm,
+            "l2_bytes": self.l2_bytes,
+            "compute_units": self.compute_units,
+        }
         out = {
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
-            "l2_bytes": self.l2_bytes,
-            "compute_units": self.compute_units,
+            **{key: figure for key, figure in optional.items() if figure is not None},
             "sfu_flops_per_s": self.sfu_flops_per_s,
         }
         for group, table in (
@@ -166,43 +353,80 @@ class HardwareSpec:
         return out
 
 
-def _table(data: dict[str, Any], key: str, required: bool = True) -> dict[str, Figure]:
-    raw = data.get(key)
-    if raw is None:
-        if required:
-            raise ValueError(f"missing table [{key}]")
-        return {}
-    return {k: Figure.parse(f"{key}.{k}", v) for k, v in raw.items()}
+def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> HardwareSpec:
+    """Check a parsed hardware TOML as a whole; :class:`HardwareSpecError` lists every problem."""
+    problems: list[str] = []
+    strings: dict[str, str] = {}
+    aliases: tuple[str, ...] = ()
+    figures: dict[str, Figure | None] = {}
+    tables: dict[str, dict[str, Figure]] = {}
+    for key, raw in data.items():  # in file order, so the message reads alongside the file
+        if key in _STRING_KEYS:
+            if not isinstance(raw, str):
+                problems.append(f"{key}: expected a string, got {_describe(raw)}")
+            elif key == "name" and not raw.strip():
+                problems.append("name: must not be empty")
+            else:
+                strings[key] = raw
+        elif key == "aliases":
+            if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+                problems.append(f"aliases: expected an array of strings, got {_describe(raw)}")
+            else:
+                aliases = tuple(raw)
+        elif key == "measured":
+            _check_measured(raw, problems)
+        elif key in _FIGURE_KEYS:
+            _, whole, unit = _FIGURE_KEYS[key]
+            figures[key] = _figure(key, raw, whole, unit, problems)
+        elif key in _TABLE_KEYS:
+            _, allowed, needed, unit = _TABLE_KEYS[key]
+            tables[key] = _figure_table(key, raw, allowed, needed, unit, problems)
+        else:
+            close = difflib.get_close_matches(key, SCHEMA_KEYS, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(f"{key}: unknown key{hint}")
+    required = [k for k, needed in _STRING_KEYS.items() if needed]
+    required += [k for k, (needed, _, _) in _FIGURE_KEYS.items() if needed]
+    required += [k for k, (needed, *_) in _TABLE_KEYS.items() if needed]
+    problems += [f"{key}: required key is missing" for key in required if key not in data]
+    if problems:
+        raise HardwareSpecError(path, problems)
+    return HardwareSpec(
+        name=strings["name"],
+        display_name=strings.get("display_name", strings["name"]),
+        hbm_bytes_per_s=_present(figures["hbm_bytes_per_s"]),
+        hbm_capacity_bytes=_present(figures["hbm_capacity_bytes"]),
+        tensor_flops_per_s=tables["tensor_flops_per_s"],
+        vector_flops_per_s=tables["vector_flops_per_s"],
+        sfu_flops_per_s=_present(figures["sfu_flops_per_s"]),
+        shared_memory_bytes_per_sm=figures.get("shared_memory_bytes_per_sm"),
+        l2_bytes=figures.get("l2_bytes"),
+        compute_units=figures.get("compute_units"),
+        interconnect_bytes_per_s=tables.get("interconnect_bytes_per_s", {}),
+        aliases=aliases,
+        path=str(path),
+    )
+
+
+def _present(figure: Figure | None) -> Figure:
+    assert figure is not None  # parse() raised on every figure with a problem
+    return figure
 
 
 def load_file(path: str | Path) -> HardwareSpec:
-    """Parse one hardware TOML file (the format of the files shipped in this folder)."""
+    """Parse one hardware TOML file (the format of the files shipped in this folder, which
+    the README's "Accelerators" section documents)."""
     path = Path(path)
     with path.open("rb") as handle:
-        data = tomllib.load(handle)
+        raw = handle.read()
     try:
-        spec = HardwareSpec(
-            name=data["name"],
-            display_name=data.get("display_name", data["name"]),
-            hbm_bytes_per_s=Figure.parse("hbm_bytes_per_s", data["hbm_bytes_per_s"]),
-            hbm_capacity_bytes=Figure.parse("hbm_capacity_bytes", data["hbm_capacity_bytes"]),
-            l2_bytes=Figure.parse("l2_bytes", data["l2_bytes"]),
-            compute_units=Figure.parse("compute_units", data["compute_units"]),
-            tensor_flops_per_s=_table(data, "tensor_flops_per_s"),
-            vector_flops_per_s=_table(data, "vector_flops_per_s"),
-            sfu_flops_per_s=Figure.parse("sfu_flops_per_s", data["sfu_flops_per_s"]),
-            interconnect_bytes_per_s=_table(data, "interconnect_bytes_per_s", required=False),
-            aliases=tuple(data.get("aliases", ())),
-            path=str(path),
-        )
-    except KeyError as missing:
-        raise ValueError(f"{path}: missing field {missing}") from None
-    except ValueError as bad:
-        raise ValueError(f"{path}: {bad}") from None
-    for key in spec.tensor_flops_per_s:
-        if key not in _SPEC_KEYS:
-            raise ValueError(f"{path}: unknown datatype {key!r} in tensor_flops_per_s")
-    return spec
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        problem = f"not UTF-8 text ({error.reason} at byte {error.start})"
+        raise HardwareSpecError(path, [problem]) from None
+    except tomllib.TOMLDecodeError as error:  # its message ends "(at line L, column C)"
+        raise HardwareSpecError(path, [f"not valid TOML: {error}"]) from None
+    return parse(data, path)
 
 
 @lru_cache(maxsize=1)

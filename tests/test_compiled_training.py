@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.fusion import FusionOptions, build_kernels
+from torchroof.fusion import build_kernels
+from torchroof.options import PricingOptions
 
 
 def _meta(*shape, dtype=torch.float32, grad=False):
@@ -16,7 +17,7 @@ def _meta(*shape, dtype=torch.float32, grad=False):
 
 
 def _kernels(trace, policy="fused"):
-    kernels, _ = build_kernels(trace.ops, FusionOptions(policy=policy), trace.roles)
+    kernels, _ = build_kernels(trace.ops, PricingOptions(fusion=policy), trace.roles)
     return [k for k in kernels if k.cost.flops or k.cost.bytes]
 
 

@@ -8,7 +8,8 @@ from torchroof.counters import cost_of
 from torchroof.counters.norms import NORM_FLOPS
 
 import torchroof
-from torchroof.fusion import FusionOptions, build_kernels
+from torchroof.fusion import build_kernels
+from torchroof.options import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
 from torchroof.recompute import recomputable_tensors
 
 
@@ -73,7 +74,7 @@ def test_fused_training_forward_writes_exactly_what_backward_reads(meta_lm):
     ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
     with torchroof.trace() as t:
         model(ids, labels=ids).loss.backward()
-    kernels, _ = build_kernels(t.ops, FusionOptions(policy="fused"), t.roles)
+    kernels, _ = build_kernels(t.ops, PricingOptions(fusion="fused"), t.roles)
     backward_reads = {x.storage for op in t.ops if op.phase == "backward" for x in op.inputs}
     written_forward = {x.storage for k in kernels if k.phase == "forward" for x, _ in k.cost.writes}
     made_in_trace = {x.storage for op in t.ops for x in op.outputs}
@@ -209,7 +210,7 @@ def test_chunked_cross_entropy_removes_the_logits_traffic():
 
 
 def test_on_chip_budget_flags_wide_fused_rows():
-    def flagged(hidden, budget=None):
+    def flagged(hidden, budget=DEFAULT_ON_CHIP_BUDGET_BYTES):
         x, norm = _meta(64, hidden), _rmsnorm(hidden)
         with torch.no_grad(), torchroof.trace() as t:
             norm(x)
@@ -239,6 +240,6 @@ def test_compare_prints_both_sides_with_the_speed_up(meta_lm):
 
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown fusion policy"):
-        FusionOptions(policy="inductor")
+        PricingOptions(fusion="inductor")
     with pytest.raises(ValueError, match="unknown loss policy"):
-        FusionOptions(loss="fast")
+        PricingOptions(loss="fast")

@@ -7,6 +7,7 @@ print(est.table())
 """
 
 from torchroof.capture import Capture, trace
+from torchroof.options import PricingOptions, Workload
 from torchroof.pipeline import (
     ModelTraceError,
     estimate,
@@ -16,8 +17,6 @@ from torchroof.pipeline import (
 )
 from torchroof.records import OpRecord, TensorMeta, Trace
 from torchroof.report import Estimate, KernelEstimate, LayerRow
-from torchroof.roofline import RooflineOptions
-from torchroof.workloads import Workload
 
 __version__ = "0.1.0"
 
@@ -28,7 +27,7 @@ __all__ = [
     "LayerRow",
     "ModelTraceError",
     "OpRecord",
-    "RooflineOptions",
+    "PricingOptions",
     "TensorMeta",
     "Trace",
     "Workload",

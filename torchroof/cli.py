@@ -7,17 +7,23 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tabulate import tabulate
 
-from torchroof.fusion import ATTENTION_POLICIES, LOSS_POLICIES
 from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
+from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
 from torchroof.pipeline import estimate_trace, trace_workload
 from torchroof.records import Trace
-from torchroof.workloads import CACHES, MLA_DECODES, OPTIMIZERS, PRECISIONS, REGIMES, Workload
 
 DEFAULT_HARDWARE = "h100-sxm"
+# estimate's --fusion also takes two policies, comma-separated, to compare them
+_FUSION_PAIR = {
+    "choices": None,
+    "type": str,
+    "help": "kernel policy: eager or fused (default fused); two, comma-separated, are compared",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -27,19 +33,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+class UsageError(ValueError):
+    """A command line argparse refused: reported as one line, like every bad input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="torchroof",
         description="Roofline time budgets for PyTorch models, traced on the meta device.",
     )
-    commands = parser.add_subparsers(dest="command")
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     est = commands.add_parser("estimate", help="per-layer time budget of a model step")
     est.add_argument(
@@ -53,42 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_HARDWARE,
         help=f"accelerator name, alias or TOML path (default {DEFAULT_HARDWARE})",
     )
-    est.add_argument("--regime", choices=REGIMES, default="prefill")
-    est.add_argument("--batch", type=_positive_int, default=1)
-    est.add_argument(
-        "--seq", type=_positive_int, default=4096, help="tokens per sequence (prefill, train)"
-    )
-    est.add_argument(
-        "--context",
-        type=_positive_int,
-        default=None,
-        help="tokens already in the KV cache (decode; default --seq)",
-    )
-    est.add_argument(
-        "--cache",
-        choices=CACHES,
-        default="static",
-        help="decode cache: static (in place) or dynamic (HF DynamicCache, cat)",
-    )
-    est.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    est.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="bf16",
-        help="train: bf16/fp16/fp32 throughout, or mixed (fp32 master + state)",
-    )
-    est.add_argument(
-        "--checkpointing",
-        action="store_true",
-        help="train: activation checkpointing (recompute in backward)",
-    )
-    est.add_argument(
-        "--mla",
-        choices=MLA_DECODES,
-        default="absorbed",
-        help="decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
-    )
-    est.add_argument("--dtype", default="bf16", help="model dtype: bf16, fp16 or fp32")
+    add_flags(est, Workload)
     est.add_argument(
         "--depth",
         type=_positive_int,
@@ -101,35 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         help="one row per block even when consecutive blocks are identical",
     )
     est.add_argument("--kernels", type=int, default=10, help="also list the N slowest kernels")
-    est.add_argument(
-        "--fusion",
-        default="fused",
-        help="kernel policy: eager or fused; two, comma-separated, are compared",
-    )
-    est.add_argument(
-        "--epilogue",
-        action="store_true",
-        help="fused: matmuls absorb the elementwise ops that follow them",
-    )
-    est.add_argument(
-        "--loss",
-        choices=LOSS_POLICIES,
-        default="materialized",
-        help="chunked: fused linear cross-entropy (no N x V logits in HBM)",
-    )
-    est.add_argument(
-        "--attention",
-        choices=ATTENTION_POLICIES,
-        default="flash",
-        help="math: the naive kernel that writes S and P to HBM",
-    )
-    est.add_argument("--tf32", action="store_true", help="fp32 matmuls on tf32 tensor cores")
-    est.add_argument(
-        "--no-overlap", action="store_true", help="T = W/pi + Q/beta instead of max (seed 000 §5)"
-    )
-    est.add_argument("--compute-efficiency", type=_fraction, default=1.0)
-    est.add_argument("--bandwidth-efficiency", type=_fraction, default=1.0)
-    est.add_argument("--launch-overhead-us", type=float, default=0.0)
+    add_flags(est, PricingOptions, fusion=_FUSION_PAIR)
     est.add_argument("--from-trace", metavar="PATH", help="re-estimate a saved trace JSON")
     est.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
     est.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
@@ -211,8 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     gemm.add_argument(
         "--local-budget-kib",
         type=float,
-        default=228.0,
-        help="on-chip budget for the tile fit check (H100 SM: 228 KiB)",
+        default=None,
+        help="on-chip budget for the tile fit check (default: the hardware's shared memory per SM)",
     )
 
     hw = commands.add_parser("hardware", help="list accelerators and their ridge points")
@@ -225,33 +170,17 @@ def _parser() -> argparse.ArgumentParser:
 def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    parser.add_argument("--regime", choices=REGIMES, default="prefill")
-    parser.add_argument("--batch", type=_positive_int, default=1)
-    parser.add_argument("--seq", type=_positive_int, default=4096)
-    parser.add_argument("--context", type=_positive_int, default=4096)
-    parser.add_argument("--cache", choices=CACHES, default="static")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    parser.add_argument("--precision", choices=PRECISIONS, default=None)
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--fusion", default="fused")
+    add_flags(parser, Workload)
+    add_flags(parser, PricingOptions)
 
 
 def _base_settings(args: argparse.Namespace) -> dict:
-    base = {
+    """Every knob as parsed: the hardware, the workload's fields, the pricing fields."""
+    return {
         "hardware": args.hardware,
-        "regime": args.regime,
-        "batch": args.batch,
-        "seq": args.seq,
-        "context": args.context,
-        "cache": args.cache,
-        "optimizer": args.optimizer,
-        "fusion": args.fusion,
+        **from_flags(args, Workload),
+        **from_flags(args, PricingOptions),
     }
-    if args.precision:
-        base["precision"] = args.precision
-    if args.dtype:
-        base["dtype"] = args.dtype
-    return base
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -359,20 +288,22 @@ def _gemm(args: argparse.Namespace) -> None:
         tile=args.tile,
         l2_absorption=args.l2_absorption,
         hardware=args.hardware,
-        local_budget_bytes=int(args.local_budget_kib * 1024),
+        local_budget_bytes=(
+            None if args.local_budget_kib is None else int(args.local_budget_kib * 1024)
+        ),
     )
     print("\n".join(reading.lines()))
 
 
-def _workload_label(model: str, w: Workload, dtype: str) -> str:
+def _workload_label(model: str, w: Workload) -> str:
     if w.regime == "decode":
-        return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {dtype}"
+        return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
     label = f"{model} {w.regime}, batch {w.batch} x {w.seq} tokens"
     if w.regime == "train":
         label += f", {w.optimizer}, {w.precision} precision"
         label += ", activation checkpointing" if w.checkpointing else ""
         return label
-    return f"{label}, {dtype}"
+    return f"{label}, {w.dtype}"
 
 
 def _estimate(args: argparse.Namespace) -> None:
@@ -380,40 +311,19 @@ def _estimate(args: argparse.Namespace) -> None:
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
     else:
-        workload = Workload(
-            regime=args.regime,
-            batch=args.batch,
-            seq=args.seq,
-            context=args.context or args.seq,
-            cache=args.cache,
-            optimizer=args.optimizer,
-            precision=args.precision,
-            checkpointing=args.checkpointing,
-            mla=args.mla,
-        )
+        workload = Workload(**from_flags(args, Workload))
         get(args.hardware)  # a bad name fails before tracing
-        trace = trace_workload(args.model, workload, args.dtype)
-        trace.metadata["dtype"] = args.dtype
-        label = _workload_label(args.model, workload, args.dtype)
+        trace = trace_workload(args.model, workload)
+        trace.metadata["dtype"] = workload.dtype
+        label = _workload_label(args.model, workload)
     if args.save_trace:
         trace.save(args.save_trace)
     policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
     if not 1 <= len(policies) <= 2:
         raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
+    pricing = from_flags(args, PricingOptions)
     estimates = [
-        estimate_trace(
-            trace,
-            args.hardware,
-            fusion=policy,
-            epilogue=args.epilogue,
-            loss=args.loss,
-            attention=args.attention,
-            allow_tf32=args.tf32,
-            overlap=not args.no_overlap,
-            compute_efficiency=args.compute_efficiency,
-            bandwidth_efficiency=args.bandwidth_efficiency,
-            launch_overhead_s=args.launch_overhead_us * 1e-6,
-        )
+        estimate_trace(trace, args.hardware, PricingOptions(**{**pricing, "fusion": policy}))
         for policy in policies
     ]
     est = estimates[-1]
@@ -502,7 +412,11 @@ def _models(_args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        print(f"torchroof: error: {error}", file=sys.stderr)
+        return 2
     handlers = {
         "estimate": _estimate,
         "hardware": _hardware,

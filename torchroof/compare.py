@@ -6,36 +6,21 @@ from __future__ import annotations
 import copy
 import csv
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload
 from torchroof.pipeline import estimate, estimate_trace, trace_model
 from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
 
-# Keys that are arguments of torchroof.estimate; every other key is a model-config field.
-ESTIMATE_KEYS = {
-    "hardware",
-    "dtype",
-    "fusion",
-    "attention",
-    "loss",
-    "epilogue",
-    "batch",
-    "context",
-    "seq",
-    "optimizer",
-    "precision",
-    "cache",
-    "regime",
-    "checkpointing",
-    "mla",
-}
-_INT_KEYS = {"batch", "context", "seq"}
-# Keys that only change how a trace is priced, so variants differing in them share a trace.
-PRICING_KEYS = {"hardware", "fusion", "attention", "loss", "epilogue"}
+# The knobs, by name (torchroof/options.py), plus where the step runs; every other key
+# compare is given is a model-config field.
+PRICING_KEYS = {"hardware", *PRICING_KNOBS}  # variants differing only in these share a trace
+ESTIMATE_KEYS = {*WORKLOAD_KNOBS, *PRICING_KEYS}
+_INT_KEYS = {f.name for f in fields(Workload) if f.type in ("int", "int | None")}
 
 
 def parse_value(key: str, text: str) -> Any:
@@ -135,8 +120,9 @@ class Comparison:
 def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparison:
     """Estimate ``model`` once per value of each varied key (the others held at ``base``).
 
-    Keys are :func:`torchroof.estimate` arguments (hardware, dtype, fusion, batch, context,
-    seq, optimizer, …) or model-config fields (``num_key_value_heads=[64, 8]``).
+    Keys are ``hardware``, any field of :class:`torchroof.options.Workload` or
+    :class:`torchroof.options.PricingOptions` by its name, or a model-config field
+    (``num_key_value_heads=[64, 8]``).
     """
     if not vary:
         raise ValueError("nothing to vary: give at least one key with its values")

@@ -198,10 +198,10 @@ def gemm_workbench(
     tile: int = 128,
     l2_absorption: float = 0.85,
     hardware: str | HardwareSpec = "h100-sxm",
-    local_budget_bytes: int = 228 * 1024,
+    local_budget_bytes: int | None = None,
 ) -> GemmReading:
-    """seed 000 Lab 2. ``local_budget_bytes`` defaults to an H100 SM's 228 KB of shared
-    memory (seed 000 "GEMM II")."""
+    """seed 000 Lab 2. ``local_budget_bytes`` defaults to the hardware's shared memory per SM
+    (an H100 SM's 228 KB, seed 000 "GEMM II")."""
     for name, value in (("M", m), ("N", n), ("K", k), ("tile", tile)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
@@ -218,5 +218,5 @@ def gemm_workbench(
         _itemsize(dtype),
         _peak(spec, dtype),
         spec.hbm_bytes_per_s.value,
-        local_budget_bytes,
+        spec.shared_memory_per_sm() if local_budget_bytes is None else local_budget_bytes,
     )

@@ -40,16 +40,9 @@ from torchroof.counters.pointwise import POINTWISE_FLOPS
 from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
 from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
 from torchroof.memory import storage_extent_bytes
+from torchroof.options import PricingOptions
 from torchroof.recompute import Recomputable, recomputable_tensors, statistics_producer
 from torchroof.records import OpRecord, Phase, TensorMeta
-
-FUSION_POLICIES = ("eager", "fused")
-LOSS_POLICIES = ("materialized", "chunked")
-ATTENTION_POLICIES = ("flash", "math")
-
-# seed 000 Lab 3: real fused kernels start spilling past roughly 64 KB of live state per
-# 256-thread block; a row-wise kernel keeps about one row per thread group in flight.
-DEFAULT_ON_CHIP_BUDGET_BYTES = 64 * 1024
 
 
 def _packets(*names: str) -> set[str]:
@@ -158,28 +151,6 @@ class Coverage:
     uncounted: dict[str, int]
 
 
-@dataclass(frozen=True)
-class FusionOptions:
-    """How ops become kernels."""
-
-    policy: str = "fused"
-    epilogue: bool = False  # a matmul absorbs the elementwise ops that follow it
-    loss: str = "materialized"
-    attention: str = "flash"
-    on_chip_budget_bytes: int = DEFAULT_ON_CHIP_BUDGET_BYTES
-
-    def __post_init__(self) -> None:
-        for value, known, what in (
-            (self.policy, FUSION_POLICIES, "fusion policy"),
-            (self.loss, LOSS_POLICIES, "loss policy"),
-            (self.attention, ATTENTION_POLICIES, "attention policy"),
-        ):
-            if value not in known:
-                raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
-        if self.on_chip_budget_bytes <= 0:
-            raise ValueError("on_chip_budget_bytes must be positive")
-
-
 @dataclass
 class _Group:
     members: list[int] = field(default_factory=list)
@@ -274,7 +245,7 @@ def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[in
 
 
 def _group_ops(
-    ops: Sequence[OpRecord], costs: Sequence[Cost], options: FusionOptions
+    ops: Sequence[OpRecord], costs: Sequence[Cost], options: PricingOptions
 ) -> list[_Group]:
     """Greedy vertical fusion in execution order.
 
@@ -316,12 +287,12 @@ def _group_ops(
                 last_writer[t.storage] = i
             continue
         chosen = None
-        if options.policy == "fused" and _is_fusable(op, cost) and not _own_loop_order(op):
+        if options.fusion == "fused" and _is_fusable(op, cost) and not _own_loop_order(op):
             chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
             if chosen is not None:
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
         if chosen is None:
-            kind = "fusable" if (options.policy == "fused" and _is_fusable(op, cost)) else "anchor"
+            kind = "fusable" if (options.fusion == "fused" and _is_fusable(op, cost)) else "anchor"
             if kind == "anchor" and options.epilogue and op.packet in MATMUL_PACKETS:
                 kind = "epilogue"
             groups.append(_Group(kind=kind))
@@ -461,7 +432,7 @@ def _joinable_group(
     groups: list[_Group],
     group_of: dict[int, int],
     last_writer: dict[int, int],
-    options: FusionOptions,
+    options: PricingOptions,
 ) -> int | None:
     op = ops[i]
     producers = [last_writer.get(t.storage) for t in read_tensors(op)]
@@ -555,7 +526,7 @@ def _group_kernel(
     costs: Sequence[Cost],
     graph: _Graph,
     roles: dict[int, str],
-    options: FusionOptions,
+    options: PricingOptions,
     plan: _SavePlan,
 ) -> Kernel:
     """Sum W; Q is the external traffic only (DESIGN rule 6)."""
@@ -679,27 +650,27 @@ def _per_storage(views: Iterable[tuple[TensorMeta, int]]) -> tuple[tuple[TensorM
 
 def build_kernels(
     ops: Iterable[OpRecord],
-    options: FusionOptions | None = None,
+    options: PricingOptions | None = None,
     roles: dict[int, str] | None = None,
     pricer: Callable[[OpRecord], Cost] | None = None,
 ) -> tuple[list[Kernel], Coverage]:
     """Group a trace's ops into the kernels a runtime would launch under ``options``."""
-    options = options or FusionOptions()
+    options = options or PricingOptions()
     ops = list(ops)
     costs = [pricer(op) if pricer else price(op, options.attention) for op in ops]
     uncounted = Counter(op.name for op, c in zip(ops, costs, strict=True) if not c.counted)
     coverage = Coverage(len(ops), dict(uncounted))
-    if options.policy == "fused":
+    if options.fusion == "fused":
         known = {id(op): cost for op, cost in zip(ops, costs, strict=True)}
         ops = split_column_reductions(ops, [c.flops for c in costs])
         costs = [known.get(id(op)) or cost_of(op) for op in ops]
     graph = _Graph(ops, costs)
     groups = _group_ops(ops, costs, options)
-    if options.policy == "fused":
+    if options.fusion == "fused":
         _merge_horizontal(groups, ops, graph)
     roles = roles or {}
     plan = (
-        _save_plan(ops, costs, groups, graph, roles) if options.policy == "fused" else _SavePlan()
+        _save_plan(ops, costs, groups, graph, roles) if options.fusion == "fused" else _SavePlan()
     )
     kernels = [
         _group_kernel(sorted(g.members), ops, costs, graph, roles, options, plan)

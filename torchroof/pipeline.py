@@ -9,6 +9,7 @@ import gc
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,13 @@ from torchroof import optimizer_step
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
 from torchroof.errors import first_line
-from torchroof.fusion import FusionOptions, Kernel, build_kernels
+from torchroof.fusion import Kernel, build_kernels
 from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.memory import footprint
+from torchroof.options import OptionError, PricingOptions, Workload, WorkloadError, split_knobs
 from torchroof.records import Trace
 from torchroof.report import Estimate, KernelEstimate
-from torchroof.roofline import RooflineOptions, time_kernel
+from torchroof.roofline import time_kernel
 
 ACTIVATIONS = "activations"
 
@@ -86,25 +88,25 @@ def _timed(
 def estimate_trace(
     trace: Trace,
     hardware: str | Path | HardwareSpec = "h100-sxm",
-    *,
-    fusion: str = "fused",
-    epilogue: bool = False,
-    loss: str = "materialized",
-    attention: str = "flash",
-    on_chip_budget_bytes: int | None = None,
-    **options: Any,
+    pricing: PricingOptions | None = None,
+    **knobs: Any,
 ) -> Estimate:
     """Price and time every op of ``trace`` on ``hardware``.
 
-    ``fusion`` (eager | fused), ``epilogue``, ``loss`` (materialized | chunked) and
-    ``attention`` (flash | math) choose the kernels (:mod:`torchroof.fusion`); ``options``
-    are :class:`RooflineOptions` fields (``allow_tf32``, ``overlap``,
-    ``compute_efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``).
+    ``pricing`` or its fields as keywords (:class:`torchroof.options.PricingOptions`:
+    ``fusion``, ``epilogue``, ``loss``, ``attention``, ``on_chip_budget_bytes``,
+    ``allow_tf32``, ``overlap``, ``compute_efficiency``, ``bandwidth_efficiency``,
+    ``launch_overhead_s``) choose the kernels and how each is timed.
     """
-    with _no_gc():
-        return _estimate_trace(
-            trace, hardware, fusion, epilogue, loss, attention, on_chip_budget_bytes, options
+    workload_knobs, pricing_knobs = split_knobs(knobs)
+    if workload_knobs:
+        raise OptionError(
+            f"{', '.join(sorted(workload_knobs))} choose what is traced, not how a trace is "
+            "priced: pass them to estimate() or trace_model()"
         )
+    pricing = replace(pricing or PricingOptions(), **pricing_knobs)
+    with _no_gc():
+        return _estimate_trace(trace, hardware, pricing)
 
 
 @contextlib.contextmanager
@@ -121,39 +123,25 @@ def _no_gc() -> Iterator[None]:
 
 
 def _estimate_trace(
-    trace: Trace,
-    hardware: str | Path | HardwareSpec,
-    fusion: str,
-    epilogue: bool,
-    loss: str,
-    attention: str,
-    on_chip_budget_bytes: int | None,
-    options: dict[str, Any],
+    trace: Trace, hardware: str | Path | HardwareSpec, pricing: PricingOptions
 ) -> Estimate:
     spec = get(hardware)
-    roofline = RooflineOptions(**options)
-    fusion_options = FusionOptions(
-        policy=fusion,
-        epilogue=epilogue,
-        loss=loss,
-        attention=attention,
-        **({"on_chip_budget_bytes": on_chip_budget_bytes} if on_chip_budget_bytes else {}),
-    )
     step = optimizer_step.analyse(trace)
     roles = {**step.roles, **trace.roles}
-    ops = optimizer_step.fused_ops(trace.ops, step) if fusion == "fused" else trace.ops
-    kernels, coverage = build_kernels(ops, fusion_options, roles)
+    fused = pricing.fusion == "fused"
+    ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
+    kernels, coverage = build_kernels(ops, pricing, roles)
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
     for index, kernel in enumerate(kernels):
         cost = kernel.cost
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
-        t = time_kernel(cost, spec, roofline)
+        t = time_kernel(cost, spec, pricing)
         timed.append(_timed(index, kernel, cost, t, traffic_by_role(kernel, roles)))
     if tensor_flops:
         reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)
-        reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=roofline.allow_tf32)
+        reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=pricing.allow_tf32)
         reference_dtype = spec_dtype(reference_dtype)
     else:
         reference_dtype, reference_peak = "fp32", spec.vector_peak("fp32")
@@ -170,16 +158,10 @@ def _estimate_trace(
         assumptions=[
             *routing_assumptions(trace),
             *cache_assumptions(trace),
-            *step.assumptions(fusion),
+            *step.assumptions(pricing.fusion),
             *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
-        options={
-            "fusion": fusion,
-            "epilogue": epilogue,
-            "loss": loss,
-            "attention": attention,
-            **roofline.to_dict(),
-        },
+        options=pricing.to_dict(),
         metadata=dict(trace.metadata),
         memory=footprint(
             trace,
@@ -246,20 +228,12 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def estimate(
     model: Any = "llama-3-8b",
-    regime: str = "prefill",
+    regime: str | None = None,
     *,
     hardware: str | Path | HardwareSpec = "h100-sxm",
-    batch: int = 1,
-    seq: int = 4096,
-    context: int = 0,
-    dtype: str | torch.dtype | None = None,
-    cache: str = "static",
-    optimizer: str = "adamw",
-    precision: str | None = None,
-    checkpointing: bool = False,
-    mla: str = "absorbed",
-    fusion: str = "fused",
-    **options: Any,
+    workload: Workload | None = None,
+    pricing: PricingOptions | None = None,
+    **knobs: Any,
 ) -> Estimate:
     """Estimate one step of ``model`` on ``hardware``.
 
@@ -267,28 +241,20 @@ def estimate(
     never touched), a transformers config, a path to a config.json or model directory, or
     a shipped config name (``torchroof models``). ``regime`` is ``prefill`` (B x seq tokens,
     writing the KV cache), ``decode`` (one token for B sequences against a cache of
-    ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step).
+    ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step); left out,
+    the workload's, else prefill.
 
-    ``dtype`` (inference) and ``precision`` (train: bf16, fp16, fp32 or mixed) cast the
-    model; left out, a module keeps its own dtype and a config is built in bf16. ``mla``:
-    how a decode step runs multi-head latent attention, ``absorbed`` into the latent (what
-    FlashMLA serves) or ``expanded`` per step (what transformers runs).
+    Every other keyword is a field of :class:`torchroof.options.Workload` (``batch``,
+    ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
+    ``mla``, ``dtype``) or of :class:`torchroof.options.PricingOptions` (``fusion``, …),
+    or pass the objects. A module keeps its own dtype unless ``dtype`` or ``precision`` is
+    given; a config is built in ``dtype`` (bf16).
     """
+    workload_knobs, pricing_knobs = split_knobs(knobs)
     spec = get(hardware)  # fail on a bad name before any tracing
-    trace = trace_model(
-        model,
-        regime,
-        batch=batch,
-        seq=seq,
-        context=context,
-        dtype=dtype,
-        cache=cache,
-        optimizer=optimizer,
-        precision=precision,
-        checkpointing=checkpointing,
-        mla=mla,
-    )
-    return estimate_trace(trace, spec, fusion=fusion, **options)
+    pricing = replace(pricing or PricingOptions(), **pricing_knobs)
+    trace = trace_model(model, regime, workload=workload, **workload_knobs)
+    return estimate_trace(trace, spec, pricing)
 
 
 class ModelTraceError(ValueError):
@@ -297,52 +263,35 @@ class ModelTraceError(ValueError):
 
 
 def trace_model(
-    model: Any,
-    regime: str = "prefill",
-    *,
-    batch: int = 1,
-    seq: int = 4096,
-    context: int = 0,
-    dtype: str | torch.dtype | None = None,
-    cache: str = "static",
-    optimizer: str = "adamw",
-    precision: str | None = None,
-    checkpointing: bool = False,
-    mla: str = "absorbed",
+    model: Any, regime: str | None = None, *, workload: Workload | None = None, **knobs: Any
 ) -> Trace:
-    """The trace :func:`estimate` prices: the workload's arguments as in ``estimate``."""
-    from torchroof.workloads import Workload
-
-    workload = Workload(
-        regime=regime,
-        batch=batch,
-        seq=seq,
-        context=context,
-        cache=cache,
-        optimizer=optimizer,
-        precision=precision or "bf16",
-        checkpointing=checkpointing,
-        mla=mla,
-    )
-    cast = dtype is not None or precision is not None
-    return trace_workload(model, workload, dtype or "bf16", cast_module=cast)
+    """The trace :func:`estimate` prices: ``workload``, or its fields as keywords."""
+    workload_knobs, pricing_knobs = split_knobs(knobs)
+    if pricing_knobs:
+        raise OptionError(
+            f"{', '.join(sorted(pricing_knobs))} choose how a trace is priced, not what is "
+            "traced: pass them to estimate() or estimate_trace()"
+        )
+    cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
+    if regime is not None:
+        workload_knobs["regime"] = regime
+    workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
+    return trace_workload(model, workload, cast_module=cast)
 
 
-def trace_workload(
-    model: Any, workload: Any, dtype: str | torch.dtype = "bf16", cast_module: bool = False
-) -> Trace:
+def trace_workload(model: Any, workload: Workload, cast_module: bool = False) -> Trace:
     """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
     keeps its dtype unless ``cast_module``."""
     from torchroof.models import build_model, load_config
-    from torchroof.workloads import WorkloadError, compute_dtype, run_workload
+    from torchroof.workloads import compute_dtype, run_workload
 
     if isinstance(model, torch.nn.Module):
         module = meta_copy(model)
         if cast_module:
-            module = module.to(compute_dtype(workload, dtype))
+            module = module.to(compute_dtype(workload))
         label = type(model).__name__
     else:
-        module = build_model(load_config(model), compute_dtype(workload, dtype))
+        module = build_model(load_config(model), compute_dtype(workload))
         label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
     try:
         trace = run_workload(module, workload)

@@ -24,7 +24,35 @@ Role = Literal["weights", "gradients", "optimizer_state", "kv_cache"]
 ROLES: tuple[Role, ...] = ("weights", "gradients", "optimizer_state", "kv_cache")
 """What a storage holds; every storage without a role holds activations."""
 
-TRACE_FORMAT_VERSION = 1
+TRACE_FORMAT_VERSION = 2
+"""Written by ``Trace.save``. 2: the op count is recorded (``op_count``) and checked on load.
+1: no count; still read, with every check but the count (see :meth:`Trace.from_dict`)."""
+OLDEST_TRACE_FORMAT_VERSION = 1
+PROBLEMS_LISTED = 5  # problems a TraceFileError message lists before "and N more"
+
+
+class TraceFileError(ValueError):
+    """A saved trace that cannot be read as one: every problem found, in one exception.
+
+    ``problems`` lists them all; the message (one line) names the file and lists the first
+    ``PROBLEMS_LISTED``::
+
+        trace PATH: PROBLEM
+        trace PATH: N problems: PROBLEM; PROBLEM; ...; and K more
+    """
+
+    def __init__(self, problems: list[str], path: str | Path | None = None) -> None:
+        self.problems = list(problems)
+        self.path = path
+        where = "trace" if path is None else f"trace {path}"
+        if len(self.problems) == 1:
+            message = f"{where}: {self.problems[0]}"
+        else:
+            listed = self.problems[:PROBLEMS_LISTED]
+            rest = len(self.problems) - len(listed)
+            message = f"{where}: {len(self.problems)} problems: " + "; ".join(listed)
+            message += f"; and {rest} more" if rest else ""
+        super().__init__(message)
 
 
 @cache
@@ -238,7 +266,7 @@ class Trace:
 
     def estimate(self, hardware: Any = "h100-sxm", **options: Any) -> Any:
         """Price every op and time it with the roofline on ``hardware`` (name, alias, path
-        or HardwareSpec). Options are those of :class:`torchroof.roofline.RooflineOptions`."""
+        or HardwareSpec). Options are the fields of :class:`torchroof.options.PricingOptions`."""
         from torchroof.pipeline import estimate_trace
 
         return estimate_trace(self, hardware, **options)
@@ -247,6 +275,7 @@ class Trace:
         return {
             "format": "torchroof-trace",
             "version": TRACE_FORMAT_VERSION,
+            "op_count": len(self.ops),
             "metadata": self.metadata,
             "parameters": {str(k): v for k, v in self.parameters.items()},
             "roles": {str(k): v for k, v in self.roles.items()},
@@ -256,14 +285,25 @@ class Trace:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Trace:
-        if data.get("format") != "torchroof-trace":
-            raise ValueError("not a torchroof trace (missing format marker)")
-        if data.get("version") != TRACE_FORMAT_VERSION:
-            raise ValueError(
-                f"trace format version {data.get('version')} is not supported "
-                f"(this torchroof reads version {TRACE_FORMAT_VERSION})"
-            )
+    def from_dict(cls, data: Any) -> Trace:
+        """The trace a :meth:`to_dict` wrote, checked before anything is built.
+
+        Refused with a :class:`TraceFileError` listing every problem found: not a JSON
+        object or no ``"format": "torchroof-trace"`` marker; a format version that is newer
+        than this torchroof or unknown; no version at all (no torchroof ever wrote such a
+        file: it was written or edited by hand; re-save the trace with this torchroof,
+        ``Trace.save`` or ``torchroof estimate ... --save-trace PATH``); a missing field; an
+        op count other than the one recorded at save time (ops deleted or added); an op
+        whose name is not an overload name, whose tensors are not ``[shape, stride, dtype,
+        storage, offset]`` with integer shape and stride of one length and a known dtype,
+        whose phase is not one of ``PHASES``, whose tensor arguments point at no input, or
+        whose position (``i``) does not follow the op before it. Version 1 files (saved
+        before the op count was recorded) are read with every check but the count: their
+        completeness is assumed.
+        """
+        problems = _trace_problems(data)
+        if problems:
+            raise TraceFileError(problems)
         return cls(
             ops=[OpRecord.from_json(op) for op in data["ops"]],
             assumptions=[Assumption(*a) for a in data["assumptions"]],
@@ -278,4 +318,221 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a trace :meth:`save` wrote; :class:`TraceFileError` (a ``ValueError``)
+        naming the file if it cannot be read, is not JSON or fails :meth:`from_dict`."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as error:
+            raise TraceFileError([f"cannot read it: {error.strerror or error}"], path) from error
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise TraceFileError([f"not valid JSON: {error}"], path) from error
+        try:
+            return cls.from_dict(data)
+        except TraceFileError as error:
+            raise TraceFileError(error.problems, path) from None
+
+
+# -- checking a saved trace ---------------------------------------------------------------
+
+_TRACE_FIELDS = ("metadata", "parameters", "roles", "role_bytes", "assumptions", "ops")
+_OP_FIELDS = ("i", "op", "in", "out", "args", "module", "phase")
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """A value as compact JSON, shortened, for a one-line message."""
+    try:
+        text = json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), _show(value))
+
+
+def _trace_problems(data: Any) -> list[str]:
+    """Every problem of a would-be saved trace; [] when it can be built."""
+    if not isinstance(data, dict):
+        return [f"not a torchroof trace: the top level is {_kind(data)}, not an object"]
+    if data.get("format") != "torchroof-trace":
+        return ['not a torchroof trace (no "format": "torchroof-trace" marker)']
+    version = data.get("version")
+    readable = f"{OLDEST_TRACE_FORMAT_VERSION}-{TRACE_FORMAT_VERSION}"
+    if version is None:
+        return [
+            "no format version (not written by torchroof's Trace.save); re-save it with this "
+            "torchroof: Trace.save, or torchroof estimate MODEL ... --save-trace PATH"
+        ]
+    if _is_int(version) and version > TRACE_FORMAT_VERSION:
+        return [
+            f"format version {version} is newer than this torchroof reads ({readable}); "
+            "upgrade torchroof, or re-save the trace with this one"
+        ]
+    if not _is_int(version) or version < OLDEST_TRACE_FORMAT_VERSION:
+        return [f"unknown format version {_show(version)} (this torchroof reads {readable})"]
+
+    problems: list[str] = []
+    fields = _TRACE_FIELDS + (("op_count",) if version >= 2 else ())
+    missing = [name for name in fields if name not in data]
+    if missing:
+        problems.append("missing " + ", ".join(f'"{name}"' for name in missing))
+    ops = data.get("ops")
+    if "ops" in data and not isinstance(ops, list):
+        problems.append(f'"ops" is {_kind(ops)}, not a list')
+    if isinstance(ops, list):
+        count = data.get("op_count")
+        if "op_count" in data and (not _is_int(count) or count < 0):
+            problems.append(f'"op_count" is {_show(count)}, not a non-negative integer')
+        elif _is_int(count) and count != len(ops):
+            problems.append(f"{len(ops)} ops found, {count} recorded at save time")
+        previous = -1
+        for position, op in enumerate(ops):
+            problems += _op_problems(position, op, previous)
+            if isinstance(op, dict) and _is_int(op.get("i")):
+                previous = op["i"]
+    problems += _table_problems(data)
+    return problems
+
+
+def _table_problems(data: dict[str, Any]) -> list[str]:
+    """Problems of the trace-wide fields: metadata, parameters, roles, role_bytes, assumptions."""
+    problems: list[str] = []
+    if "metadata" in data and not isinstance(data["metadata"], dict):
+        problems.append(f'"metadata" is {_kind(data["metadata"])}, not an object')
+    for name, allowed in (("parameters", None), ("roles", ROLES)):
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            problems.append(f'"{name}" is {_kind(table)}, not an object')
+            continue
+        for key, value in table.items():
+            if not key.lstrip("-").isdigit():
+                problems.append(f'"{name}" key {_show(key)} is not a storage id (an integer)')
+            elif allowed is None and not isinstance(value, str):
+                problems.append(f'"{name}"[{key}] is {_show(value)}, not a name')
+            elif allowed is not None and value not in allowed:
+                problems.append(f'"{name}"[{key}] is {_show(value)}, not one of {list(allowed)}')
+    role_bytes = data.get("role_bytes", {})
+    if not isinstance(role_bytes, dict):
+        problems.append(f'"role_bytes" is {_kind(role_bytes)}, not an object')
+    else:
+        for key, value in role_bytes.items():
+            if key not in ROLES:
+                problems.append(f'"role_bytes" key {_show(key)} is not one of {list(ROLES)}')
+            elif not _is_int(value) or value < 0:
+                problems.append(f'"role_bytes"[{key}] is {_show(value)}, not a byte count')
+    assumptions = data.get("assumptions", [])
+    if not isinstance(assumptions, list):
+        problems.append(f'"assumptions" is {_kind(assumptions)}, not a list')
+    else:
+        for n, item in enumerate(assumptions):
+            if not (
+                isinstance(item, list)
+                and len(item) == 3
+                and _is_int(item[0])
+                and isinstance(item[1], str)
+                and isinstance(item[2], str)
+            ):
+                problems.append(f"assumptions[{n}] is {_show(item)}, not [op index, module, what]")
+    return problems
+
+
+def _op_problems(position: int, op: Any, previous: int) -> list[str]:
+    """Problems of ``ops[position]``; ``previous`` is the index of the op before it."""
+    if not isinstance(op, dict):
+        return [f"ops[{position}] is {_kind(op)}, not an object"]
+    name = op.get("op")
+    where = f"ops[{position}]" + (f" ({name})" if isinstance(name, str) else "")
+    missing = [key for key in _OP_FIELDS if key not in op]
+    problems = [f"{where}: missing " + ", ".join(f'"{key}"' for key in missing)] if missing else []
+    index = op.get("i")
+    if "i" in op and not _is_int(index):
+        problems.append(f'{where}: "i" is {_show(index)}, not an integer')
+    elif "i" in op and index <= previous:
+        problems.append(f'{where}: "i" is {index}, not above the op before\'s ({previous})')
+    elif "i" in op and index < 0:
+        problems.append(f'{where}: "i" is {index}, not a non-negative integer')
+    if "op" in op:
+        head, dot, tail = name.rpartition(".") if isinstance(name, str) else ("", "", "")
+        if not (dot and head and tail):
+            problems.append(
+                f"{where}: name {_show(name)} is not an overload (e.g. aten.mm.default)"
+            )
+    if "module" in op and not isinstance(op["module"], str):
+        problems.append(f'{where}: "module" is {_show(op["module"])}, not a string')
+    if "phase" in op and op["phase"] not in PHASES:
+        problems.append(f"{where}: phase {_show(op['phase'])} is not one of {list(PHASES)}")
+    if "synthetic" in op and not isinstance(op["synthetic"], bool):
+        problems.append(f'{where}: "synthetic" is {_show(op["synthetic"])}, not true/false')
+    inputs = op.get("in")
+    for key in ("in", "out"):
+        if key not in op:
+            continue
+        tensors = op[key]
+        if not isinstance(tensors, list):
+            problems.append(f'{where}: "{key}" is {_kind(tensors)}, not a list of tensors')
+            continue
+        for n, tensor in enumerate(tensors):
+            problems += [f"{where} {key}[{n}]: {p}" for p in _tensor_problems(tensor)]
+    if "args" in op:
+        args = op["args"]
+        if not isinstance(args, dict):
+            problems.append(f'{where}: "args" is {_kind(args)}, not an object')
+        else:
+            count = len(inputs) if isinstance(inputs, list) else 0
+            for key, value in args.items():
+                problems += [f"{where} args.{key}: {p}" for p in _arg_problems(value, count)]
+    return problems
+
+
+def _tensor_problems(data: Any) -> list[str]:
+    """Problems of one ``TensorMeta.to_json`` record."""
+    if not isinstance(data, list) or len(data) != 5:
+        return [f"{_show(data)} is not [shape, stride, dtype, storage, offset]"]
+    shape, stride, dtype, storage, offset = data
+    problems = []
+    shape_ok = isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape)
+    stride_ok = isinstance(stride, list) and all(_is_int(s) for s in stride)
+    if not shape_ok:
+        problems.append(f"shape {_show(shape)} is not a list of non-negative integers")
+    if not stride_ok:
+        problems.append(f"stride {_show(stride)} is not a list of integers")
+    if shape_ok and stride_ok and len(shape) != len(stride):
+        problems.append(f"shape {_show(shape)} and stride {_show(stride)} differ in length")
+    if not isinstance(dtype, str) or not _known_dtype(dtype):
+        problems.append(f"unknown dtype {_show(dtype)}")
+    if not _is_int(storage):
+        problems.append(f"storage {_show(storage)} is not an integer id")
+    if not _is_int(offset) or offset < 0:
+        problems.append(f"offset {_show(offset)} is not a non-negative integer")
+    return problems
+
+
+def _known_dtype(name: str) -> bool:
+    try:
+        dtype_itemsize(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _arg_problems(value: Any, inputs: int) -> list[str]:
+    """Problems of one argument as ``_args_to_json`` wrote it (``inputs``: the op's count)."""
+    if isinstance(value, list):
+        return [p for v in value for p in _arg_problems(v, inputs)]
+    if not isinstance(value, dict):
+        return []
+    if "$t" in value:
+        ref = value["$t"]
+        if not _is_int(ref) or not 0 <= ref < inputs:
+            return [f"tensor reference {_show(ref)} points at no input (the op has {inputs})"]
+    elif "$f" in value:
+        try:
+            float(value["$f"])
+        except (TypeError, ValueError):
+            return [f"float {_show(value['$f'])} is not a number"]
+    return []

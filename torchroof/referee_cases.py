@@ -320,7 +320,8 @@ def torchroof_fused(c: Case) -> list[Any]:
     ``out`` with a ones gradient made outside the trace); kernels that move no bytes and do
     no FLOPs are left out."""
     import torchroof
-    from torchroof.fusion import FusionOptions, build_kernels
+    from torchroof.fusion import build_kernels
+    from torchroof.options import PricingOptions
 
     module, inputs = c.make("meta")
     capture = torchroof.trace()
@@ -331,5 +332,5 @@ def torchroof_fused(c: Case) -> list[Any]:
             with capture.unrecorded():
                 seed = torch.ones_like(out)
             out.backward(seed)
-    kernels, _ = build_kernels(t.ops, FusionOptions(policy="fused"), roles=t.roles)
+    kernels, _ = build_kernels(t.ops, PricingOptions(fusion="fused"), roles=t.roles)
     return [k for k in kernels if k.cost.bytes or k.cost.flops]

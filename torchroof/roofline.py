@@ -7,35 +7,14 @@ ceiling the kernel's unit and dtype can reach (DESIGN rule 4), beta the HBM band
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from torchroof.counters import Cost
 from torchroof.hardware import HardwareSpec
+from torchroof.options import PricingOptions
 
 Bound = Literal["compute", "memory"]
-
-
-@dataclass(frozen=True)
-class RooflineOptions:
-    """How kernels are timed. Defaults are the seed's ideal roofline."""
-
-    allow_tf32: bool = False  # fp32 matmuls on tf32 tensor cores (else the fp32 vector units)
-    overlap: bool = True  # max(W/pi, Q/beta); False = W/pi + Q/beta (no overlap, seed §5)
-    compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached
-    bandwidth_efficiency: float = 1.0  # fraction of peak HBM bandwidth reached
-    launch_overhead_s: float = 0.0  # added to every kernel (seed 000: "a few microseconds")
-
-    def __post_init__(self) -> None:
-        for name in ("compute_efficiency", "bandwidth_efficiency"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        if self.launch_overhead_s < 0:
-            raise ValueError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -50,7 +29,7 @@ class KernelTime:
     bound: Bound
 
 
-def time_kernel(cost: Cost, hardware: HardwareSpec, options: RooflineOptions) -> KernelTime:
+def time_kernel(cost: Cost, hardware: HardwareSpec, options: PricingOptions) -> KernelTime:
     """T = max(W/pi, Q/beta) (or the sum without overlap), plus launch overhead."""
     peak = hardware.peak(cost.unit, cost.dtype, allow_tf32=options.allow_tf32)
     peak *= options.compute_efficiency

@@ -10,93 +10,41 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from torchroof.capture import Capture
 from torchroof.errors import first_line
+from torchroof.options import (
+    CACHES,
+    FUSED_OPTIMIZERS,
+    MLA_DECODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    REGIMES,
+    TRACED_OPTIMIZERS,
+    Workload,
+    WorkloadError,
+)
 from torchroof.records import Trace
 
-REGIMES = ("prefill", "decode", "train")
-CACHES = ("static", "dynamic")
-PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
-# How a decode step runs multi-head latent attention: over the latent with the
-# up-projections absorbed (FlashMLA, vLLM, SGLang) or expanded per step (transformers).
-MLA_DECODES = ("absorbed", "expanded")
-
-# Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
-# and the number of fp32/param-dtype state tensors per parameter).
-# seed 000 "Optimizers as memory workloads": Adam ~12 FLOPs, two moments; SGD one step,
-# momentum one buffer.
-FUSED_OPTIMIZERS: dict[str, tuple[int, int]] = {
-    "adamw": (12, 2),
-    "adam": (12, 2),
-    "sgd": (2, 0),
-    "sgd-momentum": (4, 1),
-}
-# Optimizers whose torch.optim step is traced as it runs (no single fused kernel exists).
-TRACED_OPTIMIZERS = ("adafactor", "muon")
-OPTIMIZERS = (*FUSED_OPTIMIZERS, *TRACED_OPTIMIZERS)
+__all__ = [
+    "CACHES",
+    "FUSED_OPTIMIZERS",
+    "MLA_DECODES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "REGIMES",
+    "TRACED_OPTIMIZERS",
+    "Workload",
+    "WorkloadError",
+    "run_workload",
+]
 
 
-class WorkloadError(ValueError):
-    """A workload that cannot be built from the arguments or the model given."""
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What step to trace.
-
-    ``precision`` (train only): ``bf16`` / ``fp16`` / ``fp32`` keep parameters, gradients
-    and optimizer state in that dtype; ``mixed`` is bf16 compute with fp32 master weights,
-    fp32 gradients and fp32 optimizer state, the bf16 weights rewritten by the optimizer
-    (seed 000 §16: 30 B/param for AdamW).
-    """
-
-    regime: str = "prefill"
-    batch: int = 1
-    seq: int = 4096  # tokens per sequence (prefill, train)
-    context: int = 0  # tokens already in the KV cache (decode)
-    cache: str = "static"
-    optimizer: str = "adamw"
-    precision: str = "bf16"
-    checkpointing: bool = False
-    mla: str = "absorbed"  # decode of latent-attention models: "absorbed" or "expanded"
-
-    def __post_init__(self) -> None:
-        if self.regime not in REGIMES:
-            raise WorkloadError(f"unknown regime {self.regime!r}; choose one of {REGIMES}")
-        _check_positive("batch", self.batch)
-        if self.regime == "decode":
-            _check_positive("context", self.context)
-        else:
-            _check_positive("seq", self.seq)
-        if self.cache not in CACHES:
-            raise WorkloadError(f"unknown cache {self.cache!r}; choose one of {CACHES}")
-        if self.optimizer not in OPTIMIZERS:
-            raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
-        if self.precision not in PRECISIONS:
-            raise WorkloadError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
-        if self.mla not in MLA_DECODES:
-            raise WorkloadError(f"unknown mla {self.mla!r}; choose one of {MLA_DECODES}")
-
-    @property
-    def tokens(self) -> int:
-        """Tokens processed by the step (decode: one per sequence)."""
-        return self.batch * (1 if self.regime == "decode" else self.seq)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise WorkloadError(f"{name} must be a positive integer, got {value!r}")
-
-
-def compute_dtype(workload: Workload, dtype: str | torch.dtype) -> torch.dtype:
+def compute_dtype(workload: Workload) -> torch.dtype:
     """The dtype the model's weights and activations are built in for this workload."""
     from torchroof.models import model_dtype
 
@@ -104,7 +52,7 @@ def compute_dtype(workload: Workload, dtype: str | torch.dtype) -> torch.dtype:
         return model_dtype(workload.precision)
     if workload.regime == "train":
         return torch.bfloat16
-    return model_dtype(dtype)
+    return model_dtype(workload.dtype)
 
 
 def run_workload(model: torch.nn.Module, workload: Workload) -> Trace:

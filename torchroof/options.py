@@ -1,0 +1,246 @@
+"""Every knob, defined once: what step to trace (:class:`Workload`) and how to price it
+(:class:`PricingOptions`).
+
+The Python API (``estimate``, ``trace_model``, ``estimate_trace``, ``compare``, ``sweep``),
+the CLI (each flag's name, help, choices and default are generated from these fields) and
+``compare --vary KEY=...`` all read these two dataclasses, so a knob added here reaches
+every entry point. ``hardware`` (where the step runs) is the one other argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+REGIMES = ("prefill", "decode", "train")
+CACHES = ("static", "dynamic")
+PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
+DTYPES = ("bf16", "fp16", "fp32")
+# How a decode step runs multi-head latent attention: over the latent with the
+# up-projections absorbed (FlashMLA, vLLM, SGLang) or expanded per step (transformers).
+MLA_DECODES = ("absorbed", "expanded")
+# Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
+# and the number of state tensors per parameter). seed 000 "Optimizers as memory
+# workloads": Adam ~12 FLOPs, two moments; SGD one step, momentum one buffer.
+FUSED_OPTIMIZERS: dict[str, tuple[int, int]] = {
+    "adamw": (12, 2),
+    "adam": (12, 2),
+    "sgd": (2, 0),
+    "sgd-momentum": (4, 1),
+}
+# Optimizers whose torch.optim step is traced as it runs (no single fused kernel exists).
+TRACED_OPTIMIZERS = ("adafactor", "muon")
+OPTIMIZERS = (*FUSED_OPTIMIZERS, *TRACED_OPTIMIZERS)
+
+FUSION_POLICIES = ("eager", "fused")
+LOSS_POLICIES = ("materialized", "chunked")
+ATTENTION_POLICIES = ("flash", "math")
+# seed 000 Lab 3: real fused kernels start spilling past roughly 64 KB of live state per
+# 256-thread block; a row-wise kernel keeps about one row per thread group in flight.
+DEFAULT_ON_CHIP_BUDGET_BYTES = 64 * 1024
+
+
+class OptionError(ValueError):
+    """A knob with a value it does not take, or a name no dataclass defines."""
+
+
+class WorkloadError(OptionError):
+    """A workload that cannot be built from the arguments or the model given."""
+
+
+def knob(
+    default: Any,
+    help: str,  # noqa: A002 - argparse's word
+    *,
+    choices: tuple[str, ...] = (),
+    flag: str | None = None,
+    scale: float = 1.0,
+) -> Any:
+    """A dataclass field with what the CLI needs: its help text, its choices, and for a
+    flag in other units than the field (``--launch-overhead-us`` for seconds) the name and
+    the factor that converts the flag's value to the field's."""
+    meta = {"help": help, "choices": choices, "flag": flag, "scale": scale}
+    return field(default=default, metadata=meta)
+
+
+def _choose(
+    name: str, value: Any, known: tuple[str, ...], error: type[OptionError] = OptionError
+) -> None:
+    if value not in known:
+        raise error(f"unknown {name} {value!r}; choose one of {', '.join(known)}")
+
+
+def _positive_int(name: str, value: Any, error: type[OptionError] = OptionError) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise error(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What step to trace.
+
+    ``precision`` (train only): ``bf16`` / ``fp16`` / ``fp32`` keep parameters, gradients
+    and optimizer state in that dtype; ``mixed`` is bf16 compute with fp32 master weights,
+    fp32 gradients and fp32 optimizer state, the bf16 weights rewritten by the optimizer
+    (seed 000 §16: 30 B/param for AdamW). ``context`` left out is ``seq``.
+    """
+
+    regime: str = knob("prefill", "the step: prefill, decode or train", choices=REGIMES)
+    batch: int = knob(1, "sequences in the step")
+    seq: int = knob(4096, "tokens per sequence (prefill, train)")
+    context: int | None = knob(None, "tokens already in the KV cache (decode; default --seq)")
+    cache: str = knob(
+        "static",
+        "decode cache: static (in place) or dynamic (HF DynamicCache, cat)",
+        choices=CACHES,
+    )
+    optimizer: str = knob("adamw", "train: the optimizer", choices=OPTIMIZERS)
+    precision: str = knob(
+        "bf16",
+        "train: bf16/fp16/fp32 throughout, or mixed (fp32 master + state)",
+        choices=PRECISIONS,
+    )
+    checkpointing: bool = knob(False, "train: activation checkpointing (recompute in backward)")
+    mla: str = knob(
+        "absorbed",
+        "decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
+        choices=MLA_DECODES,
+    )
+    dtype: str = knob("bf16", "prefill/decode: the model's dtype", choices=DTYPES)
+
+    def __post_init__(self) -> None:
+        bad = WorkloadError
+        _choose("regime", self.regime, REGIMES, bad)
+        _positive_int("batch", self.batch, bad)
+        _positive_int("seq", self.seq, bad)
+        if self.context is None:
+            object.__setattr__(self, "context", self.seq)
+        _positive_int("context", self.context, bad)
+        _choose("cache", self.cache, CACHES, bad)
+        _choose("optimizer", self.optimizer, OPTIMIZERS, bad)
+        _choose("precision", self.precision, PRECISIONS, bad)
+        _choose("mla", self.mla, MLA_DECODES, bad)
+        _choose("dtype", self.dtype, DTYPES, bad)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens processed by the step (decode: one per sequence)."""
+        return self.batch * (1 if self.regime == "decode" else self.seq)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PricingOptions:
+    """How a trace becomes kernels (:mod:`torchroof.fusion`) and how each kernel is timed
+    (:mod:`torchroof.roofline`). Defaults are the compiled kernels on the seed's ideal
+    roofline."""
+
+    fusion: str = knob(
+        "fused",
+        "kernel policy: eager (one per op) or fused (what torch.compile launches)",
+        choices=FUSION_POLICIES,
+    )
+    epilogue: bool = knob(False, "fused: matmuls absorb the elementwise ops that follow them")
+    loss: str = knob(
+        "materialized",
+        "chunked: fused linear cross-entropy (no N x V logits in HBM)",
+        choices=LOSS_POLICIES,
+    )
+    attention: str = knob(
+        "flash", "math: the naive kernel that writes S and P to HBM", choices=ATTENTION_POLICIES
+    )
+    on_chip_budget_bytes: int = knob(
+        DEFAULT_ON_CHIP_BUDGET_BYTES, "fused kernels holding more live state per row are flagged"
+    )
+    allow_tf32: bool = knob(False, "fp32 matmuls on tf32 tensor cores", flag="--tf32")
+    overlap: bool = knob(True, "T = max(W/pi, Q/beta); off: W/pi + Q/beta (seed 000 §5)")
+    compute_efficiency: float = knob(1.0, "fraction of peak FLOP/s reached, in (0, 1]")
+    bandwidth_efficiency: float = knob(1.0, "fraction of peak HBM bandwidth reached, in (0, 1]")
+    launch_overhead_s: float = knob(
+        0.0, "added to every kernel, in microseconds", flag="--launch-overhead-us", scale=1e-6
+    )
+
+    def __post_init__(self) -> None:
+        _choose("fusion policy", self.fusion, FUSION_POLICIES)
+        _choose("loss policy", self.loss, LOSS_POLICIES)
+        _choose("attention policy", self.attention, ATTENTION_POLICIES)
+        _positive_int("on_chip_budget_bytes", self.on_chip_budget_bytes)
+        for name in ("compute_efficiency", "bandwidth_efficiency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not 0 < value <= 1:
+                raise OptionError(f"{name} must be in (0, 1], got {value!r}")
+        if self.launch_overhead_s < 0:
+            raise OptionError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+WORKLOAD_KNOBS = tuple(f.name for f in fields(Workload))
+PRICING_KNOBS = tuple(f.name for f in fields(PricingOptions))
+
+
+def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(workload fields, pricing fields) of ``knobs``; any other name is an error that
+    lists every knob."""
+    unknown = sorted(set(knobs) - set(WORKLOAD_KNOBS) - set(PRICING_KNOBS))
+    if unknown:
+        raise OptionError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"options are {', '.join(WORKLOAD_KNOBS + PRICING_KNOBS)}"
+        )
+    workload = {k: v for k, v in knobs.items() if k in WORKLOAD_KNOBS}
+    pricing = {k: v for k, v in knobs.items() if k in PRICING_KNOBS}
+    return workload, pricing
+
+
+# -- the CLI's flags, from the fields ----------------------------------------------------------
+
+
+def _flag(f: Any) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, cls: type, skip: Iterable[str] = (), **overrides: Any
+) -> None:
+    """One flag per field of ``cls`` (Workload or PricingOptions): ``--name`` with the
+    field's help, choices and default; a boolean defaulting to False is ``--name``, one
+    defaulting to True is ``--no-name``. ``overrides`` replace a field's argparse keywords
+    (``fusion={"choices": None}`` for a comma list)."""
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        default = None if f.default is MISSING else f.default
+        meta = f.metadata
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta.get("help")}
+        if isinstance(default, bool):
+            name = _flag(f) if not default else "--no-" + f.name.replace("_", "-")
+            kwargs.update(action="store_false" if default else "store_true", default=default)
+        else:
+            name = _flag(f)
+            kind = {"batch": int, "seq": int, "context": int}.get(f.name)
+            kind = kind or (type(default) if default is not None else str)
+            kwargs.update(type=kind, default=default)
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+            if kwargs["help"] and default is not None and meta.get("scale", 1.0) == 1.0:
+                kwargs["help"] += f" (default {default})"
+        kwargs.update(overrides.get(f.name, {}))
+        parser.add_argument(name, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def from_flags(args: argparse.Namespace, cls: type, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The field values the flags of :func:`add_flags` parsed, in the fields' units."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in skip or not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        scale = f.metadata.get("scale", 1.0)
+        values[f.name] = value * scale if scale != 1.0 and value is not None else value
+    return values
