@@ -6,7 +6,7 @@ est = t.estimate(hardware="h100-sxm")
 print(est.table())
 """
 
-from torchroof.capture import Capture, trace
+from torchroof.capture import Capture, OpBudgetExceeded, op_budget, trace
 from torchroof.options import PricingOptions, Workload
 from torchroof.pipeline import (
     ModelTraceError,
@@ -26,6 +26,7 @@ __all__ = [
     "KernelEstimate",
     "LayerRow",
     "ModelTraceError",
+    "OpBudgetExceeded",
     "OpRecord",
     "PricingOptions",
     "TensorMeta",
@@ -34,6 +35,7 @@ __all__ = [
     "estimate",
     "estimate_trace",
     "meta_copy",
+    "op_budget",
     "trace",
     "trace_workload",
 ]

@@ -15,7 +15,9 @@ walk, no per-tensor hooks.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,74 @@ _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _CLONE = aten.clone.default
 _BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX
+
+# The op budget. Every aten op a capture sees counts, recorded or not (``unrecorded()``,
+# SDPA's hidden decomposition, the math-path backward flash replaces), so a loop that
+# runs under ``unrecorded()`` is stopped too. Measured (aten ops of one captured step,
+# transformers 5.24): Llama-3.1-405B train 36,865 (28,172 recorded; 61,707 with the
+# traced Muon step, 48,639 with Adafactor), DeepSeek-V3 train 30,286, Llama-3-70B train
+# 23,433; the zoo's largest step at seq 32 is LongCat-Flash train (~600k: its expert
+# loop runs every hit expert). Models that loop over tokens in Python (the reference
+# paths of Mamba, ~14 ops per token and layer, and RWKV, ~31) reach millions at seq 4096:
+# Mamba prefill ~1.9M, train ~6M; RWKV train (~12M) needs a larger budget. 10M leaves
+# 270x over the biggest dense step and room for most of those. A recorded op holds
+# ~1.2 KB, so the budget alone would let a runaway loop grow to ~12 GB (~40 min at the
+# ~4k ops/s of meta); ``max_item_answers`` below stops the usual runaway (a loop on
+# ``.item()``) long before that.
+DEFAULT_MAX_OPS = 10_000_000
+# Meta ``.item()`` / ``bool()`` / ``tolist()`` answers in one module call: none of them
+# with a module entered or left in between. A real step answers a few (a mask check, an
+# MoE's expert list): at most 4 in any architecture of the zoo (prefill at 512 tokens,
+# train at 64; DBRX's expert loop). A ``while x.abs().max() > tol:`` loop answers one
+# per iteration forever: 10,000 answers of its 6-op body are 60k ops, ~0.15 GB, ~8 s.
+# Answers inside a torch.optim step do not count: an optimizer that reads its step
+# counter per parameter (Adafactor: 2 answers per parameter, 2,274 for Llama-3.1-405B)
+# is bounded by the parameters, and ``max_ops`` still bounds it.
+DEFAULT_MAX_ITEM_ANSWERS = 10_000
+_WINDOW = 1000  # ops kept to name the loop body when the budget trips
+_LIMITS: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
+    "torchroof_op_budget", default=(DEFAULT_MAX_OPS, DEFAULT_MAX_ITEM_ANSWERS)
+)
+
+
+class OpBudgetExceeded(RuntimeError):
+    """Capture saw more aten ops than its budget (``max_ops``), or more meta ``.item()``
+    answers in one module call than ``max_item_answers``: almost always a data-dependent
+    Python loop that never ends on meta. ``ops``, ``module`` and ``frequent`` (the most
+    frequent ops of the last window, with their counts) say where it was."""
+
+    def __init__(
+        self, message: str, *, ops: int, module: str, frequent: list[tuple[str, int]]
+    ) -> None:
+        super().__init__(message)
+        self.ops = ops
+        self.module = module
+        self.frequent = frequent
+
+
+@contextlib.contextmanager
+def op_budget(max_ops: int | None = None, max_item_answers: int | None = None) -> Iterator[None]:
+    """The budget of every :class:`Capture` made inside without its own (``None`` keeps
+    the current one): how a caller that does not make the captures itself (the workloads)
+    raises or lowers it."""
+    current_ops, current_items = _LIMITS.get()
+    limits = (
+        _check_budget("max_ops", current_ops if max_ops is None else max_ops),
+        _check_budget(
+            "max_item_answers", current_items if max_item_answers is None else max_item_answers
+        ),
+    )
+    token = _LIMITS.set(limits)
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+def _check_budget(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def _neutral_scalar(dtype: torch.dtype) -> bool | int | float:
@@ -86,9 +156,24 @@ class Capture:
     ``Trace.assumptions``.
     """
 
-    def __init__(self, *, flash_attention: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        flash_attention: bool = True,
+        max_ops: int | None = None,
+        max_item_answers: int | None = None,
+    ) -> None:
         self.trace = Trace()
         self.flash_attention = flash_attention
+        default_ops, default_items = _LIMITS.get()
+        self.max_ops = _check_budget("max_ops", default_ops if max_ops is None else max_ops)
+        self.max_item_answers = _check_budget(
+            "max_item_answers", default_items if max_item_answers is None else max_item_answers
+        )
+        self.op_count = 0  # every aten op seen, recorded or not
+        self._items_here = 0  # .item() answers since the module stack last changed
+        self._window: collections.deque[Any] = collections.deque(maxlen=_WINDOW)
+        self._module_types: dict[str, str] = {}  # module path -> class name
         self._suppress = 0
         self._phase_override: list[tuple[Phase, str]] = []
         self._optimizer_depth = 0
@@ -159,6 +244,7 @@ class Capture:
         for name, module in root.named_modules(remove_duplicate=False):
             path = f"{prefix}.{name}".strip(".") if prefix else name
             self._module_names.setdefault(id(module), path)
+            self._module_types.setdefault(path, type(module).__name__)
             for pname, param in module.named_parameters(recurse=False):
                 self._param_owner.setdefault(id(param), path)
                 self.trace.parameters.setdefault(
@@ -168,6 +254,7 @@ class Capture:
         return self._module_names[id(root)]
 
     def _log_stack_change(self) -> None:
+        self._items_here = 0
         seq = torch._C._autograd._get_sequence_nr()
         top = self._stack[-1] if self._stack else ""
         if self._seq_starts and self._seq_starts[-1] == seq:
@@ -187,9 +274,73 @@ class Capture:
     # -- optimizer and backward phases --------------------------------------------------
     def _enter_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._optimizer_depth += 1
+        self._items_here = 0
 
     def _exit_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._optimizer_depth -= 1
+        self._items_here = 0
+
+    # -- the op budget ------------------------------------------------------------------
+    def count_op(self, func: Any) -> None:
+        """Count one aten op against ``max_ops`` (every op, recorded or not)."""
+        self.op_count += 1
+        self._window.append(func)
+        if self.op_count > self.max_ops:
+            self._over_budget(
+                f"{self.max_ops:,} aten ops traced (max_ops={self.max_ops:,})",
+                "raise max_ops if the step really is this long: torchroof.trace(max_ops=...), "
+                "or torchroof.capture.op_budget(max_ops=...) around estimate() / trace_model()",
+            )
+
+    def count_item_answer(self) -> None:
+        """Count one ``.item()`` / ``tolist()`` answered on meta; too many in one module
+        call, with no module entered or left in between, is a loop on those answers.
+        Answers inside a torch.optim step (one per parameter) do not count."""
+        if self._optimizer_depth:
+            return
+        self._items_here += 1
+        if self._items_here > self.max_item_answers:
+            self._over_budget(
+                f"{self.max_item_answers:,} Tensor.item() answers in one module call, no "
+                f"module entered or left in between (max_item_answers="
+                f"{self.max_item_answers:,}; {self.op_count:,} aten ops so far)",
+                "raise max_item_answers if this many is real: "
+                "torchroof.trace(max_item_answers=...), or "
+                "torchroof.capture.op_budget(max_item_answers=...)",
+            )
+
+    def _over_budget(self, what: str, remedy: str) -> None:
+        try:
+            phase, module, _ = self._context()
+        except Exception:  # noqa: BLE001 - naming the module must not hide the real error
+            phase, module = "forward", self._stack[-1] if self._stack else ""
+        if phase == "optimizer" and not module:
+            where = "the optimizer step"
+        else:
+            where = self.describe_module(module)
+            where += f" during {phase}" if phase != "forward" else ""
+        names = collections.Counter(self._op_names.get(f) or str(f) for f in self._window)
+        frequent = names.most_common(6)
+        listed = ", ".join(f"{name} x{count}" for name, count in frequent)
+        message = (
+            f"op budget exceeded: {what}, stopped in {where}. Most likely a data-dependent "
+            "Python loop that never ends on meta.\n"
+            f"  most frequent ops of the last {len(self._window):,}: {listed}\n"
+            "  on meta, Tensor.item() / bool(tensor) / tolist() answer neutral values "
+            "(True, 1, 1.0), so a loop such as `while x.abs().max() > tol:` never sees its "
+            "condition change: run the loop a fixed number of times while tracing\n"
+            f"  {remedy}"
+        )
+        raise OpBudgetExceeded(message, ops=self.op_count, module=module, frequent=frequent)
+
+    def describe_module(self, path: str) -> str:
+        """``module 'model.layers.3.mlp' (LlamaMLP)``; the root model by its class."""
+        kind = self._module_types.get(path)
+        if path:
+            return f"module {path!r}" + (f" ({kind})" if kind else "")
+        if kind and self._stack:
+            return f"the root module ({kind})"
+        return "no module (top-level code)"
 
     @contextlib.contextmanager
     def unrecorded(self) -> Iterator[None]:
@@ -338,6 +489,7 @@ class Capture:
         return str(value).removeprefix("torch.")  # dtype, device, layout, memory_format
 
     def answer_item(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.count_item_answer()
         tensor = args[0]
         value = self.means.item(tensor, _neutral_scalar(tensor.dtype))
         op = self.record(func, args, kwargs, None)
@@ -358,6 +510,7 @@ class Capture:
         return out
 
     def answer_tolist(self, tensor: torch.Tensor) -> Any:
+        self.count_item_answer()
         value, how = self.means.tolist(tensor, _neutral_scalar(tensor.dtype))
         if not self._suppress:
             phase, module, _ = self._context()
@@ -508,8 +661,10 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         capture = self.capture
+        capture.count_op(func)
         if func is _LOCAL_SCALAR_DENSE and _needs_item_answer(args[0]):
             if capture._suppress:
+                capture.count_item_answer()
                 return capture.means.item(args[0], _neutral_scalar(args[0].dtype))
             return capture.answer_item(func, args, kwargs)
         data_dependent = _needs_item_answer(args[0]) and routing.is_data_dependent(func, args)
@@ -585,7 +740,12 @@ class _FunctionHook(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def trace(*, flash_attention: bool = True) -> Capture:
+def trace(
+    *,
+    flash_attention: bool = True,
+    max_ops: int | None = None,
+    max_item_answers: int | None = None,
+) -> Capture:
     """Record every aten op run inside the ``with`` block.
 
     >>> with torchroof.trace() as t:      # doctest: +SKIP
@@ -594,5 +754,12 @@ def trace(*, flash_attention: bool = True) -> Capture:
 
     ``flash_attention=False`` records SDPA as the ops the current device decomposes it into
     (on meta and CPU: the math path with an N×N score tensor).
+
+    ``max_ops`` (default :data:`DEFAULT_MAX_OPS`, 10M) bounds the aten ops the block may
+    run, recorded or not; ``max_item_answers`` (default 10,000) the meta ``.item()``
+    answers in one module call. Past either, :class:`OpBudgetExceeded` names the module
+    and the ops of the loop: on meta, a ``while`` loop on a tensor's value never ends.
     """
-    return Capture(flash_attention=flash_attention)
+    return Capture(
+        flash_attention=flash_attention, max_ops=max_ops, max_item_answers=max_item_answers
+    )

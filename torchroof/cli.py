@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
+from torchroof.capture import OpBudgetExceeded
 from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
@@ -441,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ValueError,
         FileNotFoundError,
         ImportError,
+        OpBudgetExceeded,
     ) as error:
         print(f"torchroof: error: {error}", file=sys.stderr)
         return 2

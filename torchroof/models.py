@@ -30,6 +30,18 @@ class ModelBuildError(ValueError):
     """transformers could not build a causal LM from the config given."""
 
 
+class ModelLimitError(ValueError):
+    """A workload or config the model cannot run: more positions than it has, no layers."""
+
+
+class PositionLimitError(ModelLimitError):
+    """A sequence longer than the model's maximum number of positions."""
+
+
+class LayerCountError(ModelLimitError):
+    """A config with no layers (or a negative count)."""
+
+
 class UnknownModelError(KeyError):
     """No shipped config of that name and no config file at that path."""
 
@@ -193,3 +205,127 @@ def _prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
     languages = getattr(config, "languages", None)
     if hasattr(model, "set_default_language") and languages and not config.default_language:
         model.set_default_language(list(languages)[0])
+
+
+# -- limits of a config ---------------------------------------------------------------------
+# The config fields that state the most positions a model takes, in the order looked for
+# (the field the config itself stores is the one named: GPT-2 stores n_positions, its
+# max_position_embeddings is an alias).
+POSITION_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "max_sequence_length",
+    "max_seq_len",
+    "max_target_positions",  # a decoder's own positions (Whisper)
+    "context_length",  # RWKV: the longest sequence its kernel takes
+    "model_max_length",
+)
+# Depth fields: every one a config stores must be at least 1.
+LAYER_FIELDS = (
+    "num_hidden_layers",
+    "n_layer",
+    "n_layers",
+    "num_layers",
+    "decoder_layers",
+    "num_decoder_layers",
+    "encoder_layers",
+    "num_encoder_layers",
+)
+_ROTARY_FIELDS = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_dim", "rotary_pct")
+# How a caller is told to lift the position check (estimate / trace_model keyword, CLI flag).
+ALLOW_BEYOND_HINT = "allow_beyond_max_positions=True (CLI: --allow-beyond-max-positions)"
+
+
+def _stored_fields(config: Any) -> dict[str, Any]:
+    """The fields a config (its text decoder's, for a multimodal one) really stores;
+    aliases from ``attribute_map`` are left out, so the name reported is the file's."""
+    text = config
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        try:
+            text = get_text(decoder=True)
+        except Exception:  # noqa: BLE001 - a config without one: the config itself
+            text = config
+    fields = dict(vars(text)) if hasattr(text, "__dict__") else {}
+    if text is not config and hasattr(config, "__dict__"):
+        for name, value in vars(config).items():
+            fields.setdefault(name, value)
+    return fields
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _model_label(config: Any, name: str | None) -> str:
+    if name:
+        return str(name)
+    path = getattr(config, "name_or_path", "") or ""
+    if path:
+        return str(path)
+    kind = getattr(config, "model_type", "") or ""
+    return f"{kind} ({type(config).__name__})" if kind else type(config).__name__
+
+
+def position_limit(config: Any) -> tuple[str, int] | None:
+    """``(field, value)`` of the most positions the model takes, or None when the config
+    states none (relative or no position encoding: T5, Mamba)."""
+    fields = _stored_fields(config)
+    for field in POSITION_FIELDS:
+        value = fields.get(field)
+        if _is_count(value) and value > 0:
+            return field, value
+    return None
+
+
+def check_positions(
+    config: Any, length: int, allow_beyond: bool, *, name: str | None = None
+) -> str | None:
+    """Refuse a step whose sequence holds more positions than the model has.
+
+    ``length`` is the positions one sequence of the step spans: ``seq`` for prefill and
+    train, ``context + 1`` for decode. Within the maximum, or with no maximum stated:
+    None. Beyond it: :class:`PositionLimitError`, or with ``allow_beyond`` the assumption
+    line the estimate should carry. ``name`` labels the model in the messages.
+    """
+    limit = position_limit(config)
+    if limit is None or length <= limit[1]:
+        return None
+    field, maximum = limit
+    label = _model_label(config, name)
+    if not allow_beyond:
+        raise PositionLimitError(
+            f"{label}: a sequence of {length:,} positions is longer than the model's "
+            f"maximum, {field}={maximum:,} (from its config); use at most {maximum:,} "
+            f"positions, or price it anyway with {ALLOW_BEYOND_HINT}"
+        )
+    fields = _stored_fields(config)
+    if any(fields.get(f) is not None for f in _ROTARY_FIELDS):
+        consequence = (
+            "rotary positions past the trained range cost the same; the quality they give "
+            "is not modelled"
+        )
+    else:
+        consequence = (
+            "the model has no position embedding past that, so a real run fails there; "
+            "priced as if the table were longer"
+        )
+    return (
+        f"{length:,} positions exceed {label}'s {field}={maximum:,} (allowed beyond the "
+        f"maximum): {consequence}"
+    )
+
+
+def check_layers(config: Any, *, name: str | None = None) -> None:
+    """Refuse a config with 0 (or fewer) layers: the step would price embeddings and head
+    alone, as if they were the model."""
+    fields = _stored_fields(config)
+    for field in LAYER_FIELDS:
+        value = fields.get(field)
+        if _is_count(value) and value < 1:
+            raise LayerCountError(
+                f"{_model_label(config, name)}: {field}={value} in its config; a model needs "
+                "at least 1 layer (a step without layers prices only the embedding and the "
+                "head)"
+            )

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from torchroof.capture import DEFAULT_MAX_OPS  # why 10M: see there
+
 REGIMES = ("prefill", "decode", "train")
 CACHES = ("static", "dynamic")
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
@@ -109,6 +111,12 @@ class Workload:
         choices=MLA_DECODES,
     )
     dtype: str = knob("bf16", "prefill/decode: the model's dtype", choices=DTYPES)
+    allow_beyond_max_positions: bool = knob(
+        False, "price sequences longer than the model's maximum positions (an assumption line)"
+    )
+    max_ops: int = knob(
+        DEFAULT_MAX_OPS, "stop a trace past this many aten ops (a data-dependent loop on meta)"
+    )
 
     def __post_init__(self) -> None:
         bad = WorkloadError
@@ -123,6 +131,7 @@ class Workload:
         _choose("precision", self.precision, PRECISIONS, bad)
         _choose("mla", self.mla, MLA_DECODES, bad)
         _choose("dtype", self.dtype, DTYPES, bad)
+        _positive_int("max_ops", self.max_ops, bad)
 
     @property
     def tokens(self) -> int:

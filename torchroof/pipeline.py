@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchroof import optimizer_step
+from torchroof.capture import OpBudgetExceeded, op_budget
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
 from torchroof.errors import first_line
@@ -198,6 +199,8 @@ def cache_assumptions(trace: Trace) -> list[str]:
     step used when it is not the static cache asked for, and how latent attention was
     decoded."""
     lines = [f"model: {trace.metadata['build_note']}"] if trace.metadata.get("build_note") else []
+    if trace.metadata.get("positions"):
+        lines.append(f"positions: {trace.metadata['positions']}")
     fallback = trace.metadata.get("cache_fallback")
     if fallback:
         kind = trace.metadata.get("cache")
@@ -282,20 +285,33 @@ def trace_model(
 def trace_workload(model: Any, workload: Workload, cast_module: bool = False) -> Trace:
     """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
     keeps its dtype unless ``cast_module``."""
-    from torchroof.models import build_model, load_config
+    from torchroof.models import build_model, check_layers, check_positions, load_config
     from torchroof.workloads import compute_dtype, run_workload
 
+    if isinstance(model, torch.nn.Module):
+        label = type(model).__name__
+        config = getattr(model, "config", None)
+    else:
+        label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        config = load_config(model)
+    beyond = None
+    if config is not None:  # refused before anything is built
+        check_layers(config, name=label)
+        # decode: the cache holds ``context`` tokens, the model's maximum (the seed's 70B at
+        # 8192); the step's one new token is not counted against it
+        length = workload.context if workload.regime == "decode" else workload.seq
+        allow = workload.allow_beyond_max_positions
+        beyond = check_positions(config, length, allow, name=label)
     if isinstance(model, torch.nn.Module):
         module = meta_copy(model)
         if cast_module:
             module = module.to(compute_dtype(workload))
-        label = type(model).__name__
     else:
-        module = build_model(load_config(model), compute_dtype(workload))
-        label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        module = build_model(config, compute_dtype(workload))
     try:
-        trace = run_workload(module, workload)
-    except WorkloadError:
+        with op_budget(max_ops=workload.max_ops):
+            trace = run_workload(module, workload)
+    except (WorkloadError, OpBudgetExceeded):
         raise
     except Exception as error:  # noqa: BLE001 - the model's own code failed on meta
         raise ModelTraceError(
@@ -303,4 +319,6 @@ def trace_workload(model: Any, workload: Workload, cast_module: bool = False) ->
             f"{first_line(error)} (see README, 'Architectures that do not trace')"
         ) from error
     trace.metadata["model"] = label
+    if beyond:
+        trace.metadata["positions"] = beyond
     return trace

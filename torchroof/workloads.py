@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchroof.capture import Capture
+from torchroof.capture import Capture, OpBudgetExceeded
 from torchroof.errors import first_line
 from torchroof.options import (
     CACHES,
@@ -282,6 +282,8 @@ def _inference_step(model: torch.nn.Module, workload: Workload, new: int, filled
             return trace
     try:
         trace = _warm_state_step(model, workload, new, filled, static=True)
+    except OpBudgetExceeded:
+        raise
     except Exception as error:  # noqa: BLE001 - the model refuses a StaticCache: use its own
         reasons.append(f"a StaticCache was refused: {first_line(error)}")
         trace = _warm_state_step(model, workload, new, filled, static=False)
@@ -364,6 +366,8 @@ def _prebuilt_cache_step(
             with _latent_attention(model, workload, capture, trace):
                 model(ids, **kwargs)
             capture.mark(state_tensors(cache), "kv_cache")  # a dynamic cache's new tensors
+    except OpBudgetExceeded:
+        raise
     except Exception as error:
         if workload.cache == "dynamic":
             raise
