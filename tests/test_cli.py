@@ -172,3 +172,27 @@ def test_a_model_that_fails_on_meta_is_one_named_error():
     assert message.startswith("LlamaForCausalLM could not be traced for prefill: RuntimeError")
     assert "second line" not in message and "Architectures that do not trace" in message
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_bad_output_path_fails_before_any_work(tmp_path, capsys):
+    missing = tmp_path / "no-such-folder" / "out.json"
+    assert main(["estimate", "gpt2", "--seq", "8", "--json", str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing traced, nothing printed
+    assert captured.err == (
+        f"torchroof: error: cannot write {missing}: no folder {missing.parent}\n"
+    )
+
+
+def test_every_file_written_is_named(tmp_path, capsys):
+    out, csv, trace = tmp_path / "e.json", tmp_path / "k.csv", tmp_path / "t.json"
+    argv = ["estimate", "gpt2", "--seq", "8", "--kernels", "0"]
+    argv += ["--json", str(out), "--csv", str(csv), "--save-trace", str(trace)]
+    assert main(argv) == 0
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        f"torchroof: wrote the trace to {trace}",
+        f"torchroof: wrote the estimate (JSON) to {out}",
+        f"torchroof: wrote one row per kernel (CSV) to {csv}",
+    ]
+    assert out.stat().st_size and csv.stat().st_size and trace.stat().st_size

@@ -224,6 +224,14 @@ def test_on_chip_budget_flags_wide_fused_rows():
     assert flagged(8192)
     assert flagged(16384)
     assert flagged(1024, budget=4096)  # 8 KiB against a 4 KiB budget
+    # the message states the figures exactly: 2 · 4 B · 8192 + 4 B = 65,540 B (rounded to
+    # KiB both sides once read "64.0 KiB exceeds the 64.0 KiB budget")
+    x, norm = _meta(64, 8192), _rmsnorm(8192)
+    with torch.no_grad(), torchroof.trace() as t:
+        norm(x)
+    assert t.estimate("h100").kernels[0].flags == (
+        "on-chip state 65,540 B per row exceeds the 65,536 B budget: may spill",
+    )
 
 
 def test_compare_prints_both_sides_with_the_speed_up(meta_lm):

@@ -307,7 +307,29 @@ def _workload_label(model: str, w: Workload) -> str:
     return f"{label}, {w.dtype}"
 
 
+def _writable(*paths: str | None) -> None:
+    """Refuse an output path that cannot be written before any work is done (a bad path
+    used to fail after the whole table had printed)."""
+    for path in paths:
+        if not path:
+            continue
+        target = Path(path)
+        folder = target.parent if str(target.parent) else Path(".")
+        if target.is_dir():
+            raise ValueError(f"cannot write {path}: it is a folder")
+        if not folder.is_dir():
+            raise ValueError(f"cannot write {path}: no folder {folder}")
+        if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise ValueError(f"cannot write {path}: permission denied")
+
+
+def _wrote(what: str, path: str) -> None:
+    print(f"torchroof: wrote {what} to {path}", file=sys.stderr)
+
+
 def _estimate(args: argparse.Namespace) -> None:
+    outputs = (args.save_trace, args.json, args.csv, args.timeline)
+    _writable(*outputs, args.plot_roofline, args.plot_layers)
     if args.from_trace:
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
@@ -319,6 +341,7 @@ def _estimate(args: argparse.Namespace) -> None:
         label = _workload_label(args.model, workload)
     if args.save_trace:
         trace.save(args.save_trace)
+        _wrote("the trace", args.save_trace)
     policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
     if not 1 <= len(policies) <= 2:
         raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
@@ -340,19 +363,24 @@ def _estimate(args: argparse.Namespace) -> None:
         print(est.kernel_table(top=args.kernels))
     if args.json:
         est.to_json(args.json)
+        _wrote("the estimate (JSON)", args.json)
     if args.csv:
         est.to_csv(args.csv)
+        _wrote("one row per kernel (CSV)", args.csv)
     if args.timeline:
         from torchroof.timeline import write_chrome_trace
 
         write_chrome_trace(est, args.timeline)
+        _wrote("the Chrome / Perfetto timeline", args.timeline)
     if args.plot_roofline or args.plot_layers:
         from torchroof.plots import layer_plot, roofline_plot
 
         if args.plot_roofline:
             roofline_plot(est, args.plot_roofline)
+            _wrote("the roofline plot", args.plot_roofline)
         if args.plot_layers:
             layer_plot(est, args.plot_layers, depth=args.depth)
+            _wrote("the per-layer plot", args.plot_layers)
 
 
 def _hardware(args: argparse.Namespace) -> None:

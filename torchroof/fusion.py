@@ -597,8 +597,8 @@ def _group_kernel(
     live_row = _peak_row_state(row_bytes, born, last_use, len(members))
     if live_row > options.on_chip_budget_bytes:
         flags = (
-            f"on-chip state {live_row / 1024:.1f} KiB per row exceeds the "
-            f"{options.on_chip_budget_bytes / 1024:.1f} KiB budget: may spill",
+            f"on-chip state {live_row:,} B per row exceeds the "
+            f"{options.on_chip_budget_bytes:,} B budget: may spill",
         )
     return Kernel(tuple(ops[i] for i in members), cost, flags)
 
