@@ -53,7 +53,7 @@ def test_validate_a_small_transformer_on_cpu(regime, cpu_toml, tmp_path):
         seq=64,
         overrides=TINY_OVERRIDES,
         warmup=1,
-        iterations=2,
+        iterations=3,  # a median of three: one step slowed by a busy machine does not count
     )
     assert result.measured_total_s > 0 and result.predicted_total_s > 0
     assert 0.01 < result.total_ratio < 100
