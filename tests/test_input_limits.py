@@ -274,3 +274,15 @@ def test_every_shipped_config_has_layers():
 
     for name in shipped_models():
         check_layers(load_config(name))
+
+
+def test_a_plain_module_is_told_how_to_trace_a_step_by_hand():
+    import torch
+
+    from torchroof.options import WorkloadError
+
+    with pytest.raises(WorkloadError) as error:
+        torchroof.estimate(torch.nn.Sequential(torch.nn.Linear(8, 8)), "train", seq=8)
+    message = str(error.value)
+    assert message.startswith("Sequential is not a transformers model: the train regime ")
+    assert "with torchroof.trace() as t:" in message and "'A step traced by hand'" in message

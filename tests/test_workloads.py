@@ -219,7 +219,7 @@ def test_config_without_the_fields_a_regime_needs():
     with pytest.raises(ModelBuildError, match="cannot build a language model"):
         torchroof.estimate(PretrainedConfig(), "decode", context=8)
     module = torch.nn.Linear(8, 8, device="meta")
-    with pytest.raises(WorkloadError, match="transformers causal LM"):
+    with pytest.raises(WorkloadError, match="Linear is not a transformers model: the decode"):
         torchroof.estimate(module, "decode", context=8)
 
 

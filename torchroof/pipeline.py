@@ -291,6 +291,13 @@ def trace_workload(model: Any, workload: Workload, cast_module: bool = False) ->
     if isinstance(model, torch.nn.Module):
         label = type(model).__name__
         config = getattr(model, "config", None)
+        if config is None:
+            raise WorkloadError(
+                f"{label} is not a transformers model: the {workload.regime} regime drives a "
+                "model's forward with input_ids, labels and a KV cache; trace any other module "
+                "by hand: `with torchroof.trace() as t: model(x).sum().backward(); opt.step()` "
+                "then `t.estimate(...)` (README, 'A step traced by hand')"
+            )
     else:
         label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
         config = load_config(model)
