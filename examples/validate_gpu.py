@@ -7,13 +7,15 @@ step. Every case is predicted twice: with the datasheet spec and with the ceilin
 here. Results go to examples/validation/<device>.json (and the measured TOML beside it).
 
     python examples/validate_gpu.py --device cuda --hardware h200-sxm
-    python examples/validate_gpu.py --device cpu     # smoke test at tiny sizes
+    python examples/validate_gpu.py --device cpu     # smoke test at tiny sizes, in a temp folder
+    python examples/validate_gpu.py --device cpu --out examples/validation   # refresh it
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,9 +78,17 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--hardware", default="h200-sxm", help="datasheet spec to compare")
     parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"folder for the JSON and TOML (default: {OUT} on a GPU; a new temporary folder "
+        "for the CPU smoke run, so the checked-in smoke files are only replaced on purpose)",
+    )
     args = parser.parse_args()
     small = args.device == "cpu"
-    OUT.mkdir(exist_ok=True)
+    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="torchroof-smoke-")) if small else OUT)
+    out_dir.mkdir(parents=True, exist_ok=True)
     tag = "cpu-smoke" if small else args.device.replace(":", "-")
 
     print(f"calibrating {args.device} ...")
@@ -89,7 +99,7 @@ def main() -> None:
         matmul_sizes=(512,) if small else None,
     )
     print("\n".join(measured.lines()))
-    toml = OUT / f"{tag}.toml"
+    toml = out_dir / f"{tag}.toml"
     toml.write_text(measured.to_toml(f"{tag}-measured"))
     datasheet = torchroof.hardware.get(args.hardware) if not small else None
     calibrated = torchroof.hardware.get(str(toml))
@@ -169,7 +179,7 @@ def main() -> None:
             disable_numparse=True,
         )
     )
-    out = OUT / f"{tag}.json"
+    out = out_dir / f"{tag}.json"
     out.write_text(
         json.dumps(
             {"device": measured.to_dict(), "spec": args.hardware, "cases": results}, indent=1
