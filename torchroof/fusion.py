@@ -26,6 +26,7 @@ forward and backward (no N_t x V tensor in HBM, seed 000 "The fix is a roofline 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -345,6 +346,9 @@ def _merge_siblings(
 # Inductor tries sibling pairs no more than this many nodes apart
 # (torch._inductor.config.max_fusion_buffer_group_pairwise_attempts = 64).
 SIBLING_WINDOW_OPS = 64
+# How many tensors the independence search may follow before it gives up and keeps the two
+# kernels apart (an MoE expert loop with 600k ops otherwise spends minutes here).
+SIBLING_SEARCH_STORAGES = 256
 
 
 def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Graph) -> None:
@@ -373,52 +377,69 @@ def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Gra
         reads[n] -= produced[n]
 
     def depends(later: int, earlier: int) -> bool:
-        """Does group ``later`` read, through any chain of kernels, what ``earlier`` makes?"""
-        frontier, seen = list(produced[earlier]), set()
-        stop = max(groups[later].members)
+        """Does group ``later`` read, through any chain of kernels, what ``earlier`` makes?
+        Only readers between the two groups can form the chain (reader lists are in
+        execution order, so each is cut by bisection: a tensor every expert reads has
+        thousands)."""
+        start, stop = min(groups[earlier].members), max(groups[later].members)
+        frontier = list(produced[earlier])
+        seen_groups: set[int] = set()
+        seen_storages = set(frontier)
         while frontier:
-            storage = frontier.pop()
-            for j in graph.readers.get(storage, ()):
-                if j > stop or j not in group_of:
+            if len(seen_storages) > SIBLING_SEARCH_STORAGES:
+                return True  # too tangled to prove independent: do not merge (never wrong)
+            readers = graph.readers.get(frontier.pop(), ())
+            lo, hi = bisect.bisect_right(readers, start), bisect.bisect_right(readers, stop)
+            for j in readers[lo:hi]:
+                h = group_of.get(j)
+                if h is None or h == earlier or h in seen_groups:
                     continue
-                h = group_of[j]
                 if h == later:
                     return True
-                if h not in seen and h != earlier:
-                    seen.add(h)
-                    frontier.extend(produced[h])
+                seen_groups.add(h)
+                for storage in produced[h]:
+                    if storage not in seen_storages:
+                        seen_storages.add(storage)
+                        frontier.append(storage)
         return False
 
     order = sorted(
         (n for n, g in enumerate(groups) if g.kind == "fusable" and g.members),
         key=lambda n: min(groups[n].members),
     )
-    by_read: dict[int, list[int]] = defaultdict(list)
+    by_read: dict[int, list[int]] = defaultdict(list)  # storage -> groups that read it
+    last = {n: max(groups[n].members) for n in order}
     for n in order:
         first = min(groups[n].members)
-        candidates = {h for s in reads[n] for h in by_read.get(s, ())}
+        candidates: set[int] = set()
+        for storage in reads[n]:
+            readers = by_read.get(storage)
+            if not readers:
+                continue
+            # the order is by first member: a group out of the window now stays out
+            readers[:] = [h for h in readers if first - last[h] <= SIBLING_WINDOW_OPS]
+            candidates.update(readers)
         merged = False
-        for h in sorted(candidates, key=lambda h: -max(groups[h].members)):
-            target = groups[h]
+        for h in sorted(candidates, key=lambda h: -last[h]):
             if (
-                not target.members
-                or first - max(target.members) > SIBLING_WINDOW_OPS
-                or ops[target.members[0]].phase != ops[first].phase
+                not groups[h].members
+                or ops[groups[h].members[0]].phase != ops[first].phase
                 or domain[h] != domain[n]
                 or columns[h] != columns[n]
                 or depends(n, h)
                 or depends(h, n)
             ):
                 continue
-            target.members.extend(groups[n].members)
+            groups[h].members.extend(groups[n].members)
             groups[n].members = []
+            last[h] = max(last[h], last[n])
+            new_reads = reads[n] - reads[h] - produced[h]
             produced[h] |= produced[n]
             reads[h] = (reads[h] | reads[n]) - produced[h]
-            for i in target.members:
+            for i in groups[h].members:
                 group_of[i] = h
-            for storage in reads[h]:
-                if h not in by_read[storage]:
-                    by_read[storage].append(h)
+            for storage in new_reads:
+                by_read[storage].append(h)
             merged = True
             break
         if not merged:
