@@ -12,7 +12,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload
+from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.pipeline import estimate, estimate_trace, trace_model
 from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
 
@@ -20,7 +20,7 @@ from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
 # compare is given is a model-config field.
 PRICING_KEYS = {"hardware", *PRICING_KNOBS}  # variants differing only in these share a trace
 ESTIMATE_KEYS = {*WORKLOAD_KNOBS, *PRICING_KEYS}
-_INT_KEYS = {f.name for f in fields(Workload) if f.type in ("int", "int | None")}
+_INT_KEYS = {f.name for f in fields(Workload) if value_type(f) is int}
 
 
 def parse_value(key: str, text: str) -> Any:

@@ -210,6 +210,14 @@ def split_knobs(knobs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 # -- the CLI's flags, from the fields ----------------------------------------------------------
 
 
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def value_type(f: Any) -> type:
+    """A field's value type from its annotation (``int | None`` -> int)."""
+    return _TYPES[f.type.split("|")[0].strip()]
+
+
 def _flag(f: Any) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
@@ -232,9 +240,7 @@ def add_flags(
             kwargs.update(action="store_false" if default else "store_true", default=default)
         else:
             name = _flag(f)
-            kind = {"batch": int, "seq": int, "context": int}.get(f.name)
-            kind = kind or (type(default) if default is not None else str)
-            kwargs.update(type=kind, default=default)
+            kwargs.update(type=value_type(f), default=default)
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             if kwargs["help"] and default is not None and meta.get("scale", 1.0) == 1.0:
