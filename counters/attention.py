@@ -48,21 +48,45 @@ class AttentionShape:
         return self.q_len * self.kv_len
 
 
-def causal_fraction(q_len: int, kv_len: int) -> float:
-    """Share of score pairs a causal flash kernel computes.
+def causal_fraction(q_len: int, kv_len: int, *, aligned_to_end: bool = False) -> float:
+    """The exact share of (query, key) pairs a causal mask keeps, for every shape.
 
-    seed 000 "causal masking": the kernel skips masked blocks, halving W when q_len ==
-    kv_len (NB: the O(1/N) diagonal blocks are neglected, as the seed does). Otherwise the
-    exact share of the top-left-aligned ``tril(ones(q_len, kv_len))`` mask, PyTorch's
-    ``is_causal`` semantics.
+    seed 000 "causal masking is not an optimisation here": restricting attention to the
+    lower triangle cuts W (DESIGN rule 7), and the flash kernel skips the blocks the mask
+    removes entirely. Here the pairs are counted exactly, one formula for every shape:
+    query row i (0-based) keeps the keys j <= i + offset, that is min(max(i + 1 + offset,
+    0), kv_len) of them. offset = 0 is what SDPA's ``is_causal`` means (PyTorch documents
+    the mask ``tril(ones(q_len, kv_len))``, aligned to the top-left, and the efficient
+    kernel's ``custom_mask_type`` 1); offset = kv_len - q_len with ``aligned_to_end``: the
+    q rows are the last q positions of the kv_len keys (a prefill onto a cache, flash-attn's
+    own ``causal``, ``custom_mask_type`` 2; when q_len > kv_len the first q_len - kv_len
+    rows see no key). Summing the rows, with
+    keep(n) = sum(min(t, kv_len) for t = 1..n) and keep(n) = 0 for n <= 0:
+
+        kept = keep(offset + q_len) - keep(offset)
+        keep(n) = n(n + 1)/2 for n <= kv_len, kv_len(kv_len + 1)/2 + (n - kv_len)·kv_len beyond
+
+    A square mask (q_len = kv_len = n) keeps n(n + 1)/2 of n² pairs, (n + 1)/(2n): the
+    seed's "halves W" plus the diagonal, 1/(2n) more (N = 4096: 0.5001). One query aligned
+    to the end (a decode step) keeps every key. NB: the kernel itself computes whole tiles
+    on the diagonal, (N/B + 1)/(2N/B) of the pairs for B-row tiles; the count here is the
+    pairs the mask keeps, the work no causal kernel can avoid.
     """
-    if q_len == kv_len:
-        return 0.5
-    if q_len <= kv_len:
-        kept = q_len * (q_len + 1) // 2
-    else:
-        kept = kv_len * (kv_len + 1) // 2 + (q_len - kv_len) * kv_len
-    return kept / (q_len * kv_len)
+    if q_len < 0 or kv_len < 0:
+        raise ValueError(f"attention lengths must be >= 0, got q_len={q_len}, kv_len={kv_len}")
+    if q_len == 0 or kv_len == 0:
+        return 0.0  # no pairs: nothing to keep (and W is 0 whatever the share)
+
+    def keep(n: int) -> int:
+        """Keys kept by rows that see 1, 2, ..., n keys, each capped at kv_len (0 if n <= 0)."""
+        if n <= 0:
+            return 0
+        if n <= kv_len:
+            return n * (n + 1) // 2
+        return kv_len * (kv_len + 1) // 2 + (n - kv_len) * kv_len
+
+    offset = kv_len - q_len if aligned_to_end else 0
+    return (keep(offset + q_len) - keep(offset)) / (q_len * kv_len)
 
 
 def attention_forward_flops(shape: AttentionShape, causal: bool) -> int:
@@ -119,6 +143,7 @@ def _fused_attention_cost(op: OpRecord, layout: str, backward: bool) -> Cost:
     "aten._scaled_dot_product_cudnn_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu",
     "aten._scaled_dot_product_fused_attention_overrideable",
+    kind="attention",
 )
 def sdpa_forward(op: OpRecord) -> Cost:
     """Fused attention forward (seed 000 "The compulsory bound": Q = 4·s·N·d per head)."""
@@ -131,26 +156,29 @@ def sdpa_forward(op: OpRecord) -> Cost:
     "aten._scaled_dot_product_cudnn_attention_backward",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward",
     "aten._scaled_dot_product_fused_attention_overrideable_backward",
+    kind="attention",
 )
 def sdpa_backward(op: OpRecord) -> Cost:
     """Fused attention backward (seed 000 "FlashAttention": S is recomputed, never stored)."""
     return _fused_attention_cost(op, "bhld", backward=True)
 
 
-@register("aten._flash_attention_forward", "aten._efficient_attention_forward")
+@register("aten._flash_attention_forward", "aten._efficient_attention_forward", kind="attention")
 def flash_forward_blhd(op: OpRecord) -> Cost:
     """Lower-level flash/efficient forward in (batch, length, heads, dim) layout (seed 000)."""
     return _fused_attention_cost(op, "blhd", backward=False)
 
 
-@register("aten._flash_attention_backward", "aten._efficient_attention_backward")
+@register("aten._flash_attention_backward", "aten._efficient_attention_backward", kind="attention")
 def flash_backward_blhd(op: OpRecord) -> Cost:
     """Lower-level flash/efficient backward in (batch, length, heads, dim) layout (seed 000)."""
     return _fused_attention_cost(op, "blhd", backward=True)
 
 
 @register(
-    "aten._scaled_dot_product_attention_math", "aten._scaled_dot_product_attention_math_for_mps"
+    "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_attention_math_for_mps",
+    kind="attention",
 )
 def sdpa_math(op: OpRecord) -> Cost:
     """Naive attention: S and P are written and read back, four N² round trips per head.
@@ -192,7 +220,7 @@ def materialized_attention_cost(op: OpRecord) -> Cost:
     return Cost(flops, read, written, "tensor", q.dtype)
 
 
-@register("torchroof.mla_decode_attention")
+@register("torchroof.mla_decode_attention", kind="attention")
 def mla_decode_attention(op: OpRecord) -> Cost:
     """Multi-head latent attention decode over the latent cache, weights absorbed (the
     FlashMLA kernel; DeepSeek-V2 §2.1.2): every head's query, already multiplied into the

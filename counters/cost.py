@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from torchroof.records import TensorMeta
 
-Unit = Literal["tensor", "vector", "sfu", "none"]
+Unit = Literal["tensor", "vector", "sfu", "none", "network"]
 """Which ceiling an op can reach (DESIGN rule 4): tensor cores for matmul-class ops, the
 vector units for pointwise and reductions, the SFU for transcendental-only ops, ``none`` for
-pure data movement (its time is Q/beta alone)."""
+pure data movement (its time is Q/beta alone), ``network`` for collectives (W = 0; their
+bytes cross a link, torchroof.counters.collectives.wire_bytes; Q is the HBM side)."""
 
 
 @dataclass(frozen=True, slots=True)

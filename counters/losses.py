@@ -13,7 +13,8 @@ from torchroof.counters.tensors import distinct, read_tensors, unique_bytes, wri
 from torchroof.records import OpRecord
 
 
-@register(*aten_packets("nll_loss_forward", "nll_loss2d_forward"))
+@register("aten.nll_loss_forward", kind="loss")
+@register(*aten_packets("nll_loss2d_forward"), kind="opaque")  # NB: not modelled as a gather
 def nll_loss(op: OpRecord) -> Cost:
     """Gathers one log-probability per target and sums: reads N values (not N·C), N targets."""
     log_probs, target = op.tensor("self"), op.tensor("target")
@@ -26,7 +27,8 @@ def nll_loss(op: OpRecord) -> Cost:
     )
 
 
-@register(*aten_packets("nll_loss_backward", "nll_loss2d_backward"))
+@register("aten.nll_loss_backward", kind="rearrange")  # one-hot, built in its reader
+@register(*aten_packets("nll_loss2d_backward"), kind="opaque")  # NB: not modelled as fusing
 def nll_loss_backward(op: OpRecord) -> Cost:
     """Zero-filled N × C gradient with -w/total at each target: one full write. ``self``
     (the log-probabilities) gives only its shape: its values are not read."""
@@ -59,6 +61,11 @@ def _first_input_numel(op: OpRecord) -> int:
     return op.inputs[0].numel
 
 
+# NB: kernels of their own (their pointwise work and sum are not modelled as fusing).
 register_per_element(
-    ELEMENTWISE_LOSS_FLOPS, elements=_first_input_numel, what="inputs read once", in_place=False
+    ELEMENTWISE_LOSS_FLOPS,
+    kind="opaque",
+    elements=_first_input_numel,
+    what="inputs read once",
+    in_place=False,
 )

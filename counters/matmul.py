@@ -1,6 +1,11 @@
 """Matmul-class ops: they run on tensor cores at the dtype's peak (DESIGN rule 4).
 
 seed 000 "GEMM from first principles": W = 2MNK, Q_compulsory = s(MK + KN + MN).
+
+Kinds (counters/registry.py OP_KINDS): the dense GEMMs (mm, addmm, bmm, baddbmm) are
+``matmul``, which may take an epilogue and lead a fused group; the other tensor-core calls
+(int8 / fp8 / grouped GEMMs, GEMV, dot, convolution, triangular solve) are ``opaque``.
+NB: their epilogues are not modelled, so they stay kernels of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:
     return Cost(flops, read, written, "tensor", dtype)
 
 
-@register("aten.mm", "aten._int_mm")
+@register("aten.mm", kind="matmul")
+@register("aten._int_mm", kind="opaque")
 def mm(op: OpRecord) -> Cost:
     """C[M,N] = A[M,K] @ B[K,N]: W = 2MNK (seed 000 "GEMM from first principles")."""
     m, k = op.tensor("self").shape
@@ -29,7 +35,7 @@ def mm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
 
 
-@register("aten.addmm", "aten._addmm_activation")
+@register("aten.addmm", "aten._addmm_activation", kind="matmul")
 def addmm(op: OpRecord) -> Cost:
     """bias + A @ B: 2MNK for the product, MN for the bias epilogue (seed 000 §GEMM)."""
     m, k = op.tensor("mat1").shape
@@ -37,7 +43,7 @@ def addmm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * m * n * k + m * n, "mat1", "mat2")
 
 
-@register("aten._scaled_mm")
+@register("aten._scaled_mm", kind="opaque")
 def scaled_mm(op: OpRecord) -> Cost:
     """fp8 GEMM with per-tensor scales: W = 2MNK on the fp8 tensor cores (seed 000 Table 1)."""
     m, k = op.tensor("self").shape
@@ -45,7 +51,7 @@ def scaled_mm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
 
 
-@register("aten.bmm")
+@register("aten.bmm", kind="matmul")
 def bmm(op: OpRecord) -> Cost:
     """Batched A[B,M,K] @ B[B,K,N]: W = 2·B·M·N·K (seed 000 §GEMM, per batch)."""
     b, m, k = op.tensor("self").shape
@@ -53,7 +59,7 @@ def bmm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * b * m * n * k, "self", "mat2")
 
 
-@register("aten.baddbmm")
+@register("aten.baddbmm", kind="matmul")
 def baddbmm(op: OpRecord) -> Cost:
     """bias + batched product: 2·B·M·N·K + B·M·N (seed 000 §GEMM)."""
     b, m, k = op.tensor("batch1").shape
@@ -61,7 +67,7 @@ def baddbmm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * b * m * n * k + b * m * n, "batch1", "batch2")
 
 
-@register("aten.addbmm")
+@register("aten.addbmm", kind="opaque")
 def addbmm(op: OpRecord) -> Cost:
     """bias + sum over the batch of products: 2·B·M·N·K + M·N (seed 000 §GEMM)."""
     b, m, k = op.tensor("batch1").shape
@@ -69,34 +75,34 @@ def addbmm(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * b * m * n * k + m * n, "batch1", "batch2")
 
 
-@register("aten.mv")
+@register("aten.mv", kind="opaque")
 def mv(op: OpRecord) -> Cost:
     """GEMV A[M,K] @ x[K]: W = 2MK, I -> 2/s (seed 000 "decode is a GEMV")."""
     m, k = op.tensor("self").shape
     return _tensor_cost(op, 2 * m * k, "self", "vec")
 
 
-@register("aten.addmv")
+@register("aten.addmv", kind="opaque")
 def addmv(op: OpRecord) -> Cost:
     """bias + GEMV: 2MK + M (seed 000 "decode is a GEMV")."""
     m, k = op.tensor("mat").shape
     return _tensor_cost(op, 2 * m * k + m, "mat", "vec")
 
 
-@register("aten.dot", "aten.vdot")
+@register("aten.dot", "aten.vdot", kind="opaque")
 def dot(op: OpRecord) -> Cost:
     """Inner product of two K-vectors: 2K (FMA = 2, DESIGN rule 3)."""
     return _tensor_cost(op, 2 * op.tensor("self").numel, "self", "tensor")
 
 
-@register("aten.addr")
+@register("aten.addr", kind="opaque")
 def addr(op: OpRecord) -> Cost:
     """bias + outer product: M·N multiplies and M·N adds."""
     n_out = op.tensor("vec1").numel * op.tensor("vec2").numel
     return _tensor_cost(op, 2 * n_out, "vec1", "vec2")
 
 
-@register("aten._grouped_mm")
+@register("aten._grouped_mm", kind="opaque")
 def grouped_mm(op: OpRecord) -> Cost:
     """Grouped GEMM (MoE experts): 2·M_total·N·K summed over groups.
 
@@ -125,7 +131,7 @@ def grouped_mm(op: OpRecord) -> Cost:
     return Cost(flops, read, written, "tensor", dtype)
 
 
-@register("aten.convolution", "aten._convolution")
+@register("aten.convolution", "aten._convolution", kind="opaque")
 def convolution(op: OpRecord) -> Cost:
     """Convolution: 2 FLOPs per MAC, counted by ``torch.utils.flop_counter.conv_flop_count``."""
     x, w = op.tensor("input"), op.tensor("weight")
@@ -136,7 +142,7 @@ def convolution(op: OpRecord) -> Cost:
     return _tensor_cost(op, flops, "input", "weight")
 
 
-@register("aten.convolution_backward")
+@register("aten.convolution_backward", kind="opaque")
 def convolution_backward(op: OpRecord) -> Cost:
     """Input and weight gradients per ``output_mask``, counted by torch's own formula."""
     grad, x, w = op.tensor("grad_output"), op.tensor("input"), op.tensor("weight")
@@ -163,7 +169,7 @@ def convolution_backward(op: OpRecord) -> Cost:
     return _tensor_cost(op, flops, "grad_output", "weight")
 
 
-@register("aten.linalg_solve_triangular", "aten.triangular_solve")
+@register("aten.linalg_solve_triangular", "aten.triangular_solve", kind="opaque")
 def triangular_solve(op: OpRecord) -> Cost:
     """X = A⁻¹B for a triangular A [.., n, n] and right-hand sides B: n² FLOPs per
     right-hand-side column (half of a dense product's 2n², FMA = 2); blocked TRSM runs on the

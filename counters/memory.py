@@ -98,7 +98,7 @@ METADATA_OPS = (
 )
 
 
-@register(*aten_packets(*VIEW_OPS))
+@register(*aten_packets(*VIEW_OPS), kind="view")
 def view(op: OpRecord) -> Cost:
     """Views alias their input: no kernel, no bytes (DESIGN rule 2)."""
     return ZERO
@@ -110,6 +110,7 @@ _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_recor
 @register(
     *aten_packets(*METADATA_OPS),
     *[f"profiler.{n}" for n in _PROFILER_OPS if hasattr(torch.ops.profiler, n)],
+    kind="metadata",
 )
 def metadata(op: OpRecord) -> Cost:
     """Allocation, metadata queries and profiler markers (``torch.optim`` wraps each step
@@ -161,7 +162,7 @@ CREATION_OPS = (
 """Tensors made from nothing or from a distribution: a kernel writes them, reads nothing."""
 
 
-@register(*aten_packets(*CREATION_OPS))
+@register(*aten_packets(*CREATION_OPS), kind="creation")
 def creation(op: OpRecord) -> Cost:
     """Tensors made from nothing (or from a distribution): their bytes written once."""
     written = written_tensors(op)
@@ -170,31 +171,26 @@ def creation(op: OpRecord) -> Cost:
 
 
 @register(
+    *aten_packets("cat", "repeat", "flip", "roll", "constant_pad_nd", "tril", "triu"),
+    kind="rearrange",
+)
+@register(*aten_packets("_unsafe_index", "index", "index_select", "gather"), kind="gather")
+@register(
+    *aten_packets("slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter"),
+    kind="scatter",
+)
+# NB: kernels of their own; stack, take and the other pads are not modelled as fusing.
+@register(
     *aten_packets(
-        "cat",
         "stack",
-        "repeat",
         "repeat_interleave",
-        "flip",
-        "roll",
         "rot90",
-        "constant_pad_nd",
         "reflection_pad1d",
         "reflection_pad2d",
         "reflection_pad3d",
         "replication_pad1d",
         "replication_pad2d",
         "replication_pad3d",
-        "tril",
-        "triu",
-        "_unsafe_index",
-        "index",
-        "slice_scatter",
-        "select_scatter",
-        "diagonal_scatter",
-        "as_strided_scatter",
-        "index_select",
-        "gather",
         "take",
         "masked_select",
         "nonzero",
@@ -211,7 +207,8 @@ def creation(op: OpRecord) -> Cost:
         "upsample_nearest3d",
         "polar",
         "complex",
-    )
+    ),
+    kind="opaque",
 )
 def movement(op: OpRecord) -> Cost:
     """Copies, concatenation, padding and gathers: 0 FLOPs, inputs read, outputs written.
@@ -257,7 +254,8 @@ _GATHERS = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gathe
         "put_",
         "index_reduce",
         "index_reduce_",
-    )
+    ),
+    kind="scatter",
 )
 def scatter(op: OpRecord) -> Cost:
     """Scatters write the scattered elements; an accumulating scatter also reads them.
@@ -282,15 +280,11 @@ def scatter(op: OpRecord) -> Cost:
     )
 
 
+@register(*aten_packets("slice_backward", "select_backward"), kind="rearrange")
+@register(*aten_packets("index_select_backward"), kind="scatter")
+# NB: kernels of their own (not modelled as fusing).
 @register(
-    *aten_packets(
-        "slice_backward",
-        "select_backward",
-        "diagonal_backward",
-        "unfold_backward",
-        "as_strided_backward",
-        "index_select_backward",
-    )
+    *aten_packets("diagonal_backward", "unfold_backward", "as_strided_backward"), kind="opaque"
 )
 def view_backward(op: OpRecord) -> Cost:
     """The gradient of a view: a zero-filled tensor of the input's size with the incoming
@@ -299,7 +293,7 @@ def view_backward(op: OpRecord) -> Cost:
     return Cost(0, read, written, "none", compute_dtype(op.inputs))
 
 
-@register("aten.embedding")
+@register("aten.embedding", kind="opaque")  # NB: a row gather, not modelled as fusing
 def embedding(op: OpRecord) -> Cost:
     """Row gather: reads the indices and at most one weight row per index, writes the rows."""
     weight, indices = op.tensor("weight"), op.tensor("indices")
@@ -311,7 +305,8 @@ def embedding(op: OpRecord) -> Cost:
 
 
 @register(
-    *aten_packets("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward")
+    *aten_packets("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward"),
+    kind="scatter",
 )
 def embedding_backward(op: OpRecord) -> Cost:
     """Gradient of a row gather: zero the [V, d] gradient, scatter-add each incoming row."""
@@ -320,7 +315,7 @@ def embedding_backward(op: OpRecord) -> Cost:
     return Cost(grad.numel if grad else 0, read, written, "vector", grad.dtype if grad else "")
 
 
-@register("aten.native_dropout")
+@register("aten.native_dropout", kind="dropout")
 def dropout(op: OpRecord) -> Cost:
     """Dropout draws a mask and scales: ~2 FLOP/element; writes y and the bool mask."""
     x: TensorMeta = op.tensor("input")
@@ -328,7 +323,7 @@ def dropout(op: OpRecord) -> Cost:
     return Cost(2 * x.numel, read, written, "vector", x.dtype)
 
 
-@register("aten.native_dropout_backward")
+@register("aten.native_dropout_backward", kind="dropout")
 def dropout_backward(op: OpRecord) -> Cost:
     """g · mask · scale: one multiply per element, reads g and the mask."""
     grad = op.tensor("grad_output")

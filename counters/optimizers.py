@@ -33,13 +33,16 @@ def _fused_cost(op: OpRecord, flops_per_element: int, state: tuple[str, ...]) ->
     return Cost(flops_per_element * numel, read, written, "vector", dtype)
 
 
-@register(*aten_packets("_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw"))
+@register(
+    *aten_packets("_fused_adam_", "_fused_adamw_", "_fused_adam", "_fused_adamw"),
+    kind="optimizer",
+)
 def fused_adam(op: OpRecord) -> Cost:
     """Adam/AdamW: reads p, g, m, v (and max v for AMSGrad), writes p, m, v (seed 000 §16)."""
     return _fused_cost(op, ADAM_FLOPS, ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"))
 
 
-@register(*aten_packets("_fused_sgd_", "_fused_sgd"))
+@register(*aten_packets("_fused_sgd_", "_fused_sgd"), kind="optimizer")
 def fused_sgd(op: OpRecord) -> Cost:
     """SGD (momentum buffers when given): seed 000 §16, 14 B/param plain, 22 with momentum
     under its fp32-master convention."""
@@ -48,13 +51,13 @@ def fused_sgd(op: OpRecord) -> Cost:
     return _fused_cost(op, flops, ("momentum_buffer_list",))
 
 
-@register(*aten_packets("_fused_adagrad_", "_fused_adagrad"))
+@register(*aten_packets("_fused_adagrad_", "_fused_adagrad"), kind="optimizer")
 def fused_adagrad(op: OpRecord) -> Cost:
     """Adagrad: reads p, g, the squared-gradient sum; writes p and the sum."""
     return _fused_cost(op, ADAGRAD_FLOPS, ("state_sums",))
 
 
-@register("torchroof.fused_optimizer_step")
+@register("torchroof.fused_optimizer_step", kind="optimizer")
 def fused_optimizer_step(op: OpRecord) -> Cost:
     """The one fused kernel a training runtime launches for the whole update (seed 000 §16):
     reads params, grads and state buffers once; writes params and state once, plus the

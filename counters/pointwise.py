@@ -180,7 +180,9 @@ def _all_written_numel(op: OpRecord) -> int:
     return sum(t.unique_numel for t in written_tensors(op))
 
 
-register_per_element(POINTWISE_FLOPS, elements=_written_numel, what="seed 000 Table 3")
+register_per_element(
+    POINTWISE_FLOPS, kind="pointwise", elements=_written_numel, what="seed 000 Table 3"
+)
 
 
 def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
@@ -189,19 +191,19 @@ def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
     return Cost(flops_per_element * _written_numel(op), read, written, unit, dtype)
 
 
-@register(*_packets("gelu"))
+@register(*_packets("gelu"), kind="pointwise")
 def gelu(op: OpRecord) -> Cost:
     """GELU, erf or tanh form (seed 000 Table 3: tanh approximation ~12 FLOP/element)."""
     return _pointwise_cost(op, GELU_FLOPS[op.arg("approximate", "none")], VECTOR)
 
 
-@register("aten.gelu_backward")
+@register("aten.gelu_backward", kind="pointwise")
 def gelu_backward(op: OpRecord) -> Cost:
     """GELU derivative times the gradient (seed 000 Table 3, doubled for the derivative)."""
     return _pointwise_cost(op, GELU_BACKWARD_FLOPS[op.arg("approximate", "none")], VECTOR)
 
 
-@register(*_packets("pow"))
+@register(*_packets("pow"), kind="pointwise")
 def pow_(op: OpRecord) -> Cost:
     """x**2 is one multiply; other exponents are exp(y·log x) on the SFU (seed 000 §2)."""
     exponent = op.arg("exponent")
@@ -210,8 +212,9 @@ def pow_(op: OpRecord) -> Cost:
     return _pointwise_cost(op, POW_GENERAL_FLOPS, SFU)
 
 
+# Whole-tensor copies (the ``*_copy`` forms of views appear in functionalized graphs);
+# ``_to_copy``, a conversion of each element, is registered beside them as a cast.
 _COPY_OPS = [
-    "_to_copy",
     "clone",
     "copy",
     "_copy_from",
@@ -231,7 +234,8 @@ _COPY_OPS = [
 ]
 
 
-@register(*aten_packets(*_COPY_OPS))
+@register("aten._to_copy", kind="cast")
+@register(*aten_packets(*_COPY_OPS), kind="copy")
 def copy(op: OpRecord) -> Cost:
     """Casts and copies: 0 FLOPs, read once and written once (seed 000 Table 3: bf16 -> fp32
     cast moves 6 bytes per element for no arithmetic)."""
@@ -239,7 +243,7 @@ def copy(op: OpRecord) -> Cost:
     return Cost(0, read, written, "none", compute_dtype(op.inputs))
 
 
-@register("aten.copy_", "aten._copy_from_and_resize")
+@register("aten.copy_", "aten._copy_from_and_resize", kind="copy")
 def copy_(op: OpRecord) -> Cost:
     """In-place copy: reads the source, writes the destination; the old contents are not read."""
     src = op.tensor("src") or op.tensor("other")
@@ -252,11 +256,16 @@ def copy_(op: OpRecord) -> Cost:
 # _foreach_X over a list: every tensor read and written once (seed 000 Table 3 per element).
 _FOREACH_TABLE = {**POINTWISE_FLOPS, "pow": (POW_GENERAL_FLOPS, SFU), "copy": (0, "none")}
 register_per_element(
-    _FOREACH_TABLE, elements=_all_written_numel, what="seed 000 Table 3", prefix="_foreach_"
+    _FOREACH_TABLE,
+    kind="foreach",
+    elements=_all_written_numel,
+    what="seed 000 Table 3",
+    prefix="_foreach_",
 )
 
 
-@register("aten._foreach_zero_", "aten.zero_", "aten.fill", "aten.fill_")
+@register("aten._foreach_zero_", kind="foreach")
+@register("aten.zero_", "aten.fill", "aten.fill_", kind="pointwise")
 def fill(op: OpRecord) -> Cost:
     """Write-only fills: the destination's bytes, no reads beyond a scalar."""
     written = written_tensors(op)

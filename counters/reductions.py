@@ -14,11 +14,15 @@ from torchroof.counters.tensors import compute_dtype, io_bytes
 
 from torchroof.records import OpRecord
 
-# FLOPs per input element for one-pass reductions and scans.
-REDUCTION_FLOPS: dict[str, int] = {
+# FLOPs per input element for one-pass reductions and scans, per kind (counters/registry.py
+# OP_KINDS). Sum and mean: over leading dimensions a column reduction.
+SUM_FLOPS: dict[str, int] = {
     "sum": 1,  # one add
-    "nansum": 2,  # test, add
     "mean": 1,  # add; the final divide is per output element (negligible)
+}
+# Reductions along rows, fused with their producers and consumers.
+ROW_REDUCTION_FLOPS: dict[str, int] = {
+    "nansum": 2,  # test, add
     "prod": 1,
     "amax": 1,  # one compare
     "amin": 1,
@@ -39,6 +43,11 @@ REDUCTION_FLOPS: dict[str, int] = {
     "norm": 2,  # square, add (p = 2); the sqrt is per output element
     "linalg_vector_norm": 2,
     "logsumexp": 4,  # max, subtract, exp, add
+}
+# Scans, histograms and list reductions: kernels of their own.
+# NB: not modelled as fusing (a scan carries state along its dim; histc and bincount
+# scatter-add into bins).
+OWN_KERNEL_REDUCTION_FLOPS: dict[str, int] = {
     "cumsum": 1,
     "cumprod": 1,
     "logcumsumexp": 4,
@@ -49,12 +58,20 @@ REDUCTION_FLOPS: dict[str, int] = {
     "_foreach_norm": 2,
     "_foreach_max": 1,
 }
+REDUCTION_FLOPS: dict[str, int] = {
+    **SUM_FLOPS,
+    **ROW_REDUCTION_FLOPS,
+    **OWN_KERNEL_REDUCTION_FLOPS,
+}
 
 # Softmax family, per element (seed 000 Table 3: softmax ~6, online one pass):
 SOFTMAX_FLOPS: dict[str, int] = {
     "_softmax": 5,  # max, subtract, exp, sum, divide
     "_safe_softmax": 6,  # + the select that zeroes fully masked rows
     "_log_softmax": 5,  # max, subtract, exp, sum, subtract log-sum
+}
+# Their backward: a row reduction with its pointwise work.
+SOFTMAX_BACKWARD_FLOPS: dict[str, int] = {
     "_softmax_backward_data": 4,  # g·y, row sum, subtract, multiply
     "_log_softmax_backward_data": 4,  # exp(y), row sum of g, multiply, subtract
 }
@@ -66,8 +83,19 @@ def _processed_numel(op: OpRecord) -> int:
     return sum(t.numel for t in processed)
 
 
-register_per_element(REDUCTION_FLOPS, elements=_processed_numel, what="one pass, seed 000 Table 3")
-register_per_element(SOFTMAX_FLOPS, elements=_processed_numel, what="seed 000 Table 3: softmax")
+_ONE_PASS = "one pass, seed 000 Table 3"
+_SOFTMAX = "seed 000 Table 3: softmax"
+register_per_element(SUM_FLOPS, kind="sum", elements=_processed_numel, what=_ONE_PASS)
+register_per_element(
+    ROW_REDUCTION_FLOPS, kind="reduction", elements=_processed_numel, what=_ONE_PASS
+)
+register_per_element(
+    OWN_KERNEL_REDUCTION_FLOPS, kind="opaque", elements=_processed_numel, what=_ONE_PASS
+)
+register_per_element(SOFTMAX_FLOPS, kind="softmax", elements=_processed_numel, what=_SOFTMAX)
+register_per_element(
+    SOFTMAX_BACKWARD_FLOPS, kind="reduction", elements=_processed_numel, what=_SOFTMAX
+)
 
 
 def _dim_size(op: OpRecord) -> int:
@@ -77,7 +105,7 @@ def _dim_size(op: OpRecord) -> int:
     return x.shape[op.arg("dim", -1)]
 
 
-@register("aten.sort", "aten.argsort")
+@register("aten.sort", "aten.argsort", kind="opaque")
 def sort(op: OpRecord) -> Cost:
     """Sort along a dim: n·log2(L) compare-exchanges for L elements per row.
 
@@ -89,7 +117,7 @@ def sort(op: OpRecord) -> Cost:
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 
-@register("aten.topk")
+@register("aten.topk", kind="opaque")
 def topk(op: OpRecord) -> Cost:
     """Top-k along a dim: each element is compared into a k-heap, n·log2(k) compares."""
     read, written = io_bytes(op)
@@ -98,7 +126,12 @@ def topk(op: OpRecord) -> Cost:
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 
-@register("torchroof.column_reduction", "torchroof.column_partial", "torchroof.column_final")
+@register(
+    "torchroof.column_reduction",
+    "torchroof.column_partial",
+    "torchroof.column_final",
+    kind="column_reduction",
+)
 def column_reduction(op: OpRecord) -> Cost:
     """A column reduction as Inductor splits it (torchroof/column_reductions.py): reads its
     inputs once, writes its outputs (fp32 partials, or the reduced columns); W is the

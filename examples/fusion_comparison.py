@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torchroof
-from torchroof.workloads import Workload
+from torchroof.options import Workload
 
 
 def main() -> None:

@@ -6,18 +6,23 @@ Internal units are FLOP/s, bytes/s and bytes; convert only when rendering.
 
 from __future__ import annotations
 
-import difflib
 import math
-import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from torchroof.hardware.toml_checks import (
+    Figure,
+    HardwareSpecError,
+    ShippedSpecs,
+    check_aliases,
+    describe,
+    is_number,
+    misplaced,
+    parse_figure,
+    read_toml,
+    unknown_key,
+)
 
 SPEC_DIR = Path(__file__).resolve().parent
 
@@ -50,26 +55,6 @@ class UnsupportedDtypeError(ValueError):
     """The part has no ceiling for that datatype (e.g. fp8 on an A100)."""
 
 
-class HardwareSpecError(ValueError):
-    """A hardware TOML file that cannot be used, with every problem found in it.
-
-    ``str()`` is one line, the file first: ``PATH: N problems: FIRST; SECOND; ...`` (the
-    command line prints it after ``torchroof: error:``). ``problems`` holds each problem
-    alone, each starting with the dotted key it concerns; ``path`` is the file.
-    """
-
-    def __init__(self, path: str | Path, problems: list[str] | tuple[str, ...]) -> None:
-        self.path = str(path)
-        self.problems = tuple(problems)
-        count = len(self.problems)
-        noun = "problem" if count == 1 else "problems"
-        where = f"{self.path}: " if self.path else ""
-        super().__init__(f"{where}{count} {noun}: {'; '.join(self.problems)}")
-
-    def __reduce__(self) -> tuple[Any, ...]:  # survive pickling (worker processes)
-        return (type(self), (self.path, self.problems))
-
-
 def spec_dtype(dtype: str) -> str:
     """Map a torch dtype name (``bfloat16``) or a spec key (``bf16``) to a spec key."""
     key = dtype.removeprefix("torch.")
@@ -86,9 +71,7 @@ def spec_dtype(dtype: str) -> str:
 # misspelt optional key would otherwise vanish without a word). The README's
 # "Accelerators" section documents the same keys (tests/test_hardware.py checks it).
 #
-# A figure is an inline table { value = <number>, source = "<where it came from>",
-# approximate = <bool, optional> }. Its value is finite and positive; where ``whole``,
-# also a whole number (bytes, counts).
+# A figure is an inline table { value, source, approximate } (toml_checks.parse_figure).
 _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     # key: (required, whole number, unit)
     "hbm_bytes_per_s": (True, False, "B/s"),
@@ -107,92 +90,12 @@ _TABLE_KEYS: dict[str, tuple[bool, tuple[str, ...] | None, tuple[str, ...], str]
 }
 _STRING_KEYS = {"name": True, "display_name": False, "source": False}  # key: required
 _OTHER_KEYS = ("aliases", "measured")  # a list of strings; calibrate's record (a table)
-_FIGURE_FIELDS = ("value", "source", "approximate")
 SCHEMA_KEYS: tuple[str, ...] = (
     *_STRING_KEYS,
     *_OTHER_KEYS,
     *_FIGURE_KEYS,
     *_TABLE_KEYS,
 )
-
-
-def _describe(raw: Any) -> str:
-    """A TOML value as the user wrote it, for an error message."""
-    if isinstance(raw, bool):
-        return f"{'true' if raw else 'false'} (a boolean)"
-    if isinstance(raw, (int, float)):
-        return f"{raw!r} (a number)"
-    if isinstance(raw, str):
-        text = raw if len(raw) <= 40 else raw[:37] + "..."
-        return f"{text!r} (a string)"
-    if isinstance(raw, list):
-        return f"an array of {len(raw)} item{'' if len(raw) == 1 else 's'}"
-    if isinstance(raw, dict):
-        return "a table"
-    return f"{raw!r} (a {type(raw).__name__})"
-
-
-def _is_number(raw: Any) -> bool:
-    return isinstance(raw, (int, float)) and not isinstance(raw, bool)
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One published or derived number, with where it came from."""
-
-    value: float
-    source: str
-    approximate: bool = False
-
-    @classmethod
-    def parse(cls, key: str, raw: Any, *, whole: bool = False, unit: str = "") -> Figure:
-        """One figure; every problem with it in one :class:`HardwareSpecError`."""
-        problems: list[str] = []
-        figure = _figure(key, raw, whole, unit, problems)
-        if figure is None:
-            raise HardwareSpecError("", problems)
-        return figure
-
-
-def _figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]) -> Figure | None:
-    """Check one figure, adding each problem to ``problems``; the figure if there were none."""
-    shape = '{ value = <number>, source = "<where it came from>" }'
-    if not isinstance(raw, dict):
-        problems.append(f"{key}: expected a figure {shape}, got {_describe(raw)}")
-        return None
-    before = len(problems)
-    for field_name in raw:
-        if field_name not in _FIGURE_FIELDS:
-            problems.append(
-                f"{key}.{field_name}: unknown field (a figure has {', '.join(_FIGURE_FIELDS)})"
-            )
-    value = raw.get("value")
-    units = f" of {unit}" if unit else ""
-    if "value" not in raw:
-        problems.append(f"{key}.value: missing (a number{units})")
-    elif not _is_number(value):
-        problems.append(f"{key}.value: expected a number{units}, got {_describe(value)}")
-    elif not math.isfinite(value):
-        problems.append(f"{key}.value: expected a finite number{units}, got {value}")
-    elif value <= 0:
-        problems.append(f"{key}.value: must be positive, got {value!r}")
-    elif whole and not float(value).is_integer():
-        problems.append(
-            f"{key}.value: {unit or 'this figure'} must be a whole number, got {value!r}"
-        )
-    source = raw.get("source")
-    if "source" not in raw:
-        problems.append(f"{key}.source: missing (every figure names where it came from)")
-    elif not isinstance(source, str):
-        problems.append(f"{key}.source: expected a string, got {_describe(source)}")
-    elif not source.strip():
-        problems.append(f"{key}.source: must not be empty")
-    approximate = raw.get("approximate", False)
-    if not isinstance(approximate, bool):
-        problems.append(f"{key}.approximate: expected true or false, got {_describe(approximate)}")
-    if len(problems) > before:
-        return None
-    return Figure(float(value), source, approximate)
 
 
 def _figure_table(
@@ -206,19 +109,19 @@ def _figure_table(
     if not isinstance(raw, dict):
         problems.append(
             f"{key}: expected a table of figures ([{key}] with lines like "
-            f'bf16 = {{ value = ..., source = "..." }}), got {_describe(raw)}'
+            f'bf16 = {{ value = ..., source = "..." }}), got {describe(raw)}'
         )
         return {}
     out: dict[str, Figure] = {}
     for name, figure_raw in raw.items():
         dotted = f"{key}.{name}"
         if name in SCHEMA_KEYS:
-            problems.append(_misplaced(key, name))
+            problems.append(misplaced(key, name))
             continue
         if allowed is not None and name not in allowed:
             problems.append(f"{dotted}: unknown datatype (known: {', '.join(allowed)})")
             continue
-        figure = _figure(dotted, figure_raw, False, unit, problems)
+        figure = parse_figure(dotted, figure_raw, False, unit, problems)
         if figure is not None:
             out[name] = figure
     for name in needed:
@@ -227,25 +130,18 @@ def _figure_table(
     return out
 
 
-def _misplaced(table: str, key: str) -> str:
-    return (
-        f"{table}.{key}: {key} is a top-level key, but written below the [{table}] header it "
-        f"belongs to that table; move it above the first [table] header"
-    )
-
-
 def _check_measured(raw: Any, problems: list[str]) -> None:
     """calibrate's record: free-form, but validate reads ``launch_overhead_s``."""
     if not isinstance(raw, dict):
-        problems.append(f"measured: expected a table, got {_describe(raw)}")
+        problems.append(f"measured: expected a table, got {describe(raw)}")
         return
-    problems += [_misplaced("measured", key) for key in raw if key in SCHEMA_KEYS]
+    problems += [misplaced("measured", key) for key in raw if key in SCHEMA_KEYS]
     if "launch_overhead_s" in raw:
         value = raw["launch_overhead_s"]
-        if not _is_number(value) or not math.isfinite(value) or value < 0:
+        if not is_number(value) or not math.isfinite(value) or value < 0:
             problems.append(
                 "measured.launch_overhead_s: expected a number of seconds >= 0, "
-                f"got {_describe(value)}"
+                f"got {describe(value)}"
             )
 
 
@@ -363,28 +259,23 @@ def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> Hardwar
     for key, raw in data.items():  # in file order, so the message reads alongside the file
         if key in _STRING_KEYS:
             if not isinstance(raw, str):
-                problems.append(f"{key}: expected a string, got {_describe(raw)}")
+                problems.append(f"{key}: expected a string, got {describe(raw)}")
             elif key == "name" and not raw.strip():
                 problems.append("name: must not be empty")
             else:
                 strings[key] = raw
         elif key == "aliases":
-            if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
-                problems.append(f"aliases: expected an array of strings, got {_describe(raw)}")
-            else:
-                aliases = tuple(raw)
+            aliases = check_aliases(raw, problems)
         elif key == "measured":
             _check_measured(raw, problems)
         elif key in _FIGURE_KEYS:
             _, whole, unit = _FIGURE_KEYS[key]
-            figures[key] = _figure(key, raw, whole, unit, problems)
+            figures[key] = parse_figure(key, raw, whole, unit, problems)
         elif key in _TABLE_KEYS:
             _, allowed, needed, unit = _TABLE_KEYS[key]
             tables[key] = _figure_table(key, raw, allowed, needed, unit, problems)
         else:
-            close = difflib.get_close_matches(key, SCHEMA_KEYS, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            problems.append(f"{key}: unknown key{hint}")
+            problems.append(unknown_key(key, SCHEMA_KEYS))
     required = [k for k, needed in _STRING_KEYS.items() if needed]
     required += [k for k, (needed, _, _) in _FIGURE_KEYS.items() if needed]
     required += [k for k, (needed, *_) in _TABLE_KEYS.items() if needed]
@@ -417,49 +308,19 @@ def load_file(path: str | Path) -> HardwareSpec:
     """Parse one hardware TOML file (the format of the files shipped in this folder, which
     the README's "Accelerators" section documents)."""
     path = Path(path)
-    with path.open("rb") as handle:
-        raw = handle.read()
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        problem = f"not UTF-8 text ({error.reason} at byte {error.start})"
-        raise HardwareSpecError(path, [problem]) from None
-    except tomllib.TOMLDecodeError as error:  # its message ends "(at line L, column C)"
-        raise HardwareSpecError(path, [f"not valid TOML: {error}"]) from None
-    return parse(data, path)
+    return parse(read_toml(path, HardwareSpecError), path)
 
 
-@lru_cache(maxsize=1)
-def _shipped() -> dict[str, HardwareSpec]:
-    return {spec.name: spec for spec in map(load_file, sorted(SPEC_DIR.glob("*.toml")))}
+_SHIPPED = ShippedSpecs(SPEC_DIR, load_file, "hardware", UnknownHardwareError)
 
 
 def available() -> list[HardwareSpec]:
     """The shipped specs, sorted by name."""
-    return [spec for _, spec in sorted(_shipped().items())]
-
-
-def _normalise(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(" ", "-")
+    return _SHIPPED.sorted_by_name()
 
 
 def get(name: str | Path | HardwareSpec) -> HardwareSpec:
     """A spec by name (``h100-sxm``), alias (``h100``) or path to a TOML file."""
     if isinstance(name, HardwareSpec):
         return name
-    text = str(name)
-    if text.endswith(".toml") or Path(text).is_file():
-        if not Path(text).is_file():
-            raise UnknownHardwareError(f"hardware file {text} does not exist")
-        return load_file(text)
-    wanted = _normalise(text)
-    lookup: dict[str, HardwareSpec] = {}
-    for spec in _shipped().values():
-        lookup[spec.name] = spec
-        lookup.update({_normalise(alias): spec for alias in spec.aliases})
-    if wanted in lookup:
-        return lookup[wanted]
-    close = difflib.get_close_matches(wanted, list(lookup), n=4, cutoff=0.4)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    names = ", ".join(sorted(_shipped()))
-    raise UnknownHardwareError(f"unknown hardware {text!r}{hint} (known: {names})")
+    return _SHIPPED.find(str(name))

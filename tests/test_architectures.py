@@ -8,7 +8,8 @@ from transformers import AutoConfig
 
 import torchroof
 from torchroof.models import build_model
-from torchroof.workloads import Workload, WorkloadError, kv_bytes_per_token, run_workload
+from torchroof.options import Workload, WorkloadError
+from torchroof.workloads import kv_bytes_per_token, run_workload
 
 
 def test_mamba_decode_reads_its_recurrent_state_as_the_cache():
@@ -26,7 +27,7 @@ def test_mamba_decode_reads_its_recurrent_state_as_the_cache():
     # state [1, 128, 16] fp32 = 8,192 B; 2 layers -> 18,432 B, whatever the context.
     assert trace.role_bytes["kv_cache"] == 2 * (128 * 4 * 2 + 128 * 16 * 4) == 18_432
     # the recurrent step, not a scan over the context: the same ops at any context length
-    assert trace.metadata["kv_cache_tokens"] == 101
+    assert trace.facts.kv_cache_tokens == 101
     longer = run_workload(build_model(config), Workload("decode", context=1000))
     assert [op.name for op in longer.ops] == [op.name for op in trace.ops]
     assert longer.role_bytes["kv_cache"] == trace.role_bytes["kv_cache"]
@@ -103,9 +104,17 @@ def test_encoder_decoder_prefill_writes_self_and_cross_attention_caches():
     # the decoder's first token caches its own K/V (1 token) and the cross-attention K/V
     # of the 50 encoded source tokens: 2 layers · 2 (K, V) · 64 · 2 B · (1 + 50) = 26,112
     assert est.memory.kv_cache_bytes == 2 * 2 * 64 * 2 * (1 + 50) == 26_112
-    # encoder: 2 layers of q, k, v, o (64x64) + wi, wo (64x128) over 50 tokens, plus the
-    # decoder's one token; the encoder's linear FLOPs alone are 2·50·2·(4·64·64 + 2·64·128)
-    assert est.flops > 2 * 50 * 2 * (4 * 64 * 64 + 2 * 64 * 128)
+    # matmul and attention FLOPs. Encoder, per layer over 50 tokens: q, k, v, o 2·50·64·64
+    # each, wi and wo 2·50·64·128 each, attention (4 heads of 16, unmasked) 2·4·50·50·32
+    encoder = 4 * 2 * 50 * 64 * 64 + 2 * 2 * 50 * 64 * 128 + 2 * 4 * 50 * 50 * 32
+    # decoder, per layer for its one token: self-attention q, k, v, o 2·64·64 each over one
+    # key (2·4·1·32); cross-attention q and o 2·64·64, k and v over the 50 encoded tokens
+    # 2·50·64·64 each, attention over 50 keys 2·4·50·32; wi and wo 2·64·128 each
+    decoder = 6 * 2 * 64 * 64 + 2 * 4 * 32 + 2 * 2 * 50 * 64 * 64 + 2 * 4 * 50 * 32
+    decoder += 2 * 2 * 64 * 128
+    head = 2 * 64 * 512  # the first token's logits
+    tensor = sum(k.flops for k in est.kernels if k.unit == "tensor")
+    assert tensor == 2 * encoder + 2 * decoder + head == 9_727_488
 
 
 def test_encoder_decoder_decode_and_train():

@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.records import Trace
+from torchroof import Trace
 
 
 def _llama_forward(model, seq=16):
@@ -184,7 +184,7 @@ def test_trace_json_round_trip_reestimates_on_other_hardware(tmp_path, tiny_llam
     # a memory-bound-dominated tiny model: A100's slower HBM makes it slower
     assert a100.time_s > h100.time_s
     again = loaded.estimate("h100")
-    assert again.time_s == pytest.approx(h100.time_s)
+    assert again.time_s == h100.time_s  # the same ops priced the same way, to the bit
 
 
 def test_trace_loader_rejects_foreign_json(tmp_path):

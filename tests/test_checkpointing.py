@@ -9,7 +9,7 @@ import torch
 from torch.overrides import _get_current_function_mode_stack
 
 import torchroof
-from torchroof.pipeline import trace_model
+from torchroof.api import trace_model
 
 FLASH = "aten._scaled_dot_product_flash_attention.default"
 FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_backward.default"

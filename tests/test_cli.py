@@ -38,8 +38,10 @@ def test_estimate_prints_budget_and_writes_json(tmp_path, capsys):
 def test_hardware_listing_shows_ridges(capsys):
     assert main(["hardware"]) == 0
     printed = capsys.readouterr().out
-    h100 = next(line for line in printed.splitlines() if line.startswith("h100-sxm"))
-    assert "295" in h100 and "591" in h100
+    # columns: name, HBM TB/s, GiB, bf16 / fp8 / fp32 TF/s, then the ridges I* bf16 / fp8 / fp32
+    h100 = next(line for line in printed.splitlines() if line.startswith("h100-sxm")).split()
+    # I* = pi / beta: 989.4e12 / 3.35e12 = 295.3 (bf16), 1978.9e12 / 3.35e12 = 590.7 (fp8)
+    assert (h100[0], h100[6], h100[7]) == ("h100-sxm", "295", "591")
     assert main(["hardware", "l40s"]) == 0
     assert "source" in capsys.readouterr().out
 
@@ -186,13 +188,31 @@ def test_a_bad_output_path_fails_before_any_work(tmp_path, capsys):
 
 def test_every_file_written_is_named(tmp_path, capsys):
     out, csv, trace = tmp_path / "e.json", tmp_path / "k.csv", tmp_path / "t.json"
+    timeline = tmp_path / "timeline.json"  # a plain .json: the flag, not the suffix, decides
     argv = ["estimate", "gpt2", "--seq", "8", "--kernels", "0"]
     argv += ["--json", str(out), "--csv", str(csv), "--save-trace", str(trace)]
+    argv += ["--timeline", str(timeline)]
     assert main(argv) == 0
     said = capsys.readouterr().err.splitlines()
     assert said == [
         f"torchroof: wrote the trace to {trace}",
         f"torchroof: wrote the estimate (JSON) to {out}",
         f"torchroof: wrote one row per kernel (CSV) to {csv}",
+        f"torchroof: wrote the Chrome / Perfetto timeline to {timeline}",
     ]
     assert out.stat().st_size and csv.stat().st_size and trace.stat().st_size
+    kernels = len(json.loads(out.read_text())["kernels"])
+    events = json.loads(timeline.read_text())["traceEvents"]
+    assert len([e for e in events if e["ph"] == "X"]) == kernels
+    assert len(csv.read_text().splitlines()) == 1 + kernels  # a header, a row per kernel
+
+
+def test_a_plot_named_in_no_image_format_fails_before_any_work(tmp_path, capsys):
+    plot = tmp_path / "roofline.jpg"
+    assert main(["estimate", "gpt2", "--seq", "8", "--plot-roofline", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing traced, nothing printed
+    assert captured.err == (
+        "torchroof: error: plots are written as .pdf, .png or .svg, got 'roofline.jpg'\n"
+    )
+    assert not plot.exists()

@@ -35,11 +35,12 @@ def test_flash_forward_compulsory_bytes_and_causal_halving():
     # Q = 4·s·N·d (q, k, v read, o written) = 4,194,304 bytes, plus the fp32
     # log-sum-exp (4·N = 16,384 bytes) the flash kernel also writes
     assert full.bytes == 4 * S * N * D + 4 * N
-    # I ≈ N/s per head (seed: "linear in sequence length")
-    assert full.intensity == pytest.approx(N / S, rel=5e-3)
-    # causal: half the score pairs, so half the FLOPs; the compulsory bytes stay (every
-    # q, k, v element is still read once)
-    assert causal.flops == full.flops // 2
+    # I = 8,589,934,592 / (4,194,304 + 16,384) = 2040.2, the seed's N/s = 2048 less the lse
+    assert full.intensity == 8_589_934_592 / 4_210_688
+    # causal: the mask keeps N(N + 1)/2 of the N² score pairs, so W = 4·N²·d·(N + 1)/(2N)
+    # = 2·N·(N + 1)·d = 2·4096·4097·128 (the seed's half, 4,294,967,296, plus the diagonal's
+    # 2·N·d = 1,048,576); the compulsory bytes stay (every q, k, v element is still read once)
+    assert causal.flops == 2 * N * (N + 1) * D == 4_296_015_872
     assert causal.bytes == full.bytes
 
 
@@ -70,8 +71,14 @@ def test_decode_attention_intensity_is_two_g_over_s():
     q = _meta(1, 64, 1, 128)
     k, v = _meta(1, 8, 8192, 128), _meta(1, 8, 8192, 128)
     cost = cost_of(_sdpa_ops(q, k, v, enable_gqa=True)[0])
-    # W = 4·N·d·h, Q ≈ 2·s·N·d·h_kv  ->  I = 2g/s = 8 (seed 000: "Llama-3-70B ... I = 8")
-    assert cost.intensity == pytest.approx(8, rel=0.01)
+    # W = 4·N·d·h = 4·8192·128·64 = 268,435,456 (one query row: no causal mask to apply)
+    assert cost.flops == 4 * 8192 * 128 * 64 == 268_435_456
+    # Q = K and V at h_kv heads, 2·s·N·d·h_kv = 33,554,432, plus q and o (64·128·2 each)
+    # and the fp32 lse (64·4)
+    assert cost.bytes == 2 * 2 * 8192 * 128 * 8 + 2 * 64 * 128 * 2 + 64 * 4 == 33_587_456
+    # I = 268,435,456 / 33,587,456 = 7.992: 2g/s = 8 (seed 000: "Llama-3-70B ... I = 8")
+    # less the q/o/lse bytes
+    assert cost.intensity == 268_435_456 / 33_587_456
 
 
 def test_masked_sdpa_is_the_efficient_kernel_and_reads_the_bias():
@@ -93,20 +100,72 @@ def test_flash_backward_replaces_the_decomposition_backward():
     ]
     assert attention[1].phase == "backward"
     forward, backward = cost_of(attention[0]), cost_of(attention[1])
-    # backward recomputes S and forms dV, dP, dQ, dK: 2·Lq·Lk·(3d + 2d) = 2.5x forward
-    assert backward.flops == pytest.approx(2.5 * forward.flops)
+    # causal 512 x 512: 512·513/2 = 131,328 kept pairs per head, 4 heads, d = dv = 64;
+    # forward 2·4·131,328·(64 + 64) = 134,479,872
+    assert forward.flops == 2 * 4 * (512 * 513 // 2) * (64 + 64) == 134_479_872
+    # backward recomputes S and forms dV, dP, dQ, dK: 2·4·131,328·(3·64 + 2·64) = 336,199,680,
+    # 2.5x the forward
+    assert backward.flops == 2 * 4 * (512 * 513 // 2) * (3 * 64 + 2 * 64) == 336_199_680
     # no bmm / softmax of the math path leaked into the backward
     assert not any(
         op.name in ("aten.bmm.default", "aten._softmax_backward_data.default") for op in ops
     )
 
 
-def test_causal_fraction_for_unequal_lengths():
-    assert causal_fraction(4, 4) == 0.5
-    # top-left aligned tril(ones(2, 4)): rows keep 1 and 2 keys -> 3 of 8 pairs
+def test_causal_fraction_square_is_half_plus_the_diagonal():
+    # tril(ones(4, 4)) keeps 1 + 2 + 3 + 4 = 10 of 16 pairs: (n + 1)/(2n) = 5/8, not 1/2
+    assert causal_fraction(4, 4) == 10 / 16
+    assert causal_fraction(4, 4, aligned_to_end=True) == 10 / 16  # the same mask when square
+    assert causal_fraction(1, 1) == 1.0  # one query, one key: the diagonal is everything
+    # N = 4096: 4097 / 8192 = 0.5001220703125 (the seed's "halves W", exactly)
+    assert causal_fraction(4096, 4096) == 4097 / 8192
+
+
+def test_causal_fraction_rectangular():
+    # PyTorch's is_causal is top-left aligned, tril(ones(2, 4)): rows keep 1 and 2 keys,
+    # 3 of 8 pairs
     assert causal_fraction(2, 4) == 3 / 8
     # tril(ones(4, 2)): rows keep 1, 2, 2, 2 -> 7 of 8
     assert causal_fraction(4, 2) == 7 / 8
+    # aligned to the end (2 new tokens after 2 cached: a prefill onto a cache): rows keep
+    # 3 and 4 keys -> 7 of 8
+    assert causal_fraction(2, 4, aligned_to_end=True) == 7 / 8
+    # 4 queries on 2 keys, aligned to the end: rows keep 0, 0, 1, 2 -> 3 of 8
+    assert causal_fraction(4, 2, aligned_to_end=True) == 3 / 8
+
+
+def test_causal_fraction_one_query():
+    # a decode step: one query aligned to the end of 8192 keys sees every key
+    assert causal_fraction(1, 8192, aligned_to_end=True) == 1.0
+    # PyTorch's is_causal with one query keeps key 0 only (why HF decodes with is_causal off)
+    assert causal_fraction(1, 8192) == 1 / 8192
+
+
+@pytest.mark.parametrize("aligned_to_end", [False, True])
+def test_causal_fraction_equals_the_mask_torch_builds(aligned_to_end):
+    # the closed form against the mask itself: tril with the diagonal at offset 0
+    # (top-left) or kv - q (end-aligned), for every shape up to 12 x 12
+    for q_len in range(1, 13):
+        for kv_len in range(1, 13):
+            offset = kv_len - q_len if aligned_to_end else 0
+            kept = int(torch.ones(q_len, kv_len).tril(diagonal=offset).sum())
+            assert causal_fraction(q_len, kv_len, aligned_to_end=aligned_to_end) == kept / (
+                q_len * kv_len
+            ), (q_len, kv_len)
+
+
+def test_causal_fraction_edge_cases():
+    assert causal_fraction(0, 16) == 0.0 and causal_fraction(16, 0) == 0.0  # no pairs
+    with pytest.raises(ValueError, match="lengths must be >= 0"):
+        causal_fraction(-1, 4)
+
+
+def test_rectangular_causal_sdpa_is_priced_at_the_kept_pairs():
+    # 2 queries on 4 keys with is_causal: 3 of 8 pairs (top-left), 2 heads, d = dv = 32:
+    # W = 2·2·3·(32 + 32) = 768
+    q, k, v = _meta(1, 2, 2, 32), _meta(1, 2, 4, 32), _meta(1, 2, 4, 32)
+    cost = cost_of(_sdpa_ops(q, k, v, is_causal=True)[0])
+    assert cost.flops == 2 * 2 * 3 * (32 + 32) == 768
 
 
 def test_math_policy_records_the_decomposition():

@@ -4,11 +4,12 @@ logits crisis"): W never changes, Q is the group's external traffic."""
 import pytest
 import torch
 import torch.nn.functional as F
-from torchroof.counters import cost_of
+from torchroof.counters import OP_KINDS, cost_of, kind_of, registered_packets
 from torchroof.counters.norms import NORM_FLOPS
 
 import torchroof
-from torchroof.fusion import build_kernels
+from torchroof import optimizer_step, recompute
+from torchroof.fusion import FUSED_KINDS, build_kernels
 from torchroof.options import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
 from torchroof.recompute import recomputable_tensors
 
@@ -162,8 +163,12 @@ def test_math_attention_intensity_tends_to_d_over_s():
     assert math.bytes == 4 * 2 * (N * d + N * N)
     assert math.intensity == pytest.approx(N * d / (2 * (N + d)), rel=1e-6)
     assert round(math.intensity) == 62
-    # flash: compulsory I = N/s = 2048 per head (plus the 4N-byte log-sum-exp)
-    assert flash.intensity == pytest.approx(N / 2, rel=5e-3)
+    # flash: the same W, compulsory Q = q, k, v, o once (4·N·d·2 B) + the fp32 log-sum-exp
+    # (4N B): I = 4N²d / (8Nd + 4N) = N·d / (2d + 1) = 2040.03, the seed's N/s = 2048 less
+    # the log-sum-exp
+    assert flash.flops == 4 * N * N * d
+    assert flash.bytes == 4 * N * d * 2 + 4 * N
+    assert round(flash.intensity, 2) == 2040.03
 
 
 def test_chunked_cross_entropy_removes_the_logits_traffic():
@@ -251,3 +256,17 @@ def test_unknown_policy_is_a_clear_error():
         PricingOptions(fusion="inductor")
     with pytest.raises(ValueError, match="unknown loss policy"):
         PricingOptions(loss="fast")
+
+
+def test_the_kinds_fusion_reads_are_declared_kinds():
+    # a misspelt kind in a stage's set would silently stop those ops fusing
+    read_by_stages = [
+        FUSED_KINDS,
+        recompute._REBUILT_FROM_INPUTS,
+        optimizer_step._ELEMENTWISE_KINDS,
+        optimizer_step._INIT_KINDS,
+    ]
+    for kinds in read_by_stages:
+        assert kinds <= set(OP_KINDS)
+    # and every fused kind is declared by some registration
+    assert FUSED_KINDS <= {kind_of(p) for p in registered_packets()}

@@ -16,34 +16,41 @@ from torchroof.hardware.spec import SCHEMA_KEYS
 
 
 @pytest.mark.parametrize(
-    ("name", "bf16", "fp8", "fp32"),
+    ("name", "beta", "peaks", "seed"),
     [
-        # seed 000 Table 1: I* = pi / beta at the HBM boundary
-        ("a100-sxm", 153, None, 9.6),
-        ("h100-sxm", 295, 591, 20),
-        ("h200-sxm", 206, 412, 14),
-        ("b200", 281, 563, 10),
-        ("mi300x", 247, 493, 31),
-        ("l40s", 419, 848, 106),
-        ("rtx-4090", 164, 328, 82),
+        # the hardware files' figures (B/s; bf16, fp8, fp32 FLOP/s) and seed 000 Table 1's
+        # printed ridge points I* = pi / beta for bf16, fp8, fp32
+        ("a100-sxm", 2.039e12, (312e12, None, 19.5e12), (153, None, 9.6)),
+        ("h100-sxm", 3.35e12, (989.4e12, 1978.9e12, 66.9e12), (295, 591, 20)),
+        ("h200-sxm", 4.8e12, (989.4e12, 1978.9e12, 66.9e12), (206, 412, 14)),
+        ("b200", 8e12, (2250e12, 4500e12, 80e12), (281, 563, 10)),
+        ("mi300x", 5.3e12, (1307.4e12, 2614.9e12, 163.4e12), (247, 493, 31)),
+        ("l40s", 0.864e12, (362.05e12, 733e12, 91.6e12), (419, 848, 106)),
+        ("rtx-4090", 1.008e12, (165.2e12, 330.3e12, 82.6e12), (164, 328, 82)),
     ],
 )
-def test_table1_ridge_points(name, bf16, fp8, fp32):
+def test_table1_ridge_points(name, beta, peaks, seed):
     spec = get(name)
-    assert spec.ridge("bf16") == pytest.approx(bf16, abs=1)
-    assert spec.ridge("fp32") == pytest.approx(fp32, abs=0.5)
-    if fp8 is None:
-        with pytest.raises(UnsupportedDtypeError, match="no fp8 tensor cores"):
-            spec.ridge("fp8")
-    else:
-        assert spec.ridge("fp8") == pytest.approx(fp8, abs=1.5)
+    assert spec.hbm_bytes_per_s.value == beta
+    for dtype, peak, printed in zip(("bf16", "fp8", "fp32"), peaks, seed, strict=True):
+        if peak is None:
+            with pytest.raises(UnsupportedDtypeError, match="no fp8 tensor cores"):
+                spec.ridge(dtype)
+            continue
+        ridge = spec.ridge(dtype)
+        assert ridge == peak / beta, dtype
+        # the seed prints I* rounded to its last digit (9.6: tenths): within half of it
+        # (B200 fp8: 4500 / 8 = 562.5, printed 563)
+        half_unit = 0.05 if isinstance(printed, float) else 0.5
+        assert abs(ridge - printed) <= half_unit, (dtype, ridge, printed)
 
 
 def test_h100_worked_numbers():
     h100 = get("h100")
     # 989.4 TF/s / 3.35 TB/s = 295.3
-    assert h100.ridge("bfloat16") == pytest.approx(989.4e12 / 3.35e12)
-    assert h100.tensor_peak("bfloat16") / h100.vector_peak("fp32") == pytest.approx(14.8, abs=0.05)
+    assert h100.ridge("bfloat16") == 989.4e12 / 3.35e12
+    # seed 000: the tensor-core / fp32 vector cliff, 989.4 / 66.9 = 14.79 ("14.8x")
+    assert h100.tensor_peak("bfloat16") / h100.vector_peak("fp32") == 989.4e12 / 66.9e12
 
 
 def test_every_shipped_figure_has_a_source_and_the_required_parts_exist():
@@ -418,13 +425,19 @@ def test_gemm_tile_fit_uses_the_hardwares_shared_memory(tmp_path, capsys):
     # an explicit budget still wins
     assert gemm_workbench(4096, 4096, 4096, hardware=str(spec(100)), local_budget_bytes=2**20)
 
-    argv = ["gemm", "4096", "4096", "4096", "--tile", "128", "--hardware"]
-    assert main([*argv, str(spec(100))]) == 0
-    assert "= 128 KiB against 100 KiB: does NOT fit" in capsys.readouterr().out
-    assert main([*argv, "h100"]) == 0
-    assert "= 128 KiB against 228 KiB: fits" in capsys.readouterr().out
-    assert main([*argv, str(spec(100)), "--local-budget-kib", "256"]) == 0
-    assert "against 256 KiB: fits" in capsys.readouterr().out
+    def tile_fit(*extra):
+        argv = ["gemm", "4096", "4096", "4096", "--tile", "128", "--hardware", *extra]
+        assert main(argv) == 0
+        line = capsys.readouterr().out
+        found = re.search(
+            r"^tile fit: .* = (\d+) KiB against (\d+) KiB: (fits|does NOT fit)", line, re.M
+        )
+        assert found, line
+        return int(found[1]), int(found[2]), found[3]
+
+    assert tile_fit(str(spec(100))) == (128, 100, "does NOT fit")
+    assert tile_fit("h100") == (128, 228, "fits")
+    assert tile_fit(str(spec(100)), "--local-budget-kib", "256") == (128, 256, "fits")
 
 
 def test_gemm_on_a_spec_without_shared_memory_says_what_to_add(tmp_path, capsys):

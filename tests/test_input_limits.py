@@ -2,8 +2,6 @@
 by the op budget with the module and the loop's ops named; positions past the model's
 maximum and configs without layers are refused."""
 
-import time
-
 import pytest
 import torch
 
@@ -50,13 +48,12 @@ def _x():
 
 # -- the op budget ------------------------------------------------------------------------
 def test_runaway_loop_stops_at_the_op_budget_and_names_module_and_loop_body():
-    start = time.perf_counter()
     with pytest.raises(OpBudgetExceeded) as caught:
         with torchroof.trace(max_ops=3000):
             _Solver()(_x())
-    assert time.perf_counter() - start < 10
     error = caught.value
     assert isinstance(error, RuntimeError)
+    # stopped at the first op past the budget (not timed: the op count is the guarantee)
     assert error.ops == 3001 and error.module == "solver"
     message = str(error)
     first = message.splitlines()[0]
@@ -156,8 +153,9 @@ def test_a_real_training_step_fits_the_default_budget(tiny_llama):
     opt = torch.optim.AdamW(params, foreach=False)
     ids = torch.zeros(2, 32, dtype=torch.long, device="meta")
     capture = torchroof.trace()
+    # the README's defaults: 10 M aten ops, 10,000 .item() answers in one module call
     assert capture.max_ops == DEFAULT_MAX_OPS == 10_000_000
-    assert capture.max_item_answers == DEFAULT_MAX_ITEM_ANSWERS
+    assert capture.max_item_answers == DEFAULT_MAX_ITEM_ANSWERS == 10_000
     with capture as t:
         model(ids, labels=ids).loss.backward()
         opt.step()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.records import Trace
+from torchroof import Trace
 
 N = 2 * 64 * 128  # 16,384 parameters
 P = 2  # parameter tensors, each with one fp32 step counter (4 B)

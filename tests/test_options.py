@@ -95,7 +95,7 @@ def test_unknown_option_names_every_knob():
 
 
 def test_a_pricing_knob_is_not_a_tracing_knob():
-    from torchroof.pipeline import trace_model
+    from torchroof.api import trace_model
 
     with pytest.raises(OptionError, match="choose how a trace is priced"):
         trace_model(_gpt2(), "prefill", seq=32, fusion="eager")

@@ -1,12 +1,18 @@
-"""The estimate: per-layer rows, totals, MFU, JSON / CSV round trips."""
+"""The estimate: per-layer rows, totals, MFU, JSON / CSV round trips; its analysis
+(torchroof.analysis) and the one writer (torchroof.render_files.write)."""
 
 import csv
+import dataclasses
+import json
 
 import pytest
 import torch
 
 import torchroof
-from torchroof.report import Estimate, collapse_repeats, layer_key
+from torchroof import analysis
+from torchroof.memory import MemoryFootprint
+from torchroof.render_files import CSV_COLUMNS, sweep_output, write
+from torchroof.report import Estimate, KernelEstimate, collapse_repeats, layer_key
 
 
 @pytest.fixture
@@ -78,3 +84,189 @@ def test_csv_has_one_row_per_kernel(tmp_path, llama_estimate):
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(llama_estimate.kernels)
     assert sum(float(r["time_s"]) for r in rows) == pytest.approx(llama_estimate.time_s)
+
+
+# -- analysis, by hand ------------------------------------------------------------------------
+# A decode step at batch 4 on a made-up accelerator: HBM 2e12 B/s, bf16 peak 1e15 FLOP/s, so
+# the ridge is I* = 1e15 / 2e12 = 500 FLOP/B.
+def _kernel(index, name, unit, flops, read_by, time_s, bound):
+    return KernelEstimate(
+        index=index,
+        name=name,
+        ops=(name,),
+        module=f"model.layers.{index}",
+        phase="forward",
+        flops=flops,
+        bytes_read=sum(read_by.values()),
+        bytes_written=0,
+        unit=unit,
+        dtype="bf16",
+        counted=True,
+        peak_flops_per_s=1e15,
+        compute_s=flops / 1e15,
+        memory_s=sum(read_by.values()) / 2e12,
+        time_s=time_s,
+        bound=bound,
+        read_by=read_by,
+    )
+
+
+def _hand_estimate(regime: str) -> Estimate:
+    kernels = [
+        # weight GEMM: 2·B·P = 2 · 4 · 5e8 = 4e9 FLOPs over 1e9 weight bytes (bf16, P = 5e8);
+        # memory-bound, 1e9 / 2e12 = 5e-4 s
+        _kernel(0, "aten.mm.default", "tensor", 4_000_000_000, {"weights": 10**9}, 5e-4, "memory"),
+        # decode attention: reads the 2e8-byte cache of 4 sequences, 2e8 / 2e12 = 1e-4 s
+        _kernel(
+            1, "aten.sdpa.default", "tensor", 600_000_000, {"kv_cache": 2 * 10**8}, 1e-4, "memory"
+        ),
+        # a compute-bound vector kernel: 4e11 / 1e15 = 4e-4 s
+        _kernel(
+            2,
+            "aten.exp.default",
+            "vector",
+            400_000_000_000,
+            {"activations": 10**8},
+            4e-4,
+            "compute",
+        ),
+    ]
+    return Estimate(
+        hardware="test",
+        hardware_display="Test GPU",
+        hbm_bytes_per_s=2e12,
+        reference_peak_flops_per_s=1e15,
+        reference_dtype="bf16",
+        kernels=kernels,
+        op_count=3,
+        uncounted={},
+        metadata={
+            "workload": {"regime": regime, "batch": 4, "context": 1000, "cache": "static"},
+            "tokens": 4,
+        },
+        # fixed 1e9 weight bytes of 3e9 leave 2e9 for (2e8 KV / 4 sequences = 5e7) each: 40
+        memory=MemoryFootprint(
+            weights_bytes=10**9,
+            gradients_bytes=0,
+            optimizer_state_bytes=0,
+            kv_cache_bytes=2 * 10**8,
+            activations_peak_bytes=0,
+            capacity_bytes=3 * 10**9,
+            batch=4,
+        ),
+    )
+
+
+def test_analysis_figures_by_hand():
+    est = _hand_estimate("decode")
+    assert analysis.weight_bytes_read(est) == est.weight_bytes_read == 10**9
+    assert analysis.kv_bytes_read(est) == est.kv_bytes_read == 2 * 10**8
+    # B* = batch · I* / (weight-GEMM FLOPs per weight byte) = 4 · 500 / (4e9 / 1e9) = 500
+    # (seed 000: B* = s·I*/2 = 2 · 500 / 2 for bf16)
+    assert analysis.ridge_batch(est) == est.ridge_batch == pytest.approx(500)
+    # B_cross = weight bytes / KV bytes per sequence = 1e9 / (2e8 / 4) = 20
+    assert analysis.kv_crossover_batch(est) == est.kv_crossover_batch == pytest.approx(20)
+    # time 5e-4 + 1e-4 + 4e-4 = 1e-3 s, of which 6e-4 in memory-bound kernels
+    assert analysis.memory_bound_share(est) == pytest.approx(0.6)
+    # (4e9 + 6e8 + 4e11) / (1e-3 · 1e15) = 0.4046
+    assert analysis.mfu(est) == est.mfu == pytest.approx(0.4046)
+    assert analysis.tokens_per_s(est) == pytest.approx(4 / 1e-3)
+    no_kv = dataclasses.replace(est, kernels=est.kernels[:1])
+    assert analysis.kv_crossover_batch(no_kv) == float("inf")
+
+
+def test_decode_analysis_figures():
+    decode = analysis.decode_analysis(_hand_estimate("decode"))
+    assert decode == analysis.DecodeAnalysis(
+        weight_bytes_read=10**9,
+        kv_bytes_read=2 * 10**8,
+        kv_crossover_batch=pytest.approx(20),
+        cache="static",
+        context=1000,
+        max_batch=40,
+    )
+
+
+def test_summary_adds_the_decode_lines_after_throughput_and_memory():
+    lines = _hand_estimate("decode").summary().splitlines()
+    throughput = lines.index("throughput: 4,000.0 tokens/s")
+    assert lines[throughput + 1] == (
+        "decode: weights read 1.00 GB, KV read 0.200 GB per step (static cache); "
+        "KV reads overtake weight reads at batch 20"
+    )
+    assert lines[throughput + 2].startswith("memory: 1.20 GB of 3.00 GB")
+    assert lines[throughput + 3] == "largest decode batch that fits at context 1000: 40"
+    prefill = _hand_estimate("prefill").summary().splitlines()
+    assert [line.split(":")[0] for line in prefill] == [
+        "hardware",
+        "step time",
+        "work",
+        "MFU",
+        "traffic",
+        "throughput",
+        "memory",
+        "coverage",
+    ]
+
+
+# -- the writer -------------------------------------------------------------------------------
+def test_writer_picks_the_format_by_suffix(tmp_path, llama_estimate):
+    est = llama_estimate
+    back = Estimate.from_dict(json.loads(write(est, tmp_path / "est.json").read_text()))
+    assert back == est
+
+    with write(est, tmp_path / "kernels.csv").open() as handle:
+        table = list(csv.reader(handle))
+    assert tuple(table[0]) == CSV_COLUMNS
+    assert [int(row[0]) for row in table[1:]] == [k.index for k in est.kernels]
+
+    trace = json.loads(write(est, tmp_path / "run.trace.json").read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == len(est.kernels)
+    assert sum(e["dur"] for e in events) == pytest.approx(est.time_s * 1e6)
+
+
+def test_writer_draws_plots_by_suffix(tmp_path, llama_estimate):
+    pytest.importorskip("matplotlib")
+    est = llama_estimate
+    assert write(est, tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert write(est, tmp_path / "r.pdf").read_bytes()[:5] == b"%PDF-"
+    roofline = write(est, tmp_path / "r.svg").read_text()
+    layers = write(est, tmp_path / "r.layers.svg").read_text()
+    assert "arithmetic intensity" in roofline and "arithmetic intensity" not in layers
+    assert "per-layer budget" in layers
+
+
+def test_writer_kind_overrides_the_suffix(tmp_path, llama_estimate):
+    path = write(llama_estimate, tmp_path / "t.json", kind="timeline")
+    assert "traceEvents" in json.loads(path.read_text())
+    with pytest.raises(ValueError, match=r"plots are written as \.pdf, \.png or \.svg"):
+        write(llama_estimate, tmp_path / "plot.jpg", kind="roofline")
+    with pytest.raises(ValueError, match="unknown output kind 'html'; choose from timeline"):
+        write(llama_estimate, tmp_path / "x.html", kind="html")
+    assert not (tmp_path / "plot.jpg").exists()
+
+
+def test_writer_refuses_an_unknown_suffix_naming_the_supported_ones(tmp_path, llama_estimate):
+    with pytest.raises(ValueError) as info:
+        write(llama_estimate, tmp_path / "est.txt")
+    message = str(info.value)
+    assert message.startswith(f"cannot tell what to write to '{tmp_path / 'est.txt'}'")
+    supported = message.split("supported: ")[1].split("; ")
+    assert [entry.split(" ")[0] for entry in supported] == [
+        ".trace.json",
+        ".json",
+        ".csv",
+        ".layers.png/.layers.svg/.layers.pdf",
+        ".png/.svg/.pdf",
+    ]
+    assert not (tmp_path / "est.txt").exists()
+
+
+def test_sweep_outputs_by_suffix_or_kind():
+    assert sweep_output("curve.CSV") == "csv" and sweep_output("curve.svg") == "plot"
+    assert sweep_output("curve.dat", kind="csv") == "csv"  # the --csv flag takes any name
+    with pytest.raises(ValueError, match=r"supported: \.csv \(one row per value \(CSV\)\); "):
+        sweep_output("curve.txt")
+    with pytest.raises(ValueError, match=r"got 'curve\.jpg'"):
+        sweep_output("curve.jpg", kind="plot")

@@ -23,12 +23,16 @@ def test_seed_004_worked_example():
 
 
 def test_max_versus_no_overlap_is_exactly_two_at_the_ridge():
-    ridge = H100.ridge("bf16")
-    q = 1e9
-    cost = Cost(round(ridge * q), q, 0, "tensor", "bfloat16")
+    # 989.4 GFLOP at 989.4 TFLOP/s and 3.35 GB at 3.35 TB/s: 1 ms each, so the kernel sits
+    # at the ridge, I = 989.4e9 / 3.35e9 = 295.3 FLOP/B (seed 000 Table 1)
+    cost = Cost(989_400_000_000, 3_350_000_000, 0, "tensor", "bfloat16")
+    assert cost.intensity == pytest.approx(295.34, abs=0.005)
     overlap = time_kernel(cost, H100, PricingOptions())
     serial = time_kernel(cost, H100, PricingOptions(overlap=False))
-    assert serial.time_s / overlap.time_s == pytest.approx(2.0, rel=1e-6)
+    assert overlap.compute_s == pytest.approx(1e-3) and overlap.memory_s == pytest.approx(1e-3)
+    # max(1 ms, 1 ms) = 1 ms overlapped; 1 ms + 1 ms = 2 ms serial
+    assert overlap.time_s == pytest.approx(1e-3)
+    assert serial.time_s == pytest.approx(2e-3)
 
 
 def test_units_choose_their_ceiling():

@@ -14,13 +14,9 @@ import torch
 from conftest import meta_causal_lm
 
 import torchroof
+from torchroof import Trace
 from torchroof.cli import main
-from torchroof.records import (
-    PROBLEMS_LISTED,
-    TRACE_FORMAT_VERSION,
-    Trace,
-    TraceFileError,
-)
+from torchroof.records import TRACE_FORMAT_VERSION, TraceFileError
 
 STRING_SHAPE = re.compile(
     r"ops\[(?P<pos>\d+)\] \((?P<name>[^)]+)\) (?P<side>in|out)\[(?P<n>\d+)\]: "
@@ -75,7 +71,8 @@ def _parse(message: str, path: Path | None) -> tuple[int, list[str], int]:
     if rest:
         listed = listed[:-1]
     left = int(rest[1]) if rest else 0
-    assert total == len(listed) + left and len(listed) == min(total, PROBLEMS_LISTED)
+    # the README: a refused file names "its first five problems, with a count of the rest"
+    assert total == len(listed) + left and len(listed) == min(total, 5)
     return total, listed, left
 
 
@@ -138,9 +135,9 @@ def test_cli_string_shapes_lists_first_problems_and_counts_the_rest(saved, tmp_p
             for n, tensor in enumerate(op[side]):
                 tensor[0] = [str(size) for size in tensor[0]]
                 spoiled.append((position, op["op"], side, n, tensor[0]))
-    assert len(spoiled) > PROBLEMS_LISTED
+    assert len(spoiled) > 5
     total, listed, left = _refused(_write(tmp_path, data), capsys)
-    assert total == len(spoiled) and left == len(spoiled) - PROBLEMS_LISTED
+    assert total == len(spoiled) and left == len(spoiled) - 5  # five listed
     for problem, (position, name, side, n, shape) in zip(listed, spoiled, strict=False):
         found = STRING_SHAPE.fullmatch(problem)
         assert found, problem
@@ -191,7 +188,7 @@ def test_cli_unreadable_file(tmp_path, capsys, kind):
 
 def test_saved_file_records_version_and_op_count(train_step, saved):
     assert saved["format"] == "torchroof-trace"
-    assert saved["version"] == TRACE_FORMAT_VERSION == 2
+    assert saved["version"] == TRACE_FORMAT_VERSION == 3
     assert saved["op_count"] == len(saved["ops"]) == len(train_step)
 
 
@@ -236,6 +233,34 @@ def test_version_1_file_loads_without_a_count_check(train_step, saved):
     spoiled["ops"][0]["phase"] = "sideways"
     (problem,) = _load_problems(spoiled)
     assert problem.startswith("ops[0] (") and 'phase "sideways" is not one of' in problem
+
+
+def test_version_2_assumptions_get_their_kind_from_the_sentence_capture_wrote(saved):
+    # format 2 saved [op index, module, what]; the kind is read back from the only three
+    # sentences capture wrote for routed tokens, every other answer is a scalar
+    data = dict(
+        saved,
+        version=2,
+        assumptions=[
+            [3, "model.layers.0.mlp", "nonzero of bool [8]: 1 of 8 selected (balanced)"],
+            [5, "model.layers.0.mlp", "Tensor.tolist() on torch.int64 answered [1, 1]"],
+            [9, "model", "Tensor.item() on torch.bool answered False"],
+        ],
+    )
+    kinds = [a.kind for a in Trace.from_dict(data).assumptions]
+    assert kinds == ["routing", "routing", "scalar"]
+
+
+def test_step_facts_are_checked_by_field(saved):
+    data = dict(saved, metadata={"tokens": "many", "cache": 3, "colour": "blue"})
+    assert _load_problems(data) == [
+        '"metadata"."tokens" is "many", not int',
+        '"metadata"."cache" is 3, not str',
+        '"metadata" has an unknown field "colour"',
+    ]
+    kinds = dict(saved, assumptions=[[0, "", "Tensor.item() answered 0", "guess"]])
+    (problem,) = _load_problems(kinds)
+    assert problem.startswith("assumptions[0] is") and "'routing'" in problem
 
 
 def test_foreign_json_is_not_a_trace(saved):
@@ -288,7 +313,7 @@ def test_every_op_problem_is_collected(saved):
     with pytest.raises(TraceFileError) as caught:
         Trace.from_dict(data)
     total, listed, left = _parse(str(caught.value), None)
-    assert (total, listed, left) == (len(problems), problems[:PROBLEMS_LISTED], 6)
+    assert (total, listed, left) == (len(problems), problems[:5], 6)  # 11 = 5 listed + 6
 
 
 def test_error_is_a_value_error_naming_the_file(saved, tmp_path):

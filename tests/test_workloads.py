@@ -1,12 +1,15 @@
 """Prefill, decode and training workloads, memory fit (seed 000 "decode is a GEMV", "The
 crossover that ends batching", "Optimizers as memory workloads")."""
 
+import re
+
 import pytest
 import torch
 
 import torchroof
 from torchroof.models import ModelBuildError, UnknownModelError, build_model, load_config
-from torchroof.workloads import Workload, WorkloadError, kv_bytes_per_token
+from torchroof.options import Workload, WorkloadError
+from torchroof.workloads import kv_bytes_per_token
 
 
 @pytest.fixture(scope="module")
@@ -19,46 +22,97 @@ def llama70_decode_b64_8k():
     return torchroof.estimate("llama-3-70b", "decode", batch=64, context=8192, hardware="h100")
 
 
+# Llama-3-70B's parameters: per layer q and o 8192² (67,108,864 each), k and v 8192·1024
+# (8,388,608 each), gate, up and down 3·8192·28672 (704,643,072), two RMSNorm weights
+# (16,384): 855,654,400; x 80 layers = 68,452,352,000; + embedding and untied head
+# 2·128,256·8192 (1,050,673,152 each) + the final norm 8192 = 70,553,706,496 parameters.
+LLAMA70_PARAMS = 80 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192)
+LLAMA70_PARAMS += 2 * 128_256 * 8192 + 8192
+# Weights read per decode step: all but the embedding table, of which the step gathers one
+# 8192-wide row per sequence: 2·(70,553,706,496 − 1,050,673,152) + B·8192·2 bytes
+LLAMA70_WEIGHTS_READ_B1 = 2 * (LLAMA70_PARAMS - 128_256 * 8192) + 8192 * 2
+
+
 def test_llama70b_decode_batch1_is_a_weight_read(llama70_decode_b1):
     est = llama70_decode_b1
-    # 70.55e9 parameters x 2 B = 141.1 GB held; the embedding table is gathered (one row
-    # per token), so 141.1 - 128256·8192·2 (2.1 GB) = 139.0 GB of weights are read
-    assert est.memory.weights_bytes == pytest.approx(141.1e9, rel=1e-3)
-    assert est.weight_bytes_read == pytest.approx(139.0e9, rel=2e-3)
-    # seed: 140 GB / 3.35 TB/s = 41.8 ms, about 24 tokens/s
-    assert est.time_s == pytest.approx(41.8e-3, rel=0.02)
-    assert est.tokens_per_s == pytest.approx(24, abs=0.5)
-    assert est.memory_bound_share > 0.99
+    assert LLAMA70_PARAMS == 70_553_706_496
+    # 70,553,706,496 parameters x 2 B = 141.1 GB held
+    assert est.memory.weights_bytes == 2 * LLAMA70_PARAMS == 141_107_412_992
+    assert est.weight_bytes_read == LLAMA70_WEIGHTS_READ_B1 == 139_006_083_072
+    # KV: 129 cached tokens (128 + the new one) read, K and V, 80 layers, 8 heads of 128,
+    # 2 B: 129·2·80·8·128·2 = 42,270,720; plus the new token written, 2·80·8·128·2 = 327,680
+    assert est.kv_bytes_read == 129 * 327_680 == 42_270_720
+    traffic = est.traffic()
+    assert traffic["kv_cache"] == 42_270_720 + 327_680
+    # activations: hidden states, norms, the q/k/v/MLP intermediates and one row of
+    # logits, 59,076,849 B (0.04% of the step; pinned here so a change shows)
+    assert traffic == {
+        "weights": 139_006_083_072,
+        "kv_cache": 42_598_400,
+        "activations": 59_076_849,
+    }
+    # every kernel is memory-bound, so T = Q/β = 139,107,758,321 B / 3.35e12 B/s = 41.525 ms
+    # (the seed's 140 GB / 3.35 TB/s = 41.8 ms counts the embedding table, 2.1 GB, as read)
+    assert est.memory_bound_share == 1.0
+    assert est.bytes == 139_006_083_072 + 42_598_400 + 59_076_849 == 139_107_758_321
+    assert est.time_s == pytest.approx(139_107_758_321 / 3.35e12, rel=1e-12)
+    assert f"{est.time_s * 1e3:.4f}" == "41.5247"
+    # one sequence: 1 / 41.525 ms = 24.08 tokens/s (seed: about 24)
+    assert est.tokens_per_s == 1 / est.time_s
 
 
 def test_llama70b_kv_cache_and_crossover(llama70_decode_b64_8k):
     model = build_model(load_config("llama-3-70b"))
     # 2 (K, V) · 2 B · 80 layers · 8 KV heads · 128 = 327,680 bytes per token
     assert kv_bytes_per_token(model) == 2 * 2 * 80 * 8 * 128 == 327_680
-    # 8192 tokens: 2.68 GB per sequence
-    assert kv_bytes_per_token(model) * 8192 == pytest.approx(2.68e9, rel=2e-3)
+    # 8192 tokens: 327,680 · 8192 = 2,684,354,560 B, 2.68 GB per sequence
+    assert kv_bytes_per_token(model) * 8192 == 2_684_354_560
     est = llama70_decode_b64_8k
     # the step reads each sequence's cache once: 64 · 327,680 · 8193 (context + new token)
-    assert est.kv_bytes_read == pytest.approx(64 * 327_680 * 8193, rel=1e-3)
-    # seed: B_cross = 140 GB / 2.6 GB ≈ 53; exactly, 139.0 GB / 2.685 GB = 51.8
-    assert est.kv_crossover_batch == pytest.approx(53, rel=0.05)
-    assert "overtake weight reads at batch 52" in est.summary()
+    assert est.kv_bytes_read == 64 * 327_680 * 8193 == 171_819_663_360
+    # weights read: as at batch 1, with 64 gathered embedding rows instead of one
+    weights_read = LLAMA70_WEIGHTS_READ_B1 + 63 * 8192 * 2
+    assert est.weight_bytes_read == weights_read == 139_007_115_264
+    # B_cross = weights read / KV read per sequence = 139,007,115,264 / (327,680 · 8193)
+    # = 139,007,115,264 / 2,684,682,240 = 51.778 (the seed's rounder 140 GB / 2.6 GB ≈ 53)
+    assert est.kv_crossover_batch == 139_007_115_264 / 2_684_682_240
+    assert f"{est.kv_crossover_batch:.2f}" == "51.78"
+    shown = re.search(r"overtake weight reads at batch (\d+)", est.summary())
+    assert shown and int(shown[1]) == 52  # 51.78, rounded
 
 
 def test_decode_attention_intensity_is_2g_over_s(llama70_decode_b64_8k):
     attention = [k for k in llama70_decode_b64_8k.kernels if "attention" in k.name]
     assert len(attention) == 80
-    # g = 64 / 8 = 8 query heads per KV head: I = 2g/s = 8 (seed 000 Attention III)
+    # g = 64 / 8 = 8 query heads per KV head: I = 2g/s = 8 (seed 000 Attention III), less
+    # the non-KV bytes. For 64 sequences: W = 64·4·8193·128·64 heads (the static cache holds
+    # 8193 tokens); K and V read 64·2·8193·128·8·2 B; q and o 64·64·128·2 B each; the fp32
+    # lse 64·64·4 B; the efficient kernel's bool mask, 8193 B, broadcast over the batch
+    # and heads so read once
+    flops = 64 * 4 * 8193 * 128 * 64
+    kv = 64 * 2 * 8193 * 128 * 8 * 2
+    q = o = 64 * 64 * 128 * 2
+    lse, mask = 64 * 64 * 4, 8193
     for kernel in attention:
-        assert kernel.intensity == pytest.approx(8, rel=0.01)
+        assert kernel.flops == flops == 17_181_966_336
+        assert kernel.read_by == {"kv_cache": kv, "activations": q + mask}
+        assert kernel.bytes == kv + q + mask + o + lse == 2_149_867_521
+        assert kernel.intensity == 17_181_966_336 / 2_149_867_521  # 7.992
 
 
 def test_llama70b_does_not_fit_one_h100(llama70_decode_b1):
     memory = llama70_decode_b1.memory
     assert not memory.fits
-    # 141.1 GB of weights + 0.04 GB KV against 80 GiB = 85.9 GB: 55.2 GB missing
-    assert memory.missing_bytes == pytest.approx(141.15e9 - 80 * 2**30, rel=2e-3)
-    assert "does NOT fit: 55.2" in llama70_decode_b1.summary()
+    # weights 2·70,553,706,496 B + KV 129 tokens · 327,680 B + the activation peak (one
+    # row of logits, 128,256·2 B, beside one hidden state, 8192·2 B: 272,896 B) against
+    # 80 GiB = 85,899,345,920 B: 55,250,610,688 B (55.25 GB) missing
+    assert memory.kv_cache_bytes == 129 * 327_680
+    assert memory.activations_peak_bytes == 128_256 * 2 + 8192 * 2 == 272_896
+    assert memory.capacity_bytes == 80 * 2**30
+    missing = 2 * LLAMA70_PARAMS + 129 * 327_680 + 272_896 - 80 * 2**30
+    assert memory.missing_bytes == missing == 55_250_610_688
+    shown = re.search(r"does NOT fit: ([\d.]+) GB missing", llama70_decode_b1.summary())
+    assert shown and float(shown[1]) == 55.25
     assert memory.max_batch == 0
 
 
@@ -88,7 +142,13 @@ def test_dynamic_cache_copies_the_whole_cache_every_step(meta_lm):
     # each cat reads the 1024-token cache and writes 1025 tokens: (1024 + 1 + 1025) · 2·2·32·2
     per_cat = (1024 + 1 + 1025) * 2 * 2 * 32 * 2
     assert all(k.bytes == per_cat for k in cats)
-    assert dynamic.traffic()["kv_cache"] > 2.9 * static.traffic()["kv_cache"]
+    # static: attention reads K and V of 1025 tokens in 2 layers, 2·(2·1025·2·2·32·2) =
+    # 1,049,600 B, and 4 index_copy_ write the new token, 4·(2·2·32·2) = 1,024 B
+    assert static.traffic()["kv_cache"] == 1_049_600 + 1_024
+    # dynamic: the same attention reads, and each of the 4 cats reads the 1024-token cache
+    # and writes 1025 tokens (the new token it reads is an activation): 4·2049·2·2·32·2,
+    # 3.0x the static cache's KV traffic
+    assert dynamic.traffic()["kv_cache"] == 1_049_600 + 4 * 2049 * 2 * 2 * 32 * 2 == 3_147_776
     assert dynamic.metadata["cache"] == "dynamic"
 
 
@@ -166,6 +226,21 @@ def test_activation_checkpointing_recomputes_forward_in_backward(meta_lm):
     # never saved, so that matmul is not redone)
     recomputed = sum(k.flops for k in recompute)
     assert 0.5 * block_forward < recomputed < block_forward
+
+    def block_flops(est, phase, kind):
+        return sum(
+            k.flops
+            for k in est.kernels
+            if k.phase == phase and kind in k.name and k.module.startswith("model.layers.")
+        )
+
+    # every matmul but down_proj is redone: 2 layers · 2·(2·64 tokens)·256·128 = 16,777,216
+    # FLOPs of down_proj fewer than the blocks' forward matmuls
+    forward_mm = block_flops(plain, "forward", "aten.mm.default")
+    assert block_flops(ckpt, "recompute", "aten.mm.default") == forward_mm - 2 * 8_388_608
+    # and the flash attention forward runs again whole
+    attention = block_flops(plain, "forward", "flash_attention")
+    assert attention > 0 and block_flops(ckpt, "recompute", "flash_attention") == attention
     assert ckpt.memory.activations_peak_bytes < plain.memory.activations_peak_bytes
 
 

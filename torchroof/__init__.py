@@ -6,16 +6,19 @@ est = t.estimate(hardware="h100-sxm")
 print(est.table())
 """
 
-from torchroof.capture import Capture, OpBudgetExceeded, op_budget, trace
-from torchroof.options import PricingOptions, Workload
-from torchroof.pipeline import (
+from torchroof.api import (
     ModelTraceError,
+    Trace,
     estimate,
-    estimate_trace,
     meta_copy,
+    trace,
+    trace_model,
     trace_workload,
 )
-from torchroof.records import OpRecord, TensorMeta, Trace
+from torchroof.capture import Capture, OpBudgetExceeded, op_budget
+from torchroof.options import PricingOptions, Workload
+from torchroof.pipeline import estimate_trace
+from torchroof.records import OpRecord, TensorMeta
 from torchroof.report import Estimate, KernelEstimate, LayerRow
 
 __version__ = "0.1.0"
@@ -37,5 +40,6 @@ __all__ = [
     "meta_copy",
     "op_budget",
     "trace",
+    "trace_model",
     "trace_workload",
 ]

@@ -30,9 +30,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from torchroof import routing
+from torchroof.limits import DEFAULT_MAX_ITEM_ANSWERS, DEFAULT_MAX_OPS  # why: see there
 from torchroof.records import Assumption, OpRecord, Phase, Role, TensorMeta, TensorRef, Trace
 
 aten = torch.ops.aten
@@ -42,29 +43,6 @@ _CLONE = aten.clone.default
 _BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX
 
-# The op budget. Every aten op a capture sees counts, recorded or not (``unrecorded()``,
-# SDPA's hidden decomposition, the math-path backward flash replaces), so a loop that
-# runs under ``unrecorded()`` is stopped too. Measured (aten ops of one captured step,
-# transformers 5.24): Llama-3.1-405B train 36,865 (28,172 recorded; 61,707 with the
-# traced Muon step, 48,639 with Adafactor), DeepSeek-V3 train 30,286, Llama-3-70B train
-# 23,433; the zoo's largest step at seq 32 is LongCat-Flash train (~600k: its expert
-# loop runs every hit expert). Models that loop over tokens in Python (the reference
-# paths of Mamba, ~14 ops per token and layer, and RWKV, ~31) reach millions at seq 4096:
-# Mamba prefill ~1.9M, train ~6M; RWKV train (~12M) needs a larger budget. 10M leaves
-# 270x over the biggest dense step and room for most of those. A recorded op holds
-# ~1.2 KB, so the budget alone would let a runaway loop grow to ~12 GB (~40 min at the
-# ~4k ops/s of meta); ``max_item_answers`` below stops the usual runaway (a loop on
-# ``.item()``) long before that.
-DEFAULT_MAX_OPS = 10_000_000
-# Meta ``.item()`` / ``bool()`` / ``tolist()`` answers in one module call: none of them
-# with a module entered or left in between. A real step answers a few (a mask check, an
-# MoE's expert list): at most 4 in any architecture of the zoo (prefill at 512 tokens,
-# train at 64; DBRX's expert loop). A ``while x.abs().max() > tol:`` loop answers one
-# per iteration forever: 10,000 answers of its 6-op body are 60k ops, ~0.15 GB, ~8 s.
-# Answers inside a torch.optim step do not count: an optimizer that reads its step
-# counter per parameter (Adafactor: 2 answers per parameter, 2,274 for Llama-3.1-405B)
-# is bounded by the parameters, and ``max_ops`` still bounds it.
-DEFAULT_MAX_ITEM_ANSWERS = 10_000
 _WINDOW = 1000  # ops kept to name the loop body when the budget trips
 _LIMITS: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
     "torchroof_op_budget", default=(DEFAULT_MAX_OPS, DEFAULT_MAX_ITEM_ANSWERS)
@@ -162,8 +140,9 @@ class Capture:
         flash_attention: bool = True,
         max_ops: int | None = None,
         max_item_answers: int | None = None,
+        trace_type: type[Trace] = Trace,
     ) -> None:
-        self.trace = Trace()
+        self.trace = trace_type()
         self.flash_attention = flash_attention
         default_ops, default_items = _LIMITS.get()
         self.max_ops = _check_budget("max_ops", default_ops if max_ops is None else max_ops)
@@ -240,6 +219,12 @@ class Capture:
                 self._function.deactivate()
         self._log_stack_change()
 
+    def name_modules(self, root: torch.nn.Module, prefix: str) -> str:
+        """Name ``root``'s modules ``prefix.<path>`` in the trace (before it runs): a step
+        that runs two models (a draft and a target) keeps their layers apart this way.
+        A module already named keeps its first name."""
+        return self._register_root(root, prefix)
+
     def _register_root(self, root: torch.nn.Module, prefix: str) -> str:
         for name, module in root.named_modules(remove_duplicate=False):
             path = f"{prefix}.{name}".strip(".") if prefix else name
@@ -311,7 +296,7 @@ class Capture:
 
     def _over_budget(self, what: str, remedy: str) -> None:
         try:
-            phase, module, _ = self._context()
+            phase, module, _ = self.context()
         except Exception:  # noqa: BLE001 - naming the module must not hide the real error
             phase, module = "forward", self._stack[-1] if self._stack else ""
         if phase == "optimizer" and not module:
@@ -362,7 +347,7 @@ class Capture:
         finally:
             self._phase_override.pop()
 
-    def _context(self) -> tuple[Phase, str, Any]:
+    def context(self) -> tuple[Phase, str, Any]:
         """(phase, module path, autograd node or None) for the op about to be recorded."""
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -471,7 +456,7 @@ class Capture:
         for key, value in kwargs.items():
             named[key] = self._convert(value, inputs)
         outputs = tuple(self.tensor_meta(t) for t in _tensors_in(out))
-        phase, module, _node = context or self._context()
+        phase, module, _node = context or self.context()
         op = OpRecord(len(self.trace.ops), name, tuple(inputs), outputs, named, module, phase)
         self.trace.ops.append(op)
         return op
@@ -506,16 +491,21 @@ class Capture:
         out, what = routing.answer(self.means, func, args, kwargs)
         if context is not None:
             op = self.record(func, args, kwargs, out, context)
-            self.trace.assumptions.append(Assumption(op.index, op.module, what))
+            self.trace.assumptions.append(Assumption(op.index, op.module, what, "routing"))
         return out
 
     def answer_tolist(self, tensor: torch.Tensor) -> Any:
         self.count_item_answer()
         value, how = self.means.tolist(tensor, _neutral_scalar(tensor.dtype))
         if not self._suppress:
-            phase, module, _ = self._context()
+            phase, module, _ = self.context()
             self.trace.assumptions.append(
-                Assumption(len(self.trace.ops), module, f"Tensor.tolist() on {tensor.dtype} {how}")
+                Assumption(
+                    len(self.trace.ops),
+                    module,
+                    f"Tensor.tolist() on {tensor.dtype} {how}",
+                    "routing",
+                )
             )
         return value
 
@@ -531,7 +521,7 @@ class Capture:
         params.update(kwargs)
         query, key, value = params["query"], params["key"], params["value"]
         mask = params.get("attn_mask")
-        context = self._context()
+        context = self.context()
         first_seq = torch._C._autograd._get_sequence_nr()
         with self.unrecorded():
             out = func(*args, **kwargs)
@@ -659,6 +649,9 @@ class _Recorder(TorchDispatchMode):
         self.capture = capture
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if _wraps_local_tensors(types):
+            _shape_inference_unrecorded()
+            return NotImplemented  # the subclass unwraps; its local ops come back here
         kwargs = kwargs or {}
         capture = self.capture
         capture.count_op(func)
@@ -674,7 +667,7 @@ class _Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
             capture.means.observe(func, args, out)
             return out
-        context = capture._context()
+        context = capture.context()
         phase, _module, node = context
         if (
             node is not None
@@ -693,8 +686,83 @@ class _Recorder(TorchDispatchMode):
             # The flash backward writes dq, dk, dv in the layout of q, k, v (as its forward
             # writes o): the copy back to the projection's layout is free on a GPU.
             return out
-        capture.record(func, args, kwargs, out, context)
+        op = capture.record(func, args, kwargs, out, context)
+        if op.name.startswith(_COLLECTIVE_NAMESPACES):
+            op.args.update(_collective_group(args, kwargs, capture._arg_names(func)))
         return out
+
+
+def _wraps_local_tensors(types: Iterable[type]) -> bool:
+    """True when a tensor subclass that wraps local tensors takes part (DTensor, the
+    AsyncCollectiveTensor of functional collectives, torchao's fp8 tensors): the recorder
+    steps aside so the subclass runs its per-rank ops, which it records at local shapes
+    (DESIGN.md, "Parallel programs on one CPU")."""
+    return any(is_traceable_wrapper_subclass_type(t) for t in types)
+
+
+def _shape_inference_unrecorded() -> None:
+    """Make DTensor's shape inference run unrecorded (installed once, on the first DTensor
+    op a capture sees). For each op it has not cached, DTensor runs the op on fake tensors
+    at global shapes to learn the output's shape (``ShardingPropagator.
+    _propagate_tensor_meta_non_cached``, under a fake mode of its own): no rank's work, and
+    recorded only the first time a process meets that op. NB: a patch of a private torch
+    method; it is a pass-through when no capture is on the dispatch mode stack."""
+    if not torch.distributed.is_available():
+        return  # no DTensor in this torch
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    if getattr(original, "torchroof_unrecorded", False):
+        return
+
+    def propagate(self: Any, op_schema: Any) -> Any:
+        with contextlib.ExitStack() as unrecorded:
+            for mode in _get_current_dispatch_mode_stack():
+                if isinstance(mode, _Recorder):
+                    unrecorded.enter_context(mode.capture.unrecorded())
+            return original(self, op_schema)
+
+    propagate.torchroof_unrecorded = True  # type: ignore[attr-defined]
+    propagate.__wrapped__ = original  # type: ignore[attr-defined]
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+
+
+_COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
+
+
+def _collective_group(
+    args: tuple[Any, ...], kwargs: dict[str, Any], arg_names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The process group of a c10d / _c10d_functional op as plain data: ``group_name``,
+    ``group_size`` and ``group_ranks`` (global ranks), with the ProcessGroup and ReduceOp
+    objects of ``c10d`` ops replaced by the group's name and the op's name (``"sum"``).
+    Empty for ops without a group (``wait_tensor``)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    values = dict(zip(arg_names, args, strict=False))
+    values.update(kwargs)
+    plain: dict[str, Any] = {}
+    group = None
+    for key, value in values.items():
+        if isinstance(value, torch.ScriptObject):
+            kind = value._type().qualified_name()
+            if kind.endswith(".ProcessGroup"):
+                group = dist.ProcessGroup.unbox(value)
+                plain[key] = group.group_name
+            elif kind.endswith(".ReduceOp"):
+                plain[key] = dist.ReduceOp.RedOpType(value.op()).name.lower()
+        elif isinstance(value, dist.ProcessGroup):
+            group = value
+            plain[key] = group.group_name
+        elif key == "group_name" and isinstance(value, str):
+            group = _resolve_process_group(value)
+    if group is not None:
+        plain["group_name"] = group.group_name
+        plain["group_size"] = group.size()
+        plain["group_ranks"] = list(dist.get_process_group_ranks(group))
+    return plain
 
 
 class _FunctionHook(TorchFunctionMode):
@@ -738,28 +806,3 @@ class _FunctionHook(TorchFunctionMode):
         if func in _BACKWARD_ENTRY_POINTS:
             return self.capture.run_as_backward(func, args, kwargs)
         return func(*args, **kwargs)
-
-
-def trace(
-    *,
-    flash_attention: bool = True,
-    max_ops: int | None = None,
-    max_item_answers: int | None = None,
-) -> Capture:
-    """Record every aten op run inside the ``with`` block.
-
-    >>> with torchroof.trace() as t:      # doctest: +SKIP
-    ...     model(ids)
-    >>> t.estimate("h100-sxm").table()    # doctest: +SKIP
-
-    ``flash_attention=False`` records SDPA as the ops the current device decomposes it into
-    (on meta and CPU: the math path with an N×N score tensor).
-
-    ``max_ops`` (default :data:`DEFAULT_MAX_OPS`, 10M) bounds the aten ops the block may
-    run, recorded or not; ``max_item_answers`` (default 10,000) the meta ``.item()``
-    answers in one module call. Past either, :class:`OpBudgetExceeded` names the module
-    and the ops of the loop: on meta, a ``while`` loop on a tensor's value never ends.
-    """
-    return Capture(
-        flash_attention=flash_attention, max_ops=max_ops, max_item_answers=max_item_answers
-    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -11,12 +12,24 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
+from torchroof.api import Trace, trace_workload
 from torchroof.capture import OpBudgetExceeded
-from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError, available, get
+from torchroof.hardware import (
+    ClusterSpec,
+    Figure,
+    UnknownHardwareError,
+    UnsupportedDtypeError,
+    available,
+    available_clusters,
+    get,
+    get_cluster,
+    is_cluster,
+)
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
-from torchroof.pipeline import estimate_trace, trace_workload
-from torchroof.records import Trace
+from torchroof.pipeline import estimate_trace
+from torchroof.render_files import SWEEP_OUTPUTS, output_format, sweep_output, write, write_sweep
+from torchroof.workloads import regime
 
 DEFAULT_HARDWARE = "h100-sxm"
 # estimate's --fusion also takes two policies, comma-separated, to compare them
@@ -80,8 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
     est.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
     est.add_argument("--csv", metavar="PATH", help="write one row per kernel as CSV")
-    est.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png or .svg)")
-    est.add_argument("--plot-layers", metavar="PATH", help="stacked per-layer time (.png/.svg)")
+    est.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png, .svg or .pdf)")
+    est.add_argument("--plot-layers", metavar="PATH", help="per-layer time (.png/.svg/.pdf)")
     est.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
 
     cmp = commands.add_parser("compare", help="variants side by side (--vary KEY=V1,V2,...)")
@@ -102,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         "--values", default="1,2,4,8,16,32,64,128,256,512", help="comma-separated sizes"
     )
     swp.add_argument("--csv", metavar="PATH")
-    swp.add_argument("--plot", metavar="PATH", help="curve (.png or .svg)")
+    swp.add_argument("--plot", metavar="PATH", help="curve (.png, .svg or .pdf)")
 
     cal = commands.add_parser("calibrate", help="measure this device's ceilings -> TOML")
     cal.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -162,7 +175,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     hw = commands.add_parser("hardware", help="list accelerators and their ridge points")
-    hw.add_argument("name", nargs="?", help="show one accelerator's figures and sources")
+    hw.add_argument(
+        "name",
+        nargs="?",
+        help="show one accelerator's or cluster's figures and sources (a cluster: its link ridges)",
+    )
 
     commands.add_parser("models", help="list the shipped model configs")
     return parser
@@ -204,24 +221,22 @@ def _compare(args: argparse.Namespace) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from torchroof.compare import sweep
 
+    outputs = [(kind, path) for kind, path in (("csv", args.csv), ("plot", args.plot)) if path]
+    _writable(*(path for _, path in outputs))
+    for kind, path in outputs:
+        sweep_output(path, kind)  # a plot named .jpg fails before any work
     values = [int(v) for v in args.values.split(",") if v.strip()]
     base = _base_settings(args)
     base.pop(args.over, None)
     result = sweep(args.model, args.over, values, **base)
     print(f"torchroof sweep: {args.model} {args.regime} over {args.over}")
     print(result.table())
-    if args.regime == "decode" and args.over == "batch":
-        print(
-            f"B* (weight GEMMs reach the ridge): {result.ridge_batch:.0f}; "
-            f"KV reads overtake weight reads at batch {result.kv_crossover_batch:.0f} "
-            f"(context {args.context})"
-        )
-    if args.csv:
-        result.to_csv(args.csv)
-    if args.plot:
-        from torchroof.plots import sweep_plot
-
-        sweep_plot(result, args.plot)
+    workload = Workload(**from_flags(args, Workload))
+    for line in regime(args.regime).sweep_summary(result, args.over, workload):
+        print(line)
+    for kind, path in outputs:
+        write_sweep(result, path, kind)
+        _wrote(SWEEP_OUTPUTS[kind], path)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -297,14 +312,7 @@ def _gemm(args: argparse.Namespace) -> None:
 
 
 def _workload_label(model: str, w: Workload) -> str:
-    if w.regime == "decode":
-        return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
-    label = f"{model} {w.regime}, batch {w.batch} x {w.seq} tokens"
-    if w.regime == "train":
-        label += f", {w.optimizer}, {w.precision} precision"
-        label += ", activation checkpointing" if w.checkpointing else ""
-        return label
-    return f"{label}, {w.dtype}"
+    return regime(w.regime).label(model, w)
 
 
 def _writable(*paths: str | None) -> None:
@@ -327,9 +335,24 @@ def _wrote(what: str, path: str) -> None:
     print(f"torchroof: wrote {what} to {path}", file=sys.stderr)
 
 
+def _estimate_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(kind, path) of each estimate file the flags ask for, in the order they are written;
+    the kind (torchroof.render_files.FORMATS) is the flag's, whatever the file's suffix."""
+    flags = (
+        ("estimate", args.json),
+        ("csv", args.csv),
+        ("timeline", args.timeline),
+        ("roofline", args.plot_roofline),
+        ("layers", args.plot_layers),
+    )
+    return [(kind, path) for kind, path in flags if path]
+
+
 def _estimate(args: argparse.Namespace) -> None:
-    outputs = (args.save_trace, args.json, args.csv, args.timeline)
-    _writable(*outputs, args.plot_roofline, args.plot_layers)
+    outputs = _estimate_outputs(args)
+    _writable(args.save_trace, *(path for _, path in outputs))
+    for kind, path in outputs:
+        output_format(path, kind)  # a plot named .jpg fails before any work
     if args.from_trace:
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
@@ -337,7 +360,7 @@ def _estimate(args: argparse.Namespace) -> None:
         workload = Workload(**from_flags(args, Workload))
         get(args.hardware)  # a bad name fails before tracing
         trace = trace_workload(args.model, workload)
-        trace.metadata["dtype"] = workload.dtype
+        trace.facts.dtype = workload.dtype
         label = _workload_label(args.model, workload)
     if args.save_trace:
         trace.save(args.save_trace)
@@ -361,39 +384,80 @@ def _estimate(args: argparse.Namespace) -> None:
     if args.kernels > 0:
         print()
         print(est.kernel_table(top=args.kernels))
-    if args.json:
-        est.to_json(args.json)
-        _wrote("the estimate (JSON)", args.json)
-    if args.csv:
-        est.to_csv(args.csv)
-        _wrote("one row per kernel (CSV)", args.csv)
-    if args.timeline:
-        from torchroof.timeline import write_chrome_trace
+    for kind, path in outputs:
+        write(est, path, kind, depth=args.depth)
+        _wrote(output_format(path, kind).description, path)
 
-        write_chrome_trace(est, args.timeline)
-        _wrote("the Chrome / Perfetto timeline", args.timeline)
-    if args.plot_roofline or args.plot_layers:
-        from torchroof.plots import layer_plot, roofline_plot
 
-        if args.plot_roofline:
-            roofline_plot(est, args.plot_roofline)
-            _wrote("the roofline plot", args.plot_roofline)
-        if args.plot_layers:
-            layer_plot(est, args.plot_layers, depth=args.depth)
-            _wrote("the per-layer plot", args.plot_layers)
+def _print_figures(figures: dict[str, Figure]) -> None:
+    rows = [
+        [key, f"{fig.value:.4g}", "yes" if fig.approximate else "", fig.source]
+        for key, fig in figures.items()
+    ]
+    print(tabulate(rows, headers=["figure", "value", "approx", "source"], disable_numparse=True))
+
+
+def _print_cluster(cluster: ClusterSpec) -> None:
+    """A cluster, its links and their ridges (seed 000 "The next wall": I* = pi / beta_link)."""
+    accelerator = cluster.accelerator
+    print(f"{cluster.display_name} ({cluster.name}); aliases: {', '.join(cluster.aliases)}")
+    most = f"; at most {cluster.max_nodes} nodes" if cluster.max_nodes else ""
+    node = f"{cluster.gpus_per_node} x {accelerator.display_name} ({accelerator.name})"
+    print(f"{node} per node{most}")
+    dtypes = [d for d in ("bf16", "fp8") if d in accelerator.tensor_flops_per_s]
+    ridges = {dtype: cluster.link_ridges(dtype) for dtype in dtypes}
+    rows = []
+    for key, link in cluster.links().items():
+        achieved = link.achieved_bytes_per_s if link.achieved_fraction else None
+        latency = link.latency_s
+        rows.append(
+            [
+                key,
+                link.name,
+                f"{link.line_bytes_per_s.value / 1e9:.0f}",
+                f"{achieved / 1e9:.0f}" if achieved else "-",
+                f"{latency.value * 1e6:.1f}" if latency else "-",
+                *(f"{ridges[dtype][key]:,.1f}" for dtype in dtypes),
+            ]
+        )
+    headers = ["link", "name", "line GB/s", "achieved GB/s", "alpha us"]
+    headers += [f"I* {dtype}" for dtype in dtypes]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
+    print("(GB/s per GPU per direction; I* = FLOPs per byte crossing the link at line rate)")
+    nvls = cluster.intra_node.nvls_all_reduce_bus_bytes_per_s
+    if nvls is not None:
+        print(f"in-switch all-reduce (NVLS): {nvls.value / 1e9:.0f} GB/s bus bandwidth")
+    _print_figures(cluster.figures())
+
+
+def _unknown_hardware_or_cluster(name: str) -> UnknownHardwareError:
+    """The error for a name that is neither an accelerator nor a cluster, with the closest
+    of both and every known name."""
+    accelerators = [spec.name for spec in available()]
+    clusters = [cluster.name for cluster in available_clusters()]
+    known = accelerators + clusters
+    known += [alias for spec in [*available(), *available_clusters()] for alias in spec.aliases]
+    close = difflib.get_close_matches(name.strip().lower(), known, n=4, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return UnknownHardwareError(
+        f"unknown accelerator or cluster {name!r}{hint} (accelerators: "
+        f"{', '.join(accelerators)}; clusters: {', '.join(clusters)})"
+    )
 
 
 def _hardware(args: argparse.Namespace) -> None:
+    if args.name and is_cluster(args.name):
+        _print_cluster(get_cluster(args.name))
+        return
     if args.name:
-        spec = get(args.name)
+        try:
+            spec = get(args.name)
+        except UnknownHardwareError as error:
+            if Path(args.name).suffix == ".toml":
+                raise
+            raise _unknown_hardware_or_cluster(args.name) from error
         print(f"{spec.display_name} ({spec.name}); aliases: {', '.join(spec.aliases)}")
-        rows = [
-            [key, f"{fig.value:.4g}", "yes" if fig.approximate else "", fig.source]
-            for key, fig in spec.figures().items()
-        ]
-        print(
-            tabulate(rows, headers=["figure", "value", "approx", "source"], disable_numparse=True)
-        )
+        _print_figures(spec.figures())
         return
     rows = []
     for spec in available():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from torchroof.counters import kind_of
 from torchroof.records import OpRecord, TensorMeta, TensorRef
 
 # The device Inductor's split heuristic is evaluated for: an H100 (the referee reports one).
@@ -44,18 +45,12 @@ MIX_ORDER_MAX_COLUMNS = 16 * 1024
 # elements (a top-k weighted sum over k experts) is unrolled into a pointwise kernel.
 UNROLL_REDUCTIONS_THRESHOLD = 8
 
-COLUMN_PACKETS = frozenset(
-    {"torchroof.column_partial", "torchroof.column_final", "torchroof.column_reduction"}
-)
-_REDUCTIONS = {"aten.sum", "aten.mean"}
-_NORM_BACKWARD = {"aten.native_layer_norm_backward", "aten._fused_rms_norm_backward"}
-_NORM_GRADS = ("grad_weight", "grad_bias")
-
 
 def column_shape(op: OpRecord) -> tuple[int, int] | None:
     """(rows, cols) when ``op`` sums or averages over leading dimensions and keeps the last
-    one (``sum(dy, [0, 1])`` of a [B, S, H] gradient: rows B·S, cols H), else None."""
-    if op.packet not in _REDUCTIONS or not op.inputs or not op.outputs:
+    one (``sum(dy, [0, 1])`` of a [B, S, H] gradient: rows B·S, cols H), else None. The
+    ops are those registered as kind ``sum`` (counters/reductions.py)."""
+    if kind_of(op.packet) != "sum" or not op.inputs or not op.outputs:
         return None
     x, out = op.inputs[0], op.outputs[0]
     if len(x.shape) < 2 or not out.shape or out.shape[-1] != x.shape[-1] or x.shape[-1] < 2:
@@ -232,7 +227,8 @@ def split_column_reductions(ops: Sequence[OpRecord], flops: Sequence[int]) -> li
 
 
 def _norm_grads(op: OpRecord) -> list[TensorMeta]:
-    """The weight / bias gradients a norm backward computes beside dx."""
-    if op.packet not in _NORM_BACKWARD or len(op.outputs) < 2:
+    """The weight / bias gradients a norm backward (kind ``norm_backward``, a norm over the
+    last dimension) computes beside dx."""
+    if kind_of(op.packet) != "norm_backward" or len(op.outputs) < 2:
         return []
     return [t for t in op.outputs[1:] if t.numel > 1]

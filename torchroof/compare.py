@@ -4,17 +4,17 @@ fused or eager — one estimate per variant, one table (seed 000's labs on real 
 from __future__ import annotations
 
 import copy
-import csv
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
+from torchroof.api import estimate, trace_model
 from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
-from torchroof.pipeline import estimate, estimate_trace, trace_model
-from torchroof.report import CATEGORIES, CATEGORY_LABELS, Estimate
+from torchroof.pipeline import estimate_trace
+from torchroof.render_files import write_sweep_csv
+from torchroof.render_text import layer_deltas, sweep_table, variants_table
+from torchroof.report import Estimate
 
 # The knobs, by name (torchroof/options.py), plus where the step runs; every other key
 # compare is given is a model-config field.
@@ -73,48 +73,12 @@ class Comparison:
     variants: list[Variant]
 
     def table(self, tablefmt: str = "simple") -> str:
-        """A column per variant: time, throughput, MFU, traffic by category, memory, fit,
-        and each figure's ratio to the first variant where it matters."""
-        first = self.variants[0].estimate
-        rows: list[list[Any]] = []
-
-        def add(name: str, values: Sequence[str]) -> None:
-            rows.append([name, *values])
-
-        ests = [v.estimate for v in self.variants]
-        add("step time ms", [f"{e.time_s * 1e3:.3f}" for e in ests])
-        add("  vs first", [f"{e.time_s / first.time_s:.3f}x" for e in ests])
-        add("tokens/s", [f"{e.tokens_per_s:,.1f}" for e in ests])
-        add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
-        add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
-        traffic = [e.traffic() for e in ests]
-        for category in CATEGORIES:
-            if not any(t.get(category) for t in traffic):
-                continue
-            label = CATEGORY_LABELS[category]
-            add(f"{label} GB", [f"{t.get(category, 0) / 1e9:.3f}" for t in traffic])
-            base = traffic[0].get(category, 0)
-            ratios = [f"{t.get(category, 0) / base:.3f}x" for t in traffic] if base else []
-            if any(r != "1.000x" for r in ratios):
-                add(f"  {label} vs first", ratios)
-        add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
-        if all(e.memory for e in ests):
-            add("memory GB", [f"{e.memory.total_bytes / 1e9:.2f}" for e in ests])
-            add(
-                "fits",
-                [
-                    "yes" if e.memory.fits else f"no (-{e.memory.missing_bytes / 1e9:.1f} GB)"
-                    for e in ests
-                ],
-            )
-        headers = ["", *(v.label for v in self.variants)]
-        return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+        """A column per variant (:func:`torchroof.render_text.variants_table`)."""
+        return variants_table(self, tablefmt)
 
     def layer_deltas(self, depth: int | None = None) -> str:
         """Per-layer time of every variant against the first."""
-        return "\n\n".join(
-            self.variants[0].estimate.compare(v.estimate, depth=depth) for v in self.variants[1:]
-        )
+        return layer_deltas(self, depth)
 
 
 def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparison:
@@ -192,37 +156,11 @@ class Sweep:
         return out
 
     def table(self) -> str:
-        rows = [
-            [
-                r[self.key],
-                f"{r['step_time_s'] * 1e3:.3f}",
-                f"{r['tokens_per_s']:,.1f}",
-                f"{100 * r['mfu']:.1f}",
-                f"{r['weight_bytes'] / 1e9:.2f}",
-                f"{r['kv_bytes'] / 1e9:.2f}",
-                f"{r['memory_bytes'] / 1e9:.1f}",
-                "yes" if r["fits"] else "no",
-            ]
-            for r in self.rows()
-        ]
-        headers = [
-            self.key,
-            "step ms",
-            "tokens/s",
-            "MFU %",
-            "weights GB",
-            "KV GB",
-            "memory GB",
-            "fits",
-        ]
-        return tabulate(rows, headers=headers, disable_numparse=True)
+        """A row per value (:func:`torchroof.render_text.sweep_table`)."""
+        return sweep_table(self)
 
     def to_csv(self, path: str | Path) -> None:
-        rows = self.rows()
-        with Path(path).open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_sweep_csv(self, path)
 
 
 def sweep(model: Any, key: str, values: Sequence[int], **base: Any) -> Sweep:

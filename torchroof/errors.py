@@ -7,3 +7,11 @@ def first_line(error: BaseException) -> str:
     """``Type: first line of the message`` for one-line error reports."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+class OptionError(ValueError):
+    """A knob with a value it does not take, or a name no dataclass defines."""
+
+
+class WorkloadError(OptionError):
+    """A workload that cannot be built from the arguments or the model given."""

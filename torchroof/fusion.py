@@ -32,83 +32,39 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from torchroof.column_reductions import COLUMN_PACKETS, split_column_reductions
-from torchroof.counters import Cost, cost_of
+from torchroof.column_reductions import split_column_reductions
+from torchroof.counters import Cost, OpKind, cost_of, kind_of
 from torchroof.counters.attention import materialized_attention_cost
-from torchroof.counters.memory import CREATION_OPS
-from torchroof.counters.norms import NORM_FLOPS
-from torchroof.counters.pointwise import POINTWISE_FLOPS
-from torchroof.counters.reductions import REDUCTION_FLOPS, SOFTMAX_FLOPS
 from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
 from torchroof.memory import storage_extent_bytes
 from torchroof.options import PricingOptions
 from torchroof.recompute import Recomputable, recomputable_tensors, statistics_producer
 from torchroof.records import OpRecord, Phase, TensorMeta
 
-
-def _packets(*names: str) -> set[str]:
-    return {f"aten.{n}" for name in names for n in (name, f"{name}_")}
-
-
-_SCANS_AND_SCATTERS = {
-    "cumsum",
-    "cumprod",
-    "logcumsumexp",
-    "_cummax_helper",
-    "_cummin_helper",
-    "histc",
-    "bincount",
-    "_foreach_norm",
-    "_foreach_max",
-}
-FUSABLE_PACKETS = (
-    _packets(*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow")
-    | _packets(*(n for n in REDUCTION_FLOPS if n not in _SCANS_AND_SCATTERS))
-    | _packets(*SOFTMAX_FLOPS, *NORM_FLOPS, *CREATION_OPS)
-    | _packets(
-        "_to_copy",
-        "clone",
+FUSED_KINDS: frozenset[OpKind] = frozenset(
+    {
+        "pointwise",
+        "cast",
         "copy",
-        "fill",
-        "zero",
-        "native_dropout",
-        "native_dropout_backward",
-        "cat",
-        "constant_pad_nd",
-        "tril",
-        "triu",
-        "repeat",
-        "flip",
-        "roll",
-        "slice_backward",
-        "select_backward",
-        "lift_fresh_copy",
-        "nll_loss_backward",  # the one-hot gradient, built inline by its consumer
-        # gathers: an indexed load inside the consumer's loop (charged the rows they read)
-        "index",
-        "_unsafe_index",
-        "index_select",
+        "rearrange",
         "gather",
-    )
-    | COLUMN_PACKETS
+        "creation",
+        "dropout",
+        "reduction",
+        "sum",
+        "softmax",
+        "norm",
+        "norm_backward",
+        "column_reduction",
+    }
 )
-"""Ops an Inductor-style compiler fuses: elementwise, casts, layout copies, row
-reductions. ``copy_`` is absent on purpose: it writes into an existing buffer."""
+"""Op kinds an Inductor-style compiler fuses with the ops they share data with: elementwise
+work, casts, copies, gathers, row reductions, norms, softmax (each kind's treatment:
+counters/registry.py ``OP_KINDS``). Every other kind is a kernel of its own."""
 
-_CREATION = _packets(*CREATION_OPS)  # read a template's shape, never its values
-_LOSS_CHAIN = {
-    "aten.nll_loss_forward",
-    "aten.nll_loss_backward",
-    "aten._log_softmax_backward_data",
-    "aten._to_copy",
-    "aten.clone",
-}
-MATMUL_PACKETS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._addmm_activation"}
-_ATTENTION_PREFIXES = (
-    "aten._scaled_dot_product_",
-    "aten._flash_attention",
-    "aten._efficient_attention",
-)
+_CROSS_ENTROPY_KINDS: frozenset[OpKind] = frozenset({"loss", "cast", "copy"})
+"""What the fused linear-cross-entropy takes beside the log-softmax in the forward: the
+target gather and the casts and copies between them."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +81,7 @@ class Kernel:
         """The member that names the kernel: the matmul or attention if there is one, else
         the first member."""
         for op in self.ops:
-            if op.packet in MATMUL_PACKETS or op.name.startswith(_ATTENTION_PREFIXES):
+            if kind_of(op.packet) in ("matmul", "attention"):
                 return op
         return self.ops[0]
 
@@ -182,7 +138,7 @@ class _Graph:
 
 
 def _is_fusable(op: OpRecord, cost: Cost) -> bool:
-    return cost.counted and op.packet in FUSABLE_PACKETS
+    return cost.counted and kind_of(op.packet) in FUSED_KINDS
 
 
 def price(op: OpRecord, attention: str = "flash") -> Cost:
@@ -214,10 +170,10 @@ def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[in
         chain = {i}
         # back from the log-softmax through casts to the head GEMM
         j = producer.get(op.inputs[0].storage)
-        while j is not None and ops[j].packet in ("aten._to_copy", "aten.clone"):
+        while j is not None and kind_of(ops[j].packet) in ("cast", "copy"):
             chain.add(j)
             j = producer.get(ops[j].inputs[0].storage)
-        if j is None or ops[j].packet not in MATMUL_PACKETS:
+        if j is None or kind_of(ops[j].packet) != "matmul":
             continue
         chain.add(j)
         frontier = [t.storage for t in ops[i].outputs]
@@ -231,13 +187,13 @@ def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[in
             for k in consumers.get(storage, ()):
                 if k in chain or not (costs[k].flops or costs[k].bytes):
                     continue  # views share their base's storage: its readers are found too
-                packet = ops[k].packet
-                if packet in MATMUL_PACKETS:
+                kind = kind_of(ops[k].packet)
+                if kind == "matmul":
                     if ops[k].phase == "backward":
                         chain.add(k)  # dX and dW GEMMs of the head; their outputs leave
                     continue
-                if packet in _LOSS_CHAIN or (
-                    packet in FUSABLE_PACKETS and ops[k].phase == "backward"
+                if kind in _CROSS_ENTROPY_KINDS or (
+                    kind in FUSED_KINDS and ops[k].phase == "backward"
                 ):
                     chain.add(k)
                     frontier.extend(t.storage for t in written_tensors(ops[k]))
@@ -294,7 +250,7 @@ def _group_ops(
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
         if chosen is None:
             kind = "fusable" if (options.fusion == "fused" and _is_fusable(op, cost)) else "anchor"
-            if kind == "anchor" and options.epilogue and op.packet in MATMUL_PACKETS:
+            if kind == "anchor" and options.epilogue and kind_of(op.packet) == "matmul":
                 kind = "epilogue"
             groups.append(_Group(kind=kind))
             chosen = len(groups) - 1
@@ -308,10 +264,9 @@ def _group_ops(
 
 def _own_loop_order(op: OpRecord) -> bool:
     """A column reduction that cannot run inside a row kernel starts a kernel of its own
-    (torchroof/column_reductions.py); a mix-order partial may join one."""
-    if op.packet not in COLUMN_PACKETS:
-        return False
-    return op.packet == "torchroof.column_final" or not op.arg("mix_order")
+    (torchroof/column_reductions.py); a mix-order partial may join one (a final kernel is
+    never mix-order)."""
+    return kind_of(op.packet) == "column_reduction" and not op.arg("mix_order")
 
 
 def _merge_siblings(
@@ -367,7 +322,7 @@ def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Gra
             for t in written_tensors(ops[i]):
                 produced[n].add(t.storage)
                 domain[n] = max(domain[n], t.numel)
-            if ops[i].packet in _CREATION:
+            if kind_of(ops[i].packet) == "creation":
                 continue  # ``zeros_like(p)`` reads p's shape, not its values
             for t in read_tensors(ops[i]):
                 if t.numel > 1:  # a 0-d constant is inlined, not a shared buffer
@@ -492,11 +447,12 @@ def _rebuilds(op: OpRecord, group: _Group, rebuilt: Recomputable, made_in: Phase
     pointwise work into the reduction's loop); for a forward tensor, when the rebuild is
     cheap, so can a fused backward kernel (the partitioner's recompute) and the
     cross-entropy gather, which reads x[t] − max − lse at its targets; a matmul cannot."""
-    if op.packet in COLUMN_PACKETS:
+    kind = kind_of(op.packet)
+    if kind == "column_reduction":
         return True
     if made_in not in ("forward", "recompute") or not rebuilt.cheap:
         return False
-    if op.packet == "aten.nll_loss_forward" and group.kind == "anchor":
+    if kind == "loss" and group.kind == "anchor":
         return True
     return group.kind == "fusable" and op.phase in ("backward", "recompute")
 
@@ -572,11 +528,12 @@ def _group_kernel(
         total = total + Cost(cost.flops, 0, 0, cost.unit, cost.dtype, cost.counted)
         explicit = {tensor_key(t): n for t, n in cost.reads}
         rebuilt = plan.rebuilt_by.get(i, {})
+        creation = kind_of(op.packet) == "creation"  # reads its template's shape, not values
         for t in read_tensors(op):
             if t.storage in produced:
                 last_use[t.storage] = position
                 continue
-            size = 0 if op.packet in _CREATION else explicit.get(tensor_key(t), t.nbytes)
+            size = 0 if creation else explicit.get(tensor_key(t), t.nbytes)
             if t.storage not in rebuilt:
                 read(t, size)
                 continue

@@ -92,7 +92,7 @@ def absorbed_attention(
             )
         probs = torch.softmax(scores.float(), dim=-1).to(latent.dtype)
         out_latent = torch.matmul(probs, latent)  # [b, h, Lq, r]
-    phase, where, _ = capture._context()
+    phase, where, _ = capture.context()
     capture.record_synthetic(
         "torchroof.mla_decode_attention.default",
         {"query": q_absorbed, "latent": latent, "rope": rope_key},

@@ -30,37 +30,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchroof.counters import cost_of
-from torchroof.counters.memory import CREATION_OPS
-from torchroof.counters.pointwise import POINTWISE_FLOPS
+from torchroof.counters import OpKind, cost_of, kind_of
 from torchroof.counters.tensors import is_view_schema, read_tensors, written_tensors
 from torchroof.memory import storage_extent_bytes
 from torchroof.records import OPTIMIZER, OpRecord, TensorMeta, TensorRef, Trace
 
 FUSED_STEP = "torchroof.fused_optimizer_step.default"
 
-# Ops that make a tensor from nothing: in the optimizer phase, when the tensor is then
-# updated in place, they initialise optimizer state (a first step).
-_INIT_PACKETS = frozenset(
-    f"aten.{name}"
-    for name in (
-        *CREATION_OPS,
-        "lift_fresh",
-        "lift_fresh_copy",
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "new_empty",
-        "new_empty_strided",
-    )
-)
-# What one fused optimizer kernel can do per element (seed 000 Table 3 ops, casts, copies).
-_ELEMENTWISE = frozenset({*POINTWISE_FLOPS, "pow", "copy", "_to_copy", "clone", "fill", "zero"})
+# Kinds (counters/registry.py OP_KINDS) of the ops that make a tensor from nothing: in the
+# optimizer phase, when the tensor is then updated in place, they initialise optimizer
+# state (a first step). ``metadata`` holds the allocations (``empty_like``); its other ops
+# return no new tensor.
+_INIT_KINDS: frozenset[OpKind] = frozenset({"creation", "metadata"})
+# What one fused optimizer kernel can do per element (seed 000 Table 3 ops, casts, copies,
+# fills, and their _foreach_ forms).
+_ELEMENTWISE_KINDS: frozenset[OpKind] = frozenset({"pointwise", "cast", "copy", "foreach"})
 
 
 def _elementwise(op: OpRecord) -> bool:
-    name = op.packet.removeprefix("aten.").removeprefix("_foreach_")
-    return name in _ELEMENTWISE or (name.endswith("_") and name[:-1] in _ELEMENTWISE)
+    return kind_of(op.packet) in _ELEMENTWISE_KINDS
 
 
 @dataclass
@@ -162,7 +150,7 @@ def analyse(trace: Trace) -> OptimizerStep:
         created = {
             t.storage: op.index
             for op in step
-            if op.packet in _INIT_PACKETS
+            if kind_of(op.packet) in _INIT_KINDS
             for t in op.outputs
             if not existed.get(t.storage)
         }

@@ -14,27 +14,13 @@ from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from torchroof.capture import DEFAULT_MAX_OPS  # why 10M: see there
+from torchroof.errors import OptionError, WorkloadError
+from torchroof.limits import DEFAULT_MAX_OPS  # why 10M: see there
+from torchroof.workloads.inference import CACHES, MLA_DECODES
+from torchroof.workloads.registry import REGIMES, regime
+from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
 
-REGIMES = ("prefill", "decode", "train")
-CACHES = ("static", "dynamic")
-PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
 DTYPES = ("bf16", "fp16", "fp32")
-# How a decode step runs multi-head latent attention: over the latent with the
-# up-projections absorbed (FlashMLA, vLLM, SGLang) or expanded per step (transformers).
-MLA_DECODES = ("absorbed", "expanded")
-# Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
-# and the number of state tensors per parameter). seed 000 "Optimizers as memory
-# workloads": Adam ~12 FLOPs, two moments; SGD one step, momentum one buffer.
-FUSED_OPTIMIZERS: dict[str, tuple[int, int]] = {
-    "adamw": (12, 2),
-    "adam": (12, 2),
-    "sgd": (2, 0),
-    "sgd-momentum": (4, 1),
-}
-# Optimizers whose torch.optim step is traced as it runs (no single fused kernel exists).
-TRACED_OPTIMIZERS = ("adafactor", "muon")
-OPTIMIZERS = (*FUSED_OPTIMIZERS, *TRACED_OPTIMIZERS)
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
@@ -42,14 +28,6 @@ ATTENTION_POLICIES = ("flash", "math")
 # seed 000 Lab 3: real fused kernels start spilling past roughly 64 KB of live state per
 # 256-thread block; a row-wise kernel keeps about one row per thread group in flight.
 DEFAULT_ON_CHIP_BUDGET_BYTES = 64 * 1024
-
-
-class OptionError(ValueError):
-    """A knob with a value it does not take, or a name no dataclass defines."""
-
-
-class WorkloadError(OptionError):
-    """A workload that cannot be built from the arguments or the model given."""
 
 
 def knob(
@@ -89,7 +67,7 @@ class Workload:
     (seed 000 §16: 30 B/param for AdamW). ``context`` left out is ``seq``.
     """
 
-    regime: str = knob("prefill", "the step: prefill, decode or train", choices=REGIMES)
+    regime: str = knob("prefill", "the step: " + ", ".join(REGIMES), choices=REGIMES)
     batch: int = knob(1, "sequences in the step")
     seq: int = knob(4096, "tokens per sequence (prefill, train)")
     context: int | None = knob(None, "tokens already in the KV cache (decode; default --seq)")
@@ -120,7 +98,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         bad = WorkloadError
-        _choose("regime", self.regime, REGIMES, bad)
+        regime(self.regime)  # a WorkloadError naming the known regimes
         _positive_int("batch", self.batch, bad)
         _positive_int("seq", self.seq, bad)
         if self.context is None:
@@ -136,7 +114,7 @@ class Workload:
     @property
     def tokens(self) -> int:
         """Tokens processed by the step (decode: one per sequence)."""
-        return self.batch * (1 if self.regime == "decode" else self.seq)
+        return regime(self.regime).tokens(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,29 +1,25 @@
-"""Trace -> Estimate: price every op, group into kernels, time each on the accelerator;
-and ``estimate()``, which builds the model on meta and traces a workload first."""
+"""Trace -> Estimate: price every op, group into kernels, time each on the accelerator.
+
+The stage only; building a model and tracing a workload first is :mod:`torchroof.api`."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
-import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torchroof import optimizer_step
-from torchroof.capture import OpBudgetExceeded, op_budget
 from torchroof.counters import Cost
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
-from torchroof.errors import first_line
+from torchroof.errors import OptionError
 from torchroof.fusion import Kernel, build_kernels
 from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.memory import footprint
-from torchroof.options import OptionError, PricingOptions, Workload, WorkloadError, split_knobs
+from torchroof.options import PricingOptions, split_knobs
 from torchroof.records import Trace
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import time_kernel
@@ -146,7 +142,7 @@ def _estimate_trace(
         reference_dtype = spec_dtype(reference_dtype)
     else:
         reference_dtype, reference_peak = "fp32", spec.vector_peak("fp32")
-    batch = int(trace.metadata.get("workload", {}).get("batch", 1))
+    batch = int(trace.facts.workload.get("batch", 1))
     return Estimate(
         hardware=spec.name,
         hardware_display=spec.display_name,
@@ -163,7 +159,7 @@ def _estimate_trace(
             *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
         options=pricing.to_dict(),
-        metadata=dict(trace.metadata),
+        metadata=trace.facts.to_dict(),
         memory=footprint(
             trace,
             spec.hbm_capacity_bytes.value,
@@ -188,8 +184,7 @@ BALANCED_ROUTING = (
 def routing_assumptions(trace: Trace) -> list[str]:
     """The routing assumption, stated once, when the step runs routed experts."""
     routed = any("grouped_mm" in op.name for op in trace.ops) or any(
-        a.what.startswith(("nonzero of", "boolean mask", "Tensor.tolist()"))
-        for a in trace.assumptions
+        a.kind == "routing" for a in trace.assumptions
     )
     return [BALANCED_ROUTING] if routed else []
 
@@ -198,134 +193,18 @@ def cache_assumptions(trace: Trace) -> list[str]:
     """How the model was built when not as asked (text-only), which cache an inference
     step used when it is not the static cache asked for, and how latent attention was
     decoded."""
-    lines = [f"model: {trace.metadata['build_note']}"] if trace.metadata.get("build_note") else []
-    if trace.metadata.get("positions"):
-        lines.append(f"positions: {trace.metadata['positions']}")
-    fallback = trace.metadata.get("cache_fallback")
+    facts = trace.facts
+    lines = [f"model: {facts.build_note}"] if facts.build_note else []
+    if facts.positions:
+        lines.append(f"positions: {facts.positions}")
+    fallback = facts.cache_fallback
     if fallback:
-        kind = trace.metadata.get("cache")
+        kind = facts.cache
         used = "no cache" if kind == "none" else f"the step used a {kind} cache"
         lines.append(f"cache: {used} ({fallback})")
-    if trace.metadata.get("mla") == "absorbed":
+    if facts.mla == "absorbed":
         lines.append(
             "MLA decode: up-projections absorbed, attention over the latent cache (FlashMLA); "
             "mla='expanded' prices transformers' per-step K/V expansion instead"
         )
     return lines
-
-
-def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the model with every parameter and buffer on meta. The original is never
-    touched (a workload sets train mode, gradients, checkpointing on the copy) and no real
-    weight is copied: deepcopy is handed meta stand-ins for them."""
-    memo: dict[int, Any] = {}
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.is_meta:
-            continue
-        stand_in = torch.empty_like(t, device="meta")
-        if isinstance(t, torch.nn.Parameter):
-            stand_in = torch.nn.Parameter(stand_in, requires_grad=t.requires_grad)
-        memo[id(t)] = stand_in
-    return copy.deepcopy(model, memo)
-
-
-def estimate(
-    model: Any = "llama-3-8b",
-    regime: str | None = None,
-    *,
-    hardware: str | Path | HardwareSpec = "h100-sxm",
-    workload: Workload | None = None,
-    pricing: PricingOptions | None = None,
-    **knobs: Any,
-) -> Estimate:
-    """Estimate one step of ``model`` on ``hardware``.
-
-    ``model`` is an ``nn.Module`` (any device: it is traced on a meta copy, its weights are
-    never touched), a transformers config, a path to a config.json or model directory, or
-    a shipped config name (``torchroof models``). ``regime`` is ``prefill`` (B x seq tokens,
-    writing the KV cache), ``decode`` (one token for B sequences against a cache of
-    ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step); left out,
-    the workload's, else prefill.
-
-    Every other keyword is a field of :class:`torchroof.options.Workload` (``batch``,
-    ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
-    ``mla``, ``dtype``) or of :class:`torchroof.options.PricingOptions` (``fusion``, …),
-    or pass the objects. A module keeps its own dtype unless ``dtype`` or ``precision`` is
-    given; a config is built in ``dtype`` (bf16).
-    """
-    workload_knobs, pricing_knobs = split_knobs(knobs)
-    spec = get(hardware)  # fail on a bad name before any tracing
-    pricing = replace(pricing or PricingOptions(), **pricing_knobs)
-    trace = trace_model(model, regime, workload=workload, **workload_knobs)
-    return estimate_trace(trace, spec, pricing)
-
-
-class ModelTraceError(ValueError):
-    """The model's own forward or backward failed on meta (a limitation, named in one
-    line; the original exception is chained)."""
-
-
-def trace_model(
-    model: Any, regime: str | None = None, *, workload: Workload | None = None, **knobs: Any
-) -> Trace:
-    """The trace :func:`estimate` prices: ``workload``, or its fields as keywords."""
-    workload_knobs, pricing_knobs = split_knobs(knobs)
-    if pricing_knobs:
-        raise OptionError(
-            f"{', '.join(sorted(pricing_knobs))} choose how a trace is priced, not what is "
-            "traced: pass them to estimate() or estimate_trace()"
-        )
-    cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
-    if regime is not None:
-        workload_knobs["regime"] = regime
-    workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
-    return trace_workload(model, workload, cast_module=cast)
-
-
-def trace_workload(model: Any, workload: Workload, cast_module: bool = False) -> Trace:
-    """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
-    keeps its dtype unless ``cast_module``."""
-    from torchroof.models import build_model, check_layers, check_positions, load_config
-    from torchroof.workloads import compute_dtype, run_workload
-
-    if isinstance(model, torch.nn.Module):
-        label = type(model).__name__
-        config = getattr(model, "config", None)
-        if config is None:
-            raise WorkloadError(
-                f"{label} is not a transformers model: the {workload.regime} regime drives a "
-                "model's forward with input_ids, labels and a KV cache; trace any other module "
-                "by hand: `with torchroof.trace() as t: model(x).sum().backward(); opt.step()` "
-                "then `t.estimate(...)` (README, 'A step traced by hand')"
-            )
-    else:
-        label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-        config = load_config(model)
-    beyond = None
-    if config is not None:  # refused before anything is built
-        check_layers(config, name=label)
-        # decode: the cache holds ``context`` tokens, the model's maximum (the seed's 70B at
-        # 8192); the step's one new token is not counted against it
-        length = workload.context if workload.regime == "decode" else workload.seq
-        allow = workload.allow_beyond_max_positions
-        beyond = check_positions(config, length, allow, name=label)
-    if isinstance(model, torch.nn.Module):
-        module = meta_copy(model)
-        if cast_module:
-            module = module.to(compute_dtype(workload))
-    else:
-        module = build_model(config, compute_dtype(workload))
-    try:
-        with op_budget(max_ops=workload.max_ops):
-            trace = run_workload(module, workload)
-    except (WorkloadError, OpBudgetExceeded):
-        raise
-    except Exception as error:  # noqa: BLE001 - the model's own code failed on meta
-        raise ModelTraceError(
-            f"{type(module).__name__} could not be traced for {workload.regime}: "
-            f"{first_line(error)} (see README, 'Architectures that do not trace')"
-        ) from error
-    trace.metadata["model"] = label
-    if beyond:
-        trace.metadata["positions"] = beyond
-    return trace

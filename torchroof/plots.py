@@ -1,5 +1,5 @@
 """Pictures: the roofline with one point per kernel, the per-layer stacked budget, sweep
-curves (PNG or SVG by the file's suffix). matplotlib is an optional extra.
+curves (PNG, SVG or PDF by the file's suffix). matplotlib is an optional extra.
 
 seed 000 "log-log flatters everything": read numbers from the readouts, not the picture.
 """
@@ -7,11 +7,15 @@ seed 000 "log-log flatters everything": read numbers from the readouts, not the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchroof.hardware import UnsupportedDtypeError, get
 from torchroof.records import PHASES
-from torchroof.report import Estimate, collapse_repeats
+
+if TYPE_CHECKING:
+    from torchroof.report import Estimate
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # matplotlib picks the format from the suffix
 
 PHASE_COLOURS = {
     "forward": "tab:blue",
@@ -34,10 +38,16 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def check_plot_path(path: str | Path) -> Path:
+    """``path`` if its suffix names an image format a plot is written in, else ValueError."""
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"plots are written as .png or .svg, got {path.name!r}")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"plots are written as .pdf, .png or .svg, got {path.name!r}")
+    return path
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = check_plot_path(path)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     return path
@@ -97,7 +107,7 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
 def layer_plot(est: Estimate, path: str | Path, depth: int | None = None) -> Path:
     """Stacked per-layer time bar, one segment per phase (seed 000 Lab 4)."""
     plt = _pyplot()
-    rows = collapse_repeats(est.rows(depth))
+    rows = est.rows(depth, collapse=True)
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.35 * len(rows) + 1.5)))
     names = [r.name for r in rows]
     left = [0.0] * len(rows)

@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from torchroof.counters import Cost
-from torchroof.counters.pointwise import POINTWISE_FLOPS
+from torchroof.counters import Cost, OpKind, kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
 from torchroof.records import OpRecord, TensorMeta
 
@@ -31,11 +30,10 @@ ROW_STATISTICS = 2  # max and log-sum-exp, fp32, one each per row
 REALIZE_OPCOUNT_THRESHOLD = 30
 REALIZE_READS_THRESHOLD = 4
 
-_POINTWISE = {
-    f"aten.{name}" for name in (*POINTWISE_FLOPS, "gelu", "gelu_backward", "pow", "_to_copy")
-}
-_ROW_REDUCED = {"aten._softmax", "aten._log_softmax", "aten._safe_softmax"}
-_NORMS_WITH_STATISTICS = {"aten.native_layer_norm", "aten._fused_rms_norm"}
+# Kinds (counters/registry.py OP_KINDS) whose output a consumer kernel can rebuild: cheap
+# elementwise work from its inputs; a softmax from its input and row statistics; a norm
+# over the last dimension from x, w, b and the mean / rstd it writes.
+_REBUILT_FROM_INPUTS: frozenset[OpKind] = frozenset({"pointwise", "cast"})
 
 
 @dataclass(frozen=True)
@@ -87,14 +85,15 @@ def recomputable_tensors(
     for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
         if not (cost.flops or cost.bytes):
             continue
+        kind = kind_of(op.packet)
         outputs = written_tensors(op)
         inputs = read_tensors(op)
         statistics_out: list[TensorMeta] = []
-        if op.packet in _NORMS_WITH_STATISTICS:  # y rebuilt from x, w, b and mean / rstd
+        if kind == "norm":  # y rebuilt from x, w, b and mean / rstd
             outputs, statistics_out = outputs[:1], outputs[1:]
         recomputable = (
             cost.counted
-            and (op.packet in _POINTWISE or op.packet in _ROW_REDUCED or statistics_out)
+            and (kind in _REBUILT_FROM_INPUTS or kind == "softmax" or statistics_out)
             and len(outputs) == 1
             and outputs[0].storage not in roles
             and all(t.storage != outputs[0].storage for t in inputs)  # not in place
@@ -111,7 +110,7 @@ def recomputable_tensors(
                 chain += rebuilt.flops_per_element
             for s in rebuilt.sources if rebuilt and rebuilt.cheap else (t,):
                 sources.setdefault((s.storage, s.shape, s.stride, s.offset), s)
-        if op.packet in _ROW_REDUCED:
+        if kind == "softmax":
             statistics = _row_statistics(op, i)
             sources[(statistics.storage,)] = statistics
         cheap = _bulk_bytes(sources.values(), outputs[0]) <= outputs[0].nbytes

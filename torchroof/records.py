@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +24,10 @@ Role = Literal["weights", "gradients", "optimizer_state", "kv_cache"]
 ROLES: tuple[Role, ...] = ("weights", "gradients", "optimizer_state", "kv_cache")
 """What a storage holds; every storage without a role holds activations."""
 
-TRACE_FORMAT_VERSION = 2
-"""Written by ``Trace.save``. 2: the op count is recorded (``op_count``) and checked on load.
-1: no count; still read, with every check but the count (see :meth:`Trace.from_dict`)."""
+TRACE_FORMAT_VERSION = 3
+"""Written by ``Trace.save``. 3: each assumption carries its kind. 2: the op count is
+recorded (``op_count``) and checked on load. 1: no count; still read, with every check but
+the count (see :meth:`Trace.from_dict`)."""
 OLDEST_TRACE_FORMAT_VERSION = 1
 PROBLEMS_LISTED = 5  # problems a TraceFileError message lists before "and N more"
 
@@ -232,6 +233,13 @@ def _args_from_json(value: Any) -> Any:
     return value
 
 
+AssumptionKind = Literal["scalar", "routing"]
+ASSUMPTION_KINDS: tuple[AssumptionKind, ...] = ("scalar", "routing")
+"""What capture invented: ``scalar``, a ``Tensor.item()`` answer (a mask check, a step
+count); ``routing``, which tokens a data-dependent op selects (``nonzero``, a boolean mask,
+``tolist()`` of expert counts): the balanced-routing answer of :mod:`torchroof.routing`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Assumption:
     """A value capture had to invent (e.g. ``Tensor.item()`` on meta), kept for the report."""
@@ -239,6 +247,64 @@ class Assumption:
     op_index: int
     module: str
     what: str
+    kind: AssumptionKind = "scalar"
+
+
+def _legacy_kind(what: str) -> AssumptionKind:
+    """The kind of an assumption saved before kinds were recorded (format <= 2), from the
+    only three sentences capture then wrote for routed tokens."""
+    routed = what.startswith(("nonzero of", "boolean mask", "Tensor.tolist()"))
+    return "routing" if routed else "scalar"
+
+
+@dataclass
+class StepFacts:
+    """What the stage that traced a step tells the stages after it (pricing, the report).
+
+    Every field is optional: a step traced by hand (``with torchroof.trace()``) has none.
+    """
+
+    model: str = ""  # the model as it was named (a shipped name, a path, a class)
+    build_note: str = ""  # how the model was built when not as asked (its text part only)
+    positions: str = ""  # set when positions beyond the model's maximum were allowed
+    workload: dict[str, Any] = field(default_factory=dict)  # the Workload's fields
+    tokens: int = 0  # tokens the step processes (decode: one per sequence)
+    cache: str = ""  # the cache an inference step used: static, dynamic, model, none, ...
+    cache_fallback: str = ""  # why it is not the cache that was asked for
+    kv_cache_tokens: int = 0  # positions the cache holds after the step
+    mla: str = ""  # "absorbed" when latent attention decoded over the latent cache
+    optimizer: str = ""  # train: the optimizer
+    precision: str = ""  # train: bf16, fp16, fp32 or mixed
+    parameters: int = 0  # train: trainable parameters
+    dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set (an empty string, dict or 0 is left out)."""
+        return {k: v for k, v in asdict(self).items() if v}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepFacts:
+        return cls(**data)
+
+
+def _facts_problems(data: Any) -> list[str]:
+    if not isinstance(data, dict):
+        return [f'"metadata" is {_kind(data)}, not an object']
+    problems: list[str] = []
+    for f in fields(StepFacts):
+        if f.name not in data:
+            continue
+        value, wanted = data[f.name], f.type
+        ok = {
+            "str": isinstance(value, str),
+            "int": _is_int(value),
+            "dict[str, Any]": isinstance(value, dict),
+        }[wanted]
+        if not ok:
+            problems.append(f'"metadata"."{f.name}" is {_show(value)}, not {wanted}')
+    known = {f.name for f in fields(StepFacts)}
+    problems += [f'"metadata" has an unknown field {_show(k)}' for k in data if k not in known]
+    return problems
 
 
 @dataclass
@@ -256,7 +322,7 @@ class Trace:
     parameters: dict[int, str] = field(default_factory=dict)
     roles: dict[int, Role] = field(default_factory=dict)
     role_bytes: dict[str, int] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    facts: StepFacts = field(default_factory=StepFacts)
 
     def __iter__(self) -> Iterator[OpRecord]:
         return iter(self.ops)
@@ -264,23 +330,16 @@ class Trace:
     def __len__(self) -> int:
         return len(self.ops)
 
-    def estimate(self, hardware: Any = "h100-sxm", **options: Any) -> Any:
-        """Price every op and time it with the roofline on ``hardware`` (name, alias, path
-        or HardwareSpec). Options are the fields of :class:`torchroof.options.PricingOptions`."""
-        from torchroof.pipeline import estimate_trace
-
-        return estimate_trace(self, hardware, **options)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": "torchroof-trace",
             "version": TRACE_FORMAT_VERSION,
             "op_count": len(self.ops),
-            "metadata": self.metadata,
+            "metadata": self.facts.to_dict(),
             "parameters": {str(k): v for k, v in self.parameters.items()},
             "roles": {str(k): v for k, v in self.roles.items()},
             "role_bytes": self.role_bytes,
-            "assumptions": [[a.op_index, a.module, a.what] for a in self.assumptions],
+            "assumptions": [[a.op_index, a.module, a.what, a.kind] for a in self.assumptions],
             "ops": [op.to_json() for op in self.ops],
         }
 
@@ -306,11 +365,14 @@ class Trace:
             raise TraceFileError(problems)
         return cls(
             ops=[OpRecord.from_json(op) for op in data["ops"]],
-            assumptions=[Assumption(*a) for a in data["assumptions"]],
+            assumptions=[
+                Assumption(*a) if len(a) == 4 else Assumption(*a, kind=_legacy_kind(a[2]))
+                for a in data["assumptions"]
+            ],
             parameters={int(k): v for k, v in data["parameters"].items()},
             roles={int(k): v for k, v in data["roles"].items()},
             role_bytes=dict(data["role_bytes"]),
-            metadata=data["metadata"],
+            facts=StepFacts.from_dict(data["metadata"]),
         )
 
     def save(self, path: str | Path) -> None:
@@ -402,8 +464,8 @@ def _trace_problems(data: Any) -> list[str]:
 def _table_problems(data: dict[str, Any]) -> list[str]:
     """Problems of the trace-wide fields: metadata, parameters, roles, role_bytes, assumptions."""
     problems: list[str] = []
-    if "metadata" in data and not isinstance(data["metadata"], dict):
-        problems.append(f'"metadata" is {_kind(data["metadata"])}, not an object')
+    if "metadata" in data:
+        problems += _facts_problems(data["metadata"])
     for name, allowed in (("parameters", None), ("roles", ROLES)):
         table = data.get(name, {})
         if not isinstance(table, dict):
@@ -432,12 +494,16 @@ def _table_problems(data: dict[str, Any]) -> list[str]:
         for n, item in enumerate(assumptions):
             if not (
                 isinstance(item, list)
-                and len(item) == 3
+                and len(item) in (3, 4)
                 and _is_int(item[0])
                 and isinstance(item[1], str)
                 and isinstance(item[2], str)
+                and (len(item) == 3 or item[3] in ASSUMPTION_KINDS)
             ):
-                problems.append(f"assumptions[{n}] is {_show(item)}, not [op index, module, what]")
+                problems.append(
+                    f"assumptions[{n}] is {_show(item)}, not [op index, module, what, kind] "
+                    f"with a kind in {list(ASSUMPTION_KINDS)}"
+                )
     return problems
 
 

@@ -1,4 +1,7 @@
-"""The estimate: timed kernels, totals, per-layer budget, and its renderings.
+"""The estimate as data: timed kernels, their totals, the per-layer rows, and its
+serialised form. What it implies lives in torchroof.analysis; how it is shown (text tables,
+JSON, CSV, Chrome trace, plots) in torchroof.render_text, torchroof.render_files,
+torchroof.timeline and torchroof.plots, which the one-line methods below call.
 
 seed 000 Lab 4 "the transformer layer budget": every operator with its own W, Q, intensity
 and roofline time; rows sum as if kernels ran back to back.
@@ -6,26 +9,24 @@ and roofline time; rows sum as if kernels ran back to back.
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
+from torchroof import analysis
 from torchroof.memory import MemoryFootprint
-from torchroof.records import PHASES, TOP_LEVEL, layer_key
+from torchroof.records import PHASES, layer_key
 
-# Byte categories, in the order reports show them.
-CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
-CATEGORY_LABELS = {
-    "weights": "weights",
-    "activations": "activations",
-    "kv_cache": "KV",
-    "gradients": "grads",
-    "optimizer_state": "opt state",
-}
+__all__ = [
+    "ESTIMATE_FORMAT_VERSION",
+    "Estimate",
+    "KernelEstimate",
+    "LayerRow",
+    "collapse_repeats",
+    "layer_key",
+    "merge_stacks",
+]
 
 ESTIMATE_FORMAT_VERSION = 1
 
@@ -170,15 +171,9 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
     return merged
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}"
-
-
-def _by_block(rows: list[LayerRow], collapse: bool) -> dict[str, LayerRow]:
-    """Rows keyed by name; with ``collapse``, every numbered block of a stack is summed into
-    one ``model.layers.* (xN)`` row, so two estimates line up whatever their kernels."""
-    if not collapse:
-        return {r.name: r for r in rows}
+def merge_stacks(rows: list[LayerRow]) -> list[LayerRow]:
+    """Sum every numbered block of a stack into one ``model.layers.* (xN)`` row, wherever the
+    blocks sit, so two estimates line up whatever their kernels; other rows pass through."""
     merged: dict[str, LayerRow] = {}
     counts: dict[str, int] = {}
     for row in rows:
@@ -192,24 +187,7 @@ def _by_block(rows: list[LayerRow], collapse: bool) -> dict[str, LayerRow]:
     for key, row in merged.items():
         if counts[key] > 1:
             row.name = f"{key} (x{counts[key]})"
-    return {row.name: row for row in merged.values()}
-
-
-def _members(ops: tuple[str, ...], limit: int = 6) -> str:
-    """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
-    if len(ops) == 1:
-        return ""
-    names = [op.split(".")[1] for op in ops]
-    more = f" +{len(names) - limit}" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
-
-
-def _ratio(before: float, after: float) -> str:
-    return f"{before / after:.2f}x" if after else "-"
-
-
-def _intensity(value: float) -> str:
-    return "inf" if value == float("inf") else f"{value:.2f}"
+    return list(merged.values())
 
 
 @dataclass
@@ -242,19 +220,6 @@ class Estimate:
     def bytes(self) -> int:
         return sum(k.bytes for k in self.kernels)
 
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs utilisation: W / (T · pi_tensor) for the dominant matmul dtype."""
-        time_s = self.time_s
-        return self.flops / (time_s * self.reference_peak_flops_per_s) if time_s else 0.0
-
-    @property
-    def memory_bound_share(self) -> float:
-        """Share of the step's time spent in memory-bound kernels."""
-        time_s = self.time_s
-        memory_s = sum(k.time_s for k in self.kernels if k.bound == "memory")
-        return memory_s / time_s if time_s else 0.0
-
     def phase_time_s(self, phase: str) -> float:
         return sum(k.time_s for k in self.kernels if k.phase == phase)
 
@@ -267,51 +232,14 @@ class Estimate:
                 total[category] = total.get(category, 0) + size
         return total
 
-    # -- workload figures -----------------------------------------------------------------
     @property
     def workload(self) -> dict[str, Any]:
         return self.metadata.get("workload", {})
 
-    @property
-    def tokens_per_s(self) -> float:
-        """Tokens the step processes per second (decode: B / step time)."""
-        tokens = self.metadata.get("tokens", 0)
-        return tokens / self.time_s if self.time_s and tokens else 0.0
-
-    @property
-    def kv_bytes_read(self) -> int:
-        """KV-cache bytes read by the step (seed 000: decode reads the whole cache)."""
-        return sum(k.read_by.get("kv_cache", 0) for k in self.kernels)
-
-    @property
-    def weight_bytes_read(self) -> int:
-        return sum(k.read_by.get("weights", 0) for k in self.kernels)
-
-    @property
-    def ridge_batch(self) -> float:
-        """B*: the batch at which the weight GEMMs reach the ridge (seed 000: B* = s·I*/2,
-        295 for bf16 on an H100) — this step's batch times how far below the ridge its
-        weight matmuls sit."""
-        batch = int(self.workload.get("batch", 1))
-        weight_flops = sum(
-            k.flops for k in self.kernels if k.unit == "tensor" and k.read_by.get("weights")
-        )
-        ridge = self.reference_peak_flops_per_s / self.hbm_bytes_per_s
-        if not weight_flops:
-            return float("inf")
-        return batch * ridge / (weight_flops / self.weight_bytes_read)
-
-    @property
-    def kv_crossover_batch(self) -> float:
-        """Batch at which KV-cache reads overtake weight reads (seed 000: B_cross =
-        s·P / KV bytes per sequence), scaled from this step's batch."""
-        batch = int(self.workload.get("batch", 1))
-        per_sequence = self.kv_bytes_read / batch
-        return self.weight_bytes_read / per_sequence if per_sequence else float("inf")
-
     # -- grouping -------------------------------------------------------------------------
-    def rows(self, depth: int | None = None) -> list[LayerRow]:
-        """Per-layer budget rows in execution order (first appearance)."""
+    def rows(self, depth: int | None = None, collapse: bool = False) -> list[LayerRow]:
+        """Per-layer budget rows in execution order (first appearance); ``collapse`` sums
+        runs of identical consecutive blocks (:func:`collapse_repeats`)."""
         rows: dict[str, LayerRow] = {}
         for kernel in self.kernels:
             key = layer_key(kernel.module, kernel.phase, depth)
@@ -319,101 +247,62 @@ class Estimate:
             if row is None:
                 row = rows[key] = LayerRow(key)
             row.add(kernel)
-        return list(rows.values())
+        return collapse_repeats(list(rows.values())) if collapse else list(rows.values())
 
-    # -- rendering ------------------------------------------------------------------------
-    def table(
-        self, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
-    ) -> str:
-        """The per-layer time budget (seed 000 Lab 4). ``collapse`` sums runs of identical
-        consecutive blocks into one row."""
-        phases = [p for p in PHASES if self.phase_time_s(p) > 0]
-        split = len(phases) > 1
-        step_traffic = self.traffic()
-        categories = [c for c in CATEGORIES if step_traffic.get(c)]
-        headers = ["layer", "kernels", "GFLOP", "MB", "FLOP/B", "time ms"]
-        if split:
-            headers += [f"{p} ms" for p in phases]
-        if len(categories) > 1:
-            headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
-        else:
-            categories = []
-        headers += ["share %", "bound"]
-        total = self.time_s or 1.0
-        body = []
-        rows = self.rows(depth)
-        for row in collapse_repeats(rows) if collapse else rows:
-            line: list[Any] = [
-                row.name,
-                row.kernels,
-                f"{row.flops / 1e9:.3f}",
-                f"{row.bytes / 1e6:.2f}",
-                _intensity(row.intensity),
-                _ms(row.time_s),
-            ]
-            if split:
-                line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
-            line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
-            line += [f"{100 * row.time_s / total:.1f}", row.bound]
-            body.append(line)
-        footer: list[Any] = [
-            "total",
-            len(self.kernels),
-            f"{self.flops / 1e9:.3f}",
-            f"{self.bytes / 1e6:.2f}",
-            _intensity(self.flops / self.bytes if self.bytes else float("inf")),
-            _ms(self.time_s),
-        ]
-        if split:
-            footer += [_ms(self.phase_time_s(p)) for p in phases]
-        footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
-        footer += ["100.0", f"{100 * self.memory_bound_share:.0f}% mem"]
-        body.append(footer)
-        return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+    def stack_rows(self, depth: int | None = None) -> list[LayerRow]:
+        """Per-layer rows with each stack of blocks summed into one (:func:`merge_stacks`)."""
+        return merge_stacks(self.rows(depth))
 
-    def kernel_table(self, top: int = 20, tablefmt: str = "simple") -> str:
-        """The ``top`` kernels by time."""
-        ranked = sorted(self.kernels, key=lambda k: k.time_s, reverse=True)[:top]
-        body = [
-            [
-                k.index,
-                k.name.removeprefix("aten."),
-                k.module or TOP_LEVEL,
-                k.phase,
-                f"{k.flops / 1e9:.3f}",
-                f"{k.bytes / 1e6:.2f}",
-                _intensity(k.intensity),
-                f"{k.time_s * 1e6:.1f}",
-                k.bound,
-                _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
-            ]
-            for k in ranked
-        ]
-        headers = [
-            "#",
-            "op",
-            "module",
-            "phase",
-            "GFLOP",
-            "MB",
-            "FLOP/B",
-            "time us",
-            "bound",
-            "members",
-        ]
-        return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+    # -- derived figures: torchroof.analysis ----------------------------------------------
+    @property
+    def mfu(self) -> float:
+        return analysis.mfu(self)
 
+    @property
+    def memory_bound_share(self) -> float:
+        return analysis.memory_bound_share(self)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return analysis.tokens_per_s(self)
+
+    @property
+    def kv_bytes_read(self) -> int:
+        return analysis.kv_bytes_read(self)
+
+    @property
+    def weight_bytes_read(self) -> int:
+        return analysis.weight_bytes_read(self)
+
+    @property
+    def ridge_batch(self) -> float:
+        return analysis.ridge_batch(self)
+
+    @property
+    def kv_crossover_batch(self) -> float:
+        return analysis.kv_crossover_batch(self)
+
+    # -- renderings: torchroof.render_text, kept so est.table() and est.summary() work ----
     @property
     def label(self) -> str:
         """Short name of how this estimate was made (hardware and kernel policies)."""
-        parts = [self.hardware, str(self.options.get("fusion", "eager"))]
-        for key, default in (("loss", "materialized"), ("attention", "flash")):
-            value = self.options.get(key, default)
-            if value != default:
-                parts.append(f"{key}={value}")
-        if self.options.get("epilogue"):
-            parts.append("epilogue")
-        return " ".join(parts)
+        from torchroof.render_text import estimate_label
+
+        return estimate_label(self)
+
+    def table(
+        self, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
+    ) -> str:
+        """The per-layer time budget (:func:`torchroof.render_text.layer_table`)."""
+        from torchroof.render_text import layer_table
+
+        return layer_table(self, depth, collapse, tablefmt)
+
+    def kernel_table(self, top: int = 20, tablefmt: str = "simple") -> str:
+        """The ``top`` kernels by time (:func:`torchroof.render_text.kernel_table`)."""
+        from torchroof.render_text import kernel_table
+
+        return kernel_table(self, top, tablefmt)
 
     def compare(
         self,
@@ -422,115 +311,22 @@ class Estimate:
         collapse: bool = True,
         tablefmt: str = "simple",
     ) -> str:
-        """Per-layer time and bytes of two estimates side by side, with the speed-up
-        (``self`` / ``other``), in the spirit of seed 000's fusion bench (Lab 3)."""
-        mine = _by_block(self.rows(depth), collapse)
-        theirs = _by_block(other.rows(depth), collapse)
-        names = list(mine) + [n for n in theirs if n not in mine]
-        a, b = self.label, other.label
-        headers = [
-            "layer",
-            f"{a} ms",
-            f"{b} ms",
-            "speed-up",
-            f"{a} MB",
-            f"{b} MB",
-            f"{a} kernels",
-            f"{b} kernels",
-        ]
-        empty = LayerRow("")
-        body = []
-        for name in names:
-            x, y = mine.get(name, empty), theirs.get(name, empty)
-            body.append(
-                [
-                    name,
-                    _ms(x.time_s),
-                    _ms(y.time_s),
-                    _ratio(x.time_s, y.time_s),
-                    f"{x.bytes / 1e6:.2f}",
-                    f"{y.bytes / 1e6:.2f}",
-                    x.kernels,
-                    y.kernels,
-                ]
-            )
-        body.append(
-            [
-                "total",
-                _ms(self.time_s),
-                _ms(other.time_s),
-                _ratio(self.time_s, other.time_s),
-                f"{self.bytes / 1e6:.2f}",
-                f"{other.bytes / 1e6:.2f}",
-                len(self.kernels),
-                len(other.kernels),
-            ]
-        )
-        return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+        """Per-layer time of ``self`` and ``other`` side by side, with the speed-up
+        (:func:`torchroof.render_text.comparison_table`)."""
+        from torchroof.render_text import comparison_table
+
+        return comparison_table(self, other, depth, collapse, tablefmt)
 
     def coverage_line(self) -> str:
-        if not self.uncounted:
-            return f"coverage: {self.op_count} ops, all priced by a rule"
-        names = ", ".join(f"{n} x{c}" for n, c in sorted(self.uncounted.items()))
-        count = sum(self.uncounted.values())
-        return (
-            f"coverage: {self.op_count} ops, {count} without a rule "
-            f"(charged their input+output bytes only): {names}"
-        )
+        from torchroof.render_text import coverage_line
+
+        return coverage_line(self)
 
     def summary(self) -> str:
-        lines = [
-            f"hardware: {self.hardware_display} ({self.hardware}), "
-            f"HBM {self.hbm_bytes_per_s / 1e12:.2f} TB/s, "
-            f"{self.reference_dtype} peak {self.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
-            f"step time: {_ms(self.time_s)} ms over {len(self.kernels)} kernels",
-        ]
-        phases = [p for p in PHASES if self.phase_time_s(p) > 0]
-        if len(phases) > 1:
-            lines.append(
-                "by phase: " + ", ".join(f"{p} {_ms(self.phase_time_s(p))} ms" for p in phases)
-            )
-        lines += [
-            f"work: {self.flops / 1e12:.3f} TFLOP, traffic: {self.bytes / 1e9:.3f} GB, "
-            f"intensity {_intensity(self.flops / self.bytes if self.bytes else float('inf'))} "
-            "FLOP/B",
-            f"MFU: {100 * self.mfu:.1f}%, time memory-bound: {100 * self.memory_bound_share:.0f}%",
-        ]
-        traffic = self.traffic()
-        if traffic:
-            lines.append(
-                "traffic: "
-                + ", ".join(
-                    f"{CATEGORY_LABELS[c]} {traffic[c] / 1e9:.3f} GB"
-                    for c in CATEGORIES
-                    if c in traffic
-                )
-            )
-        if self.tokens_per_s:
-            lines.append(f"throughput: {self.tokens_per_s:,.1f} tokens/s")
-        if self.workload.get("regime") == "decode":
-            lines.append(
-                f"decode: weights read {self.weight_bytes_read / 1e9:.2f} GB, KV read "
-                f"{self.kv_bytes_read / 1e9:.3f} GB per step ({self.workload.get('cache')} "
-                f"cache); KV reads overtake weight reads at batch "
-                f"{self.kv_crossover_batch:.0f}"
-            )
-        if self.memory is not None:
-            lines.append(self.memory.line())
-            if self.workload.get("regime") == "decode":
-                lines.append(
-                    f"largest decode batch that fits at context {self.workload.get('context')}: "
-                    f"{self.memory.max_batch}"
-                )
-        flagged = [k for k in self.kernels if k.flags]
-        if flagged:
-            lines.append(
-                f"on-chip pressure: {len(flagged)} fused kernels exceed the on-chip budget "
-                f"(e.g. #{flagged[0].index} {flagged[0].module}: {flagged[0].flags[0]})"
-            )
-        lines.append(self.coverage_line())
-        lines += [f"assumption: {a}" for a in self.assumptions]
-        return "\n".join(lines)
+        """The step in a few lines (:func:`torchroof.render_text.summary`)."""
+        from torchroof.render_text import summary
+
+        return summary(self)
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -583,10 +379,9 @@ class Estimate:
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The estimate as JSON text; also written to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=1)
-        if path is not None:
-            Path(path).write_text(text)
-        return text
+        from torchroof.render_files import estimate_json
+
+        return estimate_json(self, path)
 
     @classmethod
     def from_json(cls, source: str | Path) -> Estimate:
@@ -597,25 +392,7 @@ class Estimate:
         return cls.from_dict(json.loads(text))
 
     def to_csv(self, path: str | Path) -> None:
-        """One row per kernel."""
-        columns = [
-            "index",
-            "name",
-            "module",
-            "phase",
-            "flops",
-            "bytes_read",
-            "bytes_written",
-            "unit",
-            "dtype",
-            "counted",
-            "compute_s",
-            "memory_s",
-            "time_s",
-            "bound",
-        ]
-        with Path(path).open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(columns)
-            for kernel in self.kernels:
-                writer.writerow([getattr(kernel, c) for c in columns])
+        """One row per kernel (:func:`torchroof.render_files.write_csv`)."""
+        from torchroof.render_files import write_csv
+
+        write_csv(self, path)

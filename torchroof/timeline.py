@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchroof.report import TOP_LEVEL, Estimate
+from torchroof.records import TOP_LEVEL
+
+if TYPE_CHECKING:
+    from torchroof.report import Estimate
 
 _THREADS = {"forward": 1, "backward": 2, "recompute": 3, "optimizer": 4}
 
@@ -49,5 +52,9 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(est: Estimate, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(est)))
+def write_chrome_trace(est: Estimate, path: str | Path) -> Path:
+    """The trace as JSON at ``path`` (any name; ``torchroof.render_files.write`` picks this
+    format for a ``.trace.json`` suffix)."""
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(est)))
+    return path

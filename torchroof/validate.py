@@ -13,18 +13,19 @@ import json
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torchroof.capture import trace
+from torchroof.api import trace
 from torchroof.hardware import HardwareSpec, get
+from torchroof.options import Workload
 from torchroof.pipeline import estimate_trace
 from torchroof.records import layer_key
 from torchroof.report import Estimate, KernelEstimate
+from torchroof.workloads import regime as find_regime
 
 # A model small enough to run for real on a CPU in well under a second per step.
 CPU_OVERRIDES = {
@@ -258,59 +259,6 @@ def _build(model: str, overrides: dict[str, Any], device: str, dtype: torch.dtyp
     return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
 
 
-def _step(
-    model: Any, regime: str, batch: int, seq: int, device: str, steps: int = 16
-) -> Callable[[], None]:
-    """The step to time. Decode appends one token per call to a static cache holding
-    ``seq`` tokens, sized for ``steps`` calls."""
-    if regime == "decode":
-        return _decode_step(model, batch, seq, device, steps)
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
-    if regime == "prefill":
-        model.eval()
-
-        def prefill() -> None:
-            with torch.no_grad():
-                model(ids, use_cache=False, logits_to_keep=1)
-
-        return prefill
-    if regime == "train":
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-
-        def train() -> None:
-            model(ids, labels=ids).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        return train
-    raise ValueError(f"validate runs prefill, decode or train, got {regime!r}")
-
-
-def _decode_step(
-    model: Any, batch: int, context: int, device: str, steps: int
-) -> Callable[[], None]:
-    from transformers import StaticCache
-
-    from torchroof.workloads import kv_shape
-
-    model.eval()
-    kv_heads, head_dim = kv_shape(model)
-    dtype = next(model.parameters()).dtype
-    cache = StaticCache(config=model.config, max_cache_len=context + steps)
-    cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device(device))
-    for layer in cache.layers:  # the cache already holds `context` tokens
-        layer.cumulative_length.fill_(context)
-    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    position = torch.full((batch, 1), context, device=device)
-
-    def decode() -> None:
-        with torch.no_grad():
-            model(ids, cache=cache, position_ids=position, use_cache=True, logits_to_keep=1)
-
-    return decode
-
-
 def validate(
     model: str = "llama-3-8b",
     regime: str = "prefill",
@@ -348,7 +296,8 @@ def validate(
     overrides = dict(CPU_OVERRIDES if device == "cpu" else {}) | dict(overrides or {})
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     net = _build(model, overrides, device, dtype)
-    step = _step(net, regime, batch, seq, device, steps=warmup + iterations + 1)
+    workload = Workload(regime, batch=batch, seq=seq)  # decode: a cache of seq tokens
+    step = find_regime(regime).real_step(net, workload, device, warmup + iterations + 1)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         step()

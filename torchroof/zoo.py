@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from torchroof.errors import first_line
+from torchroof.options import Workload
 from torchroof.pipeline import estimate_trace
-from torchroof.workloads import Workload, run_workload
+from torchroof.workloads import regime as find_regime
+from torchroof.workloads import run_workload
 
 # Small workloads: full depth, few tokens. Meta makes the size of each op irrelevant.
 ZOO_WORKLOADS = {
@@ -36,7 +38,7 @@ def zoo_workload(config: Any, regime: str) -> Workload:
     exactly prod(axial_pos_shape) tokens (4096 by default)."""
     workload = ZOO_WORKLOADS[regime]
     axial = getattr(config, "axial_pos_shape", None)
-    if regime == "train" and axial and getattr(config, "axial_pos_embds", False):
+    if find_regime(workload.regime).trains and axial and getattr(config, "axial_pos_embds", 0):
         return replace(workload, seq=math.prod(axial))
     return workload
 
@@ -80,7 +82,7 @@ def run_one(architecture: str, regime: str) -> ZooRow:
             est.op_count,
             dict(est.uncounted),
             time.perf_counter() - start,
-            str(trace.metadata.get("cache", "")),
+            trace.facts.cache,
         )
     except Exception as error:  # noqa: BLE001 - every failure becomes a row
         return ZooRow(

@@ -1,0 +1,206 @@
+"""Collectives: W = 0, the HBM bytes each rank reads and writes, and its bytes on the wire.
+
+seed 000 "The next wall": a collective does no arithmetic; its cost is bytes, twice over.
+Across HBM a rank reads what it sends and writes what it receives (Q, priced here as for
+any op, unit ``network``); across the link it sends ``wire_bytes(op)`` = message size S x
+the nccl-tests bus factor of its kind and group size (torchroof.network.bus_factor, where
+S and each factor are defined once). The group's size and global ranks are recorded by
+capture on every collective (``group_size``, ``group_ranks``).
+
+``wait_tensor`` and ``_wrap_tensor_autograd`` move nothing: the first marks where a rank
+waits for a collective's result, the second hands the result to autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torchroof.counters.cost import ZERO, Cost
+from torchroof.counters.registry import register
+from torchroof.counters.tensors import compute_dtype, distinct, refs_of, tensor_key
+
+from torchroof.network import bus_factor
+from torchroof.records import OpRecord, TensorMeta
+
+
+@dataclass(frozen=True)
+class CollectiveSchema:
+    """Which arguments of one collective packet the rank sends and receives.
+
+    ``sends``: the schema arguments read (and sent). ``receives``: the arguments written in
+    place, or ``None`` when the op returns what it received (the functional ops).
+    ``message``: the side that is nccl-tests' S (the gathered output of an all-gather,
+    the full input of a reduce-scatter, the buffer of the others).
+    """
+
+    kind: str  # a torchroof.network.COLLECTIVE_KINDS entry
+    sends: tuple[str, ...]
+    receives: tuple[str, ...] | None
+    message: Literal["sends", "receives"]
+
+
+def _functional(kind: str, sends: str, message: Literal["sends", "receives"]) -> CollectiveSchema:
+    return CollectiveSchema(kind, (sends,), None, message)
+
+
+_FUNCTIONAL = {
+    "all_reduce": _functional("all_reduce", "input", "sends"),
+    "all_reduce_": CollectiveSchema("all_reduce", ("input",), ("input",), "sends"),
+    "all_reduce_coalesced": _functional("all_reduce", "inputs", "sends"),
+    "all_reduce_coalesced_": CollectiveSchema("all_reduce", ("inputs",), ("inputs",), "sends"),
+    "all_gather_into_tensor": _functional("all_gather", "input", "receives"),
+    "all_gather_into_tensor_out": _functional("all_gather", "input", "receives"),
+    "all_gather_into_tensor_coalesced": _functional("all_gather", "inputs", "receives"),
+    "reduce_scatter_tensor": _functional("reduce_scatter", "input", "sends"),
+    "reduce_scatter_tensor_out": _functional("reduce_scatter", "input", "sends"),
+    "reduce_scatter_tensor_coalesced": _functional("reduce_scatter", "inputs", "sends"),
+    "all_to_all_single": _functional("all_to_all", "input", "sends"),
+    "broadcast": _functional("broadcast", "input", "sends"),
+    "broadcast_": CollectiveSchema("broadcast", ("input",), ("input",), "sends"),
+    "isend": CollectiveSchema("send_recv", ("tensor",), (), "sends"),
+    "irecv": CollectiveSchema("send_recv", (), None, "receives"),
+}
+_AUTOGRAD = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
+_C10D = {
+    "allreduce_": CollectiveSchema("all_reduce", ("tensors",), ("tensors",), "sends"),
+    "allreduce_coalesced_": CollectiveSchema("all_reduce", ("tensors",), ("tensors",), "sends"),
+    "_allgather_base_": CollectiveSchema(
+        "all_gather", ("input_tensor",), ("output_tensor",), "receives"
+    ),
+    "allgather_": CollectiveSchema(
+        "all_gather", ("input_tensors",), ("output_tensors",), "receives"
+    ),
+    "allgather_coalesced_": CollectiveSchema(
+        "all_gather", ("input_list",), ("output_lists",), "receives"
+    ),
+    "allgather_into_tensor_coalesced_": CollectiveSchema(
+        "all_gather", ("inputs",), ("outputs",), "receives"
+    ),
+    "_reduce_scatter_base_": CollectiveSchema(
+        "reduce_scatter", ("input_tensor",), ("output_tensor",), "sends"
+    ),
+    "reduce_scatter_": CollectiveSchema(
+        "reduce_scatter", ("input_tensors",), ("output_tensors",), "sends"
+    ),
+    "reduce_scatter_tensor_coalesced_": CollectiveSchema(
+        "reduce_scatter", ("inputs",), ("outputs",), "sends"
+    ),
+    "alltoall_base_": CollectiveSchema("all_to_all", ("input",), ("output",), "sends"),
+    "alltoall_": CollectiveSchema("all_to_all", ("input_tensors",), ("output_tensors",), "sends"),
+    "broadcast_": CollectiveSchema("broadcast", ("tensors",), ("tensors",), "sends"),
+    # NB: a reduce to one root is priced as a broadcast run backwards (nccl-tests: bus
+    # factor 1 for both; every rank forwards S once along the chain).
+    "reduce_": CollectiveSchema("broadcast", ("tensors",), ("tensors",), "sends"),
+    "send": CollectiveSchema("send_recv", ("tensors",), (), "sends"),
+    "recv_": CollectiveSchema("send_recv", (), ("tensors",), "receives"),
+    "recv_any_source_": CollectiveSchema("send_recv", (), ("tensors",), "receives"),
+    # NB: NCCL's barrier is an all-reduce of a one-element buffer.
+    "barrier": CollectiveSchema("all_reduce", ("tensor",), (), "sends"),
+}
+COLLECTIVE_SCHEMAS: dict[str, CollectiveSchema] = {
+    **{f"_c10d_functional.{name}": schema for name, schema in _FUNCTIONAL.items()},
+    **{f"_c10d_functional_autograd.{name}": _FUNCTIONAL[name] for name in _AUTOGRAD},
+    **{f"c10d.{name}": schema for name, schema in _C10D.items()},
+}
+"""Every collective packet with a rule, by ``namespace.op``. ``batch_p2p_ops`` (a list of
+sends and receives) is priced on its own below."""
+
+BATCH_P2P = "_c10d_functional.batch_p2p_ops"
+
+if torch.distributed.is_available():
+    # defines _c10d_functional._wrap_tensor_autograd (the c10d ops come with torch itself)
+    import torch.distributed._functional_collectives  # noqa: F401
+
+
+def _in_this_torch(*packets: str) -> list[str]:
+    """The packets this torch defines (none without torch.distributed)."""
+    return [p for p in packets if hasattr(getattr(torch.ops, p.split(".")[0]), p.split(".")[1])]
+
+
+def _named(op: OpRecord, names: tuple[str, ...]) -> list[TensorMeta]:
+    return distinct(op.inputs[i] for name in names for i in refs_of(op.args.get(name)))
+
+
+def _sides(op: OpRecord) -> tuple[list[TensorMeta], list[TensorMeta], str, int]:
+    """(tensors sent, tensors received, kind, S in bytes) of one collective op."""
+    if op.packet == BATCH_P2P:
+        # One tensor per entry of op_list ("isend" / "irecv"); the link is full duplex, so
+        # S is the larger direction.
+        sent: list[TensorMeta] = []
+        received: list[TensorMeta] = []
+        for entry, tensor in zip(op.arg("op_list", []), op.tensors("tensors"), strict=True):
+            (sent if entry == "isend" else received).append(tensor)
+        message = max(_nbytes(sent), _nbytes(received))
+        return distinct(sent), distinct(received), "send_recv", message
+    schema = COLLECTIVE_SCHEMAS.get(op.packet)
+    if schema is None:
+        raise ValueError(f"{op.name} is not a collective torchroof prices")
+    sent = _named(op, schema.sends)
+    received = distinct(op.outputs) if schema.receives is None else _named(op, schema.receives)
+    message = _nbytes(sent if schema.message == "sends" else received)
+    return sent, received, schema.kind, message
+
+
+def _nbytes(tensors: list[TensorMeta]) -> int:
+    return sum(t.nbytes for t in distinct(tensors))
+
+
+def collective_kind(op: OpRecord) -> str:
+    """The collective ``op`` runs, as torchroof.network names it (``"all_reduce"``)."""
+    return _sides(op)[2]
+
+
+def message_bytes(op: OpRecord) -> int:
+    """nccl-tests' S for ``op``: the all-reduced buffer, the gathered output of an
+    all-gather, the full input of a reduce-scatter, a rank's send buffer of an all-to-all,
+    the broadcast buffer, the message of a send or receive."""
+    return _sides(op)[3]
+
+
+def group_size(op: OpRecord) -> int:
+    """Ranks in the op's process group, as capture recorded it."""
+    size = op.arg("group_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"op {op.index} ({op.name}) has no recorded group size (group_size={size!r}); "
+            "trace it again with this torchroof, which records each collective's group"
+        )
+    return size
+
+
+def wire_bytes(op: OpRecord) -> int:
+    """Bytes one rank sends on the wire: S x bus_factor(kind, group size) (nccl-tests bus
+    bandwidth definition; ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
+    (n-1)/n, torchroof.network.bus_factor)."""
+    _, _, kind, message = _sides(op)
+    return round(message * bus_factor(kind, group_size(op)))
+
+
+def collective_cost(op: OpRecord) -> Cost:
+    """W = 0 on the ``network`` unit; Q = the local tensors read (sent) plus those written
+    (received), each once: an all-gather reads its shard and writes the gathered buffer,
+    an in-place all-reduce reads and writes its buffer."""
+    sent, received, _, _ = _sides(op)
+    sent_keys = {tensor_key(t) for t in sent}
+    reads = tuple((t, t.nbytes if tensor_key(t) in sent_keys else 0) for t in distinct(op.inputs))
+    writes = tuple((t, t.nbytes) for t in received)
+    read = sum(n for _, n in reads)
+    written = sum(n for _, n in writes)
+    return Cost(
+        0, read, written, "network", compute_dtype([*sent, *received]), reads=reads, writes=writes
+    )
+
+
+register(*_in_this_torch(*COLLECTIVE_SCHEMAS, BATCH_P2P), kind="collective")(collective_cost)
+
+
+@register(
+    *_in_this_torch("_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd"),
+    kind="view",
+)
+def collective_sync(op: OpRecord) -> Cost:
+    """wait_tensor / _wrap_tensor_autograd: no kernel, no bytes (the collective it waits
+    for is priced where it was issued)."""
+    return ZERO

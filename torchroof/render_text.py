@@ -1,0 +1,339 @@
+"""The estimate as text: the per-layer budget, the slowest kernels, two estimates side by
+side, the summary and its coverage line; compare's variant and sweep tables.
+
+seed 000 Lab 4 "the transformer layer budget": every row with its W, Q, intensity and
+roofline time; rows sum as if kernels ran back to back. Figures are kept in SI units until
+here, where they become ms, MB and GFLOP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from torchroof.records import PHASES, TOP_LEVEL
+from torchroof.workloads import regime
+
+if TYPE_CHECKING:
+    from torchroof.compare import Comparison, Sweep
+    from torchroof.report import Estimate, LayerRow
+
+# Byte categories, in the order reports show them, and their column labels.
+CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
+CATEGORY_LABELS = {
+    "weights": "weights",
+    "activations": "activations",
+    "kv_cache": "KV",
+    "gradients": "grads",
+    "optimizer_state": "opt state",
+}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _intensity(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value:.2f}"
+
+
+def _ratio(before: float, after: float) -> str:
+    return f"{before / after:.2f}x" if after else "-"
+
+
+def _members(ops: tuple[str, ...], limit: int = 6) -> str:
+    """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
+    if len(ops) == 1:
+        return ""
+    names = [op.split(".")[1] for op in ops]
+    more = f" +{len(names) - limit}" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _step_intensity(est: Estimate) -> str:
+    return _intensity(est.flops / est.bytes if est.bytes else float("inf"))
+
+
+def estimate_label(est: Estimate) -> str:
+    """Short name of how an estimate was made (hardware and kernel policies)."""
+    parts = [est.hardware, str(est.options.get("fusion", "eager"))]
+    for key, default in (("loss", "materialized"), ("attention", "flash")):
+        value = est.options.get(key, default)
+        if value != default:
+            parts.append(f"{key}={value}")
+    if est.options.get("epilogue"):
+        parts.append("epilogue")
+    return " ".join(parts)
+
+
+def layer_table(
+    est: Estimate, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
+) -> str:
+    """The per-layer time budget (seed 000 Lab 4), a column per phase when the step has more
+    than one and per byte category when it moves more than one; ``collapse`` sums runs of
+    identical consecutive blocks into one row."""
+    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
+    split = len(phases) > 1
+    step_traffic = est.traffic()
+    categories = [c for c in CATEGORIES if step_traffic.get(c)]
+    headers = ["layer", "kernels", "GFLOP", "MB", "FLOP/B", "time ms"]
+    if split:
+        headers += [f"{p} ms" for p in phases]
+    if len(categories) > 1:
+        headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
+    else:
+        categories = []
+    headers += ["share %", "bound"]
+    total = est.time_s or 1.0
+    body = []
+    for row in est.rows(depth, collapse=collapse):
+        line: list[Any] = [
+            row.name,
+            row.kernels,
+            f"{row.flops / 1e9:.3f}",
+            f"{row.bytes / 1e6:.2f}",
+            _intensity(row.intensity),
+            _ms(row.time_s),
+        ]
+        if split:
+            line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
+        line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
+        line += [f"{100 * row.time_s / total:.1f}", row.bound]
+        body.append(line)
+    footer: list[Any] = [
+        "total",
+        len(est.kernels),
+        f"{est.flops / 1e9:.3f}",
+        f"{est.bytes / 1e6:.2f}",
+        _step_intensity(est),
+        _ms(est.time_s),
+    ]
+    if split:
+        footer += [_ms(est.phase_time_s(p)) for p in phases]
+    footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
+    footer += ["100.0", f"{100 * est.memory_bound_share:.0f}% mem"]
+    body.append(footer)
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
+    """The ``top`` kernels by time, with a fused kernel's member ops and its first warning."""
+    ranked = sorted(est.kernels, key=lambda k: k.time_s, reverse=True)[:top]
+    body = [
+        [
+            k.index,
+            k.name.removeprefix("aten."),
+            k.module or TOP_LEVEL,
+            k.phase,
+            f"{k.flops / 1e9:.3f}",
+            f"{k.bytes / 1e6:.2f}",
+            _intensity(k.intensity),
+            f"{k.time_s * 1e6:.1f}",
+            k.bound,
+            _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
+        ]
+        for k in ranked
+    ]
+    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound", "members"]
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _row_figures(row: LayerRow | None) -> tuple[float, int, int]:
+    """(time, bytes, kernels) of a row; zeros for a layer the other estimate lacks."""
+    return (row.time_s, row.bytes, row.kernels) if row is not None else (0.0, 0, 0)
+
+
+def comparison_table(
+    first: Estimate,
+    second: Estimate,
+    depth: int | None = None,
+    collapse: bool = True,
+    tablefmt: str = "simple",
+) -> str:
+    """Per-layer time and bytes of two estimates side by side, with the speed-up
+    (``first`` / ``second``), in the spirit of seed 000's fusion bench (Lab 3). With
+    ``collapse`` every numbered block of a stack is one row, so the two line up whatever
+    their kernels."""
+
+    def by_name(est: Estimate) -> dict[str, LayerRow]:
+        rows = est.stack_rows(depth) if collapse else est.rows(depth)
+        return {row.name: row for row in rows}
+
+    mine, theirs = by_name(first), by_name(second)
+    names = list(mine) + [n for n in theirs if n not in mine]
+    a, b = first.label, second.label
+    headers = [
+        "layer",
+        f"{a} ms",
+        f"{b} ms",
+        "speed-up",
+        f"{a} MB",
+        f"{b} MB",
+        f"{a} kernels",
+        f"{b} kernels",
+    ]
+    body = []
+    for name in names:
+        x_time, x_bytes, x_kernels = _row_figures(mine.get(name))
+        y_time, y_bytes, y_kernels = _row_figures(theirs.get(name))
+        body.append(
+            [
+                name,
+                _ms(x_time),
+                _ms(y_time),
+                _ratio(x_time, y_time),
+                f"{x_bytes / 1e6:.2f}",
+                f"{y_bytes / 1e6:.2f}",
+                x_kernels,
+                y_kernels,
+            ]
+        )
+    body.append(
+        [
+            "total",
+            _ms(first.time_s),
+            _ms(second.time_s),
+            _ratio(first.time_s, second.time_s),
+            f"{first.bytes / 1e6:.2f}",
+            f"{second.bytes / 1e6:.2f}",
+            len(first.kernels),
+            len(second.kernels),
+        ]
+    )
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def coverage_line(est: Estimate) -> str:
+    """How many ops the trace held and which had no rule (DESIGN rule 1: every op is
+    accounted, an op without a rule is charged its input+output bytes and named here)."""
+    if not est.uncounted:
+        return f"coverage: {est.op_count} ops, all priced by a rule"
+    names = ", ".join(f"{n} x{c}" for n, c in sorted(est.uncounted.items()))
+    count = sum(est.uncounted.values())
+    return (
+        f"coverage: {est.op_count} ops, {count} without a rule "
+        f"(charged their input+output bytes only): {names}"
+    )
+
+
+def summary(est: Estimate) -> str:
+    """The step in a few lines: hardware, time (by phase), work and traffic, MFU, bytes by
+    category, throughput, the decode figures, memory fit, on-chip pressure, coverage and
+    every assumption the estimate rests on."""
+    lines = [
+        f"hardware: {est.hardware_display} ({est.hardware}), "
+        f"HBM {est.hbm_bytes_per_s / 1e12:.2f} TB/s, "
+        f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
+        f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
+    ]
+    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
+    if len(phases) > 1:
+        lines.append("by phase: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
+    lines += [
+        f"work: {est.flops / 1e12:.3f} TFLOP, traffic: {est.bytes / 1e9:.3f} GB, "
+        f"intensity {_step_intensity(est)} FLOP/B",
+        f"MFU: {100 * est.mfu:.1f}%, time memory-bound: {100 * est.memory_bound_share:.0f}%",
+    ]
+    traffic = est.traffic()
+    if traffic:
+        lines.append(
+            "traffic: "
+            + ", ".join(
+                f"{CATEGORY_LABELS[c]} {traffic[c] / 1e9:.3f} GB"
+                for c in CATEGORIES
+                if c in traffic
+            )
+        )
+    if est.tokens_per_s:
+        lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
+    step = regime(est.workload["regime"]) if est.workload.get("regime") else None
+    if step is not None:
+        lines += step.summary(est)
+    if est.memory is not None:
+        lines.append(est.memory.line())
+        if step is not None:
+            lines += step.memory_summary(est)
+    flagged = [k for k in est.kernels if k.flags]
+    if flagged:
+        lines.append(
+            f"on-chip pressure: {len(flagged)} fused kernels exceed the on-chip budget "
+            f"(e.g. #{flagged[0].index} {flagged[0].module}: {flagged[0].flags[0]})"
+        )
+    lines.append(coverage_line(est))
+    lines += [f"assumption: {a}" for a in est.assumptions]
+    return "\n".join(lines)
+
+
+def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
+    """A column per variant: time, throughput, MFU, traffic by category, memory, fit, and
+    each figure's ratio to the first variant where it matters."""
+    ests = [v.estimate for v in comparison.variants]
+    first = ests[0]
+    rows: list[list[Any]] = []
+
+    def add(name: str, values: Sequence[str]) -> None:
+        rows.append([name, *values])
+
+    add("step time ms", [f"{e.time_s * 1e3:.3f}" for e in ests])
+    add("  vs first", [f"{e.time_s / first.time_s:.3f}x" for e in ests])
+    add("tokens/s", [f"{e.tokens_per_s:,.1f}" for e in ests])
+    add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
+    add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
+    traffic = [e.traffic() for e in ests]
+    for category in CATEGORIES:
+        if not any(t.get(category) for t in traffic):
+            continue
+        label = CATEGORY_LABELS[category]
+        add(f"{label} GB", [f"{t.get(category, 0) / 1e9:.3f}" for t in traffic])
+        base = traffic[0].get(category, 0)
+        ratios = [f"{t.get(category, 0) / base:.3f}x" for t in traffic] if base else []
+        if any(r != "1.000x" for r in ratios):
+            add(f"  {label} vs first", ratios)
+    add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
+    memories = [e.memory for e in ests]
+    if all(memories):
+        add("memory GB", [f"{m.total_bytes / 1e9:.2f}" for m in memories])
+        add(
+            "fits",
+            ["yes" if m.fits else f"no (-{m.missing_bytes / 1e9:.1f} GB)" for m in memories],
+        )
+    headers = ["", *(v.label for v in comparison.variants)]
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def layer_deltas(comparison: Comparison, depth: int | None = None) -> str:
+    """Per-layer time of every variant against the first, one table each."""
+    first = comparison.variants[0].estimate
+    return "\n\n".join(
+        comparison_table(first, v.estimate, depth=depth) for v in comparison.variants[1:]
+    )
+
+
+def sweep_table(sweep: Sweep) -> str:
+    """A row per swept value: step time, tokens/s, MFU, weight and KV traffic, memory, fit."""
+    rows = [
+        [
+            r[sweep.key],
+            f"{r['step_time_s'] * 1e3:.3f}",
+            f"{r['tokens_per_s']:,.1f}",
+            f"{100 * r['mfu']:.1f}",
+            f"{r['weight_bytes'] / 1e9:.2f}",
+            f"{r['kv_bytes'] / 1e9:.2f}",
+            f"{r['memory_bytes'] / 1e9:.1f}",
+            "yes" if r["fits"] else "no",
+        ]
+        for r in sweep.rows()
+    ]
+    headers = [
+        sweep.key,
+        "step ms",
+        "tokens/s",
+        "MFU %",
+        "weights GB",
+        "KV GB",
+        "memory GB",
+        "fits",
+    ]
+    return tabulate(rows, headers=headers, disable_numparse=True)

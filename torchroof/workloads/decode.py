@@ -1,0 +1,101 @@
+"""Decode: one new token for each of B sequences against a cache already holding
+``context`` tokens (seed 000, "Decode is a memory workload": the weights and the whole
+cache are read once per step)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchroof.analysis import decode_analysis
+from torchroof.models import model_dtype
+from torchroof.records import Trace
+from torchroof.workloads.inference import inference_step
+from torchroof.workloads.inputs import kv_shape
+from torchroof.workloads.spec import TARGET, Regime
+
+if TYPE_CHECKING:
+    from torchroof.options import Workload
+
+
+def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> Trace:
+    """One new token for each of B sequences against a cache already holding N tokens."""
+    model = models[TARGET]
+    model.eval()
+    return inference_step(model, workload, new=1, filled=workload.context)
+
+
+def label(model: str, w: Workload) -> str:
+    return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
+
+
+def sweep_summary(result: Any, over: str, w: Workload) -> list[str]:
+    """Over batch, where the weight GEMMs reach the ridge and where KV reads overtake the
+    weight reads (seed 000, "The batch that pays for the weights")."""
+    if over != "batch":
+        return []
+    return [
+        f"B* (weight GEMMs reach the ridge): {result.ridge_batch:.0f}; "
+        f"KV reads overtake weight reads at batch {result.kv_crossover_batch:.0f} "
+        f"(context {w.context})"
+    ]
+
+
+def summary(est: Any) -> list[str]:
+    """What the step reads per token generated, and where batching stops paying (seed 000,
+    "The crossover that ends batching")."""
+    decode = decode_analysis(est)
+    return [
+        f"decode: weights read {decode.weight_bytes_read / 1e9:.2f} GB, KV read "
+        f"{decode.kv_bytes_read / 1e9:.3f} GB per step ({decode.cache} cache); "
+        f"KV reads overtake weight reads at batch {decode.kv_crossover_batch:.0f}"
+    ]
+
+
+def memory_summary(est: Any) -> list[str]:
+    decode = decode_analysis(est)
+    return [f"largest decode batch that fits at context {decode.context}: {decode.max_batch}"]
+
+
+def real_step(
+    model: torch.nn.Module, workload: Workload, device: str, steps: int
+) -> Callable[[], None]:
+    """One token per call appended to a static cache already holding ``context`` tokens,
+    sized for ``steps`` calls."""
+    from transformers import StaticCache
+
+    batch, context = workload.batch, workload.context
+    model.eval()
+    kv_heads, head_dim = kv_shape(model)
+    dtype = next(model.parameters()).dtype
+    cache = StaticCache(config=model.config, max_cache_len=context + steps)
+    cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device(device))
+    for layer in cache.layers:  # the cache already holds `context` tokens
+        layer.cumulative_length.fill_(context)
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    position = torch.full((batch, 1), context, device=device)
+
+    def decode() -> None:
+        with torch.no_grad():
+            model(ids, cache=cache, position_ids=position, use_cache=True, logits_to_keep=1)
+
+    return decode
+
+
+REGIME = Regime(
+    name="decode",
+    help="one token for each of B sequences against a cache of context tokens",
+    trace=trace_decode,
+    tokens=lambda w: w.batch,
+    # the cache holds ``context`` tokens, the model's maximum (the seed's 70B at 8192); the
+    # step's one new token is not counted against it
+    positions=lambda w: w.context,
+    compute_dtype=lambda w: model_dtype(w.dtype),
+    label=label,
+    real_step=real_step,
+    summary=summary,
+    memory_summary=memory_summary,
+    sweep_summary=sweep_summary,
+)

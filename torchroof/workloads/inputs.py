@@ -1,0 +1,124 @@
+"""The inputs a step feeds a transformers model on meta: token ids, labels, positions and
+the forward arguments each architecture takes them in; the KV shape its config implies."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from torchroof.errors import WorkloadError
+from torchroof.mla import mla_layers
+
+
+# -- inference ------------------------------------------------------------------------------
+def text_config(model: torch.nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        raise WorkloadError(
+            f"{type(model).__name__} has no transformers config: prefill with a KV cache and "
+            "decode need a transformers causal LM (trace other modules with torchroof.trace())"
+        )
+    return config.get_text_config(decoder=True)
+
+
+def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
+    """(KV heads, head dim) from the config; a clear error when the config lacks them."""
+    text = text_config(model)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if heads is None or hidden is None:
+        raise WorkloadError(
+            f"config {type(text).__name__} has no num_attention_heads / hidden_size: "
+            "cannot size a KV cache for it"
+        )
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return kv_heads, head_dim
+
+
+def random_ids(model: torch.nn.Module, batch: int, length: int, device: str) -> torch.Tensor:
+    """Real token ids on ``device`` for a step run for real (``torchroof validate``)."""
+    return torch.randint(0, model.config.vocab_size, (batch, length), device=device)
+
+
+def token_ids(model: torch.nn.Module, batch: int, length: int) -> torch.Tensor:
+    """Input ids on meta: [batch, length], or [batch · codebooks, length] for a decoder over
+    parallel audio codebooks (MusicGen)."""
+    codebooks = getattr(getattr(model, "config", None), "num_codebooks", None) or 1
+    return torch.zeros(batch * codebooks, length, dtype=torch.long, device="meta")
+
+
+def labels_for(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Labels for ``ids``: the ids themselves; [batch, length, codebooks] for MusicGen."""
+    codebooks = getattr(model.config, "num_codebooks", None) or 1
+    if codebooks == 1:
+        return ids
+    return ids.view(-1, codebooks, ids.shape[-1]).transpose(1, 2)
+
+
+def model_param_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params", "state", "past_buckets_states")
+
+
+def forward_parameters(model: torch.nn.Module) -> Any:
+    """The names ``model.forward`` accepts."""
+    return inspect.signature(model.forward).parameters
+
+
+def cache_argument(params: Any) -> str | None:
+    """The forward argument (of ``params``) a model takes its cache or recurrent state in."""
+    return next((name for name in _CACHE_ARGUMENTS if name in params), None)
+
+
+def forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) -> dict[str, Any]:
+    params = forward_parameters(model)
+    kwargs: dict[str, Any] = {"use_cache": True}
+    if "position_ids" in params:
+        kwargs["position_ids"] = positions
+    name = cache_argument(params)
+    if cache is not None and name is not None:
+        kwargs[name] = cache
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
+    kwargs.update(patch_inputs(model, *positions.shape, params))
+    return kwargs
+
+
+def patch_inputs(
+    model: torch.nn.Module, batch: int, length: int, params: Any = None
+) -> dict[str, Any]:
+    """A byte-latent model (BLT) groups bytes into patches where a small LM's entropy
+    spikes, which meta cannot evaluate: it is given fixed patches of ``patch_size`` bytes
+    (BLT's static patching), the same count of patches as its mean patch size gives."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "patch_size", None)
+    if not size:
+        return {}
+    takes = "patch_lengths" in (params if params is not None else forward_parameters(model))
+    if not (takes or hasattr(config, "patching_mode")):
+        return {}
+    patches = -(-length // size)
+    return {"patch_lengths": torch.full((batch, patches), size, dtype=torch.long, device="meta")}
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000).
+
+    Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and MLA
+    layer instead: s · (kv_lora_rank + qk_rope_head_dim) · L_MLA.
+    """
+    text = text_config(model)
+    itemsize = model_param_dtype(model).itemsize
+    latent = getattr(text, "kv_lora_rank", None)
+    if latent:
+        rope = getattr(text, "qk_rope_head_dim", 0) or 0
+        # hybrids (Kimi-Linear, Bailing) have latent attention in some layers only
+        layers = len(mla_layers(model)) or text.num_hidden_layers
+        return itemsize * (latent + rope) * layers
+    kv_heads, head_dim = kv_shape(model)
+    return 2 * itemsize * kv_heads * head_dim * text.num_hidden_layers

@@ -1,0 +1,65 @@
+"""The regimes, by name: one module each, loaded when first asked for.
+
+Adding a regime is one module exposing ``REGIME`` (a :class:`~torchroof.workloads.spec.Regime`)
+and one line in :data:`REGIME_MODULES`; the CLI's ``--regime`` choices, ``Workload``'s
+check, ``compare --vary regime=...`` and the report read it from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchroof.errors import WorkloadError
+from torchroof.records import Trace
+from torchroof.workloads.spec import TARGET, Regime
+
+if TYPE_CHECKING:
+    from torchroof.options import Workload
+
+REGIME_MODULES: dict[str, str] = {
+    "prefill": "torchroof.workloads.prefill",
+    "decode": "torchroof.workloads.decode",
+    "train": "torchroof.workloads.train",
+}
+REGIMES: tuple[str, ...] = tuple(REGIME_MODULES)
+
+
+def regime(name: str) -> Regime:
+    """The regime called ``name``; a :class:`WorkloadError` listing the known ones."""
+    if name not in REGIME_MODULES:
+        raise WorkloadError(f"unknown regime {name!r}; choose one of {', '.join(REGIMES)}")
+    found = importlib.import_module(REGIME_MODULES[name]).REGIME
+    assert found.name == name, f"{REGIME_MODULES[name]} declares {found.name!r}, not {name!r}"
+    return found
+
+
+def compute_dtype(workload: Workload) -> torch.dtype:
+    """The dtype the model's weights and activations are built in for this workload."""
+    return regime(workload.regime).compute_dtype(workload)
+
+
+def run_workload(
+    models: torch.nn.Module | Mapping[str, torch.nn.Module], workload: Workload
+) -> Trace:
+    """Trace one step of ``workload`` on ``models`` (on meta): one module, or modules keyed by
+    the roles the regime runs (``{"target": ..., "draft": ...}``)."""
+    step = regime(workload.regime)
+    given = {TARGET: models} if isinstance(models, torch.nn.Module) else dict(models)
+    missing = [role for role in step.roles if role not in given]
+    extra = [role for role in given if role not in step.roles]
+    if missing or extra:
+        raise WorkloadError(
+            f"the {step.name} regime runs the models {', '.join(step.roles)}; "
+            f"given {', '.join(given) or 'none'}"
+        )
+    trace = step.trace(given, workload)
+    note = getattr(given[TARGET], "torchroof_build_note", None)
+    if note:
+        trace.facts.build_note = note
+    trace.facts.workload = workload.to_dict()
+    trace.facts.tokens = step.tokens(workload)
+    return trace
