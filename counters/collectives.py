@@ -112,6 +112,7 @@ BATCH_P2P = "_c10d_functional.batch_p2p_ops"
 if torch.distributed.is_available():
     # defines _c10d_functional._wrap_tensor_autograd (the c10d ops come with torch itself)
     import torch.distributed._functional_collectives  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401  (defines the fsdp:: copy ops FSDP2 runs)
 
 
 def _in_this_torch(*packets: str) -> list[str]:
@@ -204,3 +205,46 @@ def collective_sync(op: OpRecord) -> Cost:
     """wait_tensor / _wrap_tensor_autograd: no kernel, no bytes (the collective it waits
     for is priced where it was issued)."""
     return ZERO
+
+
+# -- FSDP2's own copies around its collectives ------------------------------------------------
+# torch.distributed.fsdp registers these as ops of its own (``fsdp::``); FSDP2 runs the first
+# two on its collective streams (torchroof.schedule). Each moves every byte once.
+FSDP_COPIES = ("fsdp.all_gather_copy_in", "fsdp.chunk_cat", "fsdp.split_with_sizes_copy")
+
+
+def _copy(op: OpRecord, read: list[TensorMeta], written: list[TensorMeta]) -> Cost:
+    reads = tuple((t, t.nbytes) for t in distinct(read))
+    writes = tuple((t, t.nbytes) for t in distinct(written))
+    return Cost(
+        0,
+        sum(n for _, n in reads),
+        sum(n for _, n in writes),
+        "vector",
+        compute_dtype([*read, *written]),
+        reads=reads,
+        writes=writes,
+    )
+
+
+def fsdp_copy(op: OpRecord) -> Cost:
+    """FSDP2's copies, W = 0, each byte read once and written once:
+
+    - ``all_gather_copy_in(all_gather_inputs, all_gather_output, ...)``: the rank's shards
+      are copied into its slice of the all-gather buffer (written: the shards' bytes; the
+      rest of the buffer is the collective's to fill);
+    - ``chunk_cat(tensors, ..., out=)``: the unsharded gradients are packed into the
+      reduce-scatter input ``out``;
+    - ``split_with_sizes_copy(all_gather_output, ..., out=[...])``: the gathered buffer is
+      copied out into each unsharded parameter.
+    """
+    if op.packet == "fsdp.all_gather_copy_in":
+        shards = _named(op, ("all_gather_inputs",))
+        return _copy(op, shards, shards)  # the slice written is as large as the shards
+    if op.packet == "fsdp.chunk_cat":
+        return _copy(op, _named(op, ("tensors",)), _named(op, ("out",)))
+    return _copy(op, _named(op, ("all_gather_output",)), _named(op, ("out",)))
+
+
+# opaque: FSDP2 launches each as a kernel of its own, on its own stream for the first two
+register(*_in_this_torch(*FSDP_COPIES), kind="opaque")(fsdp_copy)

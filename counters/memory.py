@@ -110,6 +110,7 @@ _PROFILER_OPS = ("_record_function_enter", "_record_function_enter_new", "_recor
 @register(
     *aten_packets(*METADATA_OPS),
     *[f"profiler.{n}" for n in _PROFILER_OPS if hasattr(torch.ops.profiler, n)],
+    "prim.device",  # tensor.device under a fake tensor mode (FSDP2 asks it of every grad)
     kind="metadata",
 )
 def metadata(op: OpRecord) -> Cost:

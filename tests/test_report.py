@@ -11,6 +11,7 @@ import torch
 import torchroof
 from torchroof import analysis
 from torchroof.memory import MemoryFootprint
+from torchroof.records import StepFacts
 from torchroof.render_files import CSV_COLUMNS, sweep_output, write
 from torchroof.report import Estimate, KernelEstimate, collapse_repeats, layer_key
 
@@ -140,10 +141,10 @@ def _hand_estimate(regime: str) -> Estimate:
         kernels=kernels,
         op_count=3,
         uncounted={},
-        metadata={
-            "workload": {"regime": regime, "batch": 4, "context": 1000, "cache": "static"},
-            "tokens": 4,
-        },
+        facts=StepFacts(
+            workload={"regime": regime, "batch": 4, "context": 1000, "cache": "static"},
+            tokens=4,
+        ),
         # fixed 1e9 weight bytes of 3e9 leave 2e9 for (2e8 KV / 4 sequences = 5e7) each: 40
         memory=MemoryFootprint(
             weights_bytes=10**9,
@@ -207,6 +208,86 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
         "memory",
         "coverage",
     ]
+
+
+# -- a rank of a cluster, by hand (issue 13) --------------------------------------------------
+# The matmul above (5e-4 s from t = 0) and an all-reduce of layer 1 on the communication
+# stream over [3.5e-4, 5.5e-4] (2e-4 s, sending 1e6 bytes over NVLink): the compute stream
+# ends at 5e-4 and idles until 5.5e-4 waiting for it, so 5e-5 s are exposed, 1.5e-4 hidden.
+NETWORK_FIELDS = ("link", "wire_by_link", "network_s", "stream", "start_s", "exposed_s")
+
+
+def _cluster_estimate() -> Estimate:
+    est = _hand_estimate("prefill")
+    matmul = dataclasses.replace(est.kernels[0], start_s=0.0)
+    reduce = dataclasses.replace(
+        _kernel(
+            1, "c10d.allreduce_.default", "network", 0, {"activations": 10**6}, 2e-4, "network"
+        ),
+        link="nvlink",
+        wire_by_link={"nvlink": 10**6},
+        network_s=2e-4,
+        stream="communication",
+        start_s=3.5e-4,
+        exposed_s=5e-5,
+    )
+    # ridge: the 1e15 FLOP/s peak over NVLink 4's 4.5e11 B/s line rate = 2,222.2 FLOP/B
+    return dataclasses.replace(
+        est,
+        kernels=[matmul, reduce],
+        cluster="dgx-h100",
+        link_ridges={"nvlink": 1e15 / 4.5e11},
+        step_time_s=5.5e-4,
+    )
+
+
+def test_a_cluster_estimate_by_hand():
+    est = _cluster_estimate()
+    assert est.time_s == 5.5e-4  # the schedule's step, not the 7e-4 sum
+    # MFU = 4e9 / (5.5e-4 * 1e15) = 0.00727
+    assert est.mfu == pytest.approx(4e9 / 5.5e11)
+    comm = analysis.communication(est)
+    assert (comm.time_s, comm.exposed_s, comm.by_link_s) == (2e-4, 5e-5, {"nvlink": 2e-4})
+    assert comm.hidden_s == pytest.approx(1.5e-4)
+    assert comm.exposed_share == pytest.approx(5e-5 / 5.5e-4)  # 9.1%
+    # I_net = step FLOPs / bytes a rank sends over NVLink = 4e9 / 1e6 = 4,000 >= 2,222
+    (nvlink,) = analysis.network_intensity(est).items()
+    assert nvlink[0] == "nvlink" and nvlink[1].intensity == 4000.0 and nvlink[1].hides
+    rows = {row.name: row for row in est.rows()}
+    assert rows["model.layers.0"].bound == "memory"  # the memory-bound matmul
+    layer1 = rows["model.layers.1"]
+    assert layer1.bound == "network"
+    assert layer1.exposed_communication_s == 5e-5
+    assert layer1.hidden_communication_s == pytest.approx(1.5e-4)
+    lines = est.summary().splitlines()
+    assert lines[0].startswith("hardware: Test GPU (test) in cluster dgx-h100 (one rank priced)")
+    assert lines[2] == (
+        "communication: 0.200 ms on the communication stream, 0.050 ms exposed (9.1% of the "
+        "step), hidden behind compute: 0.150 ms; links: nvlink 0.200 ms"
+    )
+    assert lines[3] == (
+        "network intensity (step FLOPs per byte a rank sends): nvlink 4,000 FLOP/B vs ridge "
+        "2,222 (above: can hide)"
+    )
+    assert "exposed comm ms" in est.table()
+    assert "network (nvlink)" in est.kernel_table()
+
+
+def test_cluster_fields_round_trip_and_old_estimates_load():
+    est = _cluster_estimate()
+    assert Estimate.from_dict(json.loads(json.dumps(est.to_dict()))) == est
+    # an estimate saved before issue 13 has none of the new keys: it loads as one GPU's
+    single = _hand_estimate("prefill")
+    old = json.loads(json.dumps(single.to_dict()))
+    for key in ("cluster", "link_ridges", "step_time_s"):
+        del old[key]
+    for kernel in old["kernels"]:
+        for key in NETWORK_FIELDS:
+            del kernel[key]
+    back = Estimate.from_dict(old)
+    assert back == single
+    assert back.time_s == 1e-3 and back.cluster is None
+    assert all(k.link == "" and k.start_s is None and k.stream == "compute" for k in back.kernels)
 
 
 # -- the writer -------------------------------------------------------------------------------

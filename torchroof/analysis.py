@@ -1,6 +1,8 @@
 """What an estimate implies beyond its sums: utilisation, the share of time spent waiting on
-memory, throughput, and the decode figures of seed 000 (weight and KV reads, the batch B* at
-which the weight GEMMs reach the ridge, the batch at which KV reads overtake weight reads).
+memory, throughput, the decode figures of seed 000 (weight and KV reads, the batch B* at
+which the weight GEMMs reach the ridge, the batch at which KV reads overtake weight reads),
+and for a multi-GPU step its communication (exposed and hidden) and the network intensity at
+each link against that link's ridge (seed 000 "The next wall").
 
 Functions of a :class:`torchroof.report.Estimate`, which keeps one-line properties
 (``est.mfu``, ``est.ridge_batch``, ...) that call them.
@@ -29,9 +31,32 @@ def memory_bound_share(est: Estimate) -> float:
 
 
 def tokens_per_s(est: Estimate) -> float:
-    """Tokens the step processes per second (decode: B / step time)."""
-    tokens = est.metadata.get("tokens", 0)
+    """Tokens the step processes per second (decode: B / step time). For a parallel step,
+    the tokens of the traced rank's model replica: a tensor-parallel group shares them."""
+    tokens = est.facts.tokens
     return tokens / est.time_s if est.time_s and tokens else 0.0
+
+
+def ranks(est: Estimate) -> tuple[int, int]:
+    """(GPUs in the step, GPUs of one tensor-parallel group) from the workload's plan."""
+    workload = est.workload
+    tp = int(workload.get("tp", 1) or 1)
+    world = tp * int(workload.get("cp", 1) or 1)
+    world *= int(workload.get("fsdp", 1) or 1) * int(workload.get("dp", 1) or 1)
+    return world, tp
+
+
+def tokens_per_s_per_gpu(est: Estimate) -> float:
+    """Tokens per second per GPU: a TP group of ``tp`` GPUs processes one replica's tokens,
+    so each GPU is credited 1/tp of them (as torchtitan and Megatron report throughput)."""
+    _, tp = ranks(est)
+    return tokens_per_s(est) / tp
+
+
+def cluster_tokens_per_s(est: Estimate) -> float:
+    """Tokens per second over every GPU of the step (ranks are symmetric)."""
+    world, _ = ranks(est)
+    return tokens_per_s_per_gpu(est) * world
 
 
 def kv_bytes_read(est: Estimate) -> int:
@@ -90,3 +115,72 @@ def decode_analysis(est: Estimate) -> DecodeAnalysis:
         context=workload.get("context"),
         max_batch=est.memory.max_batch if est.memory is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class Communication:
+    """A step's communication-stream kernels (collectives and the copies feeding them):
+    their time, the part the compute stream waited on (exposed) and the rest (hidden), the
+    collectives' time by the link each crossed, and the copies' time."""
+
+    time_s: float
+    exposed_s: float
+    hidden_s: float
+    by_link_s: dict[str, float]  # nvlink / xgmi / network / hierarchical / none
+    copies_s: float  # FSDP2's copy-in and chunk-cat, on the communication stream
+    step_time_s: float
+
+    @property
+    def exposed_share(self) -> float:
+        """Share of the step's time the compute stream waited on communication."""
+        return self.exposed_s / self.step_time_s if self.step_time_s else 0.0
+
+
+def communication(est: Estimate) -> Communication:
+    """Communication time, exposed and hidden (torchroof.schedule), over the whole step."""
+    time_s = exposed_s = copies_s = 0.0
+    by_link: dict[str, float] = {}
+    for k in est.kernels:
+        if not k.communication:
+            continue
+        time_s += k.time_s
+        exposed_s += k.exposed_s
+        if k.unit == "network":
+            by_link[k.link] = by_link.get(k.link, 0.0) + k.time_s
+        else:
+            copies_s += k.time_s
+    return Communication(time_s, exposed_s, time_s - exposed_s, by_link, copies_s, est.time_s)
+
+
+@dataclass(frozen=True)
+class LinkIntensity:
+    """I_net at one link: the step's FLOPs per byte one rank sends across it, and the
+    link's ridge (the accelerator's peak over the link's line rate)."""
+
+    wire_bytes: int  # per rank
+    intensity: float  # FLOP/B
+    ridge: float  # FLOP/B; 0 when the estimate lists none
+
+    @property
+    def hides(self) -> bool:
+        """I_net >= ridge: the step's compute outlasts the link's bytes at line rate."""
+        return self.intensity >= self.ridge
+
+
+def network_intensity(est: Estimate) -> dict[str, LinkIntensity]:
+    """For each link the step's collectives cross, I_net = step FLOPs / bytes one rank sends
+    across it, against the link's ridge (seed 000 "The next wall": communication hides
+    behind compute iff I_net >= pi / beta_link; Table 4: 2,198 NVLink 4, 19,788 400 Gb/s).
+
+    NB: one figure per link for the whole step, not per collective: which compute a
+    collective overlaps is the schedule's question (:func:`communication`)."""
+    wire: dict[str, int] = {}
+    for k in est.kernels:
+        for link, size in k.wire_by_link.items():
+            wire[link] = wire.get(link, 0) + size
+    flops = est.flops
+    return {
+        link: LinkIntensity(size, flops / size, est.link_ridges.get(link, 0.0))
+        for link, size in wire.items()
+        if size
+    }

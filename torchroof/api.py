@@ -19,12 +19,13 @@ import torch
 from torchroof import records
 from torchroof.capture import Capture, OpBudgetExceeded, op_budget
 from torchroof.errors import OptionError, WorkloadError, first_line
-from torchroof.hardware import HardwareSpec, get
+from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models import build_model, check_layers, check_positions, load_config
 from torchroof.options import PricingOptions, Workload, split_knobs
-from torchroof.pipeline import estimate_trace
+from torchroof.pipeline import estimate_trace, resolve_hardware
 from torchroof.report import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
+from torchroof.workloads.parallel_step import check_plan
 
 
 class Trace(records.Trace):
@@ -93,7 +94,7 @@ def estimate(
     model: Any = "llama-3-8b",
     regime: str | None = None,
     *,
-    hardware: str | Path | HardwareSpec = "h100-sxm",
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
     workload: Workload | None = None,
     pricing: PricingOptions | None = None,
     **knobs: Any,
@@ -109,15 +110,17 @@ def estimate(
 
     Every other keyword is a field of :class:`torchroof.options.Workload` (``batch``,
     ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
-    ``mla``, ``dtype``) or of :class:`torchroof.options.PricingOptions` (``fusion``, …),
-    or pass the objects. A module keeps its own dtype unless ``dtype`` or ``precision`` is
-    given; a config is built in ``dtype`` (bf16).
+    ``mla``, ``dtype``; across GPUs ``tp``, ``fsdp``, ``dp``, ``microbatches``, ...) or of
+    :class:`torchroof.options.PricingOptions` (``fusion``, …), or pass the objects. A
+    module keeps its own dtype unless ``dtype`` or ``precision`` is given; a config is
+    built in ``dtype`` (bf16). A step across GPUs is rank 0 of the real parallel program,
+    priced on a cluster (``hardware="dgx-h100"``).
     """
     workload_knobs, pricing_knobs = split_knobs(knobs)
-    spec = get(hardware)  # fail on a bad name before any tracing
+    spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
     trace = trace_model(model, regime, workload=workload, **workload_knobs)
-    return estimate_trace(trace, spec, pricing)
+    return estimate_trace(trace, cluster or spec, pricing)
 
 
 class ModelTraceError(ValueError):
@@ -162,6 +165,7 @@ def trace_workload(model: Any, workload: Workload, cast_module: bool = False) ->
     beyond = None
     if config is not None:  # refused before anything is built
         check_layers(config, name=label)
+        check_plan(config, workload, name=label)
         length = regime(workload.regime).positions(workload)
         allow = workload.allow_beyond_max_positions
         beyond = check_positions(config, length, allow, name=label)

@@ -233,7 +233,7 @@ class Capture:
             for pname, param in module.named_parameters(recurse=False):
                 self._param_owner.setdefault(id(param), path)
                 self.trace.parameters.setdefault(
-                    self._storage_id(param), f"{path}.{pname}".strip(".")
+                    self._storage_id(local_shard(param)), f"{path}.{pname}".strip(".")
                 )
                 self.mark([param], "weights")
         return self._module_names[id(root)]
@@ -401,8 +401,11 @@ class Capture:
     def mark(self, tensors: Iterable[torch.Tensor], role: Role, count_bytes: bool = True) -> None:
         """Label the storages of ``tensors`` (weights, gradients, optimizer state, KV cache);
         the first label a storage gets is kept, and (with ``count_bytes``) its bytes are
-        added to ``role_bytes``, the memory the role holds."""
+        added to ``role_bytes``, the memory the role holds. A sharded tensor (DTensor) is
+        labelled by its local shard: the storage this rank's ops read and the bytes this
+        rank holds (issue 13 item 5: per-rank memory)."""
         for tensor in tensors:
+            tensor = local_shard(tensor)
             sid = self._storage_id(tensor)
             if sid in self.trace.roles:
                 continue
@@ -488,15 +491,16 @@ class Capture:
     ) -> Any:
         """nonzero / boolean-mask indexing on meta: the balanced-routing answer
         (torchroof.routing), recorded as an assumption."""
-        out, what = routing.answer(self.means, func, args, kwargs)
+        out, what, routed = routing.answer(self.means, func, args, kwargs)
         if context is not None:
             op = self.record(func, args, kwargs, out, context)
-            self.trace.assumptions.append(Assumption(op.index, op.module, what, "routing"))
+            kind = "routing" if routed else "selection"
+            self.trace.assumptions.append(Assumption(op.index, op.module, what, kind))
         return out
 
     def answer_tolist(self, tensor: torch.Tensor) -> Any:
         self.count_item_answer()
-        value, how = self.means.tolist(tensor, _neutral_scalar(tensor.dtype))
+        value, how, routed = self.means.tolist(tensor, _neutral_scalar(tensor.dtype))
         if not self._suppress:
             phase, module, _ = self.context()
             self.trace.assumptions.append(
@@ -504,7 +508,7 @@ class Capture:
                     len(self.trace.ops),
                     module,
                     f"Tensor.tolist() on {tensor.dtype} {how}",
-                    "routing",
+                    "routing" if routed else "scalar",
                 )
             )
         return value
@@ -690,6 +694,19 @@ class _Recorder(TorchDispatchMode):
         if op.name.startswith(_COLLECTIVE_NAMESPACES):
             op.args.update(_collective_group(args, kwargs, capture._arg_names(func)))
         return out
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: a DTensor's local shard (tensor parallel's
+    column or row block, FSDP2's flat-padded shard), any other tensor itself. Unwrapped
+    without dispatching an op (DTensor's ``to_local`` is an autograd function)."""
+    if not torch.distributed.is_available():
+        return tensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        return tensor._local_tensor
+    return tensor
 
 
 def _wraps_local_tensors(types: Iterable[type]) -> bool:

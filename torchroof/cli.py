@@ -27,7 +27,7 @@ from torchroof.hardware import (
 )
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
-from torchroof.pipeline import estimate_trace
+from torchroof.pipeline import estimate_trace, resolve_hardware
 from torchroof.render_files import SWEEP_OUTPUTS, output_format, sweep_output, write, write_sweep
 from torchroof.workloads import regime
 
@@ -358,7 +358,7 @@ def _estimate(args: argparse.Namespace) -> None:
         label = f"trace {args.from_trace}"
     else:
         workload = Workload(**from_flags(args, Workload))
-        get(args.hardware)  # a bad name fails before tracing
+        resolve_hardware(args.hardware)  # a bad name fails before tracing
         trace = trace_workload(args.model, workload)
         trace.facts.dtype = workload.dtype
         label = _workload_label(args.model, workload)

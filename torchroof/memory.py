@@ -1,11 +1,13 @@
 """Memory footprint of a traced step: weights, gradients, optimizer state, KV cache, and
-the peak of live activations from tensor lifetimes in the trace; compared with capacity."""
+the peak of live activations from tensor lifetimes in the trace; compared with capacity.
+A parallel step's footprint is its traced rank's (issue 13 item 5)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from torchroof.counters import kind_of
 from torchroof.records import TensorMeta, Trace
 
 
@@ -17,45 +19,118 @@ def storage_extent_bytes(t: TensorMeta) -> int:
     return (t.offset + last + 1) * t.itemsize
 
 
-def peak_activation_bytes(trace: Trace, roles: dict[int, str] | None = None) -> int:
-    """Largest sum of activation storages alive at once.
+# FSDP2's own ops (torch.distributed.fsdp._fully_shard._fsdp_collectives): the copy of a
+# unit's shards into the all-gather buffer, the copy out of it into each parameter's
+# unsharded storage, and the copy of the unsharded gradients into the reduce-scatter input.
+ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
+ALL_GATHER_COPY_OUT = "fsdp.split_with_sizes_copy"
+REDUCE_SCATTER_COPY_IN = "fsdp.chunk_cat"
+_NO_DATA_KINDS = ("view", "metadata")  # counters' kinds of ops that touch no element
+
+
+def unsharded_layer_buffers(trace: Trace) -> set[int]:
+    """Storages of FSDP2's unsharded layer buffers (issue 13 item 5): the all-gather buffers,
+    the unsharded parameters they are copied out to, the unsharded gradients and the
+    reduce-scatter inputs they are copied into. Their size follows the layer, not the batch."""
+    found: set[int] = set()
+    for op in trace.ops:
+        packet = op.packet
+        if packet == ALL_GATHER_COPY_IN:
+            tensors = [*op.outputs, *op.tensors("all_gather_output")]
+        elif packet == ALL_GATHER_COPY_OUT:
+            tensors = [*op.tensors("out"), *op.tensors("all_gather_output")]
+        elif packet == REDUCE_SCATTER_COPY_IN:
+            tensors = [*op.tensors("out"), *op.tensors("tensors")]
+        else:
+            continue
+        found.update(t.storage for t in tensors)
+    return found
+
+
+@dataclass(frozen=True)
+class TransientPeak:
+    """The largest sum of transient storages alive at once, and how much of it is FSDP's
+    unsharded layer buffers (batch-independent) rather than activations."""
+
+    total_bytes: int
+    layer_buffers_bytes: int = 0
+
+    @property
+    def activations_bytes(self) -> int:
+        return self.total_bytes - self.layer_buffers_bytes
+
+
+def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> TransientPeak:
+    """Largest sum of transient storages (activations, FSDP's unsharded layer buffers)
+    alive at once.
 
     A storage is born at the first op that writes it and dies after the last op that
     touches it; storages with a role (weights, gradients, optimizer state, KV cache) and
-    inputs that existed before the trace are not activations. NB: sizes are the largest
-    extent any view reached, a lower bound on the allocation; allocator rounding and
+    inputs that existed before the trace are not transient. FSDP2 frees a parameter's
+    unsharded storage after use (``resize_(0)``, which no op records) and all-gathers into
+    the same storage again later (the backward, the next micro-batch): a copy-out into a
+    storage used since its birth starts a new life of it. NB: sizes are the largest extent
+    any view reached, a lower bound on the allocation; allocator rounding and
     fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
     reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
     """
     roles = trace.roles if roles is None else roles
-    size: dict[int, int] = {}
-    born: dict[int, int] = {}
-    dies: dict[int, int] = {}
+    buffers = unsharded_layer_buffers(trace)
+    life: dict[int, int] = {}  # storage -> its current life (FSDP storages live several)
+    size: dict[tuple[int, int], int] = {}
+    born: dict[tuple[int, int], int] = {}
+    dies: dict[tuple[int, int], int] = {}
     for op in trace.ops:
+        if op.packet == ALL_GATHER_COPY_OUT:
+            for t in op.tensors("out"):
+                key = (t.storage, life.get(t.storage, 0))
+                if key in born and dies[key] > born[key]:  # used since: freed, now refilled
+                    life[t.storage] = key[1] + 1
+                    new = (t.storage, key[1] + 1)
+                    born[new], dies[new], size[new] = op.index, op.index, size[key]
+        # FSDP2 re-views and queries its unsharded parameters while their storage is
+        # freed: only an op that reads or writes a buffer's data keeps it alive.
+        keeps_buffers = kind_of(op.packet) not in _NO_DATA_KINDS
         for t in op.outputs:
             if t.storage in roles:
                 continue
-            born.setdefault(t.storage, op.index)
-            size[t.storage] = max(size.get(t.storage, 0), storage_extent_bytes(t))
-            dies[t.storage] = op.index
+            key = (t.storage, life.get(t.storage, 0))
+            if key not in born:
+                born[key] = dies[key] = op.index
+            size[key] = max(size.get(key, 0), storage_extent_bytes(t))
+            if keeps_buffers or t.storage not in buffers:
+                dies[key] = op.index
         for t in op.inputs:
-            if t.storage in born:
-                dies[t.storage] = op.index
-                size[t.storage] = max(size[t.storage], storage_extent_bytes(t))
-    delta: dict[int, int] = {}
-    for sid, start in born.items():
-        delta[start] = delta.get(start, 0) + size[sid]
-        delta[dies[sid] + 1] = delta.get(dies[sid] + 1, 0) - size[sid]
-    live = peak = 0
+            key = (t.storage, life.get(t.storage, 0))
+            if key in born:
+                size[key] = max(size[key], storage_extent_bytes(t))
+                if keeps_buffers or t.storage not in buffers:
+                    dies[key] = op.index
+    delta: dict[int, list[int]] = {}
+    for key, start in born.items():
+        in_buffers = key[0] in buffers
+        for index, sign in ((start, 1), (dies[key] + 1, -1)):
+            change = delta.setdefault(index, [0, 0])
+            change[0] += sign * size[key]
+            change[1] += sign * size[key] * in_buffers
+    live = [0, 0]
+    peak = TransientPeak(0, 0)
     for index in sorted(delta):
-        live += delta[index]
-        peak = max(peak, live)
+        live = [live[0] + delta[index][0], live[1] + delta[index][1]]
+        if live[0] > peak.total_bytes:
+            peak = TransientPeak(live[0], live[1])
     return peak
 
 
 @dataclass(frozen=True)
 class MemoryFootprint:
-    """What must sit in device memory for the step, against the accelerator's capacity."""
+    """What must sit in one device's memory for the step, against its capacity.
+
+    For a parallel step (issue 13 item 5) every figure is rank 0's: its parameter,
+    gradient and optimizer-state shards (the gradients held across micro-batches are the
+    gradient-accumulation buffers), its KV heads, its activations (per TP shard), and
+    ``layer_buffers_bytes``, FSDP's unsharded parameters and gradients in flight at the
+    transient peak (``activations_peak_bytes`` is the rest of that peak)."""
 
     weights_bytes: int
     gradients_bytes: int
@@ -64,6 +139,7 @@ class MemoryFootprint:
     activations_peak_bytes: int
     capacity_bytes: int
     batch: int = 1
+    layer_buffers_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -73,6 +149,7 @@ class MemoryFootprint:
             + self.optimizer_state_bytes
             + self.kv_cache_bytes
             + self.activations_peak_bytes
+            + self.layer_buffers_bytes
         )
 
     @property
@@ -86,9 +163,11 @@ class MemoryFootprint:
 
     @property
     def max_batch(self) -> int:
-        """Largest batch whose per-sequence bytes (KV cache + activations, which scale with
-        batch) fit beside the batch-independent ones (weights, gradients, optimizer)."""
+        """Largest batch (per rank, per micro-batch) whose per-sequence bytes (KV cache +
+        activations, which scale with batch) fit beside the batch-independent ones
+        (weights, gradients, optimizer state, FSDP's unsharded layer buffers)."""
         fixed = self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes
+        fixed += self.layer_buffers_bytes
         per_sequence = (self.kv_cache_bytes + self.activations_peak_bytes) / self.batch
         free = self.capacity_bytes - fixed
         if free <= 0:
@@ -104,6 +183,8 @@ class MemoryFootprint:
             parts.append(f"optimizer state {self.optimizer_state_bytes / gb:.2f} GB")
         if self.kv_cache_bytes:
             parts.append(f"KV cache {self.kv_cache_bytes / gb:.2f} GB")
+        if self.layer_buffers_bytes:
+            parts.append(f"unsharded layer buffers {self.layer_buffers_bytes / gb:.2f} GB")
         parts.append(f"activations (peak) {self.activations_peak_bytes / gb:.2f} GB")
         verdict = "fits" if self.fits else f"does NOT fit: {self.missing_bytes / gb:.2f} GB missing"
         return (
@@ -125,12 +206,14 @@ def footprint(
     """The step's footprint; ``roles`` and ``role_bytes`` replace the trace's own labels
     (pipeline adds what it reads from the optimizer phase of a step traced by hand)."""
     role = trace.role_bytes if role_bytes is None else role_bytes
+    peak = transient_peak(trace, roles)
     return MemoryFootprint(
         weights_bytes=role.get("weights", 0),
         gradients_bytes=role.get("gradients", 0),
         optimizer_state_bytes=role.get("optimizer_state", 0),
         kv_cache_bytes=role.get("kv_cache", 0),
-        activations_peak_bytes=peak_activation_bytes(trace, roles),
+        activations_peak_bytes=peak.activations_bytes,
         capacity_bytes=int(capacity_bytes),
         batch=batch,
+        layer_buffers_bytes=peak.layer_buffers_bytes,
     )

@@ -16,11 +16,16 @@ from typing import Any
 
 from torchroof.errors import OptionError, WorkloadError
 from torchroof.limits import DEFAULT_MAX_OPS  # why 10M: see there
+from torchroof.parallel import ParallelPlan
 from torchroof.workloads.inference import CACHES, MLA_DECODES
 from torchroof.workloads.registry import REGIMES, regime
 from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
 
 DTYPES = ("bf16", "fp16", "fp32")
+# Workload fields that size the parallel program (issue 13), and those only a step that
+# trains can have above 1.
+PARALLEL_SIZES = ("tp", "fsdp", "dp", "cp", "microbatches")
+TRAINING_SIZES = ("fsdp", "dp", "microbatches")
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
@@ -65,6 +70,12 @@ class Workload:
     and optimizer state in that dtype; ``mixed`` is bf16 compute with fp32 master weights,
     fp32 gradients and fp32 optimizer state, the bf16 weights rewritten by the optimizer
     (seed 000 §16: 30 B/param for AdamW). ``context`` left out is ``seq``.
+
+    Across GPUs (issue 13) the step is rank 0 of the real parallel program: ``tp`` ranks
+    share each layer (the model's tensor-parallel plan), ``fsdp`` ranks share each
+    parameter, ``dp`` replicas (HSDP with ``fsdp``) each hold their own data. ``batch`` is
+    the sequences one rank's replica processes per micro-batch; a training step runs
+    ``microbatches`` of them before its one optimizer step.
     """
 
     regime: str = knob("prefill", "the step: " + ", ".join(REGIMES), choices=REGIMES)
@@ -95,6 +106,20 @@ class Workload:
     max_ops: int = knob(
         DEFAULT_MAX_OPS, "stop a trace past this many aten ops (a data-dependent loop on meta)"
     )
+    tp: int = knob(1, "tensor-parallel ranks (the model's own TP plan); rank 0 is traced")
+    fsdp: int = knob(1, "train: ranks each parameter is sharded over (FSDP2, ZeRO-3)")
+    dp: int = knob(1, "train: data-parallel replicas (HSDP's replicate dimension with --fsdp)")
+    cp: int = knob(1, "context-parallel ranks (not yet supported: 1 only)")
+    reshard_after_forward: bool = knob(
+        True, "FSDP: free gathered parameters after forward (off: kept for backward, ~ZeRO-2)"
+    )
+    microbatches: int = knob(
+        1, "train: forward+backward passes of --batch sequences per optimizer step"
+    )
+    defer_gradient_sync: bool = knob(
+        False,
+        "FSDP with micro-batches: reduce gradients on the last one only (unsharded ones held)",
+    )
 
     def __post_init__(self) -> None:
         bad = WorkloadError
@@ -110,6 +135,32 @@ class Workload:
         _choose("mla", self.mla, MLA_DECODES, bad)
         _choose("dtype", self.dtype, DTYPES, bad)
         _positive_int("max_ops", self.max_ops, bad)
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        """Every size a positive integer; sharding over data (fsdp, dp) and micro-batches
+        are training concepts, an inference step shards over tp only; context parallel is
+        refused until its ring exchange is verified (DESIGN.md "Parallel programs")."""
+        for name in PARALLEL_SIZES:
+            _positive_int(name, getattr(self, name), WorkloadError)
+        if self.cp > 1:
+            raise WorkloadError(
+                f"cp={self.cp}: context parallel is not yet supported (its ring K/V exchange "
+                "does not show in a traced step yet); use tp, fsdp or dp"
+            )
+        if not regime(self.regime).trains:
+            for name in TRAINING_SIZES:
+                if getattr(self, name) > 1:
+                    trains = ", ".join(r for r in REGIMES if regime(r).trains)
+                    raise WorkloadError(
+                        f"{name}={getattr(self, name)} applies to a step that trains "
+                        f"({trains}); a {self.regime} step takes tp only"
+                    )
+
+    @property
+    def parallel_plan(self) -> ParallelPlan:
+        """The ranks the step's program spans (world = dp · fsdp · cp · tp)."""
+        return ParallelPlan(dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp)
 
     @property
     def tokens(self) -> int:
@@ -145,6 +196,9 @@ class PricingOptions:
     )
     allow_tf32: bool = knob(False, "fp32 matmuls on tf32 tensor cores", flag="--tf32")
     overlap: bool = knob(True, "T = max(W/pi, Q/beta); off: W/pi + Q/beta (seed 000 §5)")
+    overlap_communication: bool = knob(
+        True, "collectives overlap compute as the program allows; off: each one blocks"
+    )
     compute_efficiency: float = knob(1.0, "fraction of peak FLOP/s reached, in (0, 1]")
     bandwidth_efficiency: float = knob(1.0, "fraction of peak HBM bandwidth reached, in (0, 1]")
     launch_overhead_s: float = knob(

@@ -38,6 +38,9 @@ MESH_DIMS = ("dp", "fsdp", "cp", "tp")
 so a TP group is consecutive ranks (one node's NVLink domain)."""
 
 FAKE_BACKEND = "fake"
+# The attribute apply_tensor_parallel sets on a model: the KV heads one rank holds (a KV
+# cache built for the model's rank is this many heads wide).
+KV_HEADS_PER_RANK = "torchroof_kv_heads_per_rank"
 KEEP_FULL_WEIGHT = "keep_full_weight"  # transformers' FSDP style: no reshard after forward
 
 
@@ -124,19 +127,20 @@ def apply_tensor_parallel(
     name such as ``"colwise"``, ``"rowwise"``, ``"embedding_rowwise"``), through
     transformers' own ``apply_tensor_parallelism``: parameters become DTensor shards and
     each planned module converts its input and output (a row-wise layer's partial sums are
-    all-reduced). A TP group of one leaves the model as it is. Works on meta."""
+    all-reduced). A TP group of one leaves the model as it is. Works on meta. The KV
+    heads each rank then holds are set on the model as :data:`KV_HEADS_PER_RANK`."""
     size = tp_mesh.size()
     if size == 1:
         return model
-    from transformers.distributed.tensor_parallel import (
-        apply_tensor_parallelism,
-        get_kv_heads_per_rank,
-    )
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
     wildcard_plan = _transformers_plan(model, "tp_plan", plan)
-    _check_heads_divide(model, wildcard_plan, size, get_kv_heads_per_rank)
+    config = getattr(model, "config", None)
+    kv_heads = _check_heads_divide(config, wildcard_plan, size) if config is not None else None
     expanded = model._expand_parallel_plan(wildcard_plan)  # type: ignore[operator]
     apply_tensor_parallelism(model, tp_mesh, expanded)
+    if isinstance(kv_heads, int):
+        setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model
 
 
@@ -230,19 +234,36 @@ def _transformers_plan(
     return dict(plan)
 
 
-def _check_heads_divide(model: nn.Module, plan: dict[str, str], tp: int, kv_heads: Any) -> None:
-    """Column-wise q/k/v projections split whole heads: the head counts must divide by tp
-    (transformers' ``get_kv_heads_per_rank`` says None when the KV heads do not)."""
-    config = getattr(model, "config", None)
-    if config is None:
+def check_tensor_parallel(config: Any, tp: int) -> None:
+    """Refuse, before any model is built, a ``tp`` that ``config``'s tensor-parallel plan
+    cannot run: no plan, or head counts that do not divide (a ValueError naming it)."""
+    if tp == 1:
         return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    plan = getattr(text, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None)
+    if not isinstance(plan, dict) or not plan:
+        raise ValueError(
+            f"{type(config).__name__} has no base_model_tp_plan: transformers ships no tensor-"
+            "parallel plan for this architecture"
+        )
+    _check_heads_divide(config, plan, tp)
+
+
+def _check_heads_divide(config: Any, plan: dict[str, str], tp: int) -> Any:
+    """Column-wise q/k/v projections split whole heads: the head counts must divide by tp
+    (transformers' ``get_kv_heads_per_rank`` says None when the KV heads do not). Returns
+    the KV heads per rank (None when the config does not say)."""
+    from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_attention_heads", None)
     kv = getattr(text, "num_key_value_heads", None) or heads
     if isinstance(heads, int) and heads % tp:
         raise ValueError(f"num_attention_heads={heads} does not divide by tp={tp}")
-    if isinstance(kv, int) and kv_heads(plan, kv, tp) is None:
+    per_rank = get_kv_heads_per_rank(plan, kv, tp) if isinstance(kv, int) else None
+    if isinstance(kv, int) and per_rank is None:
         raise ValueError(
             f"num_key_value_heads={kv} does not divide by tp={tp}: the column-wise k/v "
             "projections would split a head"
         )
+    return per_rank

@@ -1,4 +1,5 @@
-"""Trace -> Estimate: price every op, group into kernels, time each on the accelerator.
+"""Trace -> Estimate: price every op, group into kernels, time each on the accelerator, and
+lay a multi-GPU step's kernels on a compute and a communication stream.
 
 The stage only; building a model and tracing a workload first is :mod:`torchroof.api`."""
 
@@ -13,16 +14,27 @@ from pathlib import Path
 from typing import Any
 
 from torchroof import optimizer_step
-from torchroof.counters import Cost
+from torchroof.counters import Cost, kind_of
+from torchroof.counters.collectives import collective_kind, group_size, message_bytes
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
 from torchroof.errors import OptionError
 from torchroof.fusion import Kernel, build_kernels
-from torchroof.hardware import HardwareSpec, get, spec_dtype
+from torchroof.hardware import (
+    ClusterSpec,
+    HardwareSpec,
+    available_clusters,
+    get,
+    get_cluster,
+    is_cluster,
+    spec_dtype,
+)
 from torchroof.memory import footprint
+from torchroof.network import NETWORK, NO_LINK, collective_time
 from torchroof.options import PricingOptions, split_knobs
-from torchroof.records import Trace
+from torchroof.records import OpRecord, Trace
 from torchroof.report import Estimate, KernelEstimate
-from torchroof.roofline import time_kernel
+from torchroof.roofline import KernelTime, time_kernel
+from torchroof.schedule import schedule, tasks_of
 
 ACTIVATIONS = "activations"
 
@@ -57,7 +69,7 @@ def traffic_by_role(kernel: Kernel, roles: dict[int, str]) -> tuple[dict[str, in
 
 
 def _timed(
-    index: int, kernel: Kernel, cost: Cost, t: Any, traffic: dict[str, int]
+    index: int, kernel: Kernel, cost: Cost, t: KernelTime, traffic: tuple[dict[str, int], ...]
 ) -> KernelEstimate:
     return KernelEstimate(
         index=index,
@@ -82,18 +94,42 @@ def _timed(
     )
 
 
+class ClusterRequiredError(OptionError):
+    """A step with collectives priced on one accelerator: its network time has no link."""
+
+
+def resolve_hardware(
+    hardware: str | Path | HardwareSpec | ClusterSpec,
+) -> tuple[HardwareSpec, ClusterSpec | None]:
+    """(the accelerator, the cluster or None) for an accelerator or a cluster given by name,
+    alias, TOML path or spec: a cluster prices its own accelerator's kernels."""
+    if isinstance(hardware, ClusterSpec):
+        return hardware.accelerator, hardware
+    if isinstance(hardware, HardwareSpec):
+        return hardware, None
+    if is_cluster(hardware):
+        cluster = get_cluster(hardware)
+        return cluster.accelerator, cluster
+    return get(hardware), None
+
+
 def estimate_trace(
     trace: Trace,
-    hardware: str | Path | HardwareSpec = "h100-sxm",
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
     pricing: PricingOptions | None = None,
     **knobs: Any,
 ) -> Estimate:
-    """Price and time every op of ``trace`` on ``hardware``.
+    """Price and time every op of ``trace`` on ``hardware``: an accelerator, or a cluster
+    (``dgx-h100``, a cluster TOML or a ClusterSpec) whose accelerator runs the kernels and
+    whose links carry the collectives (:func:`time_collective`). A step with collectives
+    over more than one rank needs a cluster (:class:`ClusterRequiredError`).
 
     ``pricing`` or its fields as keywords (:class:`torchroof.options.PricingOptions`:
     ``fusion``, ``epilogue``, ``loss``, ``attention``, ``on_chip_budget_bytes``,
-    ``allow_tf32``, ``overlap``, ``compute_efficiency``, ``bandwidth_efficiency``,
-    ``launch_overhead_s``) choose the kernels and how each is timed.
+    ``allow_tf32``, ``overlap``, ``overlap_communication``, ``compute_efficiency``,
+    ``bandwidth_efficiency``, ``launch_overhead_s``) choose the kernels and how each is
+    timed. With collectives the step time is the two-stream schedule's
+    (:mod:`torchroof.schedule`); without, the plain sum of the kernels' times.
     """
     workload_knobs, pricing_knobs = split_knobs(knobs)
     if workload_knobs:
@@ -120,9 +156,9 @@ def _no_gc() -> Iterator[None]:
 
 
 def _estimate_trace(
-    trace: Trace, hardware: str | Path | HardwareSpec, pricing: PricingOptions
+    trace: Trace, hardware: str | Path | HardwareSpec | ClusterSpec, pricing: PricingOptions
 ) -> Estimate:
-    spec = get(hardware)
+    spec, cluster = resolve_hardware(hardware)
     step = optimizer_step.analyse(trace)
     roles = {**step.roles, **trace.roles}
     fused = pricing.fusion == "fused"
@@ -130,12 +166,23 @@ def _estimate_trace(
     kernels, coverage = build_kernels(ops, pricing, roles)
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
+    unpriced: list[int] = []  # group sizes of collectives that need a cluster to be timed
+    collectives = 0
     for index, kernel in enumerate(kernels):
         cost = kernel.cost
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
         t = time_kernel(cost, spec, pricing)
-        timed.append(_timed(index, kernel, cost, t, traffic_by_role(kernel, roles)))
+        estimate = _timed(index, kernel, cost, t, traffic_by_role(kernel, roles))
+        if cost.unit == "network":
+            collectives += 1
+            estimate = time_collective(estimate, _collective_op(kernel), t, cluster, unpriced)
+        timed.append(estimate)
+    if unpriced:
+        raise ClusterRequiredError(_needs_cluster(len(unpriced), max(unpriced), spec))
+    step_time_s = None
+    if collectives:
+        timed, step_time_s = _scheduled(timed, kernels, ops, pricing)
     if tensor_flops:
         reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)
         reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=pricing.allow_tf32)
@@ -159,7 +206,7 @@ def _estimate_trace(
             *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
         ],
         options=pricing.to_dict(),
-        metadata=trace.facts.to_dict(),
+        facts=replace(trace.facts),
         memory=footprint(
             trace,
             spec.hbm_capacity_bytes.value,
@@ -167,7 +214,102 @@ def _estimate_trace(
             roles,
             _add_counts(trace.role_bytes, step.role_bytes),
         ),
+        cluster=cluster.name if cluster is not None else None,
+        link_ridges=_link_ridges(cluster, reference_peak),
+        step_time_s=step_time_s,
     )
+
+
+def _collective_op(kernel: Kernel) -> OpRecord:
+    """The one collective of a kernel on the ``network`` unit (fusion never groups them)."""
+    found = [op for op in kernel.ops if kind_of(op.packet) == "collective"]
+    if len(found) != 1:
+        raise ValueError(
+            f"a network kernel holds {len(found)} collectives ({kernel.name}); expected one"
+        )
+    return found[0]
+
+
+def time_collective(
+    kernel: KernelEstimate,
+    op: OpRecord,
+    hbm: KernelTime,  # the roofline's time of its HBM bytes
+    cluster: ClusterSpec | None,
+    unpriced: list[int],
+) -> KernelEstimate:
+    """A collective at the network boundary (seed 000 "The next wall"; issue 13 item 3):
+    alpha + wire bytes / beta on the link its group's ranks span
+    (:func:`torchroof.network.collective_time`), W = 0.
+
+    Its time is max(HBM bytes / beta_hbm, network time): the rank reads what it sends and
+    writes what it receives while the bytes cross the link, so the slower of the two pipes
+    sets the time. No launch overhead is added: alpha is a measured small-message time,
+    launch included. Bound "network" when the link is the slower pipe, else "memory". A
+    group of one crosses no link: its HBM time only. Without a cluster, a group of more
+    than one rank is noted in ``unpriced`` (its size) and the kernel returned as is, for
+    the caller to refuse."""
+    ranks = op.arg("group_ranks")
+    size = group_size(op)
+    if size == 1:
+        return replace(kernel, link=NO_LINK)
+    if cluster is None:
+        unpriced.append(size)
+        return kernel
+    if not isinstance(ranks, (list, tuple)) or len(ranks) != size:
+        raise ValueError(
+            f"op {op.index} ({op.name}) has no recorded group ranks (group_ranks={ranks!r}); "
+            "trace it again with this torchroof, which records each collective's group"
+        )
+    net = collective_time(collective_kind(op), message_bytes(op), ranks, cluster)
+    wire = {cluster.intra_node.kind: round(net.intra_node_bytes_per_rank)}
+    wire[NETWORK] = round(net.network_bytes_per_rank)
+    return replace(
+        kernel,
+        time_s=max(hbm.memory_s, net.time_s),
+        bound="network" if net.time_s >= hbm.memory_s else "memory",
+        link=net.link,
+        wire_by_link={link: sent for link, sent in wire.items() if sent},
+        network_s=net.time_s,
+    )
+
+
+def _needs_cluster(count: int, largest: int, spec: HardwareSpec) -> str:
+    """Why a step with collectives cannot be priced on ``spec`` alone, and where it can."""
+    clusters = [c.name for c in available_clusters() if c.accelerator.name == spec.name]
+    where = (
+        f"price it on a cluster: {', '.join(clusters)}"
+        if clusters
+        else f"price it on a cluster of {spec.name} (none ships: write a cluster TOML, "
+        "as hardware/clusters/*.toml)"
+    )
+    plural = "s" if count > 1 else ""
+    return f"this step has {count} collective{plural} over groups of up to {largest} ranks: {where}"
+
+
+def _scheduled(
+    timed: list[KernelEstimate],
+    kernels: list[Kernel],
+    ops: list[OpRecord],
+    pricing: PricingOptions,
+) -> tuple[list[KernelEstimate], float]:
+    """The kernels with their start, stream and exposed communication, and the step time,
+    from the two-stream schedule (:mod:`torchroof.schedule`)."""
+    tasks = tasks_of(kernels, [k.time_s for k in timed], ops)
+    laid = schedule(tasks, overlap=pricing.overlap_communication)
+    placed = [
+        replace(k, start_s=start, stream=task.stream, exposed_s=exposed)
+        for k, task, start, exposed in zip(timed, tasks, laid.start_s, laid.exposed_s, strict=True)
+    ]
+    return placed, laid.step_time_s
+
+
+def _link_ridges(cluster: ClusterSpec | None, reference_peak: float) -> dict[str, float]:
+    """FLOPs per byte crossing each of the cluster's links at which it stops binding: the
+    step's reference peak over the link's line rate (seed 000 "The next wall", Table 4;
+    ClusterSpec.link_ridges at the step's dtype)."""
+    if cluster is None:
+        return {}
+    return {k: reference_peak / link.line_bytes_per_s.value for k, link in cluster.links().items()}
 
 
 def _add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

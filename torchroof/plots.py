@@ -96,9 +96,7 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
     ax.set_ylabel("attained FLOP/s (roofline)")
-    ax.set_title(
-        f"{est.metadata.get('model', '')} on {spec.display_name} (HBM {beta / 1e12:.2f} TB/s)"
-    )
+    ax.set_title(f"{est.facts.model} on {spec.display_name} (HBM {beta / 1e12:.2f} TB/s)")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     return _save(fig, path)
@@ -147,7 +145,7 @@ def sweep_plot(sweep: Any, path: str | Path) -> Path:
                 ax.axvline(value, color=colour, ls=":", label=f"{label}: {value:.0f}")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(
-        f"{sweep.points[0].estimate.metadata.get('model', '')} "
+        f"{sweep.points[0].estimate.facts.model} "
         f"{sweep.points[0].estimate.workload.get('regime', '')} sweep"
     )
     return _save(fig, path)

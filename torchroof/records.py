@@ -233,11 +233,14 @@ def _args_from_json(value: Any) -> Any:
     return value
 
 
-AssumptionKind = Literal["scalar", "routing"]
-ASSUMPTION_KINDS: tuple[AssumptionKind, ...] = ("scalar", "routing")
-"""What capture invented: ``scalar``, a ``Tensor.item()`` answer (a mask check, a step
-count); ``routing``, which tokens a data-dependent op selects (``nonzero``, a boolean mask,
-``tolist()`` of expert counts): the balanced-routing answer of :mod:`torchroof.routing`."""
+AssumptionKind = Literal["scalar", "routing", "selection"]
+ASSUMPTION_KINDS: tuple[AssumptionKind, ...] = ("scalar", "routing", "selection")
+"""What capture invented: ``scalar``, a ``Tensor.item()`` / ``tolist()`` answer (a mask
+check, a step count); ``routing``, which tokens an expert router selects (``nonzero`` or a
+boolean mask of a one-hot of expert indices, ``tolist()`` of expert counts): the
+balanced-routing answer of :mod:`torchroof.routing`; ``selection``, any other
+data-dependent selection (a vocabulary shard's out-of-range tokens), answered with every
+row selected."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from torchroof import analysis
+from torchroof.analysis import communication, network_intensity
 from torchroof.records import PHASES, TOP_LEVEL
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
     from torchroof.compare import Comparison, Sweep
-    from torchroof.report import Estimate, LayerRow
+    from torchroof.report import Estimate, KernelEstimate, LayerRow
 
 # Byte categories, in the order reports show them, and their column labels.
 CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
@@ -57,8 +59,8 @@ def _step_intensity(est: Estimate) -> str:
 
 
 def estimate_label(est: Estimate) -> str:
-    """Short name of how an estimate was made (hardware and kernel policies)."""
-    parts = [est.hardware, str(est.options.get("fusion", "eager"))]
+    """Short name of how an estimate was made (hardware or cluster, and kernel policies)."""
+    parts = [est.cluster or est.hardware, str(est.options.get("fusion", "eager"))]
     for key, default in (("loss", "materialized"), ("attention", "flash")):
         value = est.options.get(key, default)
         if value != default:
@@ -72,21 +74,26 @@ def layer_table(
     est: Estimate, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
 ) -> str:
     """The per-layer time budget (seed 000 Lab 4), a column per phase when the step has more
-    than one and per byte category when it moves more than one; ``collapse`` sums runs of
-    identical consecutive blocks into one row."""
+    than one, per byte category when it moves more than one, and the communication the
+    compute stream waited on when the step communicates (torchroof.schedule); ``collapse``
+    sums runs of identical consecutive blocks into one row."""
     phases = [p for p in PHASES if est.phase_time_s(p) > 0]
     split = len(phases) > 1
     step_traffic = est.traffic()
     categories = [c for c in CATEGORIES if step_traffic.get(c)]
+    communicates = est.step_time_s is not None
     headers = ["layer", "kernels", "GFLOP", "MB", "FLOP/B", "time ms"]
     if split:
         headers += [f"{p} ms" for p in phases]
+    if communicates:
+        headers.append("exposed comm ms")
     if len(categories) > 1:
         headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
     else:
         categories = []
     headers += ["share %", "bound"]
-    total = est.time_s or 1.0
+    # shares of the kernels' summed time (the step's own, without communication overlap)
+    total = sum(k.time_s for k in est.kernels) or 1.0
     body = []
     for row in est.rows(depth, collapse=collapse):
         line: list[Any] = [
@@ -99,6 +106,8 @@ def layer_table(
         ]
         if split:
             line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
+        if communicates:
+            line.append(_ms(row.exposed_communication_s))
         line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
         line += [f"{100 * row.time_s / total:.1f}", row.bound]
         body.append(line)
@@ -112,10 +121,18 @@ def layer_table(
     ]
     if split:
         footer += [_ms(est.phase_time_s(p)) for p in phases]
+    if communicates:
+        footer.append(_ms(communication(est).exposed_s))
     footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
     footer += ["100.0", f"{100 * est.memory_bound_share:.0f}% mem"]
     body.append(footer)
     return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _bound(kernel: KernelEstimate) -> str:
+    """The bound, naming the boundary for a collective (seed 000: "name the boundary every
+    time you name the bound"): ``network (nvlink)``."""
+    return f"network ({kernel.link})" if kernel.bound == "network" else kernel.bound
 
 
 def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
@@ -131,7 +148,7 @@ def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
             f"{k.bytes / 1e6:.2f}",
             _intensity(k.intensity),
             f"{k.time_s * 1e6:.1f}",
-            k.bound,
+            _bound(k),
             _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
         ]
         for k in ranked
@@ -219,11 +236,13 @@ def coverage_line(est: Estimate) -> str:
 
 
 def summary(est: Estimate) -> str:
-    """The step in a few lines: hardware, time (by phase), work and traffic, MFU, bytes by
-    category, throughput, the decode figures, memory fit, on-chip pressure, coverage and
-    every assumption the estimate rests on."""
+    """The step in a few lines: hardware (and cluster), time (by phase), communication
+    (exposed, hidden, by link, network intensity) when the step has collectives, work and
+    traffic, MFU, bytes by category, throughput, the decode figures, memory fit, on-chip
+    pressure, coverage and every assumption the estimate rests on."""
+    cluster = f" in cluster {est.cluster} (one rank priced)" if est.cluster else ""
     lines = [
-        f"hardware: {est.hardware_display} ({est.hardware}), "
+        f"hardware: {est.hardware_display} ({est.hardware}){cluster}, "
         f"HBM {est.hbm_bytes_per_s / 1e12:.2f} TB/s, "
         f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
         f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
@@ -231,6 +250,8 @@ def summary(est: Estimate) -> str:
     phases = [p for p in PHASES if est.phase_time_s(p) > 0]
     if len(phases) > 1:
         lines.append("by phase: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
+    if est.step_time_s is not None:
+        lines += communication_lines(est)
     lines += [
         f"work: {est.flops / 1e12:.3f} TFLOP, traffic: {est.bytes / 1e9:.3f} GB, "
         f"intensity {_step_intensity(est)} FLOP/B",
@@ -247,7 +268,14 @@ def summary(est: Estimate) -> str:
             )
         )
     if est.tokens_per_s:
-        lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
+        world, _ = analysis.ranks(est)
+        if world > 1:
+            lines.append(
+                f"throughput: {analysis.tokens_per_s_per_gpu(est):,.1f} tokens/s per GPU, "
+                f"{analysis.cluster_tokens_per_s(est):,.1f} tokens/s over the {world} GPUs"
+            )
+        else:
+            lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
     step = regime(est.workload["regime"]) if est.workload.get("regime") else None
     if step is not None:
         lines += step.summary(est)
@@ -264,6 +292,32 @@ def summary(est: Estimate) -> str:
     lines.append(coverage_line(est))
     lines += [f"assumption: {a}" for a in est.assumptions]
     return "\n".join(lines)
+
+
+def communication_lines(est: Estimate) -> list[str]:
+    """The step's communication (torchroof.schedule): its time on the communication stream,
+    the part the compute stream waited on (exposed, as a share of the step) and the part
+    hidden behind compute, the collectives' time by link; then each link's network
+    intensity against its ridge (seed 000 "The next wall": hides iff I_net >= pi/beta)."""
+    comm = communication(est)
+    links = ", ".join(f"{link} {_ms(s)} ms" for link, s in comm.by_link_s.items())
+    copies = f", FSDP copies {_ms(comm.copies_s)} ms" if comm.copies_s else ""
+    lines = [
+        f"communication: {_ms(comm.time_s)} ms on the communication stream, "
+        f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the step), "
+        f"hidden behind compute: {_ms(comm.hidden_s)} ms; links: {links}{copies}"
+    ]
+    intensity = network_intensity(est)
+    if intensity:
+        lines.append(
+            "network intensity (step FLOPs per byte a rank sends): "
+            + ", ".join(
+                f"{link} {li.intensity:,.0f} FLOP/B vs ridge {li.ridge:,.0f} "
+                f"({'above: can hide' if li.hides else 'below: the link binds unless hidden'})"
+                for link, li in intensity.items()
+            )
+        )
+    return lines
 
 
 def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchroof import analysis
 from torchroof.memory import MemoryFootprint
-from torchroof.records import PHASES, layer_key
+from torchroof.records import PHASES, StepFacts, layer_key
 
 __all__ = [
     "ESTIMATE_FORMAT_VERSION",
@@ -54,10 +54,28 @@ class KernelEstimate:
     read_by: dict[str, int] = field(default_factory=dict)  # bytes read, by category
     written_by: dict[str, int] = field(default_factory=dict)  # bytes written, by category
     flags: tuple[str, ...] = ()  # warnings, e.g. a fused group past the on-chip budget
+    # A multi-GPU step (torchroof.pipeline.time_collective, torchroof.schedule); the
+    # defaults are a single-GPU kernel's, so estimates saved before these fields load.
+    link: str = ""  # a collective's boundary: nvlink / xgmi / network / hierarchical / none
+    wire_by_link: dict[str, int] = field(default_factory=dict)  # bytes one rank sends, by link
+    network_s: float = 0.0  # a collective's alpha + wire bytes / beta
+    stream: str = "compute"  # "communication" for collectives and the copies feeding them
+    start_s: float | None = None  # on the two-stream schedule; None when nothing was laid
+    exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
 
     @property
     def bytes(self) -> int:
         return self.bytes_read + self.bytes_written
+
+    @property
+    def communication(self) -> bool:
+        """Runs on the communication stream (a collective, or a copy feeding one)."""
+        return self.stream == "communication" or self.unit == "network"
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes one rank sends over every link."""
+        return sum(self.wire_by_link.values())
 
     @property
     def traffic(self) -> dict[str, int]:
@@ -94,6 +112,9 @@ class LayerRow:
     memory_bound_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     traffic: dict[str, int] = field(default_factory=dict)
+    # communication kernels' time the compute stream waited on, and the rest (overlapped)
+    exposed_communication_s: float = 0.0
+    hidden_communication_s: float = 0.0
 
     def add(self, kernel: KernelEstimate) -> None:
         self.kernels += 1
@@ -101,7 +122,10 @@ class LayerRow:
         self.bytes += kernel.bytes
         self.time_s += kernel.time_s
         self.phase_s[kernel.phase] = self.phase_s.get(kernel.phase, 0.0) + kernel.time_s
-        if kernel.bound == "memory":
+        if kernel.communication:
+            self.exposed_communication_s += kernel.exposed_s
+            self.hidden_communication_s += kernel.time_s - kernel.exposed_s
+        elif kernel.bound == "memory":
             self.memory_bound_s += kernel.time_s
         for category, size in kernel.traffic.items():
             self.traffic[category] = self.traffic.get(category, 0) + size
@@ -113,6 +137,8 @@ class LayerRow:
         self.bytes += other.bytes
         self.time_s += other.time_s
         self.memory_bound_s += other.memory_bound_s
+        self.exposed_communication_s += other.exposed_communication_s
+        self.hidden_communication_s += other.hidden_communication_s
         for phase, seconds in other.phase_s.items():
             self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
         for category, size in other.traffic.items():
@@ -123,9 +149,20 @@ class LayerRow:
         return self.flops / self.bytes if self.bytes else float("inf")
 
     @property
+    def communication_s(self) -> float:
+        """Time of the row's communication kernels, exposed or not."""
+        return self.exposed_communication_s + self.hidden_communication_s
+
+    @property
     def bound(self) -> str:
-        """The pipe most of this row's time waits on."""
-        return "memory" if self.memory_bound_s * 2 >= self.time_s else "compute"
+        """The pipe that holds most of this row's kernel time: memory (memory-bound compute
+        kernels), the network (its communication kernels) or compute; a tie goes to memory."""
+        if not self.communication_s:
+            return "memory" if self.memory_bound_s * 2 >= self.time_s else "compute"
+        compute_s = self.time_s - self.memory_bound_s - self.communication_s
+        if self.memory_bound_s >= max(self.communication_s, compute_s):
+            return "memory"
+        return "network" if self.communication_s >= compute_s else "compute"
 
 
 def _block_index(name: str) -> tuple[str, int] | None:
@@ -192,7 +229,8 @@ def merge_stacks(rows: list[LayerRow]) -> list[LayerRow]:
 
 @dataclass
 class Estimate:
-    """A step priced on one accelerator. Internal units: FLOPs, bytes, seconds."""
+    """A step priced on one accelerator, or on one rank of a cluster (``cluster``: its name;
+    None for one GPU). Internal units: FLOPs, bytes, seconds."""
 
     hardware: str
     hardware_display: str
@@ -204,12 +242,19 @@ class Estimate:
     uncounted: dict[str, int]
     assumptions: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    facts: StepFacts = field(default_factory=StepFacts)  # what the traced step was
     memory: MemoryFootprint | None = None
+    cluster: str | None = None
+    link_ridges: dict[str, float] = field(default_factory=dict)  # FLOP/B, per cluster link
+    step_time_s: float | None = None  # the two-stream schedule's, when the step communicates
 
     # -- totals ---------------------------------------------------------------------------
     @property
     def time_s(self) -> float:
+        """The step time: the two-stream schedule's last end when the step has collectives
+        (torchroof.schedule), else the kernels' times summed (they run back to back)."""
+        if self.step_time_s is not None:
+            return self.step_time_s
         return sum(k.time_s for k in self.kernels)
 
     @property
@@ -234,7 +279,12 @@ class Estimate:
 
     @property
     def workload(self) -> dict[str, Any]:
-        return self.metadata.get("workload", {})
+        return self.facts.workload
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The step's facts as saved (only the fields that are set)."""
+        return self.facts.to_dict()
 
     # -- grouping -------------------------------------------------------------------------
     def rows(self, depth: int | None = None, collapse: bool = False) -> list[LayerRow]:
@@ -281,6 +331,12 @@ class Estimate:
     @property
     def kv_crossover_batch(self) -> float:
         return analysis.kv_crossover_batch(self)
+
+    def communication(self) -> analysis.Communication:
+        return analysis.communication(self)
+
+    def network_intensity(self) -> dict[str, analysis.LinkIntensity]:
+        return analysis.network_intensity(self)
 
     # -- renderings: torchroof.render_text, kept so est.table() and est.summary() work ----
     @property
@@ -342,8 +398,11 @@ class Estimate:
             "uncounted": self.uncounted,
             "assumptions": self.assumptions,
             "options": self.options,
-            "metadata": self.metadata,
+            "metadata": self.facts.to_dict(),
             "memory": self.memory.to_dict() if self.memory else None,
+            "cluster": self.cluster,
+            "link_ridges": self.link_ridges,
+            "step_time_s": self.step_time_s,
             "totals": {
                 "time_s": self.time_s,
                 "flops": self.flops,
@@ -373,8 +432,11 @@ class Estimate:
             uncounted=data["uncounted"],
             assumptions=data["assumptions"],
             options=data["options"],
-            metadata=data["metadata"],
+            facts=StepFacts.from_dict(data["metadata"]),
             memory=MemoryFootprint(**data["memory"]) if data.get("memory") else None,
+            cluster=data.get("cluster"),
+            link_ridges=data.get("link_ridges", {}),
+            step_time_s=data.get("step_time_s"),
         )
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -77,6 +77,9 @@ def _numel(t: torch.Tensor) -> int:
     return max(int(t.numel()), 1)
 
 
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
 class Means:
     """Mean value per meta tensor, where routing code made it knowable."""
 
@@ -148,9 +151,10 @@ class Means:
             return int(mask.numel())
         return min(int(mask.numel()), math.ceil(mask.numel() * mean - 1e-9))
 
-    def tolist(self, tensor: torch.Tensor, neutral: Any) -> tuple[Any, str]:
+    def tolist(self, tensor: torch.Tensor, neutral: Any) -> tuple[Any, str, bool]:
         """Nested list for ``tensor.tolist()``: a count tensor split evenly so that it sums
-        to its total (tokens·top_k for per-expert counts); otherwise ``neutral`` everywhere."""
+        to its total (tokens·top_k for per-expert counts); otherwise ``neutral`` everywhere.
+        The flag says which (True: a routing answer)."""
         shape = tuple(tensor.shape)
         n = int(tensor.numel())
         mean = self.mean(tensor)
@@ -162,14 +166,14 @@ class Means:
         else:
             flat = [neutral] * n
             how = f"{neutral!r} everywhere"
-        return _nest(flat, shape), how
+        return _nest(flat, shape), how, mean is not None
 
     def bool_indices(self, indices: list[Any]) -> tuple[list[Any], int | None]:
         """Boolean masks in an index list replaced by the long indices ``nonzero`` gives."""
         out: list[Any] = []
         rows = None
         for index in indices:
-            if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            if isinstance(index, torch.Tensor) and index.dtype in _MASK_DTYPES:
                 rows = self.nonzero_rows(index)
                 out.extend(
                     torch.empty(rows, dtype=torch.long, device=index.device)
@@ -191,14 +195,20 @@ def _nest(flat: list[Any], shape: tuple[int, ...]) -> Any:
 
 def answer(
     means: Means, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, str]:
-    """Run a data-dependent op on meta with the balanced answer; (output, what was assumed)."""
+) -> tuple[Any, str, bool]:
+    """Run a data-dependent op on meta with the balanced answer; (output, what was assumed,
+    whether the answer is a routing one). A mask whose mean routing code made knowable (a
+    one-hot of expert indices) is answered balanced: routing. Any other mask (a vocabulary
+    shard's out-of-range tokens, a padding mask) selects every row, the upper bound."""
     if func is aten.nonzero.default:
         mask = args[0]
         rows = means.nonzero_rows(mask)
         out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
         means.mark_index(out)
-        return out, f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
+        what = f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
+        return out, what, means.mean(mask) is not None
+    masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES]
     indices, rows = means.bool_indices(list(args[1]))
     out = func(args[0], indices, *args[2:], **kwargs)
-    return out, f"boolean mask indexing answered {rows} selected rows"
+    routed = any(means.mean(m) is not None for m in masks)
+    return out, f"boolean mask indexing answered {rows} selected rows", routed

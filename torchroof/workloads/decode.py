@@ -14,6 +14,7 @@ from torchroof.models import model_dtype
 from torchroof.records import Trace
 from torchroof.workloads.inference import inference_step
 from torchroof.workloads.inputs import kv_shape
+from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> T
 
 
 def label(model: str, w: Workload) -> str:
-    return f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
+    label = f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
+    return label + plan_label(w)
 
 
 def sweep_summary(result: Any, over: str, w: Workload) -> list[str]:

@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
+from torchroof.capture import local_shard
 from torchroof.errors import WorkloadError
 from torchroof.mla import mla_layers
+from torchroof.parallel import KV_HEADS_PER_RANK
 
 
 # -- inference ------------------------------------------------------------------------------
@@ -24,7 +26,9 @@ def text_config(model: torch.nn.Module) -> Any:
 
 
 def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
-    """(KV heads, head dim) from the config; a clear error when the config lacks them."""
+    """(KV heads, head dim) from the config, the KV heads one rank holds when the model is
+    tensor-parallel (:func:`torchroof.parallel.apply_tensor_parallel` records them); a
+    clear error when the config lacks them."""
     text = text_config(model)
     heads = getattr(text, "num_attention_heads", None)
     hidden = getattr(text, "hidden_size", None)
@@ -35,7 +39,7 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
         )
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return kv_heads, head_dim
+    return getattr(model, KV_HEADS_PER_RANK, kv_heads), head_dim
 
 
 def random_ids(model: torch.nn.Module, batch: int, length: int, device: str) -> torch.Tensor:
@@ -43,11 +47,19 @@ def random_ids(model: torch.nn.Module, batch: int, length: int, device: str) -> 
     return torch.randint(0, model.config.vocab_size, (batch, length), device=device)
 
 
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where the step's inputs are made: the device of the model's (local) parameters,
+    meta, or CPU fake tensors for a model sharded by FSDP (which refuses meta)."""
+    param = next(model.parameters(), None)
+    return local_shard(param).device if param is not None else torch.device("meta")
+
+
 def token_ids(model: torch.nn.Module, batch: int, length: int) -> torch.Tensor:
-    """Input ids on meta: [batch, length], or [batch · codebooks, length] for a decoder over
-    parallel audio codebooks (MusicGen)."""
+    """Input ids on the model's device (:func:`input_device`): [batch, length], or
+    [batch · codebooks, length] for a decoder over parallel audio codebooks (MusicGen)."""
     codebooks = getattr(getattr(model, "config", None), "num_codebooks", None) or 1
-    return torch.zeros(batch * codebooks, length, dtype=torch.long, device="meta")
+    device = input_device(model)
+    return torch.zeros(batch * codebooks, length, dtype=torch.long, device=device)
 
 
 def labels_for(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

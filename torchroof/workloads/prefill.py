@@ -12,6 +12,7 @@ from torchroof.models import model_dtype
 from torchroof.records import Trace
 from torchroof.workloads.inference import inference_step
 from torchroof.workloads.inputs import random_ids
+from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def trace_prefill(models: Mapping[str, torch.nn.Module], workload: Workload) -> 
 
 
 def label(model: str, w: Workload) -> str:
-    return f"{model} prefill, batch {w.batch} x {w.seq} tokens, {w.dtype}"
+    return f"{model} prefill, batch {w.batch} x {w.seq} tokens, {w.dtype}" + plan_label(w)
 
 
 def real_step(

@@ -15,6 +15,7 @@ import torch
 
 from torchroof.errors import WorkloadError
 from torchroof.records import Trace
+from torchroof.workloads.parallel_step import parallel_program
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def run_workload(
             f"the {step.name} regime runs the models {', '.join(step.roles)}; "
             f"given {', '.join(given) or 'none'}"
         )
-    trace = step.trace(given, workload)
+    with parallel_program(given[TARGET], workload):  # rank 0 of the plan; one GPU: as is
+        trace = step.trace(given, workload)
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:
         trace.facts.build_note = note

@@ -4,18 +4,20 @@ and "Optimizers as memory workloads")."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.capture import Capture
+from torchroof.capture import Capture, local_shard
 from torchroof.errors import WorkloadError
 from torchroof.models import model_dtype
 from torchroof.records import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
+from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -68,12 +70,14 @@ def _allocate_state(params: list[torch.Tensor], workload: Workload) -> _Optimize
     return _OptimizerState(params, masters, grads, states, steps)
 
 
-def _fused_step(capture: Capture, state: _OptimizerState, workload: Workload) -> None:
-    """One fused kernel over every parameter: reads weights, gradients and state once,
-    writes weights and state once (and the bf16 weights from the fp32 masters when mixed)."""
+def _fused_step(
+    capture: Capture, state: _OptimizerState, grads: list[torch.Tensor], workload: Workload
+) -> None:
+    """One fused kernel over every parameter this rank holds: reads weights, ``grads`` and
+    state once, writes weights and state once (and the bf16 weights from the fp32 masters
+    when mixed)."""
     flops, _ = FUSED_OPTIMIZERS[workload.optimizer]
     mixed = workload.precision == "mixed"
-    grads = state.grads if mixed else [p.grad for p in state.params]
     capture.record_synthetic(
         "torchroof.fused_optimizer_step.default",
         {
@@ -136,9 +140,23 @@ class _MuonWithAdamW:
 
 
 def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Trace:
-    """Forward, cross-entropy on labels, the real autograd backward and a steady-state
-    optimizer step (state already allocated), all traced."""
+    """``microbatches`` forward passes, cross-entropy on labels and real autograd backward
+    passes (gradients accumulate), then one steady-state optimizer step (state already
+    allocated), all traced.
+
+    On a parallel plan (issue 13) the step is rank 0's: the optimizer updates the local
+    shards (a DTensor parameter's ``to_local()``), its state is allocated at their shapes,
+    and FSDP2 reduce-scatters each micro-batch's gradients, as torchtitan's trainer does
+    (it leaves gradient sync on); ``defer_gradient_sync`` turns it off before all but the
+    last micro-batch (``set_requires_gradient_sync(False)``): one reduction per step, the
+    unsharded gradients held between micro-batches."""
     model = models[TARGET]
+    if workload.optimizer in TRACED_OPTIMIZERS and workload.parallel_plan.world > 1:
+        raise WorkloadError(
+            f"the {workload.optimizer} optimizer is not yet traced on sharded parameters: its "
+            "update reads whole matrices (row and column statistics, Newton-Schulz), which a "
+            "rank's shard is not; use " + ", ".join(FUSED_OPTIMIZERS)
+        )
     model.train()
     if workload.checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable") and not hasattr(
@@ -152,7 +170,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
-    state = _allocate_state(params, workload)
+    state = _allocate_state([local_shard(p) for p in params], workload)
     opt = None
     if workload.optimizer in TRACED_OPTIMIZERS:
         opt = _make_torch_optimizer(workload, state, names)
@@ -176,25 +194,67 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
                 opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt),
                 "optimizer_state",
             )
-        loss = _loss(model, ids)
-        loss.backward()
-        grads = [p.grad for p in params if p.grad is not None]
+        for micro in range(workload.microbatches):
+            last = micro == workload.microbatches - 1
+            with _gradient_sync(model, on=last or not workload.defer_gradient_sync):
+                _loss(model, ids).backward()
+            if workload.precision == "mixed":
+                # bf16 gradients are accumulated into the fp32 main gradients the optimizer
+                # reads (Megatron-style), once per micro-batch; they are transient, so only
+                # the fp32 ones are held.
+                with capture.phase("backward", "gradient accumulation"), torch.no_grad():
+                    grads = _local_grads(params)
+                    capture.mark(grads, "gradients", count_bytes=False)
+                    torch._foreach_add_(state.grads, grads)
+                for p in params:
+                    p.grad = None
         if workload.precision == "mixed":
-            # bf16 gradients are accumulated into the fp32 main gradients the optimizer
-            # reads (Megatron-style); they are transient, so only the fp32 ones are held.
-            capture.mark(grads, "gradients", count_bytes=False)
-            with capture.phase("backward", "gradient accumulation"), torch.no_grad():
-                torch._foreach_add_(state.grads, grads)
+            grads = state.grads
         else:
-            capture.mark(grads, "gradients")
+            capture.mark([p.grad for p in params if p.grad is not None], "gradients")
+            with capture.phase("backward", "gradient layout"), torch.no_grad():
+                grads = _local_grads(params)
+            capture.mark(grads, "gradients", count_bytes=False)  # a redistributed copy
         if opt is None:
-            _fused_step(capture, state, workload)
+            _fused_step(capture, state, grads, workload)
         else:
             _traced_step(capture, state, workload, opt)
     trace.facts.optimizer = workload.optimizer
     trace.facts.precision = workload.precision
     trace.facts.parameters = sum(p.numel() for p in params)
     return trace
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """FSDP2 reduces gradients after this backward (``on``) or accumulates them unsharded;
+    a model FSDP does not shard always has its gradients where the optimizer reads them."""
+    set_sync = getattr(model, "set_requires_gradient_sync", None)
+    if set_sync is None or on:
+        yield
+        return
+    set_sync(False)
+    try:
+        yield
+    finally:
+        set_sync(True)
+
+
+def _local_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients this rank updates its parameters with: each parameter's, its local
+    shard when sharded. A gradient laid out otherwise than its parameter (transformers'
+    vocabulary-parallel embedding leaves a replicated one) is redistributed to the
+    parameter's placements first, as a DTensor optimizer does (a slice, copied)."""
+    grads = []
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        placements = getattr(p, "placements", None)
+        if placements is not None and getattr(grad, "placements", placements) != placements:
+            grad = grad.redistribute(p.device_mesh, placements)
+        grads.append(local_shard(grad))
+    return grads
 
 
 def _state_of(opt: Any) -> list[torch.Tensor]:
@@ -228,9 +288,11 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def label(model: str, w: Workload) -> str:
-    label = f"{model} train, batch {w.batch} x {w.seq} tokens, {w.optimizer}, "
-    label += f"{w.precision} precision"
-    return label + (", activation checkpointing" if w.checkpointing else "")
+    label = f"{model} train, batch {w.batch} x {w.seq} tokens"
+    label += f" x {w.microbatches} micro-batches" if w.microbatches > 1 else ""
+    label += f", {w.optimizer}, {w.precision} precision"
+    label += ", activation checkpointing" if w.checkpointing else ""
+    return label + plan_label(w)
 
 
 def real_step(
@@ -253,7 +315,7 @@ REGIME = Regime(
     name="train",
     help="forward, loss, backward and an optimizer step",
     trace=trace_train,
-    tokens=lambda w: w.batch * w.seq,
+    tokens=lambda w: w.batch * w.seq * w.microbatches,
     positions=lambda w: w.seq,
     compute_dtype=compute_dtype,
     label=label,

@@ -1,0 +1,332 @@
+"""Workloads across GPUs (issue 13 items 2, 5, 6): ``tp``, ``fsdp``, ``dp`` and
+``microbatches`` given to ``trace_model`` trace rank 0 of the real parallel program through
+the prefill, decode and train regimes; roles and the footprint are per rank.
+
+The model is test_parallel.py's tiny Llama: 2 layers, d = 256, 4 heads of 64 (2 KV heads),
+MLP 512, vocab 1024, bf16; B = 2 sequences of T = 16 tokens. Every expected number is
+derived beside its assertion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from torchroof.counters import cost_of, kind_of
+from torchroof.counters.collectives import collective_kind, message_bytes, wire_bytes
+from torchroof.hardware.cluster import get_cluster
+from transformers import GPT2Config, LlamaConfig
+
+import torchroof
+from torchroof.memory import MemoryFootprint, footprint
+from torchroof.options import Workload, WorkloadError
+from torchroof.records import OpRecord, Trace
+
+CONFIG = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=1024,
+    num_hidden_layers=2,
+)
+B, T, D, V = 2, 16, 256, 1024
+BF16 = 2  # bytes
+# One decoder layer: q, o 256x256 + k, v 256x128 + gate, up, down 3 x 256x512 + 2 norms of 256
+LAYER_PARAMS = 2 * 65_536 + 2 * 32_768 + 3 * 131_072 + 2 * 256  # 590,336
+NORM_PARAMS = 2 * 2 * 256 + 256  # two per layer and the final one: 1,280, never TP-sharded
+PARAMS = 2 * LAYER_PARAMS + 2 * V * D + 256  # + embedding + LM head + final norm: 1,705,216
+
+
+def _config(**overrides: int) -> LlamaConfig:
+    return LlamaConfig(**{**CONFIG, **overrides})
+
+
+def _trace(regime: str, config: LlamaConfig | None = None, **knobs) -> Trace:
+    knobs = {"batch": B, "seq": T, **knobs}
+    return torchroof.trace_model(config or _config(), regime, **knobs)
+
+
+def _collectives(trace: Trace, kind: str) -> list[OpRecord]:
+    return [
+        op for op in trace.ops if kind_of(op.packet) == "collective" and collective_kind(op) == kind
+    ]
+
+
+def _gemm_flops(trace: Trace, phase: str | None = None) -> int:
+    return sum(
+        cost_of(op).flops
+        for op in trace.ops
+        if kind_of(op.packet) == "matmul" and (phase is None or op.phase == phase)
+    )
+
+
+@pytest.fixture(scope="module")
+def train_fsdp4() -> Trace:
+    return _trace("train", fsdp=4)
+
+
+# -- tensor parallel: FLOPs and memory per rank ----------------------------------------------
+
+
+def test_tp8_gemm_flops_per_rank_are_an_eighth_of_one_gpu():
+    # 8 heads and 8 KV heads of 32, so each of 8 ranks holds whole heads
+    config = _config(num_attention_heads=8, num_key_value_heads=8)
+    # prefill, N = B*T = 32 tokens: q, k, v, o 4 x 2*32*256*256 = 16,777,216; the MLP
+    # 3 x 2*32*256*512 = 25,165,824; x 2 layers = 83,886,080; the LM head over the last
+    # token of each sequence 2*2*256*1024 = 1,048,576: 84,934,656
+    one = _trace("prefill", config)
+    eight = _trace("prefill", config, tp=8)
+    assert _gemm_flops(one) == 84_934_656
+    assert _gemm_flops(eight) * 8 == _gemm_flops(one)  # 10,616,832
+    # train: forward 2*32*(4*256^2 + 3*256*512)*2 layers + 2*32*256*1024 LM head
+    # = 100,663,296; backward twice that; per rank an eighth of each
+    one, eight = _trace("train", config), _trace("train", config, tp=8)
+    assert _gemm_flops(one, "forward") == 100_663_296
+    assert _gemm_flops(one, "backward") == 201_326_592
+    assert _gemm_flops(eight, "forward") == 100_663_296 // 8
+    assert _gemm_flops(eight, "backward") == 201_326_592 // 8
+
+
+def test_tp_decode_cache_holds_the_local_kv_heads():
+    # 2 KV heads at tp=2: one per rank. K and V, 2 layers, B = 2, 17 slots (16 cached + the
+    # new token), 64 wide, 2 B: 2*2*2*17*64*2 = 34,816 on one GPU, 17,408 per rank
+    for cache in ("static", "dynamic"):
+        one = _trace("decode", context=16, cache=cache)
+        two = _trace("decode", context=16, cache=cache, tp=2)
+        assert one.role_bytes["kv_cache"] == 34_816
+        assert two.role_bytes["kv_cache"] == 34_816 // 2
+    # the attention kernel reads the rank's KV head: (B, 1, 17, 64)
+    (attention, *_) = [op for op in two.ops if kind_of(op.packet) == "attention"]
+    assert attention.inputs[1].shape[:2] == (B, 1)
+
+
+def test_tp_train_memory_per_rank():
+    trace = _trace("train", tp=2)
+    # every matrix is halved, the norms are replicated: (1,705,216 - 1,280) / 2 + 1,280
+    # = 853,248 parameters, x 2 B = 1,706,496
+    local = (PARAMS - NORM_PARAMS) // 2 + NORM_PARAMS
+    assert trace.role_bytes["weights"] == local * BF16 == 1_706_496
+    # AdamW bf16: two moments at the local shapes
+    assert trace.role_bytes["optimizer_state"] == 2 * local * BF16
+    # transformers' vocabulary-parallel embedding leaves its gradient replicated: the whole
+    # 1024 x 256 table's (524,288 B) instead of half of it
+    assert trace.role_bytes["gradients"] == local * BF16 + V * D * BF16 // 2 == 1_968_640
+    # the fused optimizer reads the local shards (the embedding's gradient sliced to them)
+    (step,) = [op for op in trace.ops if op.phase == "optimizer"]
+    assert sum(t.numel for t in step.tensors("params")) == local
+    assert sum(t.numel for t in step.tensors("grads")) == local
+
+
+# -- FSDP through the train regime ------------------------------------------------------------
+
+
+def test_fsdp_collectives_per_layer_through_the_train_regime(train_fsdp4):
+    gathers = _collectives(train_fsdp4, "all_gather")
+    scatters = _collectives(train_fsdp4, "reduce_scatter")
+    # each layer is all-gathered in forward and again in backward (resharded after
+    # forward): 590,336 elements x 2 B = 1,180,672 bytes gathered from 147,584-element
+    # shards; wire bytes (n-1)/n x S at n = 4: 885,504
+    layer = [op for op in gathers if op.inputs[0].numel == LAYER_PARAMS]
+    assert Counter(op.phase for op in layer) == {"forward": 2, "backward": 2}
+    for op in layer:
+        assert op.inputs[1].shape == (LAYER_PARAMS // 4,)
+        assert (message_bytes(op), wire_bytes(op)) == (1_180_672, 885_504)
+        assert op.arg("group_ranks") == [0, 1, 2, 3]
+    # one reduce-scatter of each layer's gradients: S = 1,180,672 in, a 295,168-byte shard out
+    layer = [op for op in scatters if op.inputs[1].numel == LAYER_PARAMS]
+    assert len(layer) == 2
+    assert {(message_bytes(op), wire_bytes(op)) for op in layer} == {(1_180_672, 885_504)}
+    assert {cost_of(op).bytes_written for op in layer} == {295_168}
+
+
+def test_fsdp_copies_around_each_layer_move_its_bytes_once(train_fsdp4):
+    """FSDP2's own copies are priced (no op of the step is left without a rule): per layer,
+    copy-in reads the 147,584-element bf16 shard and writes as much into the all-gather
+    buffer (295,168 B each way); copy-out reads the gathered 1,180,672 B and writes the
+    same into the unsharded parameters; chunk_cat packs the 1,180,672 B of unsharded
+    gradients into the reduce-scatter input."""
+    copies = [op for op in train_fsdp4.ops if op.packet.startswith("fsdp.")]
+    assert copies and all(cost_of(op).counted for op in copies)
+    shard, whole = LAYER_PARAMS // 4 * BF16, LAYER_PARAMS * BF16
+
+    def layer_costs(packet: str) -> set[tuple[int, int]]:
+        costs = {
+            (c.bytes_read, c.bytes_written)
+            for op in copies
+            if op.packet == packet
+            for c in [cost_of(op)]
+        }
+        return {pair for pair in costs if whole in pair or shard in pair}
+
+    assert (shard, shard) in layer_costs("fsdp.all_gather_copy_in")
+    assert (whole, whole) in layer_costs("fsdp.split_with_sizes_copy")
+    assert (whole, whole) in layer_costs("fsdp.chunk_cat")
+    est = torchroof.Trace.of(train_fsdp4).estimate("dgx-h100")
+    assert est.uncounted == {}
+
+
+def test_fsdp_memory_per_rank(train_fsdp4):
+    memory = footprint(train_fsdp4, 80e9, B)
+    # parameters, gradients and the two AdamW moments, each 1,705,216 / 4 = 426,304 x 2 B
+    assert memory.weights_bytes == PARAMS // 4 * BF16 == 852_608
+    assert memory.gradients_bytes == 852_608
+    assert memory.optimizer_state_bytes == 2 * 852_608
+    # unsharded layers in flight at the peak, in layer 1's backward: layer 0's all-gather
+    # buffer (prefetched), layer 1's unsharded gradients and its reduce-scatter input, each
+    # a layer's 1,180,672 B; FSDP frees unsharded parameters after use and gathers them
+    # again into the same storage, which the footprint follows
+    assert memory.layer_buffers_bytes == 3 * LAYER_PARAMS * BF16 == 3_542_016
+    # the largest micro-batch: buffers and shards fixed, activations per sequence
+    fixed = 4 * 852_608 + 3_542_016
+    per_sequence = memory.activations_peak_bytes / B
+    assert memory.max_batch == int((80e9 - fixed) // per_sequence)
+
+
+def test_reshard_after_forward_off_keeps_layers_gathered():
+    trace = _trace("train", fsdp=4, reshard_after_forward=False)
+    assert {op.phase for op in _collectives(trace, "all_gather")} == {"forward"}
+    memory = footprint(trace, 80e9, B)
+    # ZeRO-2-like: at the peak (the LM head's backward) both layers' unsharded parameters
+    # (2 x 1,180,672), the LM head's and the final norm's (262,400 x 2 B) and the LM head's
+    # unsharded gradient (262,144 x 2 B) are alive: 3,410,432 B (the embedding's was freed
+    # after its forward: its backward reads no weight)
+    assert memory.layer_buffers_bytes == (2 * LAYER_PARAMS + 262_400 + 262_144) * BF16
+
+
+def test_hsdp_reduce_scatters_then_all_reduces_across_replicas():
+    trace = _trace("train", dp=2, fsdp=2)
+    # mesh (dp, fsdp) = (2, 2): parameters sharded over ranks [0, 1], replicated over [0, 2]
+    assert {tuple(op.arg("group_ranks")) for op in _collectives(trace, "all_gather")} == {(0, 1)}
+    reduces = _collectives(trace, "all_reduce")
+    assert {tuple(op.arg("group_ranks")) for op in reduces} == {(0, 2)}
+    # a layer's gradient shard, 590,336 / 2 x 2 B = 590,336 B, all-reduced: 2(n-1)/n = 1
+    layer = [op for op in reduces if op.inputs[0].numel == LAYER_PARAMS // 2]
+    assert [(message_bytes(op), wire_bytes(op)) for op in layer] == [(590_336, 590_336)] * 2
+    assert trace.role_bytes["weights"] == PARAMS // 2 * BF16
+
+
+# -- gradient accumulation -----------------------------------------------------------------
+
+
+def test_microbatches_run_forward_and_backward_each_then_one_optimizer_step():
+    one, four = _trace("train"), _trace("train", microbatches=4)
+    # forward GEMMs 2*32*(2*256^2 + 2*256*128 + 3*256*512)*2 layers + 2*32*256*1024
+    # = 92,274,688 per micro-batch
+    assert _gemm_flops(one, "forward") == 92_274_688
+    assert _gemm_flops(four, "forward") == 4 * 92_274_688
+    assert _gemm_flops(four, "backward") == 4 * _gemm_flops(one, "backward")
+    assert [op.name for op in four.ops if op.phase == "optimizer"] == [
+        "torchroof.fused_optimizer_step.default"
+    ]
+    # gradients accumulate in place: held once, as with one micro-batch
+    assert four.role_bytes == one.role_bytes
+    assert four.facts.tokens == 4 * B * T
+    assert Workload("train", batch=B, seq=T, microbatches=4).tokens == 128
+
+
+def test_fsdp_microbatches_gather_and_scatter_each_time():
+    # torchtitan's trainer keeps gradient sync on: every micro-batch gathers the layers
+    # twice and reduce-scatters their gradients (2 layers: 4 gathers, 2 scatters each)
+    trace = _trace("train", fsdp=4, microbatches=2)
+    gathers = [op for op in _collectives(trace, "all_gather") if op.inputs[0].numel == LAYER_PARAMS]
+    scatters = [
+        op for op in _collectives(trace, "reduce_scatter") if op.inputs[1].numel == LAYER_PARAMS
+    ]
+    assert (len(gathers), len(scatters)) == (2 * 4, 2 * 2)
+    assert trace.role_bytes["gradients"] == PARAMS // 4 * BF16
+
+
+def test_deferred_gradient_sync_reduces_once_and_holds_unsharded_gradients():
+    trace = _trace("train", fsdp=4, microbatches=3, defer_gradient_sync=True)
+    # set_requires_gradient_sync(False) before micro-batches 1 and 2: one reduce-scatter per
+    # unit (embedding, 2 layers, norm + LM head) for the step; the gathers stay 3 x 7
+    assert len(_collectives(trace, "reduce_scatter")) == 4
+    assert len(_collectives(trace, "all_gather")) == 3 * 7
+    memory = footprint(trace, 80e9, B)
+    # at the peak (the last micro-batch's backward of layer 1): every parameter's unsharded
+    # gradient, held since the first micro-batch (1,705,216 x 2 B), beside layer 1's
+    # unsharded parameters and layer 0's prefetched all-gather buffer (1,180,672 B each)
+    assert memory.layer_buffers_bytes == (PARAMS + 2 * LAYER_PARAMS) * BF16 == 5_771_776
+    assert memory.gradients_bytes == PARAMS // 4 * BF16  # the shards, after the one reduction
+
+
+# -- Llama-3-70B decode on a DGX H100 ----------------------------------------------------------
+
+
+def test_llama70b_decode_tp8_fits_a_dgx_h100():
+    trace = torchroof.trace_model("llama-3-70b", "decode", batch=64, context=8192, tp=8)
+    capacity = get_cluster("dgx-h100").accelerator.hbm_capacity_bytes.value
+    memory = footprint(trace, capacity, 64)
+    # 70,553,706,496 parameters; the 161 RMSNorm weights of 8192 (2 per layer and the final
+    # one) are replicated, every matrix (the vocabulary-sharded embedding and LM head too)
+    # is split 8 ways: (70,553,706,496 - 1,318,912) / 8 + 1,318,912 = 8,820,367,360
+    # parameters per rank, x 2 B = 17,640,734,720 (70.6e9 x 2 / 8 = 17.6 GB)
+    params = 80 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192)
+    params += 2 * 128_256 * 8192 + 8192
+    norms = 161 * 8192
+    assert memory.weights_bytes == 2 * ((params - norms) // 8 + norms) == 17_640_734_720
+    # KV: one of the 8 KV heads per rank: 64 sequences x 8193 slots x 327,680 B / 8
+    assert memory.kv_cache_bytes == 64 * 8193 * 327_680 // 8 == 21_477_457_920
+    # the activation peak is the LM head's: the rank's logits (64 x 16,032 x 2 B), the 8
+    # ranks' gathered (64 x 128,256 x 2 B) and their concatenation along the vocabulary
+    assert memory.activations_peak_bytes == 64 * 16_032 * 2 + 2 * 64 * 128_256 * 2
+    assert memory.capacity_bytes == 80 * 2**30
+    assert memory.fits  # at tp=1 the step lacks 227 GB
+    # largest batch: (85,899,345,920 - 17,640,734,720) / ((21,477,457,920 + 34,885,632) / 64)
+    # = 68,258,611,200 / 336,130,368 = 203.07
+    assert memory.max_batch == 203
+
+
+# -- bad inputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("regime", "knobs", "message"),
+    [
+        ("decode", {"fsdp": 8}, "fsdp=8 applies to a step that trains (train); a decode step"),
+        ("prefill", {"dp": 2}, "dp=2 applies to a step that trains"),
+        ("prefill", {"microbatches": 4}, "microbatches=4 applies to a step that trains"),
+        ("train", {"cp": 2}, "cp=2: context parallel is not yet supported"),
+        ("train", {"tp": 0}, "tp must be a positive integer, got 0"),
+        ("train", {"microbatches": 1.5}, "microbatches must be a positive integer, got 1.5"),
+    ],
+)
+def test_bad_plans_are_one_clear_error(regime, knobs, message):
+    with pytest.raises(WorkloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Workload(regime, **knobs)
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused_before_building():
+    with pytest.raises(WorkloadError, match="num_key_value_heads=2 does not divide by tp=4"):
+        _trace("prefill", tp=4)
+    with pytest.raises(WorkloadError, match="num_attention_heads=4 does not divide by tp=3"):
+        _trace("decode", tp=3)
+
+
+def test_a_model_without_a_tensor_parallel_plan_is_refused():
+    config = GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=128)
+    with pytest.raises(WorkloadError, match="GPT2Config has no base_model_tp_plan"):
+        _trace("prefill", config, tp=2)
+
+
+def test_a_traced_optimizer_on_shards_is_refused():
+    with pytest.raises(WorkloadError, match="muon optimizer is not yet traced on sharded"):
+        _trace("train", tp=2, optimizer="muon")
+
+
+def test_the_footprint_line_names_the_unsharded_layers():
+    memory = MemoryFootprint(
+        weights_bytes=10**9,
+        gradients_bytes=10**9,
+        optimizer_state_bytes=2 * 10**9,
+        kv_cache_bytes=0,
+        activations_peak_bytes=3 * 10**9,
+        capacity_bytes=10 * 10**9,
+        batch=3,
+        layer_buffers_bytes=2 * 10**9,
+    )
+    # 1 + 1 + 2 + 2 + 3 = 9 GB of 10: fits; 10 - 6 fixed = 4 GB free at 1 GB per sequence
+    assert memory.total_bytes == 9 * 10**9 and memory.fits
+    assert memory.max_batch == 4
+    assert "unsharded layer buffers 2.00 GB" in memory.line()

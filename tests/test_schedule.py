@@ -1,0 +1,361 @@
+"""Collectives priced at the network boundary and laid on two streams (issue 13 items 3 and
+4): torchroof.pipeline.time_collective, torchroof.schedule, the estimate's communication
+figures. Every start and end below is derived by hand beside its assertion; durations are
+binary fractions (0.5, 1.5, ...) so the sums are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torchroof.hardware import get_cluster
+from torchroof.hardware.cluster import CLUSTER_DIR
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import torchroof
+from torchroof.analysis import communication, network_intensity
+from torchroof.parallel import (
+    ParallelPlan,
+    apply_fsdp,
+    apply_tensor_parallel,
+    build_mesh,
+    fake_parameters,
+    fake_process_group,
+)
+from torchroof.pipeline import ClusterRequiredError, estimate_trace, resolve_hardware
+from torchroof.records import OpRecord, TensorMeta, TensorRef, Trace
+from torchroof.schedule import COMMUNICATION, Task, schedule, storage_aliases
+
+# dgx-h100.toml: NVLink 4 at 450 GB/s line rate, 0.8222 of it reached by a ring, 480 GB/s
+# NVLS all-reduce bus bandwidth, alpha 25.6 us.
+ALPHA_S = 2.56e-05
+RING_BYTES_PER_S = 4.5e11 * 0.8222
+NVLS_BYTES_PER_S = 4.8e11
+
+
+def _comm(duration: float, reads: set[int], writes: set[int]) -> Task:
+    return Task(duration, COMMUNICATION, frozenset(reads), frozenset(writes))
+
+
+def _compute(duration: float, reads: set[int], writes: set[int]) -> Task:
+    return Task(duration, "compute", frozenset(reads), frozenset(writes))
+
+
+# -- the schedule on hand-built tasks ---------------------------------------------------------
+
+
+def test_prefetched_all_gather_hides_behind_the_previous_layer():
+    # Issue order: layer 1's all-gather (params 1 -> 2), layer 2's all-gather issued before
+    # layer 1's compute (params 3 -> 4), layer 1's compute (reads 2), layer 2's (reads 4, 6).
+    tasks = [
+        _comm(1.0, {1}, {2}),
+        _comm(2.0, {3}, {4}),
+        _compute(3.0, {2, 5}, {6}),
+        _compute(3.0, {4, 6}, {7}),
+    ]
+    laid = schedule(tasks)
+    # all-gather 1: [0, 1]. all-gather 2: its stream is free at 1, nothing feeds it: [1, 3].
+    # layer 1 waits for all-gather 1 (wrote 2): [1, 4], the compute stream idle over [0, 1].
+    # layer 2 waits for all-gather 2 (ended at 3) and its stream (free at 4): [4, 7].
+    assert laid.start_s == (0.0, 1.0, 1.0, 4.0)
+    assert laid.end_s == (1.0, 3.0, 4.0, 7.0)
+    assert laid.step_time_s == 7.0
+    # the idle [0, 1] is all-gather 1's; all-gather 2 ran inside layer 1's compute: hidden
+    assert laid.exposed_s == (1.0, 0.0, 0.0, 0.0)
+
+
+def test_tp_all_reduce_read_at_once_is_fully_exposed():
+    # a row-wise matmul writes 2, the all-reduce reduces 2 in place, the residual add reads 2
+    tasks = [_compute(2.0, {1}, {2}), _comm(1.5, {2}, {2}), _compute(0.5, {2, 3}, {4})]
+    laid = schedule(tasks)
+    # matmul [0, 2]; the all-reduce waits for it (it touched 2): [2, 3.5]; the add waits
+    # for the all-reduce (it wrote 2): [3.5, 4]. The compute stream idles over [2, 3.5].
+    assert laid.start_s == (0.0, 2.0, 3.5)
+    assert laid.end_s == (2.0, 3.5, 4.0)
+    assert laid.exposed_s == (0.0, 1.5, 0.0)
+    assert laid.step_time_s == 4.0 == sum(t.duration_s for t in tasks)
+
+
+def test_reduce_scatter_hides_behind_the_rest_of_backward_but_not_at_the_tail():
+    # layer 2's gradient (written 1) is reduce-scattered into 2 while layer 1's backward
+    # (reads 5) runs; the last reduce-scatter (of 6) has nothing left to hide behind
+    tasks = [
+        _compute(1.0, {0}, {1}),
+        _comm(2.0, {1}, {2}),
+        _compute(3.0, {5}, {6}),
+        _comm(0.5, {6}, {7}),
+    ]
+    laid = schedule(tasks)
+    # grad [0, 1]; reduce-scatter [1, 3]; layer 1 [1, 4]; the last reduce-scatter waits for
+    # layer 1 (wrote 6): [4, 4.5]. Step 4.5; the compute stream idles over the tail [4, 4.5].
+    assert laid.start_s == (0.0, 1.0, 1.0, 4.0)
+    assert laid.step_time_s == 4.5
+    assert laid.exposed_s == (0.0, 0.0, 0.0, 0.5)
+
+
+def test_a_wait_behind_queued_collectives_is_shared_by_their_running_time():
+    # two collectives queue on one stream; the compute reads only the second one's result
+    tasks = [_comm(2.0, {1}, {2}), _comm(1.0, {3}, {4}), _compute(0.5, {4}, {5})]
+    laid = schedule(tasks)
+    # first [0, 2], second [2, 3], compute [3, 3.5]: the idle [0, 3] is 2 s of the first
+    # and 1 s of the second, never more than a collective's own time
+    assert laid.exposed_s == (2.0, 1.0, 0.0)
+    assert laid.step_time_s == 3.5
+
+
+def test_without_overlap_every_kernel_waits_for_the_one_before():
+    tasks = [_comm(1.0, {1}, {2}), _comm(2.0, {3}, {4}), _compute(3.0, {2}, {6})]
+    laid = schedule(tasks, overlap=False)
+    # back to back: [0, 1], [1, 3], [3, 6]; each collective wholly exposed
+    assert laid.start_s == (0.0, 1.0, 3.0)
+    assert laid.step_time_s == 6.0
+    assert laid.exposed_s == (1.0, 2.0, 0.0)
+
+
+def test_an_explicit_wait_holds_a_communication_task():
+    # FSDP2's one all-gather in flight: the copy-in (task 2) waits for the copy-out (task 1)
+    tasks = [
+        _comm(1.0, {1}, {2}),
+        _compute(2.0, {2}, {3}),
+        Task(0.5, COMMUNICATION, frozenset({8}), frozenset({9}), after=(1,)),
+    ]
+    laid = schedule(tasks)
+    # all-gather [0, 1]; copy-out [1, 3]; the copy-in touches nothing computed, but waits
+    # for the copy-out: [3, 3.5], the compute stream idle over the tail [3, 3.5]
+    assert laid.start_s == (0.0, 1.0, 3.0)
+    assert laid.exposed_s == (1.0, 0.0, 0.5)
+
+
+# -- a hand-built trace through the pipeline --------------------------------------------------
+
+
+def _t(shape: tuple[int, ...], storage: int) -> TensorMeta:
+    stride = (shape[1], 1) if len(shape) == 2 else (1,)
+    return TensorMeta(shape, stride, "bfloat16", storage)
+
+
+def _mm(index: int, a: TensorMeta, b: TensorMeta, out: TensorMeta, module: str) -> OpRecord:
+    args = {"self": TensorRef(0), "mat2": TensorRef(1)}
+    return OpRecord(index, "aten.mm.default", (a, b), (out,), args, module, "forward")
+
+
+def _tp_trace(ranks: list[int]) -> Trace:
+    """A row-wise matmul, the functional all-reduce of its partial sums, autograd's wrap of
+    the result (a new storage), and a matmul reading it at once."""
+    x, w1, partial = _t((4096, 1024), 1), _t((1024, 4096), 2), _t((4096, 4096), 3)
+    reduced, wrapped, w2, out = (
+        _t((4096, 4096), 4),
+        _t((4096, 4096), 5),
+        _t((4096, 1024), 6),
+        _t((4096, 1024), 7),
+    )
+    group = {"group_name": "0", "group_size": len(ranks), "group_ranks": ranks}
+    return Trace(
+        ops=[
+            _mm(0, x, w1, partial, "layers.0.o_proj"),
+            OpRecord(
+                1,
+                "_c10d_functional.all_reduce.default",
+                (partial,),
+                (reduced,),
+                {"input": TensorRef(0), "reduce_op": "sum", **group},
+                "layers.0.o_proj",
+                "forward",
+            ),
+            OpRecord(
+                2,
+                "_c10d_functional._wrap_tensor_autograd.default",
+                (reduced,),
+                (wrapped,),
+                {"t": TensorRef(0)},
+                "layers.0.o_proj",
+                "forward",
+            ),
+            _mm(3, wrapped, w2, out, "layers.1.up_proj"),
+        ]
+    )
+
+
+def test_an_all_reduce_read_at_once_blocks_the_next_matmul():
+    est = estimate_trace(_tp_trace(list(range(8))), "dgx-h100", fusion="eager")
+    first, reduce, second = est.kernels
+    assert (reduce.stream, reduce.link, reduce.bound) == ("communication", "nvlink", "network")
+    # the wrap gave the result a new storage (5); the schedule follows it back to 4
+    assert reduce.start_s == first.time_s
+    assert second.start_s == first.time_s + reduce.time_s
+    assert reduce.exposed_s == reduce.time_s
+    assert est.time_s == second.start_s + second.time_s
+    assert est.cluster == "dgx-h100" and est.hardware == "h100-sxm"
+    rows = {row.name: row for row in est.rows()}
+    assert rows["layers.0"].exposed_communication_s == reduce.time_s
+    assert rows["layers.0"].hidden_communication_s == 0.0
+
+
+def test_wrap_tensor_autograd_is_followed_back_to_the_collective():
+    assert storage_aliases(_tp_trace([0, 1]).ops) == {5: 4}
+
+
+def test_collectives_on_a_bare_accelerator_are_refused():
+    with pytest.raises(
+        ClusterRequiredError,
+        match=r"^this step has 1 collective over groups of up to 8 ranks: price it on a "
+        r"cluster: aws-p5, dgx-h100$",
+    ):
+        estimate_trace(_tp_trace(list(range(8))), "h100-sxm")
+    with pytest.raises(ClusterRequiredError, match="cluster of a10g .none ships"):
+        estimate_trace(_tp_trace([0, 1]), "a10g")
+
+
+def test_a_cluster_by_path_or_spec_prices_on_its_accelerator():
+    path = CLUSTER_DIR / "dgx-h100.toml"
+    spec, cluster = resolve_hardware(path)
+    assert spec.name == "h100-sxm" and cluster is not None and cluster.name == "dgx-h100"
+    assert resolve_hardware(cluster) == (spec, cluster)
+    assert resolve_hardware("h100")[1] is None
+    by_path = estimate_trace(_tp_trace([0, 1]), path)
+    by_spec = estimate_trace(_tp_trace([0, 1]), cluster)
+    assert by_path.time_s == by_spec.time_s and by_path.cluster == "dgx-h100"
+
+
+# -- a traced TP=8 step on a DGX H100 ---------------------------------------------------------
+
+B, T, D = 2, 16, 256
+
+
+def _llama(**overrides: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        **{
+            **dict(
+                hidden_size=D,
+                num_attention_heads=8,
+                num_key_value_heads=8,
+                intermediate_size=512,
+                vocab_size=1024,
+                num_hidden_layers=2,
+            ),
+            **overrides,
+        }
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def tp8_prefill() -> Trace:
+    plan = ParallelPlan(tp=8)
+    with fake_process_group(plan.world):
+        model = apply_tensor_parallel(_llama(), build_mesh(plan)["tp"])
+        ids = torch.zeros(B, T, dtype=torch.long, device="meta")
+        with torchroof.trace() as trace:
+            with torch.no_grad():
+                model(ids)
+    return trace
+
+
+def _o_proj_all_reduce(est):
+    return next(
+        k
+        for k in est.kernels
+        if k.module == "model.layers.0.self_attn.o_proj" and k.unit == "network"
+    )
+
+
+def test_tp8_all_reduce_is_alpha_plus_bus_bytes_over_beta(tp8_prefill):
+    # S = B*T*d*2 bytes = 2*16*256*2 = 16,384; a ring sends 2(n-1)/n*S = 2*7/8*16,384
+    # = 28,672 bytes per rank over NVLink. With NVLS (the default on an NVSwitch node)
+    # beta is its bus bandwidth, 480 GB/s: 25.6 us + 28,672 / 4.8e11 = 25.65973 us.
+    est = tp8_prefill.estimate("dgx-h100")
+    kernel = _o_proj_all_reduce(est)
+    assert kernel.wire_by_link == {"nvlink": 28_672}
+    assert kernel.network_s == pytest.approx(ALPHA_S + 28_672 / NVLS_BYTES_PER_S, rel=1e-12)
+    # HBM: 16,384 read + 16,384 written at 3.35 TB/s = 9.8 ns, far under the network time
+    assert kernel.time_s == kernel.network_s and kernel.bound == "network"
+    assert kernel.exposed_s == kernel.time_s  # read at once by the residual add
+    # the ring itself, on the same node without NVLS: beta = 450 GB/s x 0.8222
+    dgx = get_cluster("dgx-h100")
+    ring_only = dataclasses.replace(
+        dgx, intra_node=dataclasses.replace(dgx.intra_node, nvls_all_reduce_bus_bytes_per_s=None)
+    )
+    ring = _o_proj_all_reduce(tp8_prefill.estimate(ring_only))
+    assert ring.time_s == pytest.approx(ALPHA_S + 28_672 / RING_BYTES_PER_S, rel=1e-12)
+
+
+def test_overlap_off_is_the_plain_sum(tp8_prefill):
+    est = tp8_prefill.estimate("dgx-h100", overlap_communication=False)
+    assert est.time_s == sum(k.time_s for k in est.kernels)
+    comm = communication(est)
+    assert comm.exposed_s == comm.time_s and comm.hidden_s == 0.0
+    # TP all-reduces are read at once: with overlap they are as exposed, and the step is
+    # shorter only by the one kernel that does not wait for the embedding's all-reduce (the
+    # rotary tables, module "model"), which runs beneath it
+    overlapped = tp8_prefill.estimate("dgx-h100")
+    (rotary,) = [k for k in overlapped.kernels if k.module == "model"]
+    assert est.time_s - overlapped.time_s == pytest.approx(rotary.time_s, rel=1e-6)
+
+
+def test_network_intensity_and_the_summary_name_the_link(tp8_prefill):
+    est = tp8_prefill.estimate("dgx-h100")
+    (nvlink,) = network_intensity(est).values()
+    # every collective sends its bytes over NVLink: I_net = step FLOPs / those bytes; the
+    # ridge is the H100's bf16 peak over NVLink 4's 450 GB/s (seed 000 Table 4: 2,198)
+    wire = sum(k.wire_bytes for k in est.kernels)
+    assert nvlink.wire_bytes == wire and nvlink.intensity == est.flops / wire
+    assert nvlink.ridge == get_cluster("dgx-h100").link_ridges("bf16")["nvlink"]
+    assert round(nvlink.ridge) == 2199 and not nvlink.hides
+    summary = est.summary()
+    comm = communication(est)
+    assert (
+        f"communication: {comm.time_s * 1e3:.3f} ms on the communication stream, "
+        f"{comm.exposed_s * 1e3:.3f} ms exposed ({100 * comm.exposed_s / est.time_s:.1f}% of "
+        f"the step), hidden behind compute: {comm.hidden_s * 1e3:.3f} ms; links: nvlink "
+        f"{comm.by_link_s['nvlink'] * 1e3:.3f} ms"
+    ) in summary
+    assert f"nvlink {nvlink.intensity:,.0f} FLOP/B vs ridge 2,199" in summary
+    assert "in cluster dgx-h100" in summary
+    assert "exposed comm ms" in est.table()
+    assert "network (nvlink)" in est.kernel_table()
+
+
+# -- FSDP2's real program ---------------------------------------------------------------------
+
+
+def test_fsdp_all_gathers_and_reduce_scatters_hide_behind_layers():
+    # 4 layers of d = 256 on 8 FSDP ranks, B*T = 8,192 tokens: a layer's forward (~50 us)
+    # outlasts its all-gather (~28 us), so every all-gather after the first layer's hides;
+    # a layer's gradient reduce-scatter hides behind the next layer's backward, except the
+    # last two (the final layer's and the embedding's), with no backward left behind them.
+    plan = ParallelPlan(fsdp=8)
+    with fake_process_group(plan.world):
+        model = apply_tensor_parallel(_llama(num_hidden_layers=4), build_mesh(plan)["tp"])
+        apply_fsdp(model, build_mesh(plan))
+        with fake_parameters(model):
+            ids = torch.zeros(4, 2048, dtype=torch.long)
+            with torchroof.trace() as trace:
+                model(ids, labels=ids).loss.backward()
+    est = trace.estimate("dgx-h100")
+    gathers = [k for k in est.kernels if "allgather" in k.name]
+    scatters = [k for k in est.kernels if "reduce_scatter" in k.name]
+    forward = [k for k in gathers if k.phase == "forward" and ".layers." in k.module]
+    assert [k.module for k in forward] == [f"model.layers.{i}" for i in range(4)]
+    assert [k.exposed_s for k in forward[1:]] == [0.0, 0.0, 0.0]
+    assert [k.exposed_s for k in scatters[:-2]] == [0.0] * (len(scatters) - 2)
+    assert all(k.exposed_s > 0 for k in scatters[-2:])
+    comm = communication(est)
+    assert comm.copies_s > 0  # FSDP2's copy-in and chunk-cat ride the communication stream
+    assert comm.exposed_s + comm.hidden_s == pytest.approx(comm.time_s, rel=1e-12)
+    assert est.time_s < sum(k.time_s for k in est.kernels)
+
+
+# -- one GPU: nothing changes -----------------------------------------------------------------
+
+
+def test_a_single_gpu_estimate_is_unchanged_to_the_last_digit():
+    # README: `torchroof estimate` (Llama-3-8B prefill, 1 x 4096, H100 SXM) = 69.669 ms; the
+    # figure below is the full float before collectives were priced
+    est = torchroof.estimate("llama-3-8b")
+    assert est.time_s == 0.06966915612708845
+    assert est.step_time_s is None and est.cluster is None and est.link_ridges == {}
+    assert all(k.start_s is None and k.stream == "compute" for k in est.kernels)
+    assert "communication" not in est.summary() and "exposed comm" not in est.table()
