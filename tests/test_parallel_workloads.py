@@ -330,3 +330,22 @@ def test_the_footprint_line_names_the_unsharded_layers():
     assert memory.total_bytes == 9 * 10**9 and memory.fits
     assert memory.max_batch == 4
     assert "unsharded layer buffers 2.00 GB" in memory.line()
+
+
+def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
+    from torchroof.compare import compare
+
+    result = compare(
+        _config(), {"tp": [1, 2]}, regime="decode", batch=B, context=T, hardware="dgx-h100"
+    )
+    one, two = (v.estimate for v in result.variants)
+    # a TP group of 2 shares its replica's B tokens: each GPU is credited B / 2 per step
+    assert two.tokens_per_s == pytest.approx(B / two.time_s)
+    rows = {line.split("  ")[0].strip(): line.split() for line in result.table().splitlines()}
+    assert rows["GPUs"][-2:] == ["1", "2"]
+    per_gpu = [float(v.replace(",", "")) for v in rows["tokens/s per GPU"][-2:]]
+    assert per_gpu == [round(B / one.time_s, 1), round(B / 2 / two.time_s, 1)]
+    # one GPU exposes no communication; two wait on their all-reduces (no compute to hide
+    # them behind: each row-wise layer's output is read at once)
+    exposed = [float(v) for v in rows["exposed comm ms"][-2:]]
+    assert exposed[0] == 0.0 and exposed[1] > 0.0

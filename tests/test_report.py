@@ -267,7 +267,7 @@ def test_a_cluster_estimate_by_hand():
     )
     assert lines[3] == (
         "network intensity (step FLOPs per byte a rank sends): nvlink 4,000 FLOP/B vs ridge "
-        "2,222 (above: can hide)"
+        "2,222 (above: at peak the math outlasts the link's bytes, if they overlap)"
     )
     assert "exposed comm ms" in est.table()
     assert "network (nvlink)" in est.kernel_table()

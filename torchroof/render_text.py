@@ -309,11 +309,13 @@ def communication_lines(est: Estimate) -> list[str]:
     ]
     intensity = network_intensity(est)
     if intensity:
+        above = "above: at peak the math outlasts the link's bytes, if they overlap"
+        below = "below: the link binds unless hidden"
         lines.append(
             "network intensity (step FLOPs per byte a rank sends): "
             + ", ".join(
                 f"{link} {li.intensity:,.0f} FLOP/B vs ridge {li.ridge:,.0f} "
-                f"({'above: can hide' if li.hides else 'below: the link binds unless hidden'})"
+                f"({above if li.hides else below})"
                 for link, li in intensity.items()
             )
         )
@@ -333,6 +335,12 @@ def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
     add("step time ms", [f"{e.time_s * 1e3:.3f}" for e in ests])
     add("  vs first", [f"{e.time_s / first.time_s:.3f}x" for e in ests])
     add("tokens/s", [f"{e.tokens_per_s:,.1f}" for e in ests])
+    gpus = [analysis.ranks(e)[0] for e in ests]
+    if any(n > 1 for n in gpus):
+        add("GPUs", [str(n) for n in gpus])
+        add("tokens/s per GPU", [f"{analysis.tokens_per_s_per_gpu(e):,.1f}" for e in ests])
+        exposed = [communication(e).exposed_s for e in ests]
+        add("exposed comm ms", [f"{x * 1e3:.3f}" for x in exposed])
     add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
     add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
     traffic = [e.traffic() for e in ests]
