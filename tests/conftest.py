@@ -14,6 +14,17 @@ SMALL = dict(
     vocab_size=512,
 )
 
+# The tiny Llama the parallel tests shard (tests/test_parallel*.py): d = 256, 4 heads of 64,
+# 2 KV heads, MLP 512, vocab 1024, 2 layers; every count they assert is derived from it.
+PARALLEL_LLAMA = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=1024,
+    num_hidden_layers=2,
+)
+
 # The six families issue 2 names, at a size that traces in well under a second each.
 FAMILY_CONFIGS: dict[str, dict] = {
     "llama": dict(SMALL),

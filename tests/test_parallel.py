@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import PARALLEL_LLAMA
 from torchroof.counters import cost_of, kind_of
 from torchroof.counters.collectives import collective_kind, message_bytes, wire_bytes
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -29,14 +30,7 @@ from torchroof.parallel import (
 )
 from torchroof.records import OpRecord, TensorMeta, TensorRef, Trace
 
-CONFIG = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=512,
-    vocab_size=1024,
-    num_hidden_layers=2,
-)
+CONFIG = PARALLEL_LLAMA
 B, T, D, V = 2, 16, 256, 1024
 BF16 = 2  # bytes
 # Parameters of one decoder layer: q 256x256 + k 256x128 + v 256x128 + o 256x256 + gate, up,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import PARALLEL_LLAMA
 from torchroof.counters import cost_of, kind_of
 from torchroof.counters.collectives import collective_kind, message_bytes, wire_bytes
 from torchroof.hardware.cluster import get_cluster
@@ -22,14 +23,7 @@ from torchroof.memory import MemoryFootprint, footprint
 from torchroof.options import Workload, WorkloadError
 from torchroof.records import OpRecord, Trace
 
-CONFIG = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=512,
-    vocab_size=1024,
-    num_hidden_layers=2,
-)
+CONFIG = PARALLEL_LLAMA
 B, T, D, V = 2, 16, 256, 1024
 BF16 = 2  # bytes
 # One decoder layer: q, o 256x256 + k, v 256x128 + gate, up, down 3 x 256x512 + 2 norms of 256
