@@ -343,3 +343,20 @@ def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
     # them behind: each row-wise layer's output is read at once)
     exposed = [float(v) for v in rows["exposed comm ms"][-2:]]
     assert exposed[0] == 0.0 and exposed[1] > 0.0
+
+
+def test_a_sweep_over_fsdp_is_a_sweep_over_gpu_counts():
+    from torchroof.compare import SWEEP_KEYS, sweep
+
+    assert {"batch", "seq", "context", "tp", "fsdp", "dp", "microbatches"} <= set(SWEEP_KEYS)
+    result = sweep(_config(), "fsdp", [2, 4], regime="train", batch=B, seq=T, hardware="dgx-h100")
+    rows = result.rows()
+    assert [r["gpus"] for r in rows] == [2, 4]
+    # FSDP ranks each train their own B x T tokens: per GPU = B·T / step time
+    for r in rows:
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(B * T / r["step_time_s"])
+    # the shards halve from 2 to 4 ranks: rank 0 holds half the weights (of the sharded
+    # parameters; every FSDP unit here is sharded, so all of them)
+    weights = [p.estimate.memory.weights_bytes for p in result.points]
+    assert weights[1] * 2 == pytest.approx(weights[0], rel=0.01)
+    assert "tokens/s per GPU" in result.table().splitlines()[0]

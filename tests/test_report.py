@@ -351,3 +351,16 @@ def test_sweep_outputs_by_suffix_or_kind():
         sweep_output("curve.txt")
     with pytest.raises(ValueError, match=r"got 'curve\.jpg'"):
         sweep_output("curve.jpg", kind="plot")
+
+
+def test_a_layer_bound_by_the_network_names_its_link():
+    from torchroof.report import LayerRow
+
+    # 3 ms of collectives (2 on NVLink, 1 across nodes) against 1 ms of compute: the
+    # network binds, and NVLink carries most of it
+    row = LayerRow("layers.0", time_s=4e-3, exposed_communication_s=2e-3)
+    row.hidden_communication_s = 1e-3
+    row.link_s = {"nvlink": 2e-3, "network": 1e-3}
+    assert (row.bound, row.boundary) == ("network", "network (nvlink)")
+    row.memory_bound_s = 3.5e-3  # now memory holds most of the time: no link to name
+    assert row.boundary == "memory"

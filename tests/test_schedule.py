@@ -193,6 +193,25 @@ def test_an_all_reduce_read_at_once_blocks_the_next_matmul():
     assert rows["layers.0"].hidden_communication_s == 0.0
 
 
+def test_the_chrome_trace_lays_kernels_where_the_schedule_put_them():
+    from torchroof.timeline import chrome_trace
+
+    est = estimate_trace(_tp_trace(list(range(8))), "dgx-h100", fusion="eager")
+    first, reduce, second = est.kernels
+    events = [e for e in chrome_trace(est)["traceEvents"] if e["ph"] == "X"]
+    tracks = {
+        e["args"]["name"]: e["tid"]
+        for e in chrome_trace(est)["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    # matmul, all-reduce on the communication track, matmul waiting for it (microseconds)
+    assert [e["tid"] for e in events] == [tracks["forward"], tracks["communication"],
+                                          tracks["forward"]]  # fmt: skip
+    assert [e["ts"] for e in events] == [0.0, first.time_s * 1e6, second.start_s * 1e6]
+    assert events[1]["args"]["link"] == "nvlink"
+    assert events[1]["args"]["exposed_us"] == reduce.time_s * 1e6
+
+
 def test_wrap_tensor_autograd_is_followed_back_to_the_collective():
     assert storage_aliases(_tp_trace([0, 1]).ops) == {5: 4}
 

@@ -14,6 +14,7 @@ from tabulate import tabulate
 
 from torchroof.api import Trace, trace_workload
 from torchroof.capture import OpBudgetExceeded
+from torchroof.compare import SWEEP_KEYS
 from torchroof.hardware import (
     ClusterSpec,
     Figure,
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     swp = commands.add_parser("sweep", help="step time and tokens/s against batch/context/seq")
     _workload_args(swp)
-    swp.add_argument("--over", choices=["batch", "context", "seq"], default="batch")
+    swp.add_argument("--over", choices=SWEEP_KEYS, default="batch")
     swp.add_argument(
         "--values", default="1,2,4,8,16,32,64,128,256,512", help="comma-separated sizes"
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from torchroof import analysis
 from torchroof.api import estimate, trace_model
 from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.pipeline import estimate_trace
@@ -21,6 +22,9 @@ from torchroof.report import Estimate
 PRICING_KEYS = {"hardware", *PRICING_KNOBS}  # variants differing only in these share a trace
 ESTIMATE_KEYS = {*WORKLOAD_KNOBS, *PRICING_KEYS}
 _INT_KEYS = {f.name for f in fields(Workload) if value_type(f) is int}
+# What a sweep may vary: every integer size of the step (batch, seq, context, tp, fsdp, dp,
+# microbatches, ...), not the op budget.
+SWEEP_KEYS = tuple(f.name for f in fields(Workload) if value_type(f) is int and f.name != "max_ops")
 
 
 def parse_value(key: str, text: str) -> Any:
@@ -145,6 +149,9 @@ class Sweep:
                     self.key: point.value,
                     "step_time_s": e.time_s,
                     "tokens_per_s": e.tokens_per_s,
+                    "gpus": analysis.ranks(e)[0],
+                    "tokens_per_s_per_gpu": analysis.tokens_per_s_per_gpu(e),
+                    "exposed_communication_s": analysis.communication(e).exposed_s,
                     "mfu": e.mfu,
                     "weight_bytes": traffic.get("weights", 0),
                     "kv_bytes": traffic.get("kv_cache", 0),
@@ -164,9 +171,10 @@ class Sweep:
 
 
 def sweep(model: Any, key: str, values: Sequence[int], **base: Any) -> Sweep:
-    """Estimate ``model`` at each value of ``key`` (batch, context or seq)."""
-    if key not in _INT_KEYS:
-        raise ValueError(f"sweep over one of {sorted(_INT_KEYS)}, got {key!r}")
+    """Estimate ``model`` at each value of ``key``, one of :data:`SWEEP_KEYS` (batch, seq,
+    context, the parallel sizes: ``fsdp`` over 8, 16, 32, 64 GPUs is a sweep over GPU counts)."""
+    if key not in SWEEP_KEYS:
+        raise ValueError(f"sweep over one of {', '.join(SWEEP_KEYS)}, got {key!r}")
     if not values:
         raise ValueError("no values to sweep")
     points = [SweepPoint(int(v), estimate(model, **{**base, key: int(v)})) for v in values]

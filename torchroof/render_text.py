@@ -109,7 +109,7 @@ def layer_table(
         if communicates:
             line.append(_ms(row.exposed_communication_s))
         line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
-        line += [f"{100 * row.time_s / total:.1f}", row.bound]
+        line += [f"{100 * row.time_s / total:.1f}", row.boundary]
         body.append(line)
     footer: list[Any] = [
         "total",
@@ -374,24 +374,37 @@ def layer_deltas(comparison: Comparison, depth: int | None = None) -> str:
 
 
 def sweep_table(sweep: Sweep) -> str:
-    """A row per swept value: step time, tokens/s, MFU, weight and KV traffic, memory, fit."""
+    """A row per swept value: step time, tokens/s, MFU, weight and KV traffic, memory, fit;
+    with GPUs, tokens/s per GPU and exposed communication when a step spans GPUs."""
+    data = sweep.rows()
+    spans = any(r["gpus"] > 1 for r in data)
     rows = [
         [
             r[sweep.key],
             f"{r['step_time_s'] * 1e3:.3f}",
             f"{r['tokens_per_s']:,.1f}",
+            *(
+                [
+                    str(r["gpus"]),
+                    f"{r['tokens_per_s_per_gpu']:,.1f}",
+                    f"{r['exposed_communication_s'] * 1e3:.3f}",
+                ]
+                if spans
+                else []
+            ),
             f"{100 * r['mfu']:.1f}",
             f"{r['weight_bytes'] / 1e9:.2f}",
             f"{r['kv_bytes'] / 1e9:.2f}",
             f"{r['memory_bytes'] / 1e9:.1f}",
             "yes" if r["fits"] else "no",
         ]
-        for r in sweep.rows()
+        for r in data
     ]
     headers = [
         sweep.key,
         "step ms",
         "tokens/s",
+        *(["GPUs", "tokens/s per GPU", "exposed comm ms"] if spans else []),
         "MFU %",
         "weights GB",
         "KV GB",

@@ -115,6 +115,7 @@ class LayerRow:
     # communication kernels' time the compute stream waited on, and the rest (overlapped)
     exposed_communication_s: float = 0.0
     hidden_communication_s: float = 0.0
+    link_s: dict[str, float] = field(default_factory=dict)  # collectives' time per link
 
     def add(self, kernel: KernelEstimate) -> None:
         self.kernels += 1
@@ -125,6 +126,8 @@ class LayerRow:
         if kernel.communication:
             self.exposed_communication_s += kernel.exposed_s
             self.hidden_communication_s += kernel.time_s - kernel.exposed_s
+            if kernel.link:
+                self.link_s[kernel.link] = self.link_s.get(kernel.link, 0.0) + kernel.time_s
         elif kernel.bound == "memory":
             self.memory_bound_s += kernel.time_s
         for category, size in kernel.traffic.items():
@@ -141,6 +144,8 @@ class LayerRow:
         self.hidden_communication_s += other.hidden_communication_s
         for phase, seconds in other.phase_s.items():
             self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
+        for link, seconds in other.link_s.items():
+            self.link_s[link] = self.link_s.get(link, 0.0) + seconds
         for category, size in other.traffic.items():
             self.traffic[category] = self.traffic.get(category, 0) + size
 
@@ -163,6 +168,15 @@ class LayerRow:
         if self.memory_bound_s >= max(self.communication_s, compute_s):
             return "memory"
         return "network" if self.communication_s >= compute_s else "compute"
+
+    @property
+    def boundary(self) -> str:
+        """The bound with the boundary it is at: ``network (nvlink)`` names the link that
+        carries most of the row's communication time; other bounds as :attr:`bound`."""
+        bound = self.bound
+        if bound != "network" or not self.link_s:
+            return bound
+        return f"network ({max(self.link_s, key=self.link_s.__getitem__)})"
 
 
 def _block_index(name: str) -> tuple[str, int] | None:

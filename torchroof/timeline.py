@@ -13,27 +13,40 @@ if TYPE_CHECKING:
     from torchroof.report import Estimate
 
 _THREADS = {"forward": 1, "backward": 2, "recompute": 3, "optimizer": 4}
+_COMMUNICATION_THREAD = 5  # collectives and the copies feeding them, on their own stream
 
 
 def chrome_trace(est: Estimate) -> dict[str, Any]:
-    """Kernels back to back (the roofline sum), one track per phase, times in microseconds."""
+    """Kernels on a timeline, one track per phase, times in microseconds: back to back (the
+    roofline sum) for a step on one GPU; at their places on the two-stream schedule
+    (torchroof.schedule) when the step communicates, with the collectives on a
+    ``communication`` track beside the compute."""
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"torchroof {est.label}"}}
     ]
-    for phase, tid in _THREADS.items():
+    tracks = dict(_THREADS)
+    scheduled = any(k.start_s is not None for k in est.kernels)
+    if scheduled:
+        tracks["communication"] = _COMMUNICATION_THREAD
+    for phase, tid in tracks.items():
         events.append(
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": phase}}
         )
     start_us = 0.0
     for k in est.kernels:
         duration_us = k.time_s * 1e6
+        if scheduled and k.start_s is not None:
+            start_us = k.start_s * 1e6
+        tid = _THREADS.get(k.phase, 1)
+        if scheduled and k.communication:
+            tid = _COMMUNICATION_THREAD
         events.append(
             {
                 "name": k.name.removeprefix("aten."),
                 "cat": k.bound,
                 "ph": "X",
                 "pid": 1,
-                "tid": _THREADS.get(k.phase, 1),
+                "tid": tid,
                 "ts": start_us,
                 "dur": duration_us,
                 "args": {
@@ -45,6 +58,7 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
                     "bound": k.bound,
                     "compute_us": k.compute_s * 1e6,
                     "memory_us": k.memory_s * 1e6,
+                    **({"link": k.link, "exposed_us": k.exposed_s * 1e6} if k.link else {}),
                 },
             }
         )
