@@ -48,6 +48,14 @@ def test_recompute_records_the_forward_flash_kernel(family, meta_lm):
         assert [t.shape for t in again.inputs] == [t.shape for t in first.inputs]
         assert [t.shape for t in again.outputs] == [t.shape for t in first.outputs]
     assert _get_current_function_mode_stack() == []  # nothing left pushed after the trace
+    # the backward reads the recomputed q, k, v, o and log-sum-exp, not the forward's (which
+    # checkpointing did not keep): grad_out, then the recompute's inputs and outputs
+    for back in (op for op in trace.ops if op.name == FLASH_BACKWARD):
+        again = next(op for op in recompute if op.module == back.module)
+        first = next(op for op in forward if op.module == back.module)
+        storages = [t.storage for t in back.inputs[1:]]
+        assert storages == [t.storage for t in (*again.inputs[:3], *again.outputs)]
+        assert not {t.storage for t in first.inputs} & set(storages)
 
 
 def test_reentrant_checkpointing_runs_flash_forward_and_backward(meta_lm):

@@ -110,6 +110,10 @@ class _SdpaGroup:
     first_seq: int
     end_seq: int
     forward: OpRecord
+    # the same call re-run by activation checkpointing before its backward: the backward
+    # reads the recomputed q, k, v, o and log-sum-exp (the forward's were not kept)
+    recomputed: OpRecord | None = None
+    backward_done: bool = False
 
 
 class _ArgNames:
@@ -562,12 +566,25 @@ class Capture:
             synthetic=True,
         )
         self.trace.ops.append(forward)
+        if phase == "recompute":
+            self._attach_recompute(forward)
         if end_seq > first_seq and isinstance(out, torch.Tensor) and out.requires_grad:
             group = _SdpaGroup(first_seq, end_seq, forward)
             self._sdpa_group_starts.append(first_seq)
             self._sdpa_groups.append(group)
             out.register_hook(lambda grad, group=group: self._sdpa_backward(group, grad))
         return out
+
+    def _attach_recompute(self, recomputed: OpRecord) -> None:
+        """Pair a recomputed SDPA call with the forward call it repeats: the latest one of
+        the same module whose backward has not run (checkpointing recomputes a block just
+        before its backward, in the forward's order)."""
+        for group in reversed(self._sdpa_groups):
+            forward = group.forward
+            if forward.module == recomputed.module and forward.phase == "forward":
+                if not group.backward_done and group.recomputed is None:
+                    group.recomputed = recomputed
+                    return
 
     def sdpa_group_of(self, node: Any) -> _SdpaGroup | None:
         seq = node._sequence_nr()
@@ -577,7 +594,8 @@ class Capture:
         return None
 
     def _sdpa_backward(self, group: _SdpaGroup, grad: torch.Tensor) -> None:
-        forward = group.forward
+        group.backward_done = True
+        forward = group.recomputed or group.forward
         query, key, value = forward.inputs[:3]
         out, logsumexp = forward.outputs
         grad_meta = self.tensor_meta(grad)
