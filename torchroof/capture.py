@@ -40,6 +40,14 @@ aten = torch.ops.aten
 
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _CLONE = aten.clone.default
+if torch.distributed.is_available():  # defines _c10d_functional._wrap_tensor_autograd
+    import torch.distributed._functional_collectives  # noqa: F401
+# ops that hand their input's bytes on as a new tensor (a new storage to the dispatcher)
+_REWRAPS = frozenset(
+    op.default
+    for name in ("_wrap_tensor_autograd",)
+    if (op := getattr(torch.ops._c10d_functional, name, None)) is not None
+)
 _BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX
 
@@ -384,6 +392,19 @@ class Capture:
             self._storages[key] = entry
         return entry[0]
 
+    def alias_storage(self, tensor: torch.Tensor, base: torch.Tensor) -> None:
+        """Record ``tensor``'s storage under ``base``'s id: a re-wrap that hands the same
+        bytes on as a new tensor (``_wrap_tensor_autograd`` gives a collective's result to
+        autograd) must not look like a buffer nobody wrote, or fusion and the schedule lose
+        the dependency on the collective."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        key = storage._cdata
+        if key not in self._storages:
+            self._storages[key] = (self._storage_id(base), StorageWeakRef(storage))
+
     def _fresh_storage_id(self) -> int:
         self._next_storage += 1
         return self._next_storage - 1
@@ -704,6 +725,8 @@ class _Recorder(TorchDispatchMode):
             return capture.answer_data_dependent(func, args, kwargs, context)
         out = func(*args, **kwargs)
         capture.means.observe(func, args, out)
+        if func in _REWRAPS and isinstance(out, torch.Tensor):
+            capture.alias_storage(out, args[0])
         if func is _CLONE and capture._storage_id(args[0]) in capture.flash_gradients:
             # The flash backward writes dq, dk, dv in the layout of q, k, v (as its forward
             # writes o): the copy back to the projection's layout is free on a GPU.
