@@ -141,7 +141,16 @@ def _sides(op: OpRecord) -> tuple[list[TensorMeta], list[TensorMeta], str, int]:
     sent = _named(op, schema.sends)
     received = distinct(op.outputs) if schema.receives is None else _named(op, schema.receives)
     message = _nbytes(sent if schema.message == "sends" else received)
+    if schema.kind == "all_to_all" and _one_peer(op.arg("input_split_sizes")):
+        # a permutation (funcol.permute_tensor: context parallel's ring passes dK, dV on):
+        # the whole buffer goes to one peer, a send and a receive, not an all-to-all
+        return sent, received, "send_recv", message
     return sent, received, schema.kind, message
+
+
+def _one_peer(splits: object) -> bool:
+    """An all-to-all's input split sizes send to exactly one rank."""
+    return isinstance(splits, (list, tuple)) and sum(1 for n in splits if n) == 1
 
 
 def _nbytes(tensors: list[TensorMeta]) -> int:

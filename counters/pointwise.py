@@ -137,6 +137,7 @@ POINTWISE_FLOPS: dict[str, tuple[int, Unit]] = {
     "mish": (7, VECTOR),  # x·tanh(softplus(x))
     "softplus": (4, VECTOR),  # log(1 + exp(x)) with a threshold compare
     "log_sigmoid_forward": (5, VECTOR),
+    "log_sigmoid": (5, VECTOR),  # as recorded undecomposed (context parallel's LSE merge)
     "prelu": (2, VECTOR),
     "_prelu_kernel": (2, VECTOR),
     # activation backward: the derivative times the incoming gradient

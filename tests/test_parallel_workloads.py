@@ -373,3 +373,13 @@ def test_tp_all_reduces_block_the_layer_after_them_when_fused():
         if k.unit == "network" and k.phase == "forward" and k.module.endswith("o_proj")
     ]  # fmt: skip
     assert len(blocking) == 2 and all(k.exposed_s == k.time_s for k in blocking)
+
+
+def test_fsdp_shards_each_block_when_the_models_plan_names_none_of_its_modules():
+    """transformers' FSDP plan names ``layers.*``, which GPT-2 lacks (``transformer.h``):
+    each block is then a unit of its own, as torchtitan shards them, and the tied
+    embedding goes with the root: one reduce-scatter per block plus the root's."""
+    config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512)
+    trace = _trace("train", config, fsdp=4)
+    scatters = Counter(op.module for op in _collectives(trace, "reduce_scatter"))
+    assert scatters == {"transformer.h.0": 1, "transformer.h.1": 1, "": 1}

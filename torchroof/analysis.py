@@ -38,19 +38,20 @@ def tokens_per_s(est: Estimate) -> float:
 
 
 def ranks(est: Estimate) -> tuple[int, int]:
-    """(GPUs in the step, GPUs of one tensor-parallel group) from the workload's plan."""
+    """(GPUs in the step, GPUs sharing one replica's tokens: tp · cp) from the workload's
+    plan."""
     workload = est.workload
-    tp = int(workload.get("tp", 1) or 1)
-    world = tp * int(workload.get("cp", 1) or 1)
-    world *= int(workload.get("fsdp", 1) or 1) * int(workload.get("dp", 1) or 1)
-    return world, tp
+    shared = int(workload.get("tp", 1) or 1) * int(workload.get("cp", 1) or 1)
+    world = shared * int(workload.get("fsdp", 1) or 1) * int(workload.get("dp", 1) or 1)
+    return world, shared
 
 
 def tokens_per_s_per_gpu(est: Estimate) -> float:
-    """Tokens per second per GPU: a TP group of ``tp`` GPUs processes one replica's tokens,
-    so each GPU is credited 1/tp of them (as torchtitan and Megatron report throughput)."""
-    _, tp = ranks(est)
-    return tokens_per_s(est) / tp
+    """Tokens per second per GPU: the tp · cp GPUs of a tensor- and context-parallel group
+    process one replica's tokens, so each GPU is credited 1/(tp · cp) of them (as torchtitan
+    and Megatron report throughput)."""
+    _, shared = ranks(est)
+    return tokens_per_s(est) / shared
 
 
 def cluster_tokens_per_s(est: Estimate) -> float:

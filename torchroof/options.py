@@ -73,7 +73,8 @@ class Workload:
 
     Across GPUs (issue 13) the step is rank 0 of the real parallel program: ``tp`` ranks
     share each layer (the model's tensor-parallel plan), ``fsdp`` ranks share each
-    parameter, ``dp`` replicas (HSDP with ``fsdp``) each hold their own data. ``batch`` is
+    parameter, ``dp`` replicas (HSDP with ``fsdp``) each hold their own data, ``cp`` ranks
+    split each sequence (torch's ring attention exchanges their K/V). ``batch`` is
     the sequences one rank's replica processes per micro-batch; a training step runs
     ``microbatches`` of them before its one optimizer step.
     """
@@ -107,9 +108,14 @@ class Workload:
         DEFAULT_MAX_OPS, "stop a trace past this many aten ops (a data-dependent loop on meta)"
     )
     tp: int = knob(1, "tensor-parallel ranks (the model's own TP plan); rank 0 is traced")
+    sequence_parallel: bool = knob(
+        False,
+        "with --tp: torchtitan's tensor + sequence parallel plan (Llama layout): norms on "
+        "T/tp tokens, reduce-scatter + all-gather for each all-reduce, loss on vocab shards",
+    )
     fsdp: int = knob(1, "train: ranks each parameter is sharded over (FSDP2, ZeRO-3)")
     dp: int = knob(1, "train: data-parallel replicas (HSDP's replicate dimension with --fsdp)")
-    cp: int = knob(1, "context-parallel ranks (not yet supported: 1 only)")
+    cp: int = knob(1, "context-parallel ranks each sequence is split over (ring attention)")
     reshard_after_forward: bool = knob(
         True, "FSDP: free gathered parameters after forward (off: kept for backward, ~ZeRO-2)"
     )
@@ -139,15 +145,12 @@ class Workload:
 
     def _check_parallel(self) -> None:
         """Every size a positive integer; sharding over data (fsdp, dp) and micro-batches
-        are training concepts, an inference step shards over tp only; context parallel is
-        refused until its ring exchange is verified (DESIGN.md "Parallel programs")."""
+        are training concepts, an inference step shards over tp (and cp) only; context
+        parallel as :meth:`_check_context_parallel` allows."""
         for name in PARALLEL_SIZES:
             _positive_int(name, getattr(self, name), WorkloadError)
         if self.cp > 1:
-            raise WorkloadError(
-                f"cp={self.cp}: context parallel is not yet supported (its ring K/V exchange "
-                "does not show in a traced step yet); use tp, fsdp or dp"
-            )
+            self._check_context_parallel()
         if not regime(self.regime).trains:
             for name in TRAINING_SIZES:
                 if getattr(self, name) > 1:
@@ -156,6 +159,34 @@ class Workload:
                         f"{name}={getattr(self, name)} applies to a step that trains "
                         f"({trains}); a {self.regime} step takes tp only"
                     )
+
+    def _check_context_parallel(self) -> None:
+        """Context parallel (torch's load-balanced ring attention, torchroof.parallel
+        .apply_context_parallel) splits each sequence of the step into 2·cp equal chunks;
+        it composes with tensor (and sequence) parallel only, and an inference step keeps each
+        rank's own K/V (a dynamic cache: a static one is built for the whole sequence)."""
+        cp = self.cp
+        if self.fsdp * self.dp > 1:
+            raise WorkloadError(
+                f"cp={cp} does not yet compose with fsdp or dp (torchtitan shards parameters "
+                "over the dp x fsdp x cp ranks; not done here): use cp with tp"
+            )
+        if regime(self.regime).tokens(self) < self.batch * self.seq:
+            raise WorkloadError(
+                f"cp={cp} splits each sequence's seq new tokens over the cp ranks; a "
+                f"{self.regime} step has fewer ({regime(self.regime).tokens(self)} for "
+                f"{self.batch} sequences)"
+            )
+        if self.seq % (2 * cp):
+            raise WorkloadError(
+                f"cp={cp} splits each sequence into 2 x cp = {2 * cp} equal chunks (torch's "
+                f"head-tail load balancing): seq={self.seq} does not divide"
+            )
+        if not regime(self.regime).trains and self.cache != "dynamic":
+            raise WorkloadError(
+                f"cp={cp}: each rank caches the K/V of its own seq/cp tokens, which a static "
+                "cache (built for the whole sequence) does not: pass cache='dynamic'"
+            )
 
     @property
     def parallel_plan(self) -> ParallelPlan:

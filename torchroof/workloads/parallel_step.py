@@ -4,22 +4,29 @@ A workload whose plan spans more than one rank (``tp``, ``fsdp``, ``dp``) is tra
 rank 0 of the real program: a fake process group of ``world`` ranks, the device mesh,
 transformers' tensor-parallel plan, then FSDP2 (HSDP when ``dp`` > 1), in torchtitan's
 order (``models/llama3/parallelize.py``); then the regime runs its step as it would on one
-GPU, and capture records the rank's local ops and its collectives. No regime is named here:
-every regime runs inside :func:`parallel_program` (the registry enters it).
+GPU, and capture records the rank's local ops and its collectives. ``sequence_parallel``
+swaps transformers' plan for torchtitan's tensor + sequence parallel one (Llama layout) and
+a training step's cross-entropy then runs on the vocabulary shards (:func:`loss_context`).
+Every regime runs inside :func:`parallel_program` (the registry enters it); the one regime
+named here is decode, whose single new token per sequence cannot be split over ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchroof.errors import WorkloadError
 from torchroof.parallel import (
+    ContextParallelError,
     ParallelPlan,
+    apply_context_parallel,
     apply_fsdp,
+    apply_sequence_parallel,
     apply_tensor_parallel,
     build_mesh,
     check_tensor_parallel,
@@ -44,9 +51,47 @@ def describe(plan: ParallelPlan) -> str:
 
 
 def plan_label(workload: Workload) -> str:
-    """What a regime's label adds for a parallel step: ``, rank 0 of tp 8 (8 GPUs)``."""
+    """What a regime's label adds for a parallel step: ``, rank 0 of tp 8 (8 GPUs)``, and
+    ``, sequence parallel`` when the tensor-parallel plan is torchtitan's."""
     plan = describe(workload.parallel_plan)
-    return f", rank 0 of {plan}" if plan else ""
+    label = f", rank 0 of {plan}" if plan else ""
+    return label + (", sequence parallel" if sequence_parallel(workload) else "")
+
+
+def sequence_parallel(workload: Workload) -> bool:
+    """The step runs torchtitan's tensor + sequence parallel plan (``sequence_parallel``
+    with more than one tensor-parallel rank; with one there is nothing to split)."""
+    return workload.sequence_parallel and workload.tp > 1
+
+
+def check_sequence_parallel(workload: Workload) -> None:
+    """Refuse a sequence-parallel step whose new tokens do not split evenly over the
+    tensor-parallel ranks: a decode step's one token per sequence, or ``seq`` not a
+    multiple of ``tp`` (torchtitan asserts the same: its shards are even)."""
+    if not sequence_parallel(workload):
+        return
+    if workload.regime == "decode":
+        raise WorkloadError(
+            "sequence_parallel splits each sequence's new tokens over the tp ranks; a decode "
+            "step has one per sequence: use tensor parallel without sequence parallel"
+        )
+    if workload.seq % workload.tp:
+        raise WorkloadError(
+            f"sequence_parallel splits seq={workload.seq} over tp={workload.tp} ranks: "
+            "seq must be a multiple of tp"
+        )
+
+
+def loss_context(workload: Workload) -> AbstractContextManager[Any]:
+    """Where a training step computes its loss and runs backward: under
+    ``torch.distributed.tensor.parallel.loss_parallel()`` when the LM head's logits stay
+    split over the vocabulary (sequence parallel), so the cross-entropy runs on each rank's
+    V/tp columns (all-reducing row maxima and sums) instead of gathering the logits."""
+    if not sequence_parallel(workload):
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
 
 
 def check_plan(config: Any, workload: Workload, name: str) -> None:
@@ -56,30 +101,45 @@ def check_plan(config: Any, workload: Workload, name: str) -> None:
         check_tensor_parallel(config, workload.tp)
     except ValueError as error:
         raise WorkloadError(f"{name} cannot run with tp={workload.tp}: {error}") from error
+    check_sequence_parallel(workload)
 
 
 @contextlib.contextmanager
 def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[None]:
     """Make ``model`` (built on meta) rank 0 of ``workload``'s parallel plan for the
-    duration of the block: tensor parallel on meta; with FSDP, its parameters become fake
-    tensors on CPU (FSDP2 refuses meta parameters), so inputs are made on the device of the
-    model's parameters (:func:`torchroof.workloads.inputs.input_device`). A one-rank plan
-    leaves the model alone. The model is left sharded (a meta copy, used once)."""
+    duration of the block: tensor parallel on meta (transformers' plan, or torchtitan's
+    with sequence parallel); with FSDP, its parameters become fake tensors on CPU (FSDP2
+    refuses meta parameters), so inputs are made on the device of the model's parameters
+    (:func:`torchroof.workloads.inputs.input_device`). A one-rank plan leaves the model
+    alone. With ``cp`` ranks each forward runs on its load-balanced T/cp tokens and
+    attention is torch's ring attention (:func:`torchroof.parallel.apply_context_parallel`).
+    The model is left sharded (a meta copy, used once)."""
     plan = workload.parallel_plan
     if plan.world == 1:
         yield
         return
+    check_sequence_parallel(workload)
     with fake_process_group(plan.world):
         mesh = build_mesh(plan)
         try:
-            apply_tensor_parallel(model, mesh["tp"])
+            if sequence_parallel(workload):
+                # the train step's loss runs on vocabulary shards; prefill gathers logits
+                trains = workload.regime == "train"
+                apply_sequence_parallel(model, mesh["tp"], loss_parallel=trains)
+            else:
+                apply_tensor_parallel(model, mesh["tp"])
             apply_fsdp(model, mesh, reshard_after_forward=workload.reshard_after_forward)
         except ValueError as error:
             raise WorkloadError(
                 f"{type(model).__name__} cannot run as {describe(plan)}: {error}"
             ) from error
-        if shards_data(plan):
-            with fake_parameters(model):
+        with contextlib.ExitStack() as step:
+            if shards_data(plan):
+                step.enter_context(fake_parameters(model))
+            try:  # context parallel: shards each forward's sequence, ring attention
+                step.enter_context(apply_context_parallel(model, mesh["cp"]))
                 yield
-        else:
-            yield
+            except ContextParallelError as error:
+                raise WorkloadError(
+                    f"{type(model).__name__} cannot run as {describe(plan)}: {error}"
+                ) from error

@@ -17,7 +17,7 @@ from torchroof.models import model_dtype
 from torchroof.records import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
-from torchroof.workloads.parallel_step import plan_label
+from torchroof.workloads.parallel_step import loss_context, plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -149,7 +149,9 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
     and FSDP2 reduce-scatters each micro-batch's gradients, as torchtitan's trainer does
     (it leaves gradient sync on); ``defer_gradient_sync`` turns it off before all but the
     last micro-batch (``set_requires_gradient_sync(False)``): one reduction per step, the
-    unsharded gradients held between micro-batches."""
+    unsharded gradients held between micro-batches. With sequence parallel the
+    cross-entropy runs on the vocabulary-sharded logits under ``loss_parallel()``
+    (transformers' own loss, given a DTensor, works there as it is)."""
     model = models[TARGET]
     if workload.optimizer in TRACED_OPTIMIZERS and workload.parallel_plan.world > 1:
         raise WorkloadError(
@@ -196,7 +198,8 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             )
         for micro in range(workload.microbatches):
             last = micro == workload.microbatches - 1
-            with _gradient_sync(model, on=last or not workload.defer_gradient_sync):
+            sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
+            with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
                 _loss(model, ids).backward()
             if workload.precision == "mixed":
                 # bf16 gradients are accumulated into the fp32 main gradients the optimizer

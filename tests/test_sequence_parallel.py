@@ -1,0 +1,291 @@
+"""Tensor parallel with sequence parallel and loss parallel (issue 13 item 2): the
+``sequence_parallel`` knob applies torchtitan's Llama plan (``apply_tp``) instead of
+transformers' TP plan, and a training step's cross-entropy runs under ``loss_parallel()``.
+
+The model is test_parallel_workloads.py's tiny Llama: 2 layers, d = 256, 4 heads of 64
+(2 KV heads), MLP 512, vocab 1024, bf16; B = 2 sequences of T = 16 tokens, tp = 2 (n = 2).
+One (B, T, d) bf16 activation is S = 2 x 16 x 256 x 2 B = 16,384 B. Every expected number
+is derived beside its assertion.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import PARALLEL_LLAMA
+from torchroof.counters import cost_of, kind_of
+from torchroof.counters.collectives import collective_kind, message_bytes, wire_bytes
+from transformers import Gemma2Config, LlamaConfig
+
+import torchroof
+from torchroof.options import Workload, WorkloadError
+from torchroof.parallel import (
+    ParallelPlan,
+    apply_sequence_parallel,
+    build_mesh,
+    fake_process_group,
+)
+from torchroof.records import OpRecord, Trace
+from torchroof.workloads.registry import regime
+
+B, T, D, V, TP = 2, 16, 256, 1024, 2
+BF16 = 2  # bytes
+S = B * T * D * BF16  # 16,384 B: one (B, T, d) bf16 activation
+NORMS = ("input_layernorm", "post_attention_layernorm", "model.norm")
+
+
+def _trace(regime: str, config: LlamaConfig | None = None, **knobs) -> Trace:
+    knobs = {"batch": B, "seq": T, "tp": TP, **knobs}
+    return torchroof.trace_model(config or LlamaConfig(**PARALLEL_LLAMA), regime, **knobs)
+
+
+def _collectives(trace: Trace, phase: str | None = None) -> list[OpRecord]:
+    return [
+        op
+        for op in trace.ops
+        if kind_of(op.packet) == "collective" and (phase is None or op.phase == phase)
+    ]
+
+
+def _in_layer(op: OpRecord, index: int) -> bool:
+    return op.module.startswith(f"model.layers.{index}.")
+
+
+def _gemm_flops(trace: Trace, phase: str) -> int:
+    return sum(
+        cost_of(op).flops
+        for op in trace.ops
+        if kind_of(op.packet) == "matmul" and op.phase == phase
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_train() -> Trace:
+    return _trace("train")
+
+
+@pytest.fixture(scope="module")
+def sp_train() -> Trace:
+    return _trace("train", sequence_parallel=True)
+
+
+# -- the collectives: each all-reduce becomes a reduce-scatter and an all-gather -------------
+
+
+def test_each_layer_all_gathers_its_inputs_and_reduce_scatters_its_outputs(sp_train, plain_train):
+    for layer in range(2):
+        sp = [op for op in _collectives(sp_train, "forward") if _in_layer(op, layer)]
+        # the attention and the MLP all-gather their (B, T/tp, d) input, o_proj and
+        # down_proj reduce-scatter their partial sums back to it
+        assert [(op.module.split(".")[-1], collective_kind(op)) for op in sp] == [
+            ("self_attn", "all_gather"),
+            ("self_attn", "reduce_scatter"),
+            ("mlp", "all_gather"),
+            ("mlp", "reduce_scatter"),
+        ]
+        for op in sp:
+            # message S = 16,384 B (the gathered, or the pre-scatter, activation); on the
+            # wire (n-1)/n x S = 8,192 B per rank; a rank's shard is (B, T/tp, d) = (2, 8, 256)
+            assert (message_bytes(op), wire_bytes(op)) == (S, S // 2) == (16_384, 8_192)
+            assert op.arg("group_ranks") == [0, 1]
+            assert op.inputs[0].dtype == "bfloat16"
+            shard = op.inputs[0] if collective_kind(op) == "all_gather" else op.outputs[0]
+            assert shard.shape == (B, T // TP, D)
+        # plain TP: the row-wise o_proj and down_proj all-reduce the whole (B, T, d):
+        # 2(n-1)/n x S = 16,384 B on the wire each
+        plain = [op for op in _collectives(plain_train, "forward") if _in_layer(op, layer)]
+        assert [collective_kind(op) for op in plain] == ["all_reduce", "all_reduce"]
+        assert {(message_bytes(op), wire_bytes(op)) for op in plain} == {(16_384, 16_384)}
+        # the same bytes cross the link: 2 x 16,384 = 4 x 8,192 = 32,768 per layer
+        assert sum(map(wire_bytes, sp)) == sum(map(wire_bytes, plain)) == 32_768
+
+
+def test_the_embedding_reduce_scatters_and_the_lm_head_gathers_the_tokens(sp_train):
+    forward = _collectives(sp_train, "forward")
+    # the vocabulary-parallel embedding's partial sums land sequence-split: a reduce-scatter
+    # of S; the LM head all-gathers the final norm's (2, 8, 256) tokens: S again
+    first, last_tp = forward[0], forward[-4]
+    assert (collective_kind(first), message_bytes(first)) == ("reduce_scatter", S)
+    assert (last_tp.module, collective_kind(last_tp), message_bytes(last_tp)) == (
+        "lm_head",
+        "all_gather",
+        S,
+    )
+    # no all-reduce of activations in forward: only the loss's three (B·T, 1) fp32 ones
+    reduces = [op for op in forward if collective_kind(op) == "all_reduce"]
+    assert [op.inputs[0].shape for op in reduces] == [(B * T, 1)] * 3
+
+
+def test_backward_mirrors_forward_and_all_reduces_the_norm_gradients(sp_train):
+    backward = _collectives(sp_train, "backward")
+    for layer in range(2):
+        # an all-gather's gradient is a reduce-scatter and the other way round: per layer
+        # again 2 of each, S each
+        mine = [op for op in backward if _in_layer(op, layer)]
+        kinds = sorted(collective_kind(op) for op in mine)
+        assert kinds == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+        assert {message_bytes(op) for op in mine} == {S}
+    # the norms' replicated weights get partial gradients from their T/tp tokens: 5 norms
+    # of 256 (2 per layer, the final one) all-reduced, 256 x 2 B = 512 B each (Megatron
+    # all-reduces its sequence-parallel norm gradients too)
+    reduces = [op for op in backward if collective_kind(op) == "all_reduce"]
+    assert [(op.inputs[0].shape, message_bytes(op)) for op in reduces] == [((D,), 512)] * 5
+
+
+# -- what each rank computes --------------------------------------------------------------
+
+
+def test_norms_run_on_the_ranks_tokens(sp_train, plain_train):
+    def norm_rows(trace: Trace) -> set[tuple[int, ...]]:
+        """The (B, tokens) of every forward rsqrt in a norm (one per token)."""
+        return {
+            op.inputs[0].shape[:2]
+            for op in trace.ops
+            if op.phase == "forward"
+            and op.packet == "aten.rsqrt"
+            and any(op.module.endswith(norm) for norm in NORMS)
+        }
+
+    # 5 norms x rsqrt over (B, T/tp, 1) = (2, 8, 1); under plain TP each rank normalises
+    # all (2, 16) tokens
+    assert norm_rows(sp_train) == {(B, T // TP)}
+    assert norm_rows(plain_train) == {(B, T)}
+    squares = [
+        op
+        for op in sp_train.ops
+        if op.phase == "forward" and op.packet == "aten.pow" and "norm" in op.module
+    ]
+    # x^2 per element: 2 x 8 x 256 = 4,096 per norm, 5 norms
+    assert [op.inputs[0].numel for op in squares] == [B * T // TP * D] * 5
+
+
+def test_gemm_flops_are_plain_tensor_parallels(sp_train, plain_train):
+    # per rank at tp = 2, N = B·T = 32 tokens: q 2*32*256*128 + k, v 2 x 2*32*256*64 + o
+    # 2*32*128*256 = 6,291,456; MLP 3 x 2*32*256*256 = 12,582,912; x 2 layers = 37,748,736;
+    # LM head 2*32*256*512 = 8,388,608: 46,137,344 (half of one GPU's)
+    assert _gemm_flops(sp_train, "forward") == _gemm_flops(plain_train, "forward") == 46_137_344
+    assert _gemm_flops(sp_train, "backward") == _gemm_flops(plain_train, "backward")
+    assert _gemm_flops(sp_train, "backward") == 2 * 46_137_344
+
+
+def test_the_loss_runs_on_the_local_vocabulary_shard(sp_train, plain_train):
+    # after the LM head, loss_parallel's cross-entropy reads (B·T, V/tp) = (32, 512)
+    # logits: the exp of the softmax and the gather of the target logit
+    loss = [op for op in sp_train.ops if op.phase == "forward" and op.module == ""]
+    for packet in ("aten.exp", "aten.gather", "aten.amax"):
+        (op,) = [op for op in loss if op.packet == packet]
+        assert op.inputs[0].shape == (B * T, V // TP)
+    # no forward op sees the whole vocabulary; plain TP gathers the logits (its
+    # "colwise_gather_output" LM head) and its log-softmax reads all 1,024 columns
+    assert not [
+        op for op in sp_train.ops if op.phase == "forward" for t in op.inputs if V in t.shape
+    ]
+    (softmax,) = [op for op in plain_train.ops if op.packet == "aten._log_softmax"]
+    assert softmax.inputs[0].shape[-1] == V
+
+
+# -- priced on a DGX H100 -------------------------------------------------------------------
+
+
+def test_priced_on_dgx_h100_the_link_carries_plain_tps_bytes(sp_train, plain_train):
+    sp = torchroof.Trace.of(sp_train).estimate("dgx-h100")
+    plain = torchroof.Trace.of(plain_train).estimate("dgx-h100")
+    assert math.isfinite(sp.time_s) and sp.time_s > 0
+    assert sp.uncounted == {}
+
+    def layer_wire(estimate, layer: int, phase: str) -> dict[str, int]:
+        wire: dict[str, int] = {}
+        for kernel in estimate.kernels:
+            if kernel.module.startswith(f"model.layers.{layer}.") and kernel.phase == phase:
+                for link, size in kernel.wire_by_link.items():
+                    wire[link] = wire.get(link, 0) + size
+        return wire
+
+    for layer in range(2):
+        # forward: 2 all-reduces x 2(n-1)/n x S = 2 x 16,384 (plain) against 2 all-gathers
+        # and 2 reduce-scatters x (n-1)/n x S = 4 x 8,192 (a ring all-reduce is a
+        # reduce-scatter then an all-gather), on NVLink (ranks 0 and 1 share a node)
+        forward = {"nvlink": 32_768}
+        assert layer_wire(sp, layer, "forward") == layer_wire(plain, layer, "forward") == forward
+        # backward: again 4 x 8,192 under sequence parallel, where the attention's and the
+        # MLP's inputs are redistributed once; transformers' plan converts each column-wise
+        # projection's input on its own, so q, k, v, gate and up each all-reduce their
+        # input gradient: 5 x 16,384 = 81,920
+        assert layer_wire(sp, layer, "backward") == {"nvlink": 32_768}
+        assert layer_wire(plain, layer, "backward") == {"nvlink": 5 * 16_384}
+
+
+# -- prefill, composition, refusals -----------------------------------------------------------
+
+
+def test_prefill_gathers_the_last_tokens_logits_and_caches_the_local_heads():
+    sp = _trace("prefill", sequence_parallel=True)
+    plain = _trace("prefill")
+    for layer in range(2):
+        kinds = [collective_kind(op) for op in _collectives(sp) if _in_layer(op, layer)]
+        assert kinds == ["all_gather", "reduce_scatter"] * 2
+    # the KV cache holds the rank's one KV head (of 2), as under plain TP: K and V x 2
+    # layers x B = 2 x 16 slots x 1 head x 64 wide x 2 B = 16,384 B (half of one GPU's)
+    kv = 2 * 2 * B * T * 1 * 64 * BF16
+    assert sp.role_bytes["kv_cache"] == plain.role_bytes["kv_cache"] == kv == 16_384
+    # generation samples from the whole vocabulary: the last token's (2, 1, 512) logits
+    # shards are gathered, 2 x 1 x 1,024 x 2 B = 4,096 B
+    last = _collectives(sp)[-1]
+    assert (collective_kind(last), message_bytes(last)) == ("all_gather", 4_096)
+    label = regime("prefill").label("tiny", Workload("prefill", tp=2, sequence_parallel=True))
+    assert label.endswith(", rank 0 of tp 2 (2 GPUs), sequence parallel")
+
+
+def test_fsdp_composes_with_sequence_parallel():
+    trace = _trace("train", fsdp=2, sequence_parallel=True)
+    # mesh (fsdp, tp) = (2, 2): the TP group is ranks [0, 1], the FSDP group [0, 2]
+    groups = {
+        (collective_kind(op), tuple(op.arg("group_ranks")))
+        for op in _collectives(trace)
+        if op.inputs[0].numel == B * T * D // TP or op.inputs[0].numel == B * T * D
+    }
+    assert ("all_gather", (0, 1)) in groups and ("reduce_scatter", (0, 1)) in groups
+    assert {tuple(op.arg("group_ranks")) for op in _collectives(trace)} == {(0, 1), (0, 2)}
+
+
+def test_tied_embeddings_stay_one_parameter():
+    config = LlamaConfig(**PARALLEL_LLAMA, tie_word_embeddings=True)
+    trace = _trace("train", config, sequence_parallel=True)
+    # untied, a rank holds (1,705,216 - 1,280 norms) / 2 + 1,280 = 853,248 parameters; the
+    # tied LM head shares the embedding's vocabulary half: 853,248 - 131,072 = 722,176, x 2 B
+    assert trace.role_bytes["weights"] == 722_176 * BF16 == 1_444_352
+
+
+def test_one_tensor_parallel_rank_leaves_the_step_alone():
+    trace = _trace("prefill", tp=1, sequence_parallel=True)
+    assert _collectives(trace) == []
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"regime": "decode", "context": 16}, "a decode step has one per sequence"),
+        ({"regime": "train", "seq": 15}, "splits seq=15 over tp=2 ranks: seq must be a multiple"),
+    ],
+)
+def test_steps_that_cannot_split_their_tokens_are_refused(knobs, message):
+    regime = knobs.pop("regime")
+    with pytest.raises(WorkloadError, match=message):
+        _trace(regime, sequence_parallel=True, **knobs)
+
+
+def test_a_model_not_laid_out_as_llama_is_refused():
+    # Gemma 2 adds pre/post feed-forward norms the plan would leave unsharded
+    config = Gemma2Config(**PARALLEL_LLAMA, head_dim=64)
+    with pytest.raises(WorkloadError, match="post_feedforward_layernorm.*not exactly"):
+        _trace("train", config, sequence_parallel=True)
+
+
+def test_apply_sequence_parallel_names_the_missing_module():
+    from torch import nn
+
+    with fake_process_group(2):
+        mesh = build_mesh(ParallelPlan(tp=2))
+        with pytest.raises(ValueError, match="needs an nn.Embedding 'model.embed_tokens'"):
+            apply_sequence_parallel(nn.Linear(4, 4), mesh["tp"])
