@@ -1,0 +1,205 @@
+"""examples/multi_gpu_validation.py (issue 13 item 9): the conversions from priced steps to
+published figures, on hand-made inputs with the arithmetic beside them; every published run
+either mapped to a request or refused with a reason; one mapped run predicted live equals
+the checked-in prediction."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchroof.report import Estimate, KernelEstimate
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_gpu_validation.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("multi_gpu_validation", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+mgv = _load()
+DATA = json.loads(mgv.RUNS_JSON.read_text())
+RUNS = {run["id"]: run for run in DATA["runs"]}
+
+
+def _kernel(index: int, time_s: float, *, network: bool = False, exposed_s: float = 0.0):
+    return KernelEstimate(
+        index=index, name="c10d.allreduce_.default" if network else "aten.mm.default",
+        ops=(), module="model.layers.0", phase="forward", flops=0 if network else 10**12,
+        bytes_read=0, bytes_written=0, unit="network" if network else "tensor", dtype="bf16",
+        counted=True, peak_flops_per_s=1e15, compute_s=time_s, memory_s=0.0, time_s=time_s,
+        bound="network" if network else "compute", link="nvlink" if network else "",
+        stream="communication" if network else "compute", exposed_s=exposed_s,
+    )  # fmt: skip
+
+
+def _estimate() -> Estimate:
+    """Two compute kernels of 0.2 s and 0.1 s; a 0.15 s all-reduce of which 0.05 s made
+    the compute stream wait: step = 0.3 + 0.05 = 0.35 s."""
+    return Estimate(
+        hardware="h100-sxm", hardware_display="test", hbm_bytes_per_s=1e12,
+        reference_peak_flops_per_s=1e15, reference_dtype="bf16",
+        kernels=[_kernel(0, 0.2), _kernel(1, 0.15, network=True, exposed_s=0.05),
+                 _kernel(2, 0.1)],
+        op_count=3, uncounted={}, step_time_s=0.35,
+    )  # fmt: skip
+
+
+def test_step_times_split_compute_exposed_and_hidden():
+    times = mgv.step_times(_estimate())
+    assert times.step_s == 0.35
+    assert times.compute_s == pytest.approx(0.3)  # 0.2 + 0.1
+    assert times.exposed_s == pytest.approx(0.05)
+    assert times.hidden_s == pytest.approx(0.10)  # 0.15 - 0.05
+    assert times.compute_s + times.exposed_s == pytest.approx(times.step_s)
+    # MFU: 2e12 FLOPs / (0.35 s x 1e15 FLOP/s) = 0.005714...
+    assert times.mfu == pytest.approx(2e12 / 0.35e15)
+    assert times.fits is None  # no footprint on a hand-made estimate
+
+
+def _train_run(**overrides):
+    run = {
+        "id": "hand-train", "regime": "train", "gpu_count": 32, "micro_batch": 2,
+        "seq_len": 4096, "grad_accum": 3, "torch_compile": False,
+        "model": {"torchroof_config": "llama-3-8b"},
+        "parallelism": {"tp": 2, "dp_shard": 8, "dp_replicate": 2},
+        "measured": {"value": 4096.0, "unit": "tokens/s per GPU"},
+    }  # fmt: skip
+    run.update(overrides)
+    return run
+
+
+def test_training_tokens_per_gpu_share_a_tensor_parallel_group():
+    req = mgv.request(_train_run(), mgv.Choice("dgx-h100", "hand-made"))
+    (phase,) = req.phases
+    assert phase.workload == {
+        "tp": 2, "batch": 2, "seq": 4096, "fsdp": 8, "dp": 2, "microbatches": 3,
+        "precision": "mixed", "checkpointing": False,
+    }  # fmt: skip
+    # 2 sequences x 4096 tokens x 3 micro-batches / tp 2 = 12,288 tokens per GPU per step
+    assert req.figure.work == 12288
+    assert [p.fusion for p in req.eager] == ["eager"]  # not compiled: also priced eager
+    times = mgv.step_times(_estimate())
+    prediction = mgv.Prediction(req, 4096.0, (times,), (times,))
+    assert prediction.predicted_s == 0.35
+    assert prediction.predicted == pytest.approx(12288 / 0.35)  # 35,108.6 tokens/s per GPU
+    # measured: 12,288 tokens / 4,096 tokens/s = 3 s; ratio 0.35 / 3 = 0.11667
+    assert prediction.measured_s == pytest.approx(3.0)
+    assert prediction.ratio == pytest.approx(0.35 / 3)
+    assert prediction.eager_ratio == pytest.approx(0.35 / 3)
+
+
+def test_compiled_training_run_is_priced_once():
+    req = mgv.request(_train_run(torch_compile=True), mgv.Choice("dgx-h100", "hand-made"))
+    assert req.eager == ()
+
+
+def _times(step_s: float):
+    return mgv.StepTimes(step_s, step_s, 0.0, 0.0, None, None, None, 0.0)
+
+
+def test_generate_call_is_its_prefill_plus_a_decode_step_per_further_token():
+    run = {
+        "id": "hand-decode", "regime": "decode", "gpu_count": 8, "batch": 4,
+        "prompt_len": 100, "output_len": 201, "model": {"torchroof_config": "llama-3-8b"},
+        "parallelism": {"tp": 8}, "measured": {"value": 50.0, "unit": "tokens/s per GPU"},
+    }  # fmt: skip
+    req = mgv.request(run, mgv.Choice("dgx-a100", "hand-made", dtype="fp16"))
+    prefill, first, last = req.phases
+    assert (prefill.regime, prefill.weight, prefill.workload["seq"]) == ("prefill", 1.0, 100)
+    # 200 decode steps after the prefill's token; step k attends over 100 + k - 1 tokens:
+    # k = 1 -> 100, k = 200 -> 299; each end weighted 200 / 2 = 100
+    assert [(p.workload["context"], p.weight) for p in (first, last)] == [(100, 100), (299, 100)]
+    assert first.workload["dtype"] == "fp16"
+    # 4 sequences x 201 tokens / 8 GPUs = 100.5 tokens per GPU
+    assert req.figure.work == pytest.approx(100.5)
+    prediction = mgv.Prediction(req, 50.0, (_times(0.5), _times(0.01), _times(0.03)))
+    # 0.5 + 100 x 0.01 + 100 x 0.03 = 4.5 s; 100.5 / 4.5 = 22.33 tokens/s per GPU
+    assert prediction.predicted_s == pytest.approx(4.5)
+    assert prediction.predicted == pytest.approx(100.5 / 4.5)
+    # measured 100.5 / 50 = 2.01 s
+    assert prediction.ratio == pytest.approx(4.5 / 2.01)
+    assert prediction.main[0] is last  # 100 x 0.03 s: most of the time
+
+
+def test_whole_cache_decode_is_one_step_at_the_full_cache_and_not_per_gpu():
+    run = {
+        "id": "hand-gptfast", "regime": "decode", "gpu_count": 8, "batch": 1,
+        "prompt_len": 5, "new_tokens": 200, "model": {"torchroof_config": "llama-3-8b"},
+        "parallelism": {"tp": 8}, "measured": {"value": 100.0, "unit": "tokens/s"},
+    }  # fmt: skip
+    choice = mgv.Choice("dgx-a100", "hand-made", whole_cache=True, per_gpu=False)
+    prefill, decode = mgv.request(run, choice).phases
+    assert (decode.workload["context"], decode.weight) == (205, 199)
+    req = mgv.request(run, choice)
+    assert req.figure.work == 200  # the whole group's tokens
+    prediction = mgv.Prediction(req, 100.0, (_times(0.02), _times(0.01)))
+    # 0.02 + 199 x 0.01 = 2.01 s for 200 tokens; measured 200 / 100 = 2 s
+    assert prediction.ratio == pytest.approx(2.01 / 2.0)
+
+
+def test_time_to_first_token_is_the_prefill_in_milliseconds():
+    figure = mgv.Figure("ms", seconds_per_unit=1e-3)
+    assert figure.seconds(249.2) == pytest.approx(0.2492)
+    assert figure.value(0.176) == pytest.approx(176.0)
+
+
+def test_anchor_measured_time_is_bus_factor_times_size_over_busbw():
+    """The A100 sweep prints time and bus bandwidth both: 1 GiB all-reduce on 8 ranks,
+    2 x 7/8 x 1,073,741,824 B / 229.04 GB/s = 8,203.9 us, the published time."""
+    points = [a for a in mgv.anchors(DATA["collectives"]) if a.anchor_id.startswith("c-a100")]
+    one_gib = next(a for a in points if a.size_bytes == 2**30)
+    assert one_gib.measured_s == pytest.approx(8203.9e-6, rel=1e-4)
+    # torchroof: 44.8 us + 1.75 x 2^30 B / (300 GB/s x 0.772) = 8,158.3 us
+    time_s, busbw, algorithm = one_gib.predicted()
+    assert time_s == pytest.approx(44.8e-6 + 1.75 * 2**30 / (300e9 * 0.772), rel=1e-6)
+    assert busbw == pytest.approx(1.75 * 2**30 / time_s)
+    assert algorithm == "ring"
+
+
+def test_every_run_is_mapped_or_refused_with_a_reason():
+    mapped, refused = set(mgv.CHOICES), set(mgv.NOT_PREDICTED)
+    assert not mapped & refused
+    assert mapped | refused == set(RUNS)
+    assert all(reason.strip() for reason in mgv.NOT_PREDICTED.values())
+    for run_id in mapped:
+        run, req = RUNS[run_id], mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
+        workload = req.phases[0].workload
+        ranks = workload["tp"] * workload.get("fsdp", 1) * workload.get("dp", 1)
+        assert ranks == run["gpu_count"], run_id  # the request spans the run's GPUs
+        assert mgv.get_cluster(req.phases[0].hardware)  # a shipped cluster
+
+
+def test_every_collective_entry_is_compared():
+    compared = {a.anchor_id for a in mgv.anchors(DATA["collectives"])}
+    assert compared == {c["id"] for c in DATA["collectives"]}
+
+
+def test_the_checked_in_predictions_cover_the_mapped_runs():
+    stored = json.loads(mgv.PREDICTIONS_JSON.read_text())
+    assert [r["id"] for r in stored["runs"]] == [i for i in RUNS if i in mgv.CHOICES]
+    assert {r["id"] for r in stored["not_predicted"]} == set(mgv.NOT_PREDICTED)
+
+
+def test_a_decode_run_predicted_live_equals_the_checked_in_prediction():
+    run_id = "gptfast-a100x8-llama31-8b-tp8-decode-bs1"  # the cheapest: 8B, 5-token prefill
+    mgv.quiet()
+    (live,) = mgv.predict([RUNS[run_id]], progress=lambda _: None)
+    stored = next(
+        r for r in json.loads(mgv.PREDICTIONS_JSON.read_text())["runs"] if r["id"] == run_id
+    )
+    fresh = mgv.prediction_json(live, RUNS[run_id])
+    assert fresh["request"] == stored["request"]
+    assert fresh["predicted"] == pytest.approx(stored["predicted"], rel=1e-9)
+    assert fresh["ratio"] == pytest.approx(stored["ratio"], rel=1e-9)
+    for mine, theirs in zip(fresh["steps"], stored["steps"], strict=True):
+        for key in ("step_ms", "compute_ms", "exposed_communication_ms", "memory_per_rank_gb"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
