@@ -73,9 +73,10 @@ TITAN_H100 = (
     "torchtitan's H100s are 96 GB HBM2e parts at 500 W, slower than an SXM H100: priced on "
     "dgx-h100's 80 GB 700 W SXM"
 )
-NO_SP = (
-    "transformers' TP plan has no sequence parallel or loss parallel: norms and the "
-    "residual stream are replicated per TP rank (same collective bytes, more activations)"
+SP = (
+    "sequence + loss parallel, as the run (torchtitan's TP plan through parallelize_module: "
+    "norms on T/tp tokens, reduce-scatter + all-gather for each all-reduce, the loss on "
+    "vocabulary shards)"
 )
 FP32_REDUCE = "FSDP reduce-scatter in bf16 (torchtitan reduces in fp32: twice the bytes)"
 GPT_FAST = (
@@ -127,11 +128,11 @@ CHOICES: dict[str, Choice] = {
         "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}"
     ),
     "tt-h100x64-llama31-8b-fsdp8-tp8-bf16": Choice(
-        "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {NO_SP}; {TITAN_H100}"
+        "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {SP}; {TITAN_H100}"
     ),
     "tt-h100x256-llama31-70b-fsdp32-tp8-bf16": Choice(
         "dgx-h100",
-        f"full AC; compiled (fusion 'fused'); {NO_SP}; {TITAN_H100}",
+        f"full AC; compiled (fusion 'fused'); {SP}; {TITAN_H100}",
         checkpointing=True,
     ),
     "gptfast-a100x8-llama31-70b-tp8-decode-bs1": Choice(
@@ -165,22 +166,22 @@ CHOICES: dict[str, Choice] = {
 }
 
 _MPT = (
-    "MPT-7B: no shipped config of its architecture (LayerNorm, GELU MLP, learned positions); "
-    "the nearest shipped one, gpt2, is FSDP-sharded as a single unit (transformers' FSDP plan "
-    "names `layers.*`, which GPT-2 lacks), so its step would be a different program"
+    "MPT-7B: no shipped config of its architecture (llm-foundry's benchmark model: LayerNorm "
+    "without biases, GELU MLP, learned positions; transformers' MPT has ALiBi instead)"
 )
+_CP_DATA = "torchroof's cp composes with tp only, not yet with fsdp or dp"
 NOT_PREDICTED: dict[str, str] = {
-    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": "context parallel (CP 2) and fp8 matmuls",
+    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": f"fp8 matmuls (Float8); CP 2 with FSDP 4: {_CP_DATA}",
     "tt-h200x32-llama31-8b-fsdp32-fp8": "fp8 matmuls and fp8 all-gather",
     "llama3-405b-h100x8192-tp8-pp16-dp64": "pipeline parallel (PP 16)",
     "llama3-405b-h100x16384-tp8-pp16-dp128": "pipeline parallel (PP 16)",
-    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": "pipeline parallel (PP 16), context parallel",
-    "automodel-h100x64-llama31-70b-fsdp2-cp2": "context parallel (CP 2)",
+    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": "pipeline parallel (PP 16); CP 16 with FSDP 8",
+    "automodel-h100x64-llama31-70b-fsdp2-cp2": f"CP 2 with FSDP 32 (over 64 ranks): {_CP_DATA}",
     "foundry-h100x8-mpt7b-fsdp": _MPT,
     "foundry-h100x512-mpt7b-fsdp": _MPT,
     "foundry-a100-40gbx128-mpt7b-fsdp": _MPT,
-    "nemo2407-h100x8-llama3-8b-cp2-fp8": "fp8 (Transformer Engine), context parallel (CP 2)",
-    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": "fp8, pipeline parallel (PP 4), CP 2",
+    "nemo2407-h100x8-llama3-8b-cp2-fp8": f"fp8 (Transformer Engine); CP 2 with DP 4: {_CP_DATA}",
+    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": "fp8, pipeline parallel (PP 4); CP 2 with DP 2",
     "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": "fp8 weights and activations",
 }
 
@@ -240,11 +241,28 @@ class Request:
     eager: tuple[Phase, ...] = ()
 
 
+def sequence_parallel(run: dict[str, Any]) -> bool:
+    """The run shards norms and the residual stream over its TP ranks (its parallelism's
+    ``sequence_parallel`` is true). torchroof's ``sequence_parallel`` knob is torchtitan's
+    plan, which also runs a training step's loss under loss parallel, so a run with one and
+    not the other is not expressible."""
+    par = run["parallelism"]
+    sequence = par.get("sequence_parallel") is True
+    if sequence and run["regime"] == "train" and par.get("loss_parallel") is not True:
+        raise ValueError(
+            f"{run['id']}: sequence parallel without loss parallel; torchroof's "
+            "sequence_parallel runs a training step's loss on vocabulary shards as well"
+        )
+    return sequence
+
+
 def _phase(run: dict[str, Any], choice: Choice, regime: str, weight: float, **sizes: Any) -> Phase:
     label = {"train": "train step", "prefill": "prefill"}.get(regime, "decode step")
     if regime == "decode":
         label += f" (context {sizes['context']})"
     workload = {"tp": run["parallelism"]["tp"], **sizes}
+    if sequence_parallel(run):  # written only when on: the other requests stay as they were
+        workload["sequence_parallel"] = True
     if regime == "train":
         workload.update(precision="mixed", checkpointing=choice.checkpointing)
     else:
@@ -265,7 +283,8 @@ def request(run: dict[str, Any], choice: Choice) -> Request:
     """The priced steps for ``run`` and how they become its measured figure.
 
     train: one step of ``micro_batch`` sequences per rank, ``grad_accum`` micro-batches, fp32
-    masters (precision "mixed": bf16 compute); tokens/s per GPU. prefill: time to first
+    masters (precision "mixed": bf16 compute), sequence parallel where the run has it
+    (:func:`sequence_parallel`); tokens/s per GPU. prefill: time to first
     token. decode (a whole generate call, as measured): the prefill of the prompt, then one
     decode step per further token, at the cache the step attends over."""
     par, regime, unit = run["parallelism"], run["regime"], run["measured"]["unit"]

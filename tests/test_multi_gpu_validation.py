@@ -97,6 +97,34 @@ def test_training_tokens_per_gpu_share_a_tensor_parallel_group():
     assert prediction.eager_ratio == pytest.approx(0.35 / 3)
 
 
+def test_sequence_parallel_is_read_from_the_run():
+    par = {"tp": 8, "dp_shard": 8, "dp_replicate": 1}
+    on = _train_run(parallelism={**par, "sequence_parallel": True, "loss_parallel": True})
+    (phase,) = mgv.request(on, mgv.Choice("dgx-h100", "hand-made")).phases
+    assert phase.workload["sequence_parallel"] is True
+    # off (or not stated, as Megatron rows' null): the key is not written at all
+    for stated in (False, None):
+        off = _train_run(parallelism={**par, "sequence_parallel": stated})
+        (phase,) = mgv.request(off, mgv.Choice("dgx-h100", "hand-made")).phases
+        assert "sequence_parallel" not in phase.workload
+    # torchroof's knob is torchtitan's plan: sequence parallel brings loss parallel with it
+    alone = _train_run(parallelism={**par, "sequence_parallel": True, "loss_parallel": False})
+    with pytest.raises(ValueError, match="sequence parallel without loss parallel"):
+        mgv.request(alone, mgv.Choice("dgx-h100", "hand-made"))
+
+
+def test_the_torchtitan_tp_rows_are_priced_with_sequence_parallel():
+    tp_rows = [i for i in mgv.CHOICES if RUNS[i]["parallelism"]["tp"] > 1 and
+               RUNS[i]["regime"] == "train"]  # fmt: skip
+    assert tp_rows == [
+        "tt-h100x64-llama31-8b-fsdp8-tp8-bf16", "tt-h100x256-llama31-70b-fsdp32-tp8-bf16",
+    ]  # fmt: skip
+    for run_id in tp_rows:
+        req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
+        assert req.phases[0].workload["sequence_parallel"] is True, run_id
+        assert "sequence + loss parallel" in req.note and "no sequence" not in req.note
+
+
 def test_compiled_training_run_is_priced_once():
     req = mgv.request(_train_run(torch_compile=True), mgv.Choice("dgx-h100", "hand-made"))
     assert req.eager == ()
@@ -176,6 +204,21 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
         ranks = workload["tp"] * workload.get("fsdp", 1) * workload.get("dp", 1)
         assert ranks == run["gpu_count"], run_id  # the request spans the run's GPUs
         assert mgv.get_cluster(req.phases[0].hardware)  # a shipped cluster
+
+
+def test_context_parallel_refusals_are_what_torchroof_refuses():
+    """A refused run with CP > 1 names why in torchroof's terms: its CP with FSDP or DP is
+    refused by torchroof.options.Workload today (a reason to revisit once it is not)."""
+    from torchroof.options import Workload, WorkloadError
+
+    cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
+    assert len(cp_rows) == 5
+    for run_id in cp_rows:
+        run, par = RUNS[run_id], RUNS[run_id]["parallelism"]
+        assert f"CP {par['cp']} with " in mgv.NOT_PREDICTED[run_id], run_id
+        with pytest.raises(WorkloadError, match="does not yet compose with fsdp or dp"):
+            Workload(regime="train", seq=run["seq_len"], tp=par["tp"], cp=par["cp"],
+                     fsdp=par["dp_shard"], dp=par["dp_replicate"])  # fmt: skip
 
 
 def test_every_collective_entry_is_compared():

@@ -383,3 +383,15 @@ def test_fsdp_shards_each_block_when_the_models_plan_names_none_of_its_modules()
     trace = _trace("train", config, fsdp=4)
     scatters = Counter(op.module for op in _collectives(trace, "reduce_scatter"))
     assert scatters == {"transformer.h.0": 1, "transformer.h.1": 1, "": 1}
+
+
+def test_tp_all_reduces_block_under_fsdp_too():
+    """With FSDP the step runs under a FakeTensorMode, where ``wait_tensor`` returns a new
+    fake tensor: capture keeps it under the collective's storage, so each forward o_proj
+    all-reduce still blocks the layer after it (fully exposed)."""
+    est = torchroof.Trace.of(_trace("train", tp=2, fsdp=2)).estimate("dgx-h100")
+    blocking = [
+        k for k in est.kernels
+        if k.unit == "network" and k.phase == "forward" and k.module.endswith("o_proj")
+    ]  # fmt: skip
+    assert len(blocking) == 2 and all(k.exposed_s == k.time_s for k in blocking)

@@ -42,10 +42,11 @@ _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _CLONE = aten.clone.default
 if torch.distributed.is_available():  # defines _c10d_functional._wrap_tensor_autograd
     import torch.distributed._functional_collectives  # noqa: F401
-# ops that hand their input's bytes on as a new tensor (a new storage to the dispatcher)
+# ops that hand their input's bytes on as a new tensor (a new storage to the dispatcher:
+# under a FakeTensorMode, wait_tensor's result is a new fake tensor)
 _REWRAPS = frozenset(
     op.default
-    for name in ("_wrap_tensor_autograd",)
+    for name in ("_wrap_tensor_autograd", "wait_tensor")
     if (op := getattr(torch.ops._c10d_functional, name, None)) is not None
 )
 _BACKWARD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
