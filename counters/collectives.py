@@ -112,7 +112,6 @@ BATCH_P2P = "_c10d_functional.batch_p2p_ops"
 if torch.distributed.is_available():
     # defines _c10d_functional._wrap_tensor_autograd (the c10d ops come with torch itself)
     import torch.distributed._functional_collectives  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401  (defines the fsdp:: copy ops FSDP2 runs)
 
 
 def _in_this_torch(*packets: str) -> list[str]:
@@ -256,4 +255,6 @@ def fsdp_copy(op: OpRecord) -> Cost:
 
 
 # opaque: FSDP2 launches each as a kernel of its own, on its own stream for the first two
-register(*_in_this_torch(*FSDP_COPIES), kind="opaque")(fsdp_copy)
+# by name: importing torch.distributed.fsdp to ask whether they exist costs every start-up
+# ~0.75 s; a trace only holds them once FSDP2 (which defines them) has run
+register(*FSDP_COPIES, kind="opaque")(fsdp_copy)

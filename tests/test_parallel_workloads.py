@@ -395,3 +395,16 @@ def test_tp_all_reduces_block_under_fsdp_too():
         if k.unit == "network" and k.phase == "forward" and k.module.endswith("o_proj")
     ]  # fmt: skip
     assert len(blocking) == 2 and all(k.exposed_s == k.time_s for k in blocking)
+
+
+REWRAPS = ("_c10d_functional._wrap_tensor_autograd", "_c10d_functional.wait_tensor")
+
+
+def test_a_rewrapped_collective_result_keeps_the_collectives_storage():
+    """``_wrap_tensor_autograd`` (and, under FSDP's FakeTensorMode, ``wait_tensor``) hand a
+    collective's result on as a new tensor; capture records it under the same storage, so
+    fusion and the schedule see who reads the collective's result."""
+    for trace in (_trace("train", tp=2), _trace("train", tp=2, fsdp=2)):
+        rewraps = [op for op in trace.ops if op.name.startswith(REWRAPS)]
+        assert rewraps
+        assert all(op.outputs[0].storage == op.inputs[0].storage for op in rewraps)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from torchroof.parallel import MESH_DIMS, ParallelPlan
+
 if TYPE_CHECKING:
     from torchroof.report import Estimate
 
@@ -41,9 +43,8 @@ def ranks(est: Estimate) -> tuple[int, int]:
     """(GPUs in the step, GPUs sharing one replica's tokens: tp · cp) from the workload's
     plan."""
     workload = est.workload
-    shared = int(workload.get("tp", 1) or 1) * int(workload.get("cp", 1) or 1)
-    world = shared * int(workload.get("fsdp", 1) or 1) * int(workload.get("dp", 1) or 1)
-    return world, shared
+    plan = ParallelPlan(**{dim: int(workload.get(dim, 1) or 1) for dim in MESH_DIMS})
+    return plan.world, plan.tp * plan.cp
 
 
 def tokens_per_s_per_gpu(est: Estimate) -> float:

@@ -182,7 +182,7 @@ def _estimate_trace(
         raise ClusterRequiredError(_needs_cluster(len(unpriced), max(unpriced), spec))
     step_time_s = None
     if collectives:
-        timed, step_time_s = _scheduled(timed, kernels, ops, pricing)
+        timed, step_time_s = _scheduled(timed, kernels, pricing)
     if tensor_flops:
         reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)
         reference_peak = spec.tensor_peak(reference_dtype, allow_tf32=pricing.allow_tf32)
@@ -287,14 +287,11 @@ def _needs_cluster(count: int, largest: int, spec: HardwareSpec) -> str:
 
 
 def _scheduled(
-    timed: list[KernelEstimate],
-    kernels: list[Kernel],
-    ops: list[OpRecord],
-    pricing: PricingOptions,
+    timed: list[KernelEstimate], kernels: list[Kernel], pricing: PricingOptions
 ) -> tuple[list[KernelEstimate], float]:
     """The kernels with their start, stream and exposed communication, and the step time,
     from the two-stream schedule (:mod:`torchroof.schedule`)."""
-    tasks = tasks_of(kernels, [k.time_s for k in timed], ops)
+    tasks = tasks_of(kernels, [k.time_s for k in timed])
     laid = schedule(tasks, overlap=pricing.overlap_communication)
     placed = [
         replace(k, start_s=start, stream=task.stream, exposed_s=exposed)

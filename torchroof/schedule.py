@@ -26,9 +26,9 @@ The rules, over kernels in issue order (the trace's order):
   collective's result waits for it (a TP all-reduce read at once blocks; a gradient
   reduce-scatter read only by the optimizer hides behind the rest of backward).
 - Storages are those of the kernels' ops (``read_tensors`` / ``written_tensors``). A view
-  shares its base's storage; ops that re-wrap a collective's result as a new tensor
-  (``wait_tensor``, ``_wrap_tensor_autograd``, any op of kind "view") are followed back to
-  the storage they wrap (:func:`storage_aliases`).
+  shares its base's storage, and capture records the ops that re-wrap a collective's result
+  as a new tensor (``wait_tensor``, ``_wrap_tensor_autograd``) under the collective's
+  storage (``Capture.alias_storage``), so the first use of the result is seen.
 - FSDP2 (``torch.distributed.fsdp.fully_shard``) runs the copies that feed its collectives
   on its own streams: ``fsdp.all_gather_copy_in`` on the all-gather copy-in stream and
   ``fsdp.chunk_cat`` on the reduce-scatter stream. They are scheduled on the communication
@@ -51,10 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from torchroof.counters import kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
 from torchroof.fusion import Kernel
-from torchroof.records import OpRecord
 
 Stream = Literal["compute", "communication"]
 COMPUTE: Stream = "compute"
@@ -155,30 +153,10 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
     return Schedule(tuple(start), tuple(end), tuple(exposed), max(compute_free, communication_free))
 
 
-def storage_aliases(ops: Sequence[OpRecord]) -> dict[int, int]:
-    """Storage -> the storage it re-wraps, for ops of kind "view" whose output is recorded
-    under a new storage id (``_c10d_functional._wrap_tensor_autograd`` hands a collective's
-    result to autograd as a new tensor); followed to the end of each chain."""
-    aliases: dict[int, int] = {}
-    for op in ops:
-        if not op.inputs or not op.outputs or kind_of(op.packet) != "view":
-            continue
-        base = op.inputs[0].storage
-        base = aliases.get(base, base)
-        for t in op.outputs:
-            if t.storage != base:
-                aliases[t.storage] = base
-    return aliases
-
-
-def tasks_of(
-    kernels: Sequence[Kernel], durations: Sequence[float], ops: Sequence[OpRecord]
-) -> list[Task]:
+def tasks_of(kernels: Sequence[Kernel], durations: Sequence[float]) -> list[Task]:
     """The schedule's view of priced kernels: collectives (unit ``network``) and the FSDP2
     side-stream copies on the communication stream, every other kernel on the compute
-    stream; storages of their ops with :func:`storage_aliases` of ``ops`` (the ops the
-    kernels were built from) resolved."""
-    aliases = storage_aliases(ops)
+    stream, with the storages their ops read and write."""
     tasks: list[Task] = []
     last_copy_out: int | None = None
     for i, (kernel, duration) in enumerate(zip(kernels, durations, strict=True)):
@@ -188,12 +166,8 @@ def tasks_of(
             if kernel.cost.unit == "network" or packets & SIDE_STREAM_COPIES
             else COMPUTE
         )
-        reads = frozenset(
-            aliases.get(t.storage, t.storage) for op in kernel.ops for t in read_tensors(op)
-        )
-        writes = frozenset(
-            aliases.get(t.storage, t.storage) for op in kernel.ops for t in written_tensors(op)
-        )
+        reads = frozenset(t.storage for op in kernel.ops for t in read_tensors(op))
+        writes = frozenset(t.storage for op in kernel.ops for t in written_tensors(op))
         after = (last_copy_out,) if FSDP_COPY_IN in packets and last_copy_out is not None else ()
         tasks.append(Task(duration, stream, reads, writes, after))
         if FSDP_COPY_OUT in packets:
