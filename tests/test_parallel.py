@@ -345,7 +345,7 @@ def test_fake_process_group_is_reentrant_and_destroyed_on_exit():
 
 def test_parallel_plan_and_mesh():
     plan = ParallelPlan(dp=2, fsdp=2, tp=2)
-    assert plan.world == 8 and plan.mesh_shape == (2, 2, 1, 2)
+    assert plan.world == 8 and plan.mesh_shape == (1, 2, 2, 1, 2)  # pp, dp, fsdp, cp, tp
     with pytest.raises(ValueError, match="ParallelPlan.tp must be a positive integer"):
         ParallelPlan(tp=0)
     with pytest.raises(RuntimeError, match="fake_process_group"):

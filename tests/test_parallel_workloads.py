@@ -279,7 +279,7 @@ def test_llama70b_decode_tp8_fits_a_dgx_h100():
     ("regime", "knobs", "message"),
     [
         ("decode", {"fsdp": 8}, "fsdp=8 applies to a step that trains (train); a decode step"),
-        ("prefill", {"dp": 2}, "dp=2 applies to a step that trains"),
+        ("prefill", {"fsdp": 2}, "fsdp=2 applies to a step that trains"),
         ("prefill", {"microbatches": 4}, "microbatches=4 applies to a step that trains"),
         ("train", {"cp": 2, "fsdp": 2}, "cp=2 does not yet compose with fsdp"),
         ("train", {"tp": 0}, "tp must be a positive integer, got 0"),

@@ -20,14 +20,17 @@ if TYPE_CHECKING:
 
 
 def mfu(est: Estimate) -> float:
-    """Model FLOPs utilisation: W / (T · pi_tensor) for the dominant matmul dtype."""
+    """Model FLOPs utilisation: W / (T · pi_tensor) for the dominant matmul dtype. A
+    pipelined step's W is its slowest rank's over every micro-batch."""
     time_s = est.time_s
-    return est.flops / (time_s * est.reference_peak_flops_per_s) if time_s else 0.0
+    flops = est.pipeline.rank_flops if est.pipeline is not None else est.flops
+    return flops / (time_s * est.reference_peak_flops_per_s) if time_s else 0.0
 
 
 def memory_bound_share(est: Estimate) -> float:
-    """Share of the step's time spent in memory-bound kernels."""
-    time_s = est.time_s
+    """Share of the step's time spent in memory-bound kernels (a pipelined step: of its
+    slowest rank's kernels' time, one micro-batch each)."""
+    time_s = est.time_s if est.pipeline is None else sum(k.time_s for k in est.kernels)
     memory_s = sum(k.time_s for k in est.kernels if k.bound == "memory")
     return memory_s / time_s if time_s else 0.0
 
@@ -40,17 +43,17 @@ def tokens_per_s(est: Estimate) -> float:
 
 
 def ranks(est: Estimate) -> tuple[int, int]:
-    """(GPUs in the step, GPUs sharing one replica's tokens: tp · cp) from the workload's
-    plan."""
+    """(GPUs in the step, GPUs sharing one replica's tokens: pp · tp · cp) from the
+    workload's plan."""
     workload = est.workload
     plan = ParallelPlan(**{dim: int(workload.get(dim, 1) or 1) for dim in MESH_DIMS})
-    return plan.world, plan.tp * plan.cp
+    return plan.world, plan.pp * plan.tp * plan.cp
 
 
 def tokens_per_s_per_gpu(est: Estimate) -> float:
-    """Tokens per second per GPU: the tp · cp GPUs of a tensor- and context-parallel group
-    process one replica's tokens, so each GPU is credited 1/(tp · cp) of them (as torchtitan
-    and Megatron report throughput)."""
+    """Tokens per second per GPU: the pp · tp · cp GPUs of a pipeline of tensor- and
+    context-parallel groups process one replica's tokens, so each GPU is credited
+    1/(pp · tp · cp) of them (as torchtitan and Megatron report throughput)."""
     _, shared = ranks(est)
     return tokens_per_s(est) / shared
 
@@ -151,7 +154,14 @@ def communication(est: Estimate) -> Communication:
             by_link[k.link] = by_link.get(k.link, 0.0) + k.time_s
         else:
             copies_s += k.time_s
-    return Communication(time_s, exposed_s, time_s - exposed_s, by_link, copies_s, est.time_s)
+    step_s = est.time_s if est.pipeline is None else kernels_span_s(est)
+    return Communication(time_s, exposed_s, time_s - exposed_s, by_link, copies_s, step_s)
+
+
+def kernels_span_s(est: Estimate) -> float:
+    """The listed kernels' own time: compute kernels' time plus the communication they left
+    exposed (a pipelined step lists one micro-batch of its slowest rank's stages)."""
+    return sum(k.exposed_s if k.communication else k.time_s for k in est.kernels)
 
 
 @dataclass(frozen=True)

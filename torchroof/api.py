@@ -23,9 +23,12 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models import build_model, check_layers, check_positions, load_config
 from torchroof.options import PricingOptions, Workload, split_knobs
 from torchroof.pipeline import estimate_trace, resolve_hardware
+from torchroof.pp_schedule import SPLIT_BACKWARD, action_order, stages_per_rank
+from torchroof.pp_step import PipelineTrace
 from torchroof.report import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
+from torchroof.workloads.pipeline_stages import decoder_layers, make_stage, split_layers, stage_key
 
 
 class Trace(records.Trace):
@@ -130,7 +133,7 @@ class ModelTraceError(ValueError):
 
 def trace_model(
     model: Any, regime: str | None = None, *, workload: Workload | None = None, **knobs: Any
-) -> Trace:
+) -> Trace | PipelineTrace:
     """The trace :func:`estimate` prices: ``workload``, or its fields as keywords."""
     workload_knobs, pricing_knobs = split_knobs(knobs)
     if pricing_knobs:
@@ -145,10 +148,25 @@ def trace_model(
     return trace_workload(model, workload, cast_module=cast)
 
 
-def trace_workload(model: Any, workload: Workload, cast_module: bool = False) -> Trace:
+def trace_workload(
+    model: Any, workload: Workload, cast_module: bool = False
+) -> Trace | PipelineTrace:
     """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
-    keeps its dtype unless ``cast_module``."""
+    keeps its dtype unless ``cast_module``. With ``pp`` > 1, one trace per distinct
+    pipeline stage (:func:`trace_pipeline`)."""
+    if workload.pp > 1:
+        return trace_pipeline(model, workload, cast_module)
+    module, label, beyond = _build(model, workload, cast_module)
+    trace = _run(module, workload)
+    trace.facts.model = label
+    if beyond:
+        trace.facts.positions = beyond
+    return Trace.of(trace)
 
+
+def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.Module, str, str]:
+    """(the model on meta, its label, the positions note) after the checks that refuse a
+    workload before anything is built."""
     if isinstance(model, torch.nn.Module):
         label = type(model).__name__
         config = getattr(model, "config", None)
@@ -175,9 +193,13 @@ def trace_workload(model: Any, workload: Workload, cast_module: bool = False) ->
             module = module.to(compute_dtype(workload))
     else:
         module = build_model(config, compute_dtype(workload))
+    return module, label, beyond or ""
+
+
+def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
     try:
         with op_budget(max_ops=workload.max_ops):
-            trace = run_workload(module, workload)
+            return run_workload(module, workload)
     except (WorkloadError, OpBudgetExceeded):
         raise
     except Exception as error:  # noqa: BLE001 - the model's own code failed on meta
@@ -185,7 +207,49 @@ def trace_workload(model: Any, workload: Workload, cast_module: bool = False) ->
             f"{type(module).__name__} could not be traced for {workload.regime}: "
             f"{first_line(error)} (see README, 'Architectures that do not trace')"
         ) from error
-    trace.facts.model = label
-    if beyond:
-        trace.facts.positions = beyond
-    return Trace.of(trace)
+
+
+def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) -> PipelineTrace:
+    """A pipelined step (issue 14): torch's action order for ``pp_schedule`` (an inference
+    step runs the forwards of GPipe's), the decoder layers split into pp · stages-per-rank
+    stages (:func:`torchroof.workloads.pipeline_stages.split_layers`), and each distinct
+    stage traced once as rank 0 of its own program (tp, fsdp, dp), one micro-batch."""
+    trains = regime(workload.regime).trains
+    schedule = workload.pp_schedule if trains else "gpipe"
+    try:
+        order = action_order(schedule, workload.pp, workload.microbatches, workload.virtual_stages)
+    except ValueError as error:
+        raise WorkloadError(str(error)) from error
+    if not trains:
+        order = {rank: [a for a in listed if a.kind == "F"] for rank, listed in order.items()}
+    count = workload.pp * stages_per_rank(schedule, workload.virtual_stages)
+    stage_workload = replace(workload, pp=1, microbatches=1, pp_split="")
+    reference, label, beyond = _build(model, stage_workload, cast_module)
+    _, _, layers = decoder_layers(reference)
+    splits = split_layers(len(layers), count, workload.pipeline_split)
+    keys = [stage_key(reference, split) for split in splits]
+    traced_as = [keys.index(key) for key in keys]
+    traces: dict[int, records.Trace] = {}
+    for split in splits:
+        if traced_as[split.index] != split.index:
+            continue
+        module = reference if not traces else _build(model, stage_workload, cast_module)[0]
+        make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
+        traces[split.index] = _run(module, stage_workload)
+    facts = replace(traces[0].facts, model=label, positions=beyond, pipeline={})
+    facts.workload = workload.to_dict()
+    tokens = regime(workload.regime).tokens(workload)
+    facts.tokens = tokens if trains else tokens * workload.microbatches
+    plan = workload.parallel_plan
+    return PipelineTrace(
+        traces=traces,
+        traced_as=traced_as,
+        layers=[split.describe() for split in splits],
+        order=order,
+        schedule=schedule,
+        pp=workload.pp,
+        microbatches=workload.microbatches,
+        ranks_per_stage=plan.world // plan.pp,
+        trains=trains,
+        facts=facts,
+    )

@@ -75,6 +75,31 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
     reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
     """
     roles = trace.roles if roles is None else roles
+    born, dies, size, buffers = _lifetimes(trace, roles)
+    delta: dict[int, list[int]] = {}
+    for key, start in born.items():
+        in_buffers = key[0] in buffers
+        for index, sign in ((start, 1), (dies[key] + 1, -1)):
+            change = delta.setdefault(index, [0, 0])
+            change[0] += sign * size[key]
+            change[1] += sign * size[key] * in_buffers
+    live = [0, 0]
+    peak = TransientPeak(0, 0)
+    for index in sorted(delta):
+        live = [live[0] + delta[index][0], live[1] + delta[index][1]]
+        if live[0] > peak.total_bytes:
+            peak = TransientPeak(live[0], live[1])
+    return peak
+
+
+Life = tuple[int, int]  # (storage, which life of it)
+
+
+def _lifetimes(
+    trace: Trace, roles: dict[int, str]
+) -> tuple[dict[Life, int], dict[Life, int], dict[Life, int], set[int]]:
+    """(birth op, death op, bytes) of every transient storage life, and FSDP's unsharded
+    layer buffers (see :func:`transient_peak`)."""
     buffers = unsharded_layer_buffers(trace)
     life: dict[int, int] = {}  # storage -> its current life (FSDP storages live several)
     size: dict[tuple[int, int], int] = {}
@@ -106,20 +131,16 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
                 size[key] = max(size[key], storage_extent_bytes(t))
                 if keeps_buffers or t.storage not in buffers:
                     dies[key] = op.index
-    delta: dict[int, list[int]] = {}
-    for key, start in born.items():
-        in_buffers = key[0] in buffers
-        for index, sign in ((start, 1), (dies[key] + 1, -1)):
-            change = delta.setdefault(index, [0, 0])
-            change[0] += sign * size[key]
-            change[1] += sign * size[key] * in_buffers
-    live = [0, 0]
-    peak = TransientPeak(0, 0)
-    for index in sorted(delta):
-        live = [live[0] + delta[index][0], live[1] + delta[index][1]]
-        if live[0] > peak.total_bytes:
-            peak = TransientPeak(live[0], live[1])
-    return peak
+    return born, dies, size, buffers
+
+
+def saved_bytes(trace: Trace, index: int, roles: dict[int, str] | None = None) -> int:
+    """Bytes of transient storages (activations) born by op ``index`` and used after it:
+    what a forward ending there keeps for its backward (issue 14: each micro-batch a
+    pipeline stage holds in flight keeps this much)."""
+    roles = trace.roles if roles is None else roles
+    born, dies, size, _ = _lifetimes(trace, roles)
+    return sum(size[key] for key, start in born.items() if start < index <= dies[key])
 
 
 @dataclass(frozen=True)

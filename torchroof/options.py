@@ -17,6 +17,7 @@ from typing import Any
 from torchroof.errors import OptionError, WorkloadError
 from torchroof.limits import DEFAULT_MAX_OPS  # why 10M: see there
 from torchroof.parallel import ParallelPlan
+from torchroof.pp_schedule import SCHEDULES, SPLIT_BACKWARD
 from torchroof.workloads.inference import CACHES, MLA_DECODES
 from torchroof.workloads.registry import REGIMES, regime
 from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
@@ -24,8 +25,8 @@ from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
 DTYPES = ("bf16", "fp16", "fp32")
 # Workload fields that size the parallel program (issue 13), and those only a step that
 # trains can have above 1.
-PARALLEL_SIZES = ("tp", "fsdp", "dp", "cp", "microbatches")
-TRAINING_SIZES = ("fsdp", "dp", "microbatches")
+PARALLEL_SIZES = ("tp", "fsdp", "dp", "cp", "pp", "ep", "virtual_stages", "microbatches")
+TRAINING_SIZES = ("fsdp", "microbatches")
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
@@ -114,13 +115,40 @@ class Workload:
         "T/tp tokens, reduce-scatter + all-gather for each all-reduce, loss on vocab shards",
     )
     fsdp: int = knob(1, "train: ranks each parameter is sharded over (FSDP2, ZeRO-3)")
-    dp: int = knob(1, "train: data-parallel replicas (HSDP's replicate dimension with --fsdp)")
+    dp: int = knob(
+        1,
+        "data-parallel replicas (train: HSDP's replicate dimension with --fsdp; serving: "
+        "each rank its own batch, e.g. attention beside --ep)",
+    )
+    ep: int = knob(
+        1,
+        "expert-parallel ranks: routed experts sharded over them, tokens sent to their "
+        "experts' ranks by all-to-all (transformers' all_to_all dispatch); ep divides "
+        "dp x fsdp x tp and is a multiple of tp",
+    )
     cp: int = knob(1, "context-parallel ranks each sequence is split over (ring attention)")
     reshard_after_forward: bool = knob(
         True, "FSDP: free gathered parameters after forward (off: kept for backward, ~ZeRO-2)"
     )
     microbatches: int = knob(
-        1, "train: forward+backward passes of --batch sequences per optimizer step"
+        1,
+        "train: forward+backward passes of --batch sequences per optimizer step; with --pp "
+        "also prefill/decode: micro-batches of --batch sequences through the pipeline",
+    )
+    pp: int = knob(
+        1,
+        "pipeline stages (torch.distributed.pipelining's schedules); one trace per distinct stage",
+    )
+    pp_schedule: str = knob(
+        "1f1b", "with --pp: the schedule whose action order is laid out", choices=tuple(SCHEDULES)
+    )
+    virtual_stages: int = knob(
+        2, "with --pp and an interleaved schedule: stages per rank (V schedules hold 2)"
+    )
+    pp_split: str = knob(
+        "",
+        "with --pp: decoder layers per stage, e.g. 16,16,15,15 (default: even, the "
+        "remainder to the first stages, as transformers splits)",
     )
     defer_gradient_sync: bool = knob(
         False,
@@ -144,21 +172,78 @@ class Workload:
         self._check_parallel()
 
     def _check_parallel(self) -> None:
-        """Every size a positive integer; sharding over data (fsdp, dp) and micro-batches
-        are training concepts, an inference step shards over tp (and cp) only; context
-        parallel as :meth:`_check_context_parallel` allows."""
+        """Every size a positive integer; sharding parameters over data (fsdp) and
+        micro-batches of an optimizer step are training concepts: an inference step takes
+        tp, cp, pp (micro-batches through the pipeline), dp replicas (each its own batch)
+        and ep; context parallel as :meth:`_check_context_parallel` allows."""
         for name in PARALLEL_SIZES:
             _positive_int(name, getattr(self, name), WorkloadError)
         if self.cp > 1:
             self._check_context_parallel()
+        if self.pp > 1:
+            self._check_pipeline()
+        if self.ep > 1:
+            self._check_expert_parallel()
         if not regime(self.regime).trains:
             for name in TRAINING_SIZES:
+                if name == "microbatches" and self.pp > 1:
+                    continue  # micro-batches through an inference pipeline
                 if getattr(self, name) > 1:
                     trains = ", ".join(r for r in REGIMES if regime(r).trains)
                     raise WorkloadError(
                         f"{name}={getattr(self, name)} applies to a step that trains "
-                        f"({trains}); a {self.regime} step takes tp only"
+                        f"({trains}); a {self.regime} step takes tp, cp, pp (with micro-"
+                        "batches), dp replicas and ep"
                     )
+
+    def _check_expert_parallel(self) -> None:
+        """EP groups are consecutive ranks of one stage holding different batches (dp,
+        fsdp) or one batch (tp): ep must be a multiple of tp and divide dp x fsdp x tp
+        (transformers' DistributedConfig asks the same); not with context parallel."""
+        ep, tp = self.ep, self.tp
+        if ep % tp or (self.dp * self.fsdp * tp) % ep:
+            raise WorkloadError(
+                f"ep={ep} must be a multiple of tp={tp} and divide dp x fsdp x tp = "
+                f"{self.dp * self.fsdp * tp}: raise dp (serving) or fsdp (training)"
+            )
+        if self.cp > 1:
+            raise WorkloadError(f"ep={ep} does not yet compose with context parallel")
+
+    def _check_pipeline(self) -> None:
+        """Pipeline stages compose with tensor parallel and FSDP / HSDP (one stage's program);
+        not (yet) with context or sequence parallel, and torch's split backward (zero-bubble
+        schedules) runs autograd.grad, which FSDP2's hooks do not reduce."""
+        if self.cp > 1 or self.sequence_parallel:
+            raise WorkloadError(
+                f"pp={self.pp} does not yet compose with context or sequence parallel: use tp"
+            )
+        if (
+            self.pp_schedule in SPLIT_BACKWARD
+            and self.fsdp * self.dp > 1
+            and regime(self.regime).trains
+        ):
+            raise WorkloadError(
+                f"the {self.pp_schedule} schedule splits each backward (torch's "
+                "stage_backward_input / stage_backward_weight), which FSDP2's gradient "
+                "reduction does not follow here: use 1f1b, gpipe or interleaved-1f1b with fsdp"
+            )
+        _ = self.pipeline_split  # a WorkloadError for a malformed pp_split
+
+    @property
+    def pipeline_split(self) -> tuple[int, ...]:
+        """``pp_split`` as layer counts (empty: the even split)."""
+        if not self.pp_split:
+            return ()
+        try:
+            counts = tuple(int(part) for part in self.pp_split.split(","))
+        except ValueError:
+            counts = ()
+        if not counts or min(counts) < 1:
+            raise WorkloadError(
+                f"pp_split must list each stage's decoder layers as positive integers "
+                f"(16,16,15,15), got {self.pp_split!r}"
+            )
+        return counts
 
     def _check_context_parallel(self) -> None:
         """Context parallel (torch's load-balanced ring attention, torchroof.parallel
@@ -190,8 +275,10 @@ class Workload:
 
     @property
     def parallel_plan(self) -> ParallelPlan:
-        """The ranks the step's program spans (world = dp · fsdp · cp · tp)."""
-        return ParallelPlan(dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp)
+        """The ranks the step's program spans (world = pp · dp · fsdp · cp · tp)."""
+        return ParallelPlan(
+            pp=self.pp, dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp, ep=self.ep
+        )
 
     @property
     def tokens(self) -> int:
@@ -230,6 +317,11 @@ class PricingOptions:
     overlap_communication: bool = knob(
         True, "collectives overlap compute as the program allows; off: each one blocks"
     )
+    routing_imbalance: float = knob(
+        1.0,
+        "MoE: routed tokens the busiest rank's experts get over the balanced share "
+        "(measured or assumed, >= 1); scales its expert GEMMs and expert all-to-alls",
+    )
     compute_efficiency: float = knob(1.0, "fraction of peak FLOP/s reached, in (0, 1]")
     bandwidth_efficiency: float = knob(1.0, "fraction of peak HBM bandwidth reached, in (0, 1]")
     launch_overhead_s: float = knob(
@@ -245,6 +337,11 @@ class PricingOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not 0 < value <= 1:
                 raise OptionError(f"{name} must be in (0, 1], got {value!r}")
+        if isinstance(self.routing_imbalance, bool) or not self.routing_imbalance >= 1.0:
+            raise OptionError(
+                "routing_imbalance is the busiest rank's routed tokens over the balanced "
+                f"share: >= 1, got {self.routing_imbalance!r}"
+            )
         if self.launch_overhead_s < 0:
             raise OptionError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
 

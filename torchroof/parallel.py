@@ -39,9 +39,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-MESH_DIMS = ("dp", "fsdp", "cp", "tp")
+MESH_DIMS = ("pp", "dp", "fsdp", "cp", "tp")
 """Mesh dimensions, outermost first, as torchtitan orders them: tensor parallel innermost,
-so a TP group is consecutive ranks (one node's NVLink domain)."""
+so a TP group is consecutive ranks (one node's NVLink domain); pipeline stages outermost,
+so stage s runs on ranks s · (world / pp) + ... ."""
 
 FAKE_BACKEND = "fake"
 # The attribute apply_tensor_parallel sets on a model: the KV heads one rank holds (a KV
@@ -81,18 +82,24 @@ def fake_process_group(world_size: int) -> Iterator[None]:
 class ParallelPlan:
     """How many ranks each kind of parallelism spans; the world is their product.
 
+    ``pp``: pipeline stages (one traced program per distinct stage, torchroof.pp_step).
     ``dp``: replicas (HSDP's replicate dimension when ``fsdp`` > 1). ``fsdp``: ranks each
     parameter is sharded over (FSDP2, ZeRO-3). ``cp``: context parallel (sequence shards).
-    ``tp``: tensor parallel (the model's ``base_model_tp_plan``).
+    ``tp``: tensor parallel (the model's ``base_model_tp_plan``). ``ep``: expert parallel,
+    not a dimension of its own: the routed experts are sharded over groups of ``ep``
+    consecutive ranks of one stage (torchroof.expert_parallel), which hold different
+    batches (dp, fsdp) or the same one (tp) for everything else.
     """
 
+    pp: int = 1
     dp: int = 1
     fsdp: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in MESH_DIMS:
+        for name in (*MESH_DIMS, "ep"):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"ParallelPlan.{name} must be a positive integer, got {size!r}")
@@ -144,7 +151,7 @@ def apply_tensor_parallel(
     wildcard_plan = _transformers_plan(model, "tp_plan", plan)
     config = getattr(model, "config", None)
     kv_heads = _check_heads_divide(config, wildcard_plan, size) if config is not None else None
-    expanded = model._expand_parallel_plan(wildcard_plan)  # type: ignore[operator]
+    expanded = owned_plan(model, model._expand_parallel_plan(wildcard_plan))  # type: ignore[operator]
     apply_tensor_parallelism(model, tp_mesh, expanded)
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
@@ -301,6 +308,7 @@ def apply_fsdp(
     *,
     reshard_after_forward: bool = True,
     plan: dict[str, str] | None = None,
+    ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
     """Shard ``model``'s parameters with FSDP2 ``fully_shard`` over the mesh's ``fsdp``
     dimension (HSDP over ``("dp", "fsdp")`` when ``dp`` > 1), as transformers' FSDP plan
@@ -309,6 +317,7 @@ def apply_fsdp(
     LM head one unit kept unsharded after forward, then the root. ``reshard_after_forward``
     False keeps every unit gathered until backward (ZeRO-2-like: no all-gather in
     backward). A mesh whose ``dp`` and ``fsdp`` are both 1 leaves the model as it is.
+    ``ignored_params`` stay out of every unit (experts each held by one rank).
 
     NB: FSDP2 refuses meta parameters at its first forward; run the step inside
     :func:`fake_parameters`."""
@@ -329,10 +338,11 @@ def apply_fsdp(
     shard_mesh = mesh["dp", "fsdp"] if replicas > 1 else mesh["fsdp"]
 
     wildcard_plan = _transformers_plan(model, "fsdp_plan", plan)
-    expanded = model._expand_parallel_plan(wildcard_plan)  # type: ignore[operator]
+    expanded = owned_plan(model, model._expand_parallel_plan(wildcard_plan))  # type: ignore[operator]
     expanded = _resolve_tied_embed_lm_head_plan(expanded, model) if expanded else _blocks(model)
     # FSDP2 needs a submodule sharded before the module that holds it.
     units = sorted(expanded.items(), key=lambda item: item[0].count("."), reverse=True)
+    extra: dict[str, Any] = {"ignored_params": ignored_params} if ignored_params else {}
     kept = [(name, model.get_submodule(name)) for name, style in units if style == KEEP_FULL_WEIGHT]
     for name, style in units:
         if style != KEEP_FULL_WEIGHT:
@@ -340,14 +350,35 @@ def apply_fsdp(
                 model.get_submodule(name),
                 mesh=shard_mesh,
                 reshard_after_forward=reshard_after_forward,
+                **extra,
             )
     if is_norm_and_head_pair(kept, model):
-        fully_shard([module for _, module in kept], mesh=shard_mesh, reshard_after_forward=False)
+        fully_shard(
+            [module for _, module in kept], mesh=shard_mesh, reshard_after_forward=False, **extra
+        )
     else:
         for _, module in kept:
-            fully_shard(module, mesh=shard_mesh, reshard_after_forward=False)
-    fully_shard(model, mesh=shard_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(module, mesh=shard_mesh, reshard_after_forward=False, **extra)
+    fully_shard(model, mesh=shard_mesh, reshard_after_forward=reshard_after_forward, **extra)
     return model
+
+
+def owned_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """``plan`` without the entries for modules a pipeline stage does not own (replaced by
+    transformers' ``PipelineIdentityLayer``, or absent)."""
+    kept = {}
+    for name, style in plan.items():
+        path = name
+        while path:
+            try:
+                module = model.get_submodule(path)
+            except AttributeError:
+                path = path.rpartition(".")[0]  # a parameter's name: its module
+                continue
+            if type(module).__name__ != "PipelineIdentityLayer":
+                kept[name] = style
+            break
+    return kept
 
 
 def _blocks(model: nn.Module) -> dict[str, str]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchroof import optimizer_step
+from torchroof import optimizer_step, pp_step
 from torchroof.counters import Cost, kind_of
 from torchroof.counters.collectives import collective_kind, group_size, message_bytes
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
@@ -31,6 +31,7 @@ from torchroof.hardware import (
 from torchroof.memory import footprint
 from torchroof.network import NETWORK, NO_LINK, collective_time
 from torchroof.options import PricingOptions, split_knobs
+from torchroof.pp_step import PipelineTrace
 from torchroof.records import OpRecord, Trace
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
@@ -91,6 +92,7 @@ def _timed(
         read_by=traffic[0],
         written_by=traffic[1],
         flags=kernel.flags,
+        first_op=kernel.ops[0].index if kernel.ops else -1,
     )
 
 
@@ -114,7 +116,7 @@ def resolve_hardware(
 
 
 def estimate_trace(
-    trace: Trace,
+    trace: Trace | PipelineTrace,
     hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
     pricing: PricingOptions | None = None,
     **knobs: Any,
@@ -139,6 +141,14 @@ def estimate_trace(
         )
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
     with _no_gc():
+        if isinstance(trace, PipelineTrace):  # one trace per distinct stage + the schedule
+            spec, cluster = resolve_hardware(hardware)
+            return pp_step.price(
+                trace,
+                lambda stage: _estimate_trace(stage, cluster or spec, pricing),
+                cluster,
+                int(spec.hbm_capacity_bytes.value),
+            )
         return _estimate_trace(trace, hardware, pricing)
 
 
@@ -177,6 +187,8 @@ def _estimate_trace(
         if cost.unit == "network":
             collectives += 1
             estimate = time_collective(estimate, _collective_op(kernel), t, cluster, unpriced)
+        if pricing.routing_imbalance != 1.0 and _routed(kernel):
+            estimate = busiest_rank(estimate, pricing.routing_imbalance, t, pricing)
         timed.append(estimate)
     if unpriced:
         raise ClusterRequiredError(_needs_cluster(len(unpriced), max(unpriced), spec))
@@ -200,10 +212,10 @@ def _estimate_trace(
         op_count=len(trace.ops),
         uncounted=coverage.uncounted,
         assumptions=[
-            *routing_assumptions(trace),
+            *routing_assumptions(trace, pricing.routing_imbalance),
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
-            *(f"op {a.op_index} ({a.module or 'top level'}): {a.what}" for a in trace.assumptions),
+            *trace_assumption_lines(trace),
         ],
         options=pricing.to_dict(),
         facts=replace(trace.facts),
@@ -217,6 +229,40 @@ def _estimate_trace(
         cluster=cluster.name if cluster is not None else None,
         link_ridges=_link_ridges(cluster, reference_peak),
         step_time_s=step_time_s,
+    )
+
+
+def _routed(kernel: Kernel) -> bool:
+    """An expert kernel whose work follows the routed tokens: a grouped GEMM, or an
+    all-to-all that carries tokens to their experts' ranks."""
+    names = [op.name for op in kernel.ops]
+    if any("grouped_mm" in name for name in names):
+        return True
+    return kernel.cost.unit == "network" and any("all_to_all" in name for name in names)
+
+
+def busiest_rank(
+    kernel: KernelEstimate, imbalance: float, t: KernelTime, pricing: PricingOptions
+) -> KernelEstimate:
+    """The kernel on the rank whose experts get ``imbalance`` times the balanced share of
+    routed tokens (issue 14 item 2): a grouped GEMM's W and its non-weight bytes scale by
+    it (the expert weights are read once either way); an expert all-to-all carries that
+    many times the rows. The step waits for that rank; FLOPs stay the balanced ones."""
+    if kernel.unit == "network":
+        return replace(
+            kernel, time_s=kernel.time_s * imbalance, network_s=kernel.network_s * imbalance
+        )
+    weights = kernel.read_by.get("weights", 0)
+    scaled_bytes = weights + imbalance * (kernel.bytes - weights)
+    compute_s = t.compute_s * imbalance
+    memory_s = scaled_bytes / t.bandwidth_bytes_per_s
+    body = max(compute_s, memory_s) if pricing.overlap else compute_s + memory_s
+    return replace(
+        kernel,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        time_s=body + pricing.launch_overhead_s,
+        bound="compute" if compute_s > memory_s else "memory",
     )
 
 
@@ -320,12 +366,37 @@ BALANCED_ROUTING = (
 )
 
 
-def routing_assumptions(trace: Trace) -> list[str]:
+def routing_assumptions(trace: Trace, imbalance: float = 1.0) -> list[str]:
     """The routing assumption, stated once, when the step runs routed experts."""
     routed = any("grouped_mm" in op.name for op in trace.ops) or any(
         a.kind == "routing" for a in trace.assumptions
     )
-    return [BALANCED_ROUTING] if routed else []
+    if not routed:
+        return []
+    if imbalance == 1.0:
+        return [BALANCED_ROUTING]
+    return [
+        BALANCED_ROUTING
+        + f"; the step is priced on the busiest rank, whose experts get {imbalance:g}x the "
+        "balanced share (routing_imbalance): its grouped GEMMs and expert all-to-alls scaled"
+    ]
+
+
+def trace_assumption_lines(trace: Trace) -> list[str]:
+    """What capture assumed, one line per distinct answer: the first op that needed it,
+    and how many more did (a MoE layer's split sizes, answered once per layer)."""
+    first: dict[str, Any] = {}
+    repeats: dict[str, int] = {}
+    for a in trace.assumptions:
+        if a.what in first:
+            repeats[a.what] += 1
+        else:
+            first[a.what], repeats[a.what] = a, 0
+    lines = []
+    for what, a in first.items():
+        more = f" and {repeats[what]} more ops like it" if repeats[what] else ""
+        lines.append(f"op {a.op_index} ({a.module or 'top level'}){more}: {what}")
+    return lines
 
 
 def cache_assumptions(trace: Trace) -> list[str]:

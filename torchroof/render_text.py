@@ -117,7 +117,7 @@ def layer_table(
         f"{est.flops / 1e9:.3f}",
         f"{est.bytes / 1e6:.2f}",
         _step_intensity(est),
-        _ms(est.time_s),
+        _ms(est.time_s if est.pipeline is None else analysis.kernels_span_s(est)),
     ]
     if split:
         footer += [_ms(est.phase_time_s(p)) for p in phases]
@@ -247,10 +247,13 @@ def summary(est: Estimate) -> str:
         f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
         f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
     ]
+    if est.pipeline is not None:
+        lines += pipeline_lines(est)
     phases = [p for p in PHASES if est.phase_time_s(p) > 0]
     if len(phases) > 1:
-        lines.append("by phase: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
-    if est.step_time_s is not None:
+        which = "by phase" if est.pipeline is None else "the kernels listed, by phase"
+        lines.append(f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
+    if est.step_time_s is not None and any(k.communication for k in est.kernels):
         lines += communication_lines(est)
     lines += [
         f"work: {est.flops / 1e12:.3f} TFLOP, traffic: {est.bytes / 1e9:.3f} GB, "
@@ -294,6 +297,48 @@ def summary(est: Estimate) -> str:
     return "\n".join(lines)
 
 
+def pipeline_lines(est: Estimate) -> list[str]:
+    """A pipelined step (issue 14): the schedule, its bubble, the slowest rank and why, the
+    activations' trip between stages, and one row per stage (per micro-batch times, the
+    micro-batches in flight, memory)."""
+    p = est.pipeline
+    assert p is not None
+    per_rank = len(p.stages) // p.pp
+    layout = f"{p.pp} ranks" + (f" x {per_rank} stages each" if per_rank > 1 else "")
+    kind = "" if p.trains else " (forward only)"
+    lines = [
+        f"pipeline: {p.schedule}{kind} over {layout}, {p.microbatches} micro-batches: the "
+        f"ranks idle {100 * p.bubble_share:.1f}% of the pipeline's {_ms(p.pipeline_s)} ms "
+        "(its bubble)",
+        f"slowest: {p.slowest_reason}",
+        f"between stages: {p.stages[0].activation_bytes / 1e6:.2f} MB per micro-batch, "
+        f"send/recv over {p.transfer_link} {p.transfer_s * 1e6:.1f} us",
+    ]
+    if not p.trains:
+        through = sum(r.forward_s for r in p.stages) + (len(p.stages) - 1) * p.transfer_s
+        lines.append(
+            f"one micro-batch through every stage (latency per step at batch "
+            f"{est.workload.get('batch', 1)}): {_ms(through)} ms"
+        )
+    headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GB"]
+    rows = [
+        [
+            r.stage,
+            r.rank,
+            r.layers + (f" (as {r.traced_as})" if r.traced_as != r.stage else ""),
+            _ms(r.forward_s),
+            _ms(r.backward_s)
+            + (f" (I {_ms(r.input_s)} + W {_ms(r.weight_s)})" if r.weight_s else ""),
+            _ms(r.after_s),
+            r.in_flight,
+            f"{r.memory_bytes / 1e9:.2f}" + ("" if r.fits else " (does NOT fit)"),
+        ]
+        for r in p.stages
+    ]
+    lines.append(tabulate(rows, headers=headers, disable_numparse=True))
+    return lines
+
+
 def communication_lines(est: Estimate) -> list[str]:
     """The step's communication (torchroof.schedule): its time on the communication stream,
     the part the compute stream waited on (exposed, as a share of the step) and the part
@@ -304,7 +349,8 @@ def communication_lines(est: Estimate) -> list[str]:
     copies = f", FSDP copies {_ms(comm.copies_s)} ms" if comm.copies_s else ""
     lines = [
         f"communication: {_ms(comm.time_s)} ms on the communication stream, "
-        f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the step), "
+        f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the "
+        f"{'step' if est.pipeline is None else 'kernels listed'}), "
         f"hidden behind compute: {_ms(comm.hidden_s)} ms; links: {links}{copies}"
     ]
     intensity = network_intensity(est)
@@ -341,6 +387,11 @@ def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
         add("tokens/s per GPU", [f"{analysis.tokens_per_s_per_gpu(e):,.1f}" for e in ests])
         exposed = [communication(e).exposed_s for e in ests]
         add("exposed comm ms", [f"{x * 1e3:.3f}" for x in exposed])
+    if any(e.pipeline is not None for e in ests):
+        steps = [e.pipeline for e in ests]
+        add("pipeline", [f"{p.schedule} x {p.microbatches}" if p else "-" for p in steps])
+        add("bubble %", [f"{100 * p.bubble_share:.1f}" if p else "-" for p in steps])
+        add("slowest rank", [str(p.slowest_rank) if p else "-" for p in steps])
     add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
     add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
     traffic = [e.traffic() for e in ests]

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchroof import analysis
 from torchroof.memory import MemoryFootprint
+from torchroof.pp_schedule import PipelineStep
 from torchroof.records import PHASES, StepFacts, layer_key
 
 __all__ = [
@@ -62,6 +63,7 @@ class KernelEstimate:
     stream: str = "compute"  # "communication" for collectives and the copies feeding them
     start_s: float | None = None  # on the two-stream schedule; None when nothing was laid
     exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
+    first_op: int = -1  # the trace index of its first op (-1: not known)
 
     @property
     def bytes(self) -> int:
@@ -261,6 +263,7 @@ class Estimate:
     cluster: str | None = None
     link_ridges: dict[str, float] = field(default_factory=dict)  # FLOP/B, per cluster link
     step_time_s: float | None = None  # the two-stream schedule's, when the step communicates
+    pipeline: PipelineStep | None = None  # a pipelined step's schedule (torchroof.pp_step)
 
     # -- totals ---------------------------------------------------------------------------
     @property
@@ -417,6 +420,7 @@ class Estimate:
             "cluster": self.cluster,
             "link_ridges": self.link_ridges,
             "step_time_s": self.step_time_s,
+            "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "totals": {
                 "time_s": self.time_s,
                 "flops": self.flops,
@@ -451,6 +455,7 @@ class Estimate:
             cluster=data.get("cluster"),
             link_ridges=data.get("link_ridges", {}),
             step_time_s=data.get("step_time_s"),
+            pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 
     def to_json(self, path: str | Path | None = None) -> str:

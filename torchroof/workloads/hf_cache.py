@@ -9,6 +9,7 @@ import torch
 
 from torchroof.capture import Capture
 from torchroof.workloads.inputs import kv_shape, model_param_dtype, text_config
+from torchroof.workloads.pipeline_stages import owned_layers
 
 
 def build_kv_cache(
@@ -34,9 +35,12 @@ def build_kv_cache(
     kv_heads, head_dim = kv_shape(model)
     dtype = model_param_dtype(model)
     cache = DynamicCache(config=config)
-    for layer in cache.layers:
+    owned = owned_layers(model)
+    stage = set(owned) if owned is not None else None  # a pipeline stage caches its own layers
+    for index, layer in enumerate(cache.layers):
         window = getattr(layer, "sliding_window", None)
         length = min(filled, window - 1) if window else filled
+        length = length if stage is None or index in stage else 0
         layer.lazy_initialization(
             *(torch.empty(batch, kv_heads, 0, head_dim, dtype=dtype, device="meta"),) * 2
         )

@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchroof.errors import WorkloadError
+from torchroof.expert_parallel import (
+    apply_expert_parallel,
+    expert_mesh,
+    shard_experts,
+    without_expert_rules,
+)
 from torchroof.parallel import (
     ContextParallelError,
     ParallelPlan,
@@ -105,7 +111,9 @@ def check_plan(config: Any, workload: Workload, name: str) -> None:
 
 
 @contextlib.contextmanager
-def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[None]:
+def parallel_program(
+    model: torch.nn.Module, workload: Workload, trains: bool = True
+) -> Iterator[None]:
     """Make ``model`` (built on meta) rank 0 of ``workload``'s parallel plan for the
     duration of the block: tensor parallel on meta (transformers' plan, or torchtitan's
     with sequence parallel); with FSDP, its parameters become fake tensors on CPU (FSDP2
@@ -113,6 +121,12 @@ def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[Non
     (:func:`torchroof.workloads.inputs.input_device`). A one-rank plan leaves the model
     alone. With ``cp`` ranks each forward runs on its load-balanced T/cp tokens and
     attention is torch's ring attention (:func:`torchroof.parallel.apply_context_parallel`).
+    With ``ep`` ranks the routed experts are sharded over groups of ep consecutive ranks
+    and reached by all-to-all (:func:`torchroof.expert_parallel.apply_expert_parallel`;
+    the tensor-parallel plan then leaves the experts alone); a training step's FSDP shards
+    each experts module over the ranks holding the same experts first, as transformers
+    does. An inference step (``trains`` False) shards nothing over dp: each rank holds
+    its own batch and the dense weights whole.
     The model is left sharded (a meta copy, used once)."""
     plan = workload.parallel_plan
     if plan.world == 1:
@@ -121,20 +135,37 @@ def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[Non
     check_sequence_parallel(workload)
     with fake_process_group(plan.world):
         mesh = build_mesh(plan)
+        sharded = trains and shards_data(plan)
         try:
             if sequence_parallel(workload):
                 # the train step's loss runs on vocabulary shards; prefill gathers logits
-                trains = workload.regime == "train"
                 apply_sequence_parallel(model, mesh["tp"], loss_parallel=trains)
+            elif plan.ep > 1:
+                tp_plan = getattr(model, "tp_plan", None) or {}
+                ep_plan = getattr(model, "ep_plan", None) or {}
+                dense = without_expert_rules(tp_plan, ep_plan)
+                apply_tensor_parallel(model, mesh["tp"], plan=dense or None)
             else:
                 apply_tensor_parallel(model, mesh["tp"])
-            apply_fsdp(model, mesh, reshard_after_forward=workload.reshard_after_forward)
+            ignored: set[torch.nn.Parameter] = set()
+            if plan.ep > 1:
+                experts = expert_mesh(plan.world, plan.ep)
+                apply_expert_parallel(model, experts["ep"], mesh["tp"])
+                if sharded:
+                    ignored = shard_experts(model, experts["efsdp"])
+            if sharded:
+                apply_fsdp(
+                    model,
+                    mesh,
+                    reshard_after_forward=workload.reshard_after_forward,
+                    ignored_params=ignored,
+                )
         except ValueError as error:
             raise WorkloadError(
                 f"{type(model).__name__} cannot run as {describe(plan)}: {error}"
             ) from error
         with contextlib.ExitStack() as step:
-            if shards_data(plan):
+            if sharded:
                 step.enter_context(fake_parameters(model))
             try:  # context parallel: shards each forward's sequence, ring attention
                 step.enter_context(apply_context_parallel(model, mesh["cp"]))

@@ -16,6 +16,7 @@ import torch
 from torchroof.errors import WorkloadError
 from torchroof.records import Trace
 from torchroof.workloads.parallel_step import parallel_program
+from torchroof.workloads.pipeline_stages import record_stage
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -57,8 +58,10 @@ def run_workload(
             f"the {step.name} regime runs the models {', '.join(step.roles)}; "
             f"given {', '.join(given) or 'none'}"
         )
-    with parallel_program(given[TARGET], workload):  # rank 0 of the plan; one GPU: as is
+    # rank 0 of the plan; on one GPU the model as it is
+    with parallel_program(given[TARGET], workload, step.trains):
         trace = step.trace(given, workload)
+    record_stage(given[TARGET], trace)
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:
         trace.facts.build_note = note

@@ -18,6 +18,7 @@ from torchroof.records import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
 from torchroof.workloads.parallel_step import loss_context, plan_label
+from torchroof.workloads.pipeline_stages import stage_backward
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             last = micro == workload.microbatches - 1
             sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
             with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
-                _loss(model, ids).backward()
+                stage_backward(model, _loss(model, ids), capture)
             if workload.precision == "mixed":
                 # bf16 gradients are accumulated into the fp32 main gradients the optimizer
                 # reads (Megatron-style), once per micro-batch; they are transient, so only

@@ -1,0 +1,174 @@
+"""Pipeline parallel (issue 14 item 1): torch's schedules laid on a timeline, stages traced
+once each, bubbles, per-stage memory and the activations sent between stages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+import torchroof
+from torchroof.errors import WorkloadError
+from torchroof.models import build_model
+from torchroof.options import Workload
+from torchroof.pp_schedule import Action, action_order, simulate
+from torchroof.workloads import run_workload
+from torchroof.workloads.pipeline_stages import make_stage, split_layers
+
+
+def times(forward: float, backward: float, per_stage: dict[int, float] | None = None):
+    scale = per_stage or {}
+
+    def duration(action: Action) -> float:
+        base = forward if action.kind == "F" else backward
+        return base * scale.get(action.stage, 1.0)
+
+    return duration
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_bubble_of_equal_stages_is_the_textbook_one(schedule: str) -> None:
+    # p = 4 ranks, m = 8 micro-batches, t_F = 1, t_B = 2: the step is
+    # (m + p - 1)(t_F + t_B) = 11 * 3 = 33 and every rank idles (p - 1)/(m + p - 1) = 3/11.
+    timeline = simulate(action_order(schedule, 4, 8), times(1.0, 2.0))
+    assert timeline.step_time_s == pytest.approx(33.0)
+    assert timeline.bubble_share == pytest.approx(3 / 11)
+    for rank in range(4):
+        assert timeline.idle_share(rank) == pytest.approx(3 / 11)
+
+
+def test_interleaving_shrinks_the_bubble_by_the_virtual_stages() -> None:
+    # v = 2 stages per rank, each half a rank's work (t_F = 0.5, t_B = 1): the bubble is
+    # (p - 1)/(v·m + p - 1) = 3/(16 + 3) = 3/19 (Narayanan et al. 2021, interleaved 1F1B).
+    timeline = simulate(action_order("interleaved-1f1b", 4, 8, 2), times(0.5, 1.0))
+    assert timeline.bubble_share == pytest.approx(3 / 19)
+
+
+def test_micro_batches_in_flight_per_stage() -> None:
+    # 1F1B: stage s runs p - s forwards before its first backward, so it holds
+    # min(p - s, m) = 4, 3, 2, 1 micro-batches; GPipe runs all m = 8 forwards first.
+    one_f_one_b = simulate(action_order("1f1b", 4, 8), times(1.0, 2.0))
+    gpipe = simulate(action_order("gpipe", 4, 8), times(1.0, 2.0))
+    assert [one_f_one_b.in_flight(s) for s in range(4)] == [4, 3, 2, 1]
+    assert [gpipe.in_flight(s) for s in range(4)] == [8, 8, 8, 8]
+
+
+def test_a_heavier_last_stage_makes_the_bubble_worse() -> None:
+    # The LM head makes the last stage 1.5x the others: every other rank waits on it, so
+    # the idle share rises above the equal-stage 3/11; the step is at least the last
+    # stage's own work, m (1.5 + 3) = 36, plus the fill of the three before it (3 x 1).
+    timeline = simulate(action_order("1f1b", 4, 8), times(1.0, 2.0, {3: 1.5}))
+    assert timeline.bubble_share > 3 / 11 + 0.02
+    assert timeline.step_time_s >= 8 * 4.5 + 3 - 1e-9
+
+
+def test_transfers_lie_on_the_critical_path() -> None:
+    # p = 2, m = 1, transfer x = 0.25: F0 (1) + x + F1 (1) + B1 (2) + x + B0 (2) = 6.5.
+    timeline = simulate(action_order("gpipe", 2, 1), times(1.0, 2.0), lambda a, b: 0.25)
+    assert timeline.step_time_s == pytest.approx(6.5)
+
+
+def test_zero_bubble_schedules_run_split_backwards() -> None:
+    order = action_order("zbv", 4, 8)
+    kinds = {a.kind for actions in order.values() for a in actions}
+    assert {"I", "W"} <= kinds
+    # V shape: rank 0 holds the first stage and the last (2p - 1 = 7)
+    assert {a.stage for a in order[0]} == {0, 7}
+
+
+def test_layer_split_as_transformers_splits() -> None:
+    # 126 layers over 8 stages: 15 each and 6 left, one each to the first six stages.
+    counts = [len(s.layers) for s in split_layers(126, 8)]
+    assert counts == [16, 16, 16, 16, 16, 16, 15, 15]
+    assert [len(s.layers) for s in split_layers(8, 2, (3, 5))] == [3, 5]
+    with pytest.raises(WorkloadError, match="3\\+4 = 7 layers"):
+        split_layers(8, 2, (3, 4))
+    with pytest.raises(WorkloadError, match="cannot fill"):
+        split_layers(2, 4)
+
+
+TINY = LlamaConfig(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+)
+
+
+@pytest.fixture(scope="module")
+def pipelined() -> torchroof.Estimate:
+    return torchroof.estimate(TINY, "train", hardware="dgx-h100", seq=128, pp=4, microbatches=8)
+
+
+def test_each_distinct_stage_is_traced_once(pipelined: torchroof.Estimate) -> None:
+    # 8 layers over 4 stages: the first (embedding) and last (norm, head) differ, the two
+    # middle ones hold equal layers and share one trace.
+    step = pipelined.pipeline
+    assert [r.traced_as for r in step.stages] == [0, 1, 1, 3]
+    assert [r.layers for r in step.stages][::3] == [
+        "layers 0-1 + embedding",
+        "layers 6-7 + norm + head",
+    ]
+
+
+def test_activation_sent_between_stages(pipelined: torchroof.Estimate) -> None:
+    # one micro-batch's hidden states: batch 1 x 128 tokens x 256 x 2 B (bf16) = 65,536 B
+    step = pipelined.pipeline
+    assert {r.activation_bytes for r in step.stages} == {65_536}
+    assert step.transfer_link == "nvlink"  # ranks 0 and 1 of a DGX share a node
+
+
+def test_per_stage_memory_counts_the_micro_batches_in_flight(
+    pipelined: torchroof.Estimate,
+) -> None:
+    step = pipelined.pipeline
+    assert [r.in_flight for r in step.stages] == [4, 3, 2, 1]
+    middle = step.stages[1], step.stages[2]  # one trace: same fixed bytes and peak
+    # stage 1 holds one micro-batch more than stage 2: exactly one more saved forward
+    assert middle[0].memory_bytes - middle[1].memory_bytes == middle[0].saved_bytes
+    assert middle[0].saved_bytes > 0
+
+
+def test_step_time_and_throughput_come_from_the_schedule(pipelined: torchroof.Estimate) -> None:
+    step = pipelined.pipeline
+    assert pipelined.time_s == pytest.approx(step.step_time_s)
+    assert step.step_time_s > step.pipeline_s  # the optimizer runs after the drain
+    # one replica spans the 4 stages: tokens/s per GPU = 8 x 128 tokens / step / 4 GPUs
+    from torchroof import analysis
+
+    expected = 8 * 128 / pipelined.time_s / 4
+    assert analysis.tokens_per_s_per_gpu(pipelined) == pytest.approx(expected)
+    assert "pipeline: 1f1b over 4 ranks, 8 micro-batches" in pipelined.summary()
+
+
+def test_decode_stage_holds_its_own_layers_cache() -> None:
+    # stage 1 of 4 owns 2 of the 8 layers and caches only theirs: a static cache of
+    # context + 1 = 257 positions, 2 layers x (K, V) x batch 2 x 257 x 2 KV heads x 64 dims
+    # x 2 B = 263,168 B, a quarter of the whole model's.
+    model = build_model(TINY, torch.bfloat16)
+    make_stage(model, split_layers(8, 4)[1])
+    trace = run_workload(model, Workload(regime="decode", batch=2, context=256))
+    assert trace.role_bytes["kv_cache"] == 2 * 2 * 2 * 257 * 2 * 64 * 2
+    assert trace.facts.pipeline["activation_bytes"] == 2 * 1 * 256 * 2  # one token each
+
+
+def test_zbv_splits_input_and_weight_gradients() -> None:
+    est = torchroof.estimate(
+        TINY, "train", hardware="dgx-h100", seq=128, pp=2, microbatches=4, pp_schedule="zbv"
+    )
+    middle = est.pipeline.stages[1]
+    assert middle.input_s > 0 and middle.weight_s > 0
+    assert middle.backward_s == pytest.approx(middle.input_s + middle.weight_s)
+    first = est.pipeline.stages[0]
+    assert first.input_s == 0.0  # the first stage has no input gradient: W is its backward
+
+
+def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
+    with pytest.raises(WorkloadError, match="context or sequence parallel"):
+        Workload(regime="train", pp=2, cp=2, seq=128)
+    with pytest.raises(WorkloadError, match="splits each backward"):
+        Workload(regime="train", pp=2, fsdp=2, pp_schedule="zbv")
+    with pytest.raises(WorkloadError, match="pp_split"):
+        Workload(regime="train", pp=2, pp_split="4,x")
