@@ -51,6 +51,7 @@ from torchroof.report import Estimate
 
 HERE = Path(__file__).resolve().parent / "validation"
 RUNS_JSON = HERE / "multi_gpu_runs.json"
+PP_EP_RUNS_JSON = HERE / "pp_ep_runs.json"  # runs with pipeline or expert parallel (issue 14)
 PREDICTIONS_JSON = HERE / "multi_gpu_predictions.json"
 GIB = 2**30
 GB = 1e9
@@ -88,6 +89,24 @@ GPT_FAST = (
 LLAMA2_70B: dict[str, Any] = {"vocab_size": 32000, "max_position_embeddings": 4096}
 LLAMA2_NOTE = "Llama-2-70B = llama-3-70b with vocab 32000 and 4096 positions"
 TRT = "TensorRT engine priced with fused kernels (fusion 'fused'); A100 80 GB SXM presumed"
+LLAMA3_405B = (
+    "Llama 3 paper, Table 4: interleaved 1F1B with V not published (priced with 2 stages per "
+    "rank), micro-batches of one sequence (not published: the 32 sequences per DP group as "
+    "32 micro-batches), FSDP keeping parameters gathered after forward (reshard_after_forward "
+    "off), fp32 reduce-scatter priced in bf16; model FLOP/s as 6N + 6·L·d·T per token (N = "
+    "405e9, causal attention), the paper's definition not published; H100 SXM at 700 W as "
+    "dgx-h100, RoCE as its 400 Gb/s network"
+)
+# Llama-3.1-405B: 6 x 405e9 + 6 x 126 layers x 16,384 (d) x 8,192 (T), FLOPs per token
+LLAMA3_405B_FLOPS = 6 * 405e9 + 6 * 126 * 16384 * 8192
+MB_DEEPSEEK = (
+    "Megatron-Bridge 25.11 on DGX-GB200: interleaved 1F1B (PP 4 x VP 4), EP 64 over the 64 "
+    "data-parallel ranks (torchroof's dp with ep: dense weights replicated, gradients "
+    "all-reduced; Megatron's distributed optimizer shards the optimizer state: not "
+    "modelled), selective recompute of the MLA up-projections not modelled (priced without "
+    "checkpointing), flex/HybridEP dispatch priced as transformers' all-to-all; gb200-nvl72 "
+    "uses the B200 chip file"
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,11 @@ class Choice:
     dtype: str = "bf16"  # prefill / decode
     whole_cache: bool = False  # decode attends over the full static cache every step
     per_gpu: bool = True  # the measured rate is per GPU (else for the whole group)
+    # sizes the source does not publish (micro-batch, accumulation steps, virtual stages)
+    sizes: Mapping[str, Any] = field(default_factory=dict)
+    workload: Mapping[str, Any] = field(default_factory=dict)  # other Workload knobs
+    # a figure in model FLOP/s: the source's FLOPs per token (6N + attention)
+    model_flops_per_token: float | None = None
 
 
 CHOICES: dict[str, Choice] = {
@@ -155,6 +179,21 @@ CHOICES: dict[str, Choice] = {
     "trtllm090-a100x8-llama2-70b-tp8-prefill2048-bs1": Choice(
         "dgx-a100", f"{LLAMA2_NOTE}; fp16; {TRT}", "llama-3-70b", LLAMA2_70B, dtype="fp16"
     ),
+    "llama3-405b-h100x8192-tp8-pp16-dp64": Choice(
+        "dgx-h100",
+        LLAMA3_405B,
+        sizes={"micro_batch": 1, "grad_accum": 32, "virtual_stages": 2},
+        workload={"pp_schedule": "interleaved-1f1b", "reshard_after_forward": False},
+        model_flops_per_token=LLAMA3_405B_FLOPS,
+    ),
+    "llama3-405b-h100x16384-tp8-pp16-dp128": Choice(
+        "dgx-h100",
+        LLAMA3_405B.replace("32 sequences per DP group as 32", "16 sequences per DP group as 16"),
+        sizes={"micro_batch": 1, "grad_accum": 16, "virtual_stages": 2},
+        workload={"pp_schedule": "interleaved-1f1b", "reshard_after_forward": False},
+        model_flops_per_token=LLAMA3_405B_FLOPS,
+    ),
+    "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice("gb200-nvl72", MB_DEEPSEEK),
     "trtllm090-a100x8-llama2-70b-tp8-bs512-in128-out2048": Choice(
         "dgx-a100",
         f"{LLAMA2_NOTE}; fp16; {TRT}; the KV cache grows from 128 to 2174 tokens over the "
@@ -173,16 +212,37 @@ _CP_DATA = "torchroof's cp composes with tp only, not yet with fsdp or dp"
 NOT_PREDICTED: dict[str, str] = {
     "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": f"fp8 matmuls (Float8); CP 2 with FSDP 4: {_CP_DATA}",
     "tt-h200x32-llama31-8b-fsdp32-fp8": "fp8 matmuls and fp8 all-gather",
-    "llama3-405b-h100x8192-tp8-pp16-dp64": "pipeline parallel (PP 16)",
-    "llama3-405b-h100x16384-tp8-pp16-dp128": "pipeline parallel (PP 16)",
-    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": "pipeline parallel (PP 16); CP 16 with FSDP 8",
+    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": (
+        "CP 16 with FSDP 8: torchroof's cp composes with tp only (not with fsdp, dp or pp)"
+    ),
     "automodel-h100x64-llama31-70b-fsdp2-cp2": f"CP 2 with FSDP 32 (over 64 ranks): {_CP_DATA}",
     "foundry-h100x8-mpt7b-fsdp": _MPT,
     "foundry-h100x512-mpt7b-fsdp": _MPT,
     "foundry-a100-40gbx128-mpt7b-fsdp": _MPT,
     "nemo2407-h100x8-llama3-8b-cp2-fp8": f"fp8 (Transformer Engine); CP 2 with DP 4: {_CP_DATA}",
-    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": "fp8, pipeline parallel (PP 4); CP 2 with DP 2",
+    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": "fp8 (issue 15); CP 2 with DP 2 and PP 4",
     "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": "fp8 weights and activations",
+    # pipeline and expert parallel runs (pp_ep_runs.json)
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8": "Float8 matmuls (issue 15)",
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8": "Float8 matmuls (issue 15)",
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-seq32k-fp8": "Float8 matmuls (issue 15)",
+    "mb2511-gb200x256-qwen3-235b-a22b-pp8-vp3-ep32-bf16": (
+        "Qwen3-235B-A22B: no shipped config (its config.json needs the network)"
+    ),
+    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": (
+        f"fp8 (issue 15); CP 2 with DP 8 and PP 8: {_CP_DATA}"
+    ),
+    "mb2509-h100x1024-deepseekv3-tp2-pp8-vp4-ep64": (
+        "precision not printed (fp8 presumed, issue 15); TP 2 with EP 64 and sequence parallel "
+        "on a MoE model (torchroof's sequence parallel is the Llama layout only)"
+    ),
+    "deepseekv3-h800x2048-pp16-dualpipe-ep64-zero1": (
+        "FP8 training (issue 15); H800 NVLink (no cluster ships); a whole-run average"
+    ),
+    "deepseek-day6-h800x32-prefill-ep32-production": "FP8 serving (issue 15); 24 h average",
+    "deepseek-day6-h800x144-decode-ep144-production": "FP8 serving (issue 15); 24 h average",
+    "sglang-h100x32-deepseekv3-prefill-ep32-in4096": "FP8 GEMMs (issue 15)",
+    "sglang-h100x72-deepseekv3-decode-ep72-bs256-kv2000": "FP8 GEMMs (issue 15)",
 }
 
 
@@ -289,17 +349,31 @@ def request(run: dict[str, Any], choice: Choice) -> Request:
     decode step per further token, at the cache the step attends over."""
     par, regime, unit = run["parallelism"], run["regime"], run["measured"]["unit"]
     if regime == "train":
+        published = {**run, **choice.sizes}  # what the source does not say, chosen
         sizes = {
-            "batch": run["micro_batch"],
+            "batch": published["micro_batch"],
             "seq": run["seq_len"],
             "fsdp": par["dp_shard"],
             "dp": par["dp_replicate"],
-            "microbatches": run["grad_accum"],
+            "microbatches": published["grad_accum"],
         }
-        tokens_per_gpu = sizes["batch"] * sizes["seq"] * sizes["microbatches"] / par["tp"]
+        pp = par.get("pp") or 1
+        if pp > 1:  # pipeline: the schedule is the run's, or the choice's where unnamed
+            sizes["pp"] = pp
+            sizes["pp_schedule"] = par.get("pp_schedule")
+            stages = choice.sizes.get("virtual_stages") or par.get("virtual_stages")
+            if stages and stages > 1:
+                sizes["virtual_stages"] = stages
+        if (par.get("ep") or 1) > 1:
+            sizes["ep"] = par["ep"]
+        sizes.update(choice.workload)
+        # a pipeline's pp x tp ranks share one replica's tokens
+        tokens_per_gpu = sizes["batch"] * sizes["seq"] * sizes["microbatches"] / (par["tp"] * pp)
         phases = (_phase(run, choice, "train", 1.0, **sizes),)
         eager = tuple(replace(p, fusion="eager") for p in phases)
-        figure = Figure(unit, work=tokens_per_gpu)
+        per_token = choice.model_flops_per_token
+        work = tokens_per_gpu * per_token / 1e12 if per_token else tokens_per_gpu
+        figure = Figure(unit, work=work)
         compiled = run["torch_compile"] is True
         return Request(run["id"], phases, figure, choice.note, () if compiled else eager)
     if regime == "prefill":
@@ -338,12 +412,34 @@ class StepTimes:
     capacity_bytes: int | None
     fits: bool | None
     mfu: float
+    # a pipelined step: the slowest rank's idle time within the pipeline (its bubble) and
+    # its work after the drain (gradient sync, optimizer); compute_s is then its busy time
+    bubble_s: float = 0.0
+    after_s: float = 0.0
+    pipelined: bool = False
 
 
 def step_times(est: Estimate) -> StepTimes:
+    memory = est.memory
+    if est.pipeline is not None:
+        step = est.pipeline
+        rank = step.ranks[step.slowest_rank]
+        after = sum(step.stages[s].after_s for s in rank.stages)
+        return StepTimes(
+            step_s=est.time_s,
+            compute_s=rank.busy_s,
+            exposed_s=0.0,
+            hidden_s=0.0,
+            memory_bytes=memory.total_bytes if memory else None,
+            capacity_bytes=memory.capacity_bytes if memory else None,
+            fits=memory.fits if memory else None,
+            mfu=est.mfu,
+            bubble_s=rank.end_s - after - rank.busy_s,
+            after_s=after,
+            pipelined=True,
+        )
     comm = communication(est)
     compute_s = sum(k.time_s for k in est.kernels if not k.communication)
-    memory = est.memory
     return StepTimes(
         step_s=est.time_s,
         compute_s=compute_s,
@@ -565,7 +661,14 @@ def _short_gpu(run: dict[str, Any]) -> str:
 def parallelism(run: dict[str, Any]) -> str:
     """``TP 8 x FSDP 32`` from the run's degrees above one."""
     par = run["parallelism"]
-    names = (("tp", "TP"), ("cp", "CP"), ("pp", "PP"), ("dp_shard", "FSDP"), ("dp_replicate", "DP"))
+    names = (
+        ("tp", "TP"),
+        ("cp", "CP"),
+        ("pp", "PP"),
+        ("ep", "EP"),
+        ("dp_shard", "FSDP"),
+        ("dp_replicate", "DP"),
+    )
     dims = [f"{label} {par[key]}" for key, label in names if (par.get(key) or 1) > 1]
     return " x ".join(dims) or "1 GPU"
 
@@ -590,6 +693,11 @@ def _ratio(p: Prediction) -> str:
 def _where(p: Prediction) -> str:
     phase, s = p.main
     ms = 1e3
+    if s.pipelined:  # the slowest rank: its actions, its bubble, its work after the drain
+        return (
+            f"{phase.label} (slowest rank): actions {s.compute_s * ms:,.1f} + bubble "
+            f"{s.bubble_s * ms:,.1f} + after the drain {s.after_s * ms:,.1f}"
+        )
     return (
         f"{phase.label}: {s.compute_s * ms:,.1f} / {s.exposed_s * ms:,.1f} / {s.hidden_s * ms:,.1f}"
     )
@@ -697,6 +805,11 @@ def _step_json(phase: Phase, s: StepTimes) -> dict[str, Any]:
         "capacity_gb": s.capacity_bytes / GB if s.capacity_bytes is not None else None,
         "fits": s.fits,
         "mfu": s.mfu,
+        **(
+            {"bubble_ms": s.bubble_s * 1e3, "after_drain_ms": s.after_s * 1e3}
+            if s.pipelined
+            else {}
+        ),
     }
 
 
@@ -760,6 +873,14 @@ def write(path: Path, data: dict[str, Any], predictions: list[Prediction]) -> No
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
+def load_data() -> dict[str, Any]:
+    """The runs of :data:`RUNS_JSON` then :data:`PP_EP_RUNS_JSON`, and the collective
+    anchors of the first."""
+    data = json.loads(RUNS_JSON.read_text())
+    more = json.loads(PP_EP_RUNS_JSON.read_text())
+    return {**data, "runs": [*data["runs"], *more["runs"]]}
+
+
 def quiet() -> None:
     """FSDP2's per-module view warning and transformers' cache notice repeat for every
     trace; they say nothing about the numbers."""
@@ -773,7 +894,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"refresh {PREDICTIONS_JSON.name}")
     parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
     args = parser.parse_args()
-    data = json.loads(RUNS_JSON.read_text())
+    data = load_data()
     runs = {r["id"]: r for r in data["runs"]}
     unknown = [rid for rid in args.run if rid not in runs]
     if unknown:

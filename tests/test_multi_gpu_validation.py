@@ -26,7 +26,7 @@ def _load():
 
 
 mgv = _load()
-DATA = json.loads(mgv.RUNS_JSON.read_text())
+DATA = mgv.load_data()
 RUNS = {run["id"]: run for run in DATA["runs"]}
 
 
@@ -115,7 +115,7 @@ def test_sequence_parallel_is_read_from_the_run():
 
 def test_the_torchtitan_tp_rows_are_priced_with_sequence_parallel():
     tp_rows = [i for i in mgv.CHOICES if RUNS[i]["parallelism"]["tp"] > 1 and
-               RUNS[i]["regime"] == "train"]  # fmt: skip
+               RUNS[i]["regime"] == "train" and i.startswith("tt-")]  # fmt: skip
     assert tp_rows == [
         "tt-h100x64-llama31-8b-fsdp8-tp8-bf16", "tt-h100x256-llama31-70b-fsdp32-tp8-bf16",
     ]  # fmt: skip
@@ -202,6 +202,7 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
         run, req = RUNS[run_id], mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
         workload = req.phases[0].workload
         ranks = workload["tp"] * workload.get("fsdp", 1) * workload.get("dp", 1)
+        ranks *= workload.get("pp", 1)
         assert ranks == run["gpu_count"], run_id  # the request spans the run's GPUs
         assert mgv.get_cluster(req.phases[0].hardware)  # a shipped cluster
 
@@ -212,7 +213,7 @@ def test_context_parallel_refusals_are_what_torchroof_refuses():
     from torchroof.options import Workload, WorkloadError
 
     cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
-    assert len(cp_rows) == 5
+    assert len(cp_rows) == 6
     for run_id in cp_rows:
         run, par = RUNS[run_id], RUNS[run_id]["parallelism"]
         assert f"CP {par['cp']} with " in mgv.NOT_PREDICTED[run_id], run_id
@@ -246,3 +247,37 @@ def test_a_decode_run_predicted_live_equals_the_checked_in_prediction():
     for mine, theirs in zip(fresh["steps"], stored["steps"], strict=True):
         for key in ("step_ms", "compute_ms", "exposed_communication_ms", "memory_per_rank_gb"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
+
+
+def test_pipeline_runs_share_tokens_over_pp_and_read_model_flops():
+    # Llama 3 405B on 8,192 GPUs: 32 micro-batches of one 8,192-token sequence per
+    # pipeline of pp 16 x tp 8 = 128 GPUs: 2,048 tokens per GPU per step, each worth
+    # 6 x 405e9 + 6 x 126 x 16,384 x 8,192 FLOPs; 430 model TFLOP/s per GPU is then
+    # 2,048 x 2.5315e12 / 1e12 / 430 = 12.06 s per step.
+    run_id = "llama3-405b-h100x8192-tp8-pp16-dp64"
+    req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
+    workload = req.phases[0].workload
+    assert (workload["pp"], workload["tp"], workload["fsdp"], workload["microbatches"]) == (
+        16,
+        8,
+        64,
+        32,
+    )
+    assert workload["pp_schedule"] == "interleaved-1f1b" and workload["virtual_stages"] == 2
+    per_token = 6 * 405e9 + 6 * 126 * 16384 * 8192
+    assert req.figure.seconds(430) == pytest.approx(2048 * per_token / 1e12 / 430)
+
+
+def test_expert_parallel_run_maps_ep_and_its_schedule():
+    # DeepSeek-V3 on 256 GB200: pp 4 x vp 4, ep 64 over dp 64; 64 micro-batches of one
+    # 4,096-token sequence per pipeline of 4 GPUs: 65,536 tokens per GPU per step.
+    run_id = "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16"
+    req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
+    workload = req.phases[0].workload
+    assert (workload["pp"], workload["virtual_stages"], workload["ep"], workload["dp"]) == (
+        4,
+        4,
+        64,
+        64,
+    )
+    assert req.figure.seconds(3139) == pytest.approx(65_536 / 3139)

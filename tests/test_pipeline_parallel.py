@@ -172,3 +172,165 @@ def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
         Workload(regime="train", pp=2, fsdp=2, pp_schedule="zbv")
     with pytest.raises(WorkloadError, match="pp_split"):
         Workload(regime="train", pp=2, pp_split="4,x")
+    with pytest.raises(WorkloadError, match="W would be empty"):
+        Workload(regime="train", pp=2, tp=2, pp_schedule="zbv")
+
+
+def test_a_pipelined_estimate_round_trips_through_json(pipelined: torchroof.Estimate) -> None:
+    again = torchroof.Estimate.from_json(pipelined.to_json())
+    assert again.pipeline == pipelined.pipeline
+    assert again.time_s == pytest.approx(pipelined.time_s)
+
+
+def test_the_chrome_trace_lays_out_every_rank(pipelined: torchroof.Estimate) -> None:
+    from torchroof.timeline import chrome_trace
+
+    events = chrome_trace(pipelined)["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] >= 100]
+    for rank in range(4):
+        mine = [e for e in spans if e["pid"] == 100 + rank]
+        # 8 forwards and 8 backwards per rank; sends: ranks 0-2 pass 8 activations on,
+        # ranks 1-3 pass 8 gradients back; then one gradient sync + optimizer span
+        assert sum(e["cat"] == "F" for e in mine) == 8
+        assert sum(e["cat"] == "B" for e in mine) == 8
+        assert sum(e["cat"] == "send" for e in mine) == 8 * ((rank < 3) + (rank > 0))
+        assert sum(e["cat"] == "after" for e in mine) == 1
+    last_end = max(e["ts"] + e["dur"] for e in spans)
+    assert last_end == pytest.approx(pipelined.time_s * 1e6)
+
+
+def test_a_serving_pipeline_caches_every_micro_batch() -> None:
+    # decode, pp 2, 4 micro-batches of 2 sequences: each stage holds the K/V of all 8
+    # sequences: 4 x its one-micro-batch cache (4 of the 8 layers: 4 x 2 x 2 x 257 x 2 x 64
+    # x 2 B = 526,336 B per micro-batch).
+    est = torchroof.estimate(
+        TINY, "decode", hardware="dgx-h100", batch=2, context=256, pp=2, microbatches=4
+    )
+    one = 4 * 2 * 2 * 257 * 2 * 64 * 2
+    assert est.memory.kv_cache_bytes == 4 * one
+    assert est.memory.batch == 8
+    assert [r.in_flight for r in est.pipeline.stages] == [4, 4]
+    # forward only: GPipe's forwards, m + p - 1 = 5 slots of the slower stage at most
+    assert est.pipeline.trains is False
+    assert est.facts.tokens == 8  # one new token for each of the 8 sequences
+
+
+def test_saving_a_pipelined_trace_is_refused_before_tracing(tmp_path) -> None:
+    from torchroof.cli import main
+
+    code = main(["estimate", "llama-3-8b", "--pp", "2", "--save-trace", str(tmp_path / "t.json")])
+    assert code == 2
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_serving_composes_tensor_pipeline_and_expert_parallel() -> None:
+    # A tiny Mixtral decoding at tp 2 x dp 2 (4 ranks per stage) x pp 2, experts over
+    # ep 4: each stage's MoE layers send tokens to the 4 ranks of its EP group and its
+    # attention all-reduces over the 2 ranks of its TP group; stage 1 runs on ranks 4-7.
+    from torchroof.counters import kind_of
+    from torchroof.counters.collectives import collective_kind
+    from transformers import MixtralConfig
+
+    config = MixtralConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=1000,
+    )
+    knobs = dict(batch=4, context=256, tp=2, dp=2, ep=4, pp=2, microbatches=2)
+    trace = torchroof.trace_model(config, "decode", **knobs)
+    groups = {
+        (collective_kind(op), tuple(op.arg("group_ranks")))
+        for stage in trace.traces.values()
+        for op in stage.ops
+        if kind_of(op.packet) == "collective"
+    }
+    assert ("all_to_all", (0, 1, 2, 3)) in groups
+    assert ("all_reduce", (0, 1)) in groups
+    assert trace.ranks_per_stage == 4
+    est = torchroof.estimate_trace(trace, "dgx-h100")
+    assert est.pipeline.transfer_link == "nvlink"  # ranks 0 and 4: one node
+    # batch 4 per micro-batch: the collectives' alpha is most of their time
+    comm = est.communication()
+    assert comm.latency_s > 0.5 * comm.time_s
+    assert "alpha (per-collective latency" in est.summary()
+
+
+def test_dualpipev_times_its_whole_backwards_as_input_plus_weight_halves() -> None:
+    # DualPipeV mixes whole backwards (B) with split ones (I, W) on one stage trace split
+    # at I / W: a B lasts I + W, so every rank is busy 2m·(F + I + W) over its two stages
+    # and the utilisation stays below 1.
+    est = torchroof.estimate(
+        TINY, "train", hardware="dgx-h100", seq=128, pp=2, microbatches=4,
+        pp_schedule="dualpipev",
+    )  # fmt: skip
+    spans = est.pipeline.timeline
+    for span in spans:
+        if span.what == "B":
+            row = est.pipeline.stages[span.stage]
+            assert span.end_s - span.start_s == pytest.approx(row.input_s + row.weight_s)
+    assert 0 < est.mfu < 1
+    # a micro-batch is released by its B or its W: no stage holds more than all of them
+    assert all(r.in_flight <= 4 for r in est.pipeline.stages)
+
+
+def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
+    # tp 2 x dp 2: the replicas' all-reduce carries gradients, so a pipeline runs it once,
+    # after a stage's last backward; the tensor-parallel all-reduces carry activations and
+    # run in every micro-batch's forward and backward.
+    from torchroof.pp_step import once_per_step, stage_actions
+
+    trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, tp=2, dp=2)
+    stage = trace.traces[1]
+    est = torchroof.estimate_trace(stage, "dgx-h100")
+    sync = [k for k in est.kernels if k.ops == ("c10d.allreduce_.default",)]
+    tensor_parallel = [k for k in est.kernels if k.ops == ("_c10d_functional.all_reduce.default",)]
+    assert sync and tensor_parallel
+    assert all(once_per_step(k, reshard_after_forward=True) for k in sync)
+    assert not any(once_per_step(k, reshard_after_forward=True) for k in tensor_parallel)
+    marks = stage.facts.pipeline["marks"]
+    times = stage_actions(est, marks, trains=True)
+    assert times["after"] >= sum(k.exposed_s for k in sync)
+    # with FSDP, its reduce-scatter (whose input, the unsharded gradients, is transient)
+    # and the copy that fills it run once too; its all-gathers too when parameters stay
+    # gathered, else in every micro-batch
+    sharded = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, fsdp=2)
+    kernels = torchroof.estimate_trace(sharded.traces[1], "dgx-h100").kernels
+    scatters = [k for k in kernels if k.ops[0].startswith(("c10d._reduce_scatter", "fsdp.chunk"))]
+    gathers = [k for k in kernels if k.ops[0].startswith("c10d._allgather_base_")]
+    assert scatters and gathers
+    assert all(once_per_step(k, reshard_after_forward=True) for k in scatters)
+    assert not any(once_per_step(k, reshard_after_forward=True) for k in gathers)
+    assert all(once_per_step(k, reshard_after_forward=False) for k in gathers)
+
+
+def test_mixed_precision_accumulates_every_micro_batch() -> None:
+    # the bf16 -> fp32 gradient accumulation follows every micro-batch's backward: the
+    # stage's backward mark lies past it, so it is charged m times, not once.
+    from torchroof.pp_step import BACKWARD_END
+
+    trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, precision="mixed")
+    for stage in trace.traces.values():
+        end = stage.facts.pipeline["marks"][BACKWARD_END]
+        accumulation = [op.index for op in stage.ops if op.module == "gradient accumulation"]
+        assert accumulation and max(accumulation) < end
+
+
+def test_routing_imbalance_needs_experts_sharded_over_ranks() -> None:
+    from torchroof.errors import OptionError
+
+    with pytest.raises(OptionError, match="ep=1"):
+        torchroof.estimate(TINY, "prefill", hardware="dgx-h100", seq=128, routing_imbalance=1.5)
+
+
+def test_pipeline_knobs_without_a_pipeline_are_refused() -> None:
+    with pytest.raises(WorkloadError, match="give pp > 1"):
+        Workload(regime="train", pp_schedule="zbv")
+    with pytest.raises(WorkloadError, match="at least 2 stages per rank"):
+        Workload(regime="train", pp=2, pp_schedule="interleaved-1f1b", virtual_stages=1)
+    with pytest.raises(WorkloadError, match="GPipe's order"):
+        Workload(regime="decode", pp=2, pp_schedule="zbv")

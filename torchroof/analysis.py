@@ -134,6 +134,7 @@ class Communication:
     by_link_s: dict[str, float]  # nvlink / xgmi / network / hierarchical / none
     copies_s: float  # FSDP2's copy-in and chunk-cat, on the communication stream
     step_time_s: float
+    latency_s: float = 0.0  # the collectives' alpha terms: what no bandwidth buys back
 
     @property
     def exposed_share(self) -> float:
@@ -143,19 +144,22 @@ class Communication:
 
 def communication(est: Estimate) -> Communication:
     """Communication time, exposed and hidden (torchroof.schedule), over the whole step."""
-    time_s = exposed_s = copies_s = 0.0
+    time_s = exposed_s = copies_s = latency_s = 0.0
     by_link: dict[str, float] = {}
     for k in est.kernels:
         if not k.communication:
             continue
         time_s += k.time_s
+        latency_s += k.latency_s
         exposed_s += k.exposed_s
         if k.unit == "network":
             by_link[k.link] = by_link.get(k.link, 0.0) + k.time_s
         else:
             copies_s += k.time_s
     step_s = est.time_s if est.pipeline is None else kernels_span_s(est)
-    return Communication(time_s, exposed_s, time_s - exposed_s, by_link, copies_s, step_s)
+    return Communication(
+        time_s, exposed_s, time_s - exposed_s, by_link, copies_s, step_s, latency_s
+    )
 
 
 def kernels_span_s(est: Estimate) -> float:

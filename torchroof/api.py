@@ -16,15 +16,20 @@ from typing import Any
 
 import torch
 
-from torchroof import records
+from torchroof import pp_step, records
 from torchroof.capture import Capture, OpBudgetExceeded, op_budget
 from torchroof.errors import OptionError, WorkloadError, first_line
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models import build_model, check_layers, check_positions, load_config
-from torchroof.options import PricingOptions, Workload, split_knobs
+from torchroof.options import (
+    DEFAULT_PP_SCHEDULE,
+    DEFAULT_VIRTUAL_STAGES,
+    PricingOptions,
+    Workload,
+    split_knobs,
+)
 from torchroof.pipeline import estimate_trace, resolve_hardware
 from torchroof.pp_schedule import SPLIT_BACKWARD, action_order, stages_per_rank
-from torchroof.pp_step import PipelineTrace
 from torchroof.report import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
@@ -48,6 +53,18 @@ class Trace(records.Trace):
         if isinstance(trace, cls):
             return trace
         return cls(**{f.name: getattr(trace, f.name) for f in fields(records.Trace)})
+
+
+class PipelineTrace(pp_step.PipelineTrace):
+    """A pipelined step's traces (:class:`torchroof.pp_step.PipelineTrace`) that price
+    themselves, as :class:`Trace` does: what :func:`trace_model` gives for ``pp`` > 1."""
+
+    def estimate(
+        self, hardware: str | Path | HardwareSpec | ClusterSpec = "dgx-h100", **options: Any
+    ) -> Estimate:
+        """Price every stage on ``hardware`` (a cluster: stages send activations between
+        GPUs) and lay the schedule out; options as :meth:`Trace.estimate`."""
+        return estimate_trace(self, hardware, **options)
 
 
 def trace(
@@ -223,7 +240,14 @@ def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) ->
     if not trains:
         order = {rank: [a for a in listed if a.kind == "F"] for rank, listed in order.items()}
     count = workload.pp * stages_per_rank(schedule, workload.virtual_stages)
-    stage_workload = replace(workload, pp=1, microbatches=1, pp_split="")
+    stage_workload = replace(  # one stage, one micro-batch: the pipeline is laid out here
+        workload,
+        pp=1,
+        microbatches=1,
+        pp_split="",
+        pp_schedule=DEFAULT_PP_SCHEDULE,
+        virtual_stages=DEFAULT_VIRTUAL_STAGES,
+    )
     reference, label, beyond = _build(model, stage_workload, cast_module)
     _, _, layers = decoder_layers(reference)
     splits = split_layers(len(layers), count, workload.pipeline_split)

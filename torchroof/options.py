@@ -17,7 +17,7 @@ from typing import Any
 from torchroof.errors import OptionError, WorkloadError
 from torchroof.limits import DEFAULT_MAX_OPS  # why 10M: see there
 from torchroof.parallel import ParallelPlan
-from torchroof.pp_schedule import SCHEDULES, SPLIT_BACKWARD
+from torchroof.pp_schedule import INTERLEAVED, SCHEDULES, SPLIT_BACKWARD, stages_per_rank
 from torchroof.workloads.inference import CACHES, MLA_DECODES
 from torchroof.workloads.registry import REGIMES, regime
 from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
@@ -27,6 +27,9 @@ DTYPES = ("bf16", "fp16", "fp32")
 # trains can have above 1.
 PARALLEL_SIZES = ("tp", "fsdp", "dp", "cp", "pp", "ep", "virtual_stages", "microbatches")
 TRAINING_SIZES = ("fsdp", "microbatches")
+
+DEFAULT_PP_SCHEDULE = "1f1b"  # torchtitan's default
+DEFAULT_VIRTUAL_STAGES = 2  # an interleaved schedule's stages per rank unless given
 
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
@@ -140,10 +143,13 @@ class Workload:
         "pipeline stages (torch.distributed.pipelining's schedules); one trace per distinct stage",
     )
     pp_schedule: str = knob(
-        "1f1b", "with --pp: the schedule whose action order is laid out", choices=tuple(SCHEDULES)
+        DEFAULT_PP_SCHEDULE,
+        "with --pp: the schedule whose action order is laid out",
+        choices=tuple(SCHEDULES),
     )
     virtual_stages: int = knob(
-        2, "with --pp and an interleaved schedule: stages per rank (V schedules hold 2)"
+        DEFAULT_VIRTUAL_STAGES,
+        "with --pp and an interleaved schedule: stages per rank (V schedules hold 2)",
     )
     pp_split: str = knob(
         "",
@@ -182,6 +188,15 @@ class Workload:
             self._check_context_parallel()
         if self.pp > 1:
             self._check_pipeline()
+        else:
+            given = {
+                "pp_schedule": self.pp_schedule != DEFAULT_PP_SCHEDULE,
+                "virtual_stages": self.virtual_stages != DEFAULT_VIRTUAL_STAGES,
+                "pp_split": bool(self.pp_split),
+            }
+            if any(given.values()):
+                names = ", ".join(name for name, set_ in given.items() if set_)
+                raise WorkloadError(f"{names} shape a pipeline: give pp > 1 with them")
         if self.ep > 1:
             self._check_expert_parallel()
         if not regime(self.regime).trains:
@@ -211,8 +226,9 @@ class Workload:
 
     def _check_pipeline(self) -> None:
         """Pipeline stages compose with tensor parallel and FSDP / HSDP (one stage's program);
-        not (yet) with context or sequence parallel, and torch's split backward (zero-bubble
-        schedules) runs autograd.grad, which FSDP2's hooks do not reduce."""
+        not (yet) with context or sequence parallel; torch's split backward (zero-bubble
+        schedules) runs autograd.grad, which FSDP2's hooks do not reduce and which cannot
+        separate the weight gradients of transformers' tensor-parallel layers."""
         if self.cp > 1 or self.sequence_parallel:
             raise WorkloadError(
                 f"pp={self.pp} does not yet compose with context or sequence parallel: use tp"
@@ -227,7 +243,32 @@ class Workload:
                 "stage_backward_input / stage_backward_weight), which FSDP2's gradient "
                 "reduction does not follow here: use 1f1b, gpipe or interleaved-1f1b with fsdp"
             )
+        if self.pp_schedule in SPLIT_BACKWARD and self.tp > 1 and regime(self.regime).trains:
+            raise WorkloadError(
+                f"the {self.pp_schedule} schedule splits each backward into input and weight "
+                "gradients (torch's stage_backward_input / stage_backward_weight), which "
+                "cannot separate the weight gradients of transformers' tensor-parallel layers "
+                "(they compute on local shards: W would be empty): use 1f1b, gpipe or "
+                "interleaved-1f1b with tp"
+            )
         _ = self.pipeline_split  # a WorkloadError for a malformed pp_split
+        if not regime(self.regime).trains and self.pp_schedule != DEFAULT_PP_SCHEDULE:
+            raise WorkloadError(
+                f"pp_schedule={self.pp_schedule!r}: a {self.regime} step has no backward, so "
+                "its pipeline runs the forwards in GPipe's order; schedules are for training"
+            )
+        interleaved = self.pp_schedule in INTERLEAVED
+        if interleaved and self.virtual_stages < 2:
+            raise WorkloadError(
+                f"{self.pp_schedule} interleaves at least 2 stages per rank, got "
+                f"virtual_stages={self.virtual_stages} (one stage per rank: pp_schedule=1f1b)"
+            )
+        if self.virtual_stages != DEFAULT_VIRTUAL_STAGES and not interleaved:
+            raise WorkloadError(
+                f"virtual_stages={self.virtual_stages} applies to an interleaved schedule "
+                f"({', '.join(sorted(INTERLEAVED))}); {self.pp_schedule} holds "
+                f"{stages_per_rank(self.pp_schedule, 1)} stage(s) per rank"
+            )
 
     @property
     def pipeline_split(self) -> tuple[int, ...]:

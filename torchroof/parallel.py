@@ -342,25 +342,65 @@ def apply_fsdp(
     expanded = _resolve_tied_embed_lm_head_plan(expanded, model) if expanded else _blocks(model)
     # FSDP2 needs a submodule sharded before the module that holds it.
     units = sorted(expanded.items(), key=lambda item: item[0].count("."), reverse=True)
-    extra: dict[str, Any] = {"ignored_params": ignored_params} if ignored_params else {}
+    ignored = ignored_params or set()
     kept = [(name, model.get_submodule(name)) for name, style in units if style == KEEP_FULL_WEIGHT]
+
+    def shard(modules: nn.Module | list[nn.Module], reshard: bool) -> None:
+        odd = _odd_dtype_params(modules, ignored)
+        if odd:
+            left_out.update(odd)
+        skip = ignored | odd
+        extra: dict[str, Any] = {"ignored_params": skip} if skip else {}
+        fully_shard(modules, mesh=shard_mesh, reshard_after_forward=reshard, **extra)
+
+    left_out: set[nn.Parameter] = set()
+
     for name, style in units:
         if style != KEEP_FULL_WEIGHT:
-            fully_shard(
-                model.get_submodule(name),
-                mesh=shard_mesh,
-                reshard_after_forward=reshard_after_forward,
-                **extra,
-            )
+            shard(model.get_submodule(name), reshard_after_forward)
     if is_norm_and_head_pair(kept, model):
-        fully_shard(
-            [module for _, module in kept], mesh=shard_mesh, reshard_after_forward=False, **extra
-        )
+        shard([module for _, module in kept], False)
     else:
         for _, module in kept:
-            fully_shard(module, mesh=shard_mesh, reshard_after_forward=False, **extra)
-    fully_shard(model, mesh=shard_mesh, reshard_after_forward=reshard_after_forward, **extra)
+            shard(module, False)
+    shard(model, reshard_after_forward)
+    if left_out:
+        note = (
+            f"FSDP: {len(left_out)} parameters of another dtype than their unit's "
+            f"({', '.join(sorted({str(p.dtype) for p in left_out}))}, e.g. router weights) "
+            "left unsharded, their gradients not reduced: FSDP2 shards one dtype per unit"
+        )
+        previous = getattr(model, "torchroof_build_note", "")
+        model.torchroof_build_note = f"{previous}; {note}" if previous else note
     return model
+
+
+def _odd_dtype_params(
+    modules: nn.Module | list[nn.Module], ignored: set[nn.Parameter]
+) -> set[nn.Parameter]:
+    """Parameters a unit would hold beside others of another dtype: FSDP2 all-gathers a
+    unit as one flat buffer and refuses mixed original dtypes. The ones outside the unit's
+    dominant dtype (by elements; DeepSeek-V3 keeps its router weights in fp32) are left out
+    of it, unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    roots = modules if isinstance(modules, list) else [modules]
+    managed: set[nn.Parameter] = set()
+    for root in roots:
+        inner = {
+            p
+            for m in root.modules()
+            if m is not root and isinstance(m, FSDPModule)
+            for p in m.parameters()
+        }
+        managed |= {p for p in root.parameters() if p not in inner and p not in ignored}
+    sizes: dict[torch.dtype, int] = {}
+    for p in managed:
+        sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    if len(sizes) < 2:
+        return set()
+    dominant = max(sizes, key=sizes.__getitem__)
+    return {p for p in managed if p.dtype != dominant}
 
 
 def owned_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:

@@ -169,6 +169,12 @@ def _estimate_trace(
     trace: Trace, hardware: str | Path | HardwareSpec | ClusterSpec, pricing: PricingOptions
 ) -> Estimate:
     spec, cluster = resolve_hardware(hardware)
+    if pricing.routing_imbalance != 1.0 and int(trace.facts.workload.get("ep", 1) or 1) <= 1:
+        raise OptionError(
+            f"routing_imbalance={pricing.routing_imbalance:g} prices the busiest of the ep "
+            "ranks; this step does not shard its experts (ep=1), so its experts get every "
+            "routed token whatever the routing: trace it with ep > 1"
+        )
     step = optimizer_step.analyse(trace)
     roles = {**step.roles, **trace.roles}
     fused = pricing.fusion == "fused"
@@ -249,8 +255,11 @@ def busiest_rank(
     it (the expert weights are read once either way); an expert all-to-all carries that
     many times the rows. The step waits for that rank; FLOPs stay the balanced ones."""
     if kernel.unit == "network":
+        carried_s = (kernel.network_s - kernel.latency_s) * imbalance  # alpha does not scale
         return replace(
-            kernel, time_s=kernel.time_s * imbalance, network_s=kernel.network_s * imbalance
+            kernel,
+            time_s=max(kernel.time_s, kernel.latency_s + carried_s),
+            network_s=kernel.latency_s + carried_s,
         )
     weights = kernel.read_by.get("weights", 0)
     scaled_bytes = weights + imbalance * (kernel.bytes - weights)
@@ -316,6 +325,7 @@ def time_collective(
         link=net.link,
         wire_by_link={link: sent for link, sent in wire.items() if sent},
         network_s=net.time_s,
+        latency_s=net.alpha_s,
     )
 
 

@@ -45,6 +45,7 @@ SCHEDULES: dict[str, str] = {
 SINGLE_STAGE = frozenset({"gpipe", "1f1b"})  # one stage per rank
 V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank: r and 2p − 1 − r
 SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev"})  # I and W actions
+INTERLEAVED = frozenset(SCHEDULES) - SINGLE_STAGE - V_SHAPED  # virtual_stages per rank
 
 
 @dataclass(frozen=True, order=True)
@@ -187,10 +188,9 @@ class PipelineTimeline:
 
     def in_flight(self, stage: int) -> int:
         """The most micro-batches whose activations ``stage`` holds at once: forwards run
-        whose backward has not yet finished (the ``W`` half, where the backward is split:
-        the weight gradients still read the saved inputs), in the rank's own order."""
-        split = any(t.action.kind == BACKWARD_WEIGHT for t in self.actions)
-        release = BACKWARD_WEIGHT if split else BACKWARD
+        whose backward has not yet finished (a whole ``B``, or the ``W`` half of a split
+        one: the weight gradients still read the saved inputs), in the rank's own order."""
+        release = (BACKWARD, BACKWARD_WEIGHT)
         held = peak = 0
         for timed in sorted(self.actions, key=lambda t: (t.start_s, t.end_s)):
             if timed.action.stage != stage:
@@ -198,7 +198,7 @@ class PipelineTimeline:
             if timed.action.kind == FORWARD:
                 held += 1
                 peak = max(peak, held)
-            elif timed.action.kind == release:
+            elif timed.action.kind in release:
                 held -= 1
         return peak
 
@@ -290,9 +290,9 @@ class StageRow:
     flops: int  # one micro-batch's F + B
     after_flops: int
     activation_bytes: int  # what it sends on (or receives) per micro-batch
-    in_flight: int
+    in_flight: int  # micro-batches held: activations (train), cached sequences (serving)
     saved_bytes: int  # activations one micro-batch keeps for its backward
-    memory_bytes: int  # fixed + peak + (in_flight - 1) · saved
+    memory_bytes: int  # fixed + peak + (in_flight - 1) · saved (serving: · KV instead)
     capacity_bytes: int
 
     @property
@@ -312,6 +312,20 @@ class RankRow:
 
 
 @dataclass(frozen=True)
+class Span:
+    """One interval of a rank's timeline: an action (``F``, ``B``, ``I``, ``W`` of a stage
+    and micro-batch), a ``send`` of an activation or gradient to another stage's rank, or
+    the work ``after`` the pipeline (gradient sync, optimizer)."""
+
+    rank: int
+    what: str  # F, B, I, W, send, after
+    stage: int
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
 class PipelineStep:
     """A pipelined step as the schedule laid it out (issue 14 items 1 and 4)."""
 
@@ -328,6 +342,14 @@ class PipelineStep:
     slowest_rank: int
     slowest_reason: str
     trains: bool
+    timeline: tuple[Span, ...] = ()
+    heaviest_rank: int = 0  # the rank whose memory the estimate reports
+
+    @property
+    def steady_state_s(self) -> float:
+        """A step's time once successive steps' micro-batches keep every stage busy (how a
+        serving pipeline runs): the busiest rank's work, no fill or drain."""
+        return max(r.busy_s for r in self.ranks)
 
     @property
     def rank_flops(self) -> int:
@@ -349,4 +371,5 @@ class PipelineStep:
         values["ranks"] = tuple(
             RankRow(**{**row, "stages": tuple(row["stages"])}) for row in data["ranks"]
         )
+        values["timeline"] = tuple(Span(**span) for span in data.get("timeline", ()))
         return cls(**values)

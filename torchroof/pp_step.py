@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from torchroof.errors import OptionError
 from torchroof.memory import MemoryFootprint, saved_bytes
 from torchroof.network import collective_time
 from torchroof.pp_schedule import (
@@ -33,6 +34,7 @@ from torchroof.pp_schedule import (
     PipelineStep,
     PipelineTimeline,
     RankRow,
+    Span,
     StageRow,
     simulate,
 )
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
     from torchroof.report import Estimate, KernelEstimate
 
 FORWARD_END, INPUT_END, BACKWARD_END = "forward_end", "input_end", "backward_end"
+NOT_SAVED = (
+    "a pipelined step (pp > 1) is one trace per distinct stage and its schedule: saving it "
+    "is not supported yet (save the estimate: --json)"
+)
 
 
 @dataclass
@@ -69,21 +75,56 @@ class PipelineTrace:
         return [op for index in sorted(self.traces) for op in self.traces[index].ops]
 
     def save(self, path: Any) -> None:
-        raise NotImplementedError(
-            "a pipelined step is one trace per distinct stage; saving it is not supported yet"
-        )
+        raise OptionError(NOT_SAVED)
 
 
-def stage_actions(est: Estimate, marks: dict[str, int], trains: bool) -> dict[str, float]:
+# FSDP2's parameter all-gathers and the copies around them (into the gather buffer, out
+# to the unsharded parameters).
+GATHERS = ("c10d._allgather_base_", "fsdp.all_gather_copy_in", "fsdp.split_with_sizes_copy")
+# FSDP2's gradient reduce-scatter and the copy that fills its input (the unsharded
+# gradients, transient: their bytes are not labelled gradients). Sequence parallel's
+# reduce-scatters are _c10d_functional ops: not these.
+GRADIENT_REDUCTIONS = ("c10d._reduce_scatter_base_", "fsdp.chunk_cat")
+
+
+def once_per_step(kernel: KernelEstimate, reshard_after_forward: bool) -> bool:
+    """Work a training pipeline runs once per step, not once per micro-batch: the gradient
+    synchronisation (a communication kernel that carries gradients: FSDP's reduce-scatter
+    and the copy that feeds it, HSDP's or DDP's all-reduce; torch's schedules hold it until
+    a stage's last backward), and FSDP's parameter all-gathers when parameters stay
+    gathered after forward (torchtitan's pipelines turn ``reshard_after_forward`` off);
+    with it on, each micro-batch gathers again. A tensor-parallel all-reduce carries
+    activations: per micro-batch."""
+    if any(name.startswith(GRADIENT_REDUCTIONS) for name in kernel.ops):
+        return True
+    if kernel.stream == "communication":
+        carried = {**kernel.read_by}
+        for role, size in kernel.written_by.items():
+            carried[role] = carried.get(role, 0) + size
+        if carried and max(carried, key=carried.__getitem__) == "gradients":
+            return True
+    return not reshard_after_forward and any(name.startswith(GATHERS) for name in kernel.ops)
+
+
+def stage_actions(
+    est: Estimate, marks: dict[str, int], trains: bool, reshard_after_forward: bool = True
+) -> dict[str, float]:
     """Seconds of each action of one micro-batch (F, B or I + W) and of the work after the
     pipeline (``after``), from a stage's priced kernels and its trace's op marks: a compute
-    kernel counts its time, a communication kernel its exposed time."""
+    kernel counts its time, a communication kernel its exposed time. Work a training step
+    runs once (:func:`once_per_step`) counts after the pipeline, with the exposure the
+    traced micro-batch's schedule gave it. A stage traced with a split backward times a
+    whole backward (``B``, which DualPipeV mixes with I and W) as I + W."""
     times = dict.fromkeys((FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, "after"), 0.0)
     flops = dict.fromkeys(times, 0)
     for kernel in est.kernels:
-        part = _part(kernel, marks, trains)
+        once = trains and once_per_step(kernel, reshard_after_forward)
+        part = "after" if once else _part(kernel, marks, trains)
         times[part] += kernel.exposed_s if kernel.stream == "communication" else kernel.time_s
         flops[part] += kernel.flops
+    if INPUT_END in marks:
+        times[BACKWARD] = times[BACKWARD_INPUT] + times[BACKWARD_WEIGHT]
+        flops[BACKWARD] = 0  # counted in I and W
     times["flops"] = float(flops[FORWARD] + flops[BACKWARD] + flops[BACKWARD_INPUT])
     times["flops"] += flops[BACKWARD_WEIGHT]
     times["after_flops"] = float(flops["after"])
@@ -117,11 +158,13 @@ def price(
     footprint of the rank that holds the most, and the :class:`PipelineStep`."""
     priced = {index: price_stage(t) for index, t in trace.traces.items()}
     count = len(trace.traced_as)
+    reshard = bool(trace.facts.workload.get("reshard_after_forward", True))
     actions = {
         s: stage_actions(
             priced[trace.traced_as[s]],
             trace.traces[trace.traced_as[s]].facts.pipeline.get("marks", {}),
             trace.trains,
+            reshard,
         )
         for s in range(count)
     }
@@ -137,6 +180,7 @@ def price(
     step_s = max(r.end_s for r in ranks)
     stages = _stage_rows(trace, priced, actions, host, timeline, activation, capacity_bytes)
     slowest = max(ranks, key=lambda r: r.end_s)
+    spans = _spans(timeline, ranks, actions, host, transfer_s)
     step = PipelineStep(
         schedule=trace.schedule,
         pp=trace.pp,
@@ -151,8 +195,35 @@ def price(
         slowest_rank=slowest.rank,
         slowest_reason=_why_slowest(slowest, ranks, stages, trace, step_s),
         trains=trace.trains,
+        timeline=spans,
     )
     return _estimate(trace, priced, step, slowest, stages, capacity_bytes)
+
+
+def _spans(
+    timeline: PipelineTimeline,
+    ranks: list[RankRow],
+    actions: dict[int, dict[str, float]],
+    host: dict[int, int],
+    transfer_s: float,
+) -> tuple[Span, ...]:
+    """Every rank's timeline: its actions, the sends that leave it (an activation after a
+    forward, a gradient after a backward's input half) and its work after the drain."""
+    last = max(host)
+    spans = []
+    for timed in timeline.actions:
+        a = timed.action
+        spans.append(Span(timed.rank, a.kind, a.stage, a.microbatch, timed.start_s, timed.end_s))
+        target = a.stage + 1 if a.kind == FORWARD else a.stage - 1
+        sends = a.kind in (FORWARD, BACKWARD, BACKWARD_INPUT) and 0 <= target <= last
+        if sends and host[target] != timed.rank:
+            end = timed.end_s + transfer_s
+            spans.append(Span(timed.rank, "send", a.stage, a.microbatch, timed.end_s, end))
+    for row in ranks:
+        after = sum(actions[s]["after"] for s in row.stages)
+        if after:
+            spans.append(Span(row.rank, "after", -1, -1, row.end_s - after, row.end_s))
+    return tuple(spans)
 
 
 def _transfer(
@@ -202,7 +273,9 @@ def _stage_rows(
             saved_cache[traced] = saved_bytes(t, end) if trace.trains else 0
         memory = priced[traced].memory
         fixed_and_peak = memory.total_bytes if memory is not None else 0
-        in_flight = timeline.in_flight(s) if trace.trains else 1
+        if memory is not None and not trace.trains:  # each micro-batch's sequences cached
+            fixed_and_peak += (trace.microbatches - 1) * memory.kv_cache_bytes
+        in_flight = timeline.in_flight(s) if trace.trains else trace.microbatches
         a = actions[s]
         split = a[BACKWARD_INPUT] or a[BACKWARD_WEIGHT]
         rows.append(
@@ -212,7 +285,7 @@ def _stage_rows(
                 layers=trace.layers[s],
                 traced_as=traced,
                 forward_s=a[FORWARD],
-                backward_s=a[BACKWARD] + a[BACKWARD_INPUT] + a[BACKWARD_WEIGHT],
+                backward_s=a[BACKWARD_INPUT] + a[BACKWARD_WEIGHT] if split else a[BACKWARD],
                 input_s=a[BACKWARD_INPUT] if split else 0.0,
                 weight_s=a[BACKWARD_WEIGHT] if split else 0.0,
                 after_s=a["after"],
@@ -268,10 +341,12 @@ def _estimate(
     for s in slowest.stages:
         for kernel in priced[trace.traced_as[s]].kernels:
             kernels.append(replace(kernel, index=len(kernels)))
-    heaviest = max(
-        (r for r in step.ranks), key=lambda r: sum(stages[s].memory_bytes for s in r.stages)
-    )
-    memory = _rank_memory(priced, trace, heaviest, stages, capacity_bytes)
+    footprints = {
+        r.rank: _rank_memory(priced, trace, r, stages, capacity_bytes) for r in step.ranks
+    }
+    heaviest = max(footprints, key=lambda r: footprints[r].total_bytes if footprints[r] else 0)
+    memory = footprints[heaviest]
+    step = replace(step, heaviest_rank=heaviest)
     assumptions: list[str] = []
     for s in slowest.stages:
         for line in priced[trace.traced_as[s]].assumptions:
@@ -279,10 +354,11 @@ def _estimate(
                 assumptions.append(line)
     assumptions.append(
         f"pipeline: torch's {trace.schedule} order over {trace.pp} ranks and "
-        f"{trace.microbatches} micro-batches, each distinct stage traced once; the kernels "
+        f"{trace.microbatches} micro-batch(es), each distinct stage traced once; the kernels "
         f"listed are rank {slowest.rank}'s for one micro-batch"
         + (" (then its gradient sync and optimizer step, once)" if trace.trains else "")
-        + "; activations cross between stages as send/recv, overlapped with compute"
+        + "; activations cross between stages as send/recv, overlapped with compute; the "
+        f"memory is rank {heaviest}'s, which holds the most"
     )
     return replace(
         first,
@@ -311,13 +387,15 @@ def _rank_memory(
         return None
     found = [f for f in footprints if f is not None]
     extra = sum(max(0, stages[s].in_flight - 1) * stages[s].saved_bytes for s in rank.stages)
+    # a serving pipeline caches the K/V of every micro-batch's sequences on every stage
+    cached = 1 if trace.trains else trace.microbatches
     return MemoryFootprint(
         weights_bytes=sum(f.weights_bytes for f in found),
         gradients_bytes=sum(f.gradients_bytes for f in found),
         optimizer_state_bytes=sum(f.optimizer_state_bytes for f in found),
-        kv_cache_bytes=sum(f.kv_cache_bytes for f in found),
+        kv_cache_bytes=cached * sum(f.kv_cache_bytes for f in found),
         activations_peak_bytes=max(f.activations_peak_bytes for f in found) + extra,
         capacity_bytes=capacity_bytes,
-        batch=found[0].batch,
+        batch=found[0].batch * cached,
         layer_buffers_bytes=max(f.layer_buffers_bytes for f in found),
     )

@@ -271,11 +271,17 @@ def summary(est: Estimate) -> str:
             )
         )
     if est.tokens_per_s:
-        world, _ = analysis.ranks(est)
+        world, shared = analysis.ranks(est)
         if world > 1:
+            replica = (
+                f"{est.tokens_per_s:,.1f} per replica of {shared} GPUs, "
+                if 1 < shared < world
+                else ""
+            )
             lines.append(
                 f"throughput: {analysis.tokens_per_s_per_gpu(est):,.1f} tokens/s per GPU, "
-                f"{analysis.cluster_tokens_per_s(est):,.1f} tokens/s over the {world} GPUs"
+                f"{replica}{analysis.cluster_tokens_per_s(est):,.1f} tokens/s over the "
+                f"{world} GPUs"
             )
         else:
             lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
@@ -297,6 +303,10 @@ def summary(est: Estimate) -> str:
     return "\n".join(lines)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
+
+
 def pipeline_lines(est: Estimate) -> list[str]:
     """A pipelined step (issue 14): the schedule, its bubble, the slowest rank and why, the
     activations' trip between stages, and one row per stage (per micro-batch times, the
@@ -307,7 +317,7 @@ def pipeline_lines(est: Estimate) -> list[str]:
     layout = f"{p.pp} ranks" + (f" x {per_rank} stages each" if per_rank > 1 else "")
     kind = "" if p.trains else " (forward only)"
     lines = [
-        f"pipeline: {p.schedule}{kind} over {layout}, {p.microbatches} micro-batches: the "
+        f"pipeline: {p.schedule}{kind} over {layout}, {_count(p.microbatches, 'micro-batch')}: the "
         f"ranks idle {100 * p.bubble_share:.1f}% of the pipeline's {_ms(p.pipeline_s)} ms "
         "(its bubble)",
         f"slowest: {p.slowest_reason}",
@@ -317,8 +327,16 @@ def pipeline_lines(est: Estimate) -> list[str]:
     if not p.trains:
         through = sum(r.forward_s for r in p.stages) + (len(p.stages) - 1) * p.transfer_s
         lines.append(
-            f"one micro-batch through every stage (latency per step at batch "
-            f"{est.workload.get('batch', 1)}): {_ms(through)} ms"
+            f"one micro-batch of {est.workload.get('batch', 1)} through every stage: "
+            f"{_ms(through)} ms (a decode step's time per output token, a prefill's time to "
+            "first token); every micro-batch's sequences keep K/V on every stage"
+        )
+        tokens = est.facts.tokens
+        steady = p.steady_state_s
+        rate = f", {tokens / steady:,.1f} tokens/s per replica" if tokens and steady else ""
+        lines.append(
+            f"steady state (successive steps' micro-batches keep every stage busy, as a "
+            f"serving pipeline runs): {_ms(steady)} ms per step{rate}"
         )
     headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GB"]
     rows = [
@@ -352,6 +370,12 @@ def communication_lines(est: Estimate) -> list[str]:
         f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the "
         f"{'step' if est.pipeline is None else 'kernels listed'}), "
         f"hidden behind compute: {_ms(comm.hidden_s)} ms; links: {links}{copies}"
+        + (
+            f"; alpha (per-collective latency, no bandwidth buys it back) "
+            f"{_ms(comm.latency_s)} ms of it"
+            if comm.latency_s
+            else ""
+        )
     ]
     intensity = network_intensity(est)
     if intensity:

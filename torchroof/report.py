@@ -64,6 +64,7 @@ class KernelEstimate:
     start_s: float | None = None  # on the two-stream schedule; None when nothing was laid
     exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
     first_op: int = -1  # the trace index of its first op (-1: not known)
+    latency_s: float = 0.0  # a collective's alpha (per-message latency) within network_s
 
     @property
     def bytes(self) -> int:

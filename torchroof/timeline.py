@@ -63,7 +63,63 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
             }
         )
         start_us += duration_us
+    if est.pipeline is not None:
+        events += pipeline_events(est)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+_PIPELINE_PID = 100  # rank r of a pipeline is process 100 + r, after the kernels' process
+_PIPELINE_TRACKS = {"compute": 1, "send": 2, "after": 3}
+_ACTION_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
+
+
+def pipeline_events(est: Estimate) -> list[dict[str, Any]]:
+    """A pipelined step's per-rank timeline (issue 14): one process per rank, its actions
+    (stage, micro-batch) on a ``compute`` track, the activations and gradients it sends on
+    a ``send`` track, its gradient sync and optimizer step on an ``after`` track. The
+    kernels process above is the slowest rank's, one micro-batch."""
+    step = est.pipeline
+    assert step is not None
+    events: list[dict[str, Any]] = []
+    for row in step.ranks:
+        pid = _PIPELINE_PID + row.rank
+        stages = ", ".join(str(s) for s in row.stages)
+        events.append(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": pid,
+                "args": {"name": f"rank {row.rank} (stage {stages})"},
+            }
+        )
+        for track, tid in _PIPELINE_TRACKS.items():
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": track}}
+            )
+    for span in step.timeline:
+        if span.what in _ACTION_NAMES:
+            name, tid = f"{span.what}{span.microbatch} s{span.stage}", _PIPELINE_TRACKS["compute"]
+            args = {"stage": span.stage, "microbatch": span.microbatch}
+            args["action"] = _ACTION_NAMES[span.what]
+        elif span.what == "send":
+            name, tid = f"send {span.microbatch} s{span.stage}", _PIPELINE_TRACKS["send"]
+            args = {"stage": span.stage, "microbatch": span.microbatch}
+        else:
+            name, tid = "gradient sync + optimizer", _PIPELINE_TRACKS["after"]
+            args = {}
+        events.append(
+            {
+                "name": name,
+                "cat": span.what,
+                "ph": "X",
+                "pid": _PIPELINE_PID + span.rank,
+                "tid": tid,
+                "ts": span.start_s * 1e6,
+                "dur": (span.end_s - span.start_s) * 1e6,
+                "args": args,
+            }
+        )
+    return events
 
 
 def write_chrome_trace(est: Estimate, path: str | Path) -> Path:

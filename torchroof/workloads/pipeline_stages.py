@@ -225,8 +225,8 @@ def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:
         inner = {k: v for k, v in bound.items() if k not in ("labels", "logits_to_keep")}
         out = base(**inner)
         state.sent = out.last_hidden_state
-        cache = getattr(out, "past_key_values", None)
-        return CausalLMOutputWithPast(loss=out.last_hidden_state, past_key_values=cache)
+        cache = getattr(out, "cache", None)  # transformers 5's name (past_key_values before)
+        return CausalLMOutputWithPast(loss=out.last_hidden_state, cache=cache)
 
     model.forward = stage_forward
 
@@ -267,6 +267,15 @@ def stage_backward(model: nn.Module, loss: torch.Tensor, capture: Capture) -> No
     state.marks[INPUT_END] = len(capture.trace.ops)
     stage_backward_weight(iter(weights), groups)
     state.marks[BACKWARD_END] = len(capture.trace.ops)
+
+
+def per_microbatch(model: nn.Module, capture: Capture) -> None:
+    """What ran since the backward ended belongs to each micro-batch's backward (mixed
+    precision's accumulation into the fp32 gradients): a stage's backward mark moves past
+    it, so a pipeline charges it once per micro-batch."""
+    state = stage_of(model)
+    if state is not None and BACKWARD_END in state.marks:
+        state.marks[BACKWARD_END] = len(capture.trace.ops)
 
 
 def record_stage(model: nn.Module, trace: Any) -> None:

@@ -18,7 +18,7 @@ from torchroof.records import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
 from torchroof.workloads.parallel_step import loss_context, plan_label
-from torchroof.workloads.pipeline_stages import stage_backward
+from torchroof.workloads.pipeline_stages import per_microbatch, stage_backward
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -210,6 +210,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
                     grads = _local_grads(params)
                     capture.mark(grads, "gradients", count_bytes=False)
                     torch._foreach_add_(state.grads, grads)
+                per_microbatch(model, capture)  # a pipeline stage: each micro-batch's
                 for p in params:
                     p.grad = None
         if workload.precision == "mixed":
