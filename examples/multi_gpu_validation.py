@@ -127,6 +127,7 @@ class Choice:
     workload: Mapping[str, Any] = field(default_factory=dict)  # other Workload knobs
     # a figure in model FLOP/s: the source's FLOPs per token (6N + attention)
     model_flops_per_token: float | None = None
+    sequence_parallel: bool | None = None  # None: as the run says
 
 
 CHOICES: dict[str, Choice] = {
@@ -246,6 +247,30 @@ NOT_PREDICTED: dict[str, str] = {
 }
 
 
+TT_405B_PAIR = (
+    "torchtitan's two Llama-3.1-405B rows that differ only in their schedule (1F1B, "
+    "interleaved 1F1B at 2 stages per rank), both Float8: priced in bf16 with full "
+    "activation checkpointing, parameters kept gathered across micro-batches, without "
+    "sequence parallel (torchroof's pp does not compose with it yet); only the ratio of "
+    "the two schedules' throughputs is compared"
+)
+SCHEDULE_PAIRS: dict[str, tuple[str, str, Choice]] = {
+    "torchtitan 405B: 1F1B -> interleaved 1F1B": (
+        "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8",
+        "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8",
+        Choice(
+            "dgx-h100",
+            TT_405B_PAIR,
+            checkpointing=True,
+            workload={"reshard_after_forward": False},
+            sequence_parallel=False,
+        ),
+    ),
+}
+"""Runs torchroof cannot price as measured (fp8) but whose pair differs in one knob: the
+measured ratio between the two is set beside torchroof's ratio for the same change."""
+
+
 # -- requests: one or more priced steps ------------------------------------------------------
 
 
@@ -321,7 +346,10 @@ def _phase(run: dict[str, Any], choice: Choice, regime: str, weight: float, **si
     if regime == "decode":
         label += f" (context {sizes['context']})"
     workload = {"tp": run["parallelism"]["tp"], **sizes}
-    if sequence_parallel(run):  # written only when on: the other requests stay as they were
+    sequence = choice.sequence_parallel
+    if sequence is None:
+        sequence = sequence_parallel(run)
+    if sequence:  # written only when on: the other requests stay as they were
         workload["sequence_parallel"] = True
     if regime == "train":
         workload.update(precision="mixed", checkpointing=choice.checkpointing)
@@ -543,6 +571,59 @@ def predict(
         eager = tuple(priced[p.key] for p in req.eager)
         out.append(Prediction(req, run["measured"]["value"], steps, eager))
     return out
+
+
+@dataclass(frozen=True)
+class PairPrediction:
+    name: str
+    first: Prediction
+    second: Prediction
+
+    @property
+    def measured_ratio(self) -> float:
+        """How much faster the second run's step is, as measured."""
+        return self.first.measured_s / self.second.measured_s
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.first.predicted_s / self.second.predicted_s
+
+
+def predict_pairs(
+    runs: Mapping[str, dict[str, Any]], progress: Callable[[str], None] = print
+) -> list[PairPrediction]:
+    """Each :data:`SCHEDULE_PAIRS` entry's two runs, priced with its choice."""
+    pricer = Pricer()
+    out = []
+    for name, (first, second, choice) in SCHEDULE_PAIRS.items():
+        predicted = []
+        for run_id in (first, second):
+            req = request(runs[run_id], choice)
+            progress(f"  {run_id}: {req.phases[0].label} (pair: {name})")
+            steps = tuple(pricer(phase) for phase in req.phases)
+            predicted.append(Prediction(req, runs[run_id]["measured"]["value"], steps))
+        out.append(PairPrediction(name, predicted[0], predicted[1]))
+    return out
+
+
+PAIR_HEADERS = ["pair", "measured", "ratio", "torchroof", "ratio", "note"]
+
+
+def pair_rows(pairs: list[PairPrediction]) -> list[list]:
+    rows = []
+    for pair in pairs:
+        unit = _unit(pair.first.request.figure.unit)
+        rows.append(
+            [
+                pair.name,
+                f"{_number(pair.first.measured)} -> {_number(pair.second.measured)} {unit}",
+                f"{pair.measured_ratio:.2f}x",
+                f"{_number(pair.first.predicted)} -> {_number(pair.second.predicted)}",
+                f"{pair.predicted_ratio:.2f}x",
+                pair.first.request.note,
+            ]
+        )
+    return rows
 
 
 # -- collective anchors ------------------------------------------------------------------
@@ -850,11 +931,17 @@ def prediction_json(p: Prediction, run: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def write(path: Path, data: dict[str, Any], predictions: list[Prediction]) -> None:
+def write(
+    path: Path,
+    data: dict[str, Any],
+    predictions: list[Prediction],
+    pairs: list[PairPrediction] = (),  # type: ignore[assignment]
+) -> None:
     runs = {r["id"]: r for r in data["runs"]}
     ratios = [p.ratio for p in predictions]
     out = {
-        "description": "torchroof's predictions of examples/validation/multi_gpu_runs.json, "
+        "description": "torchroof's predictions of examples/validation/multi_gpu_runs.json "
+        "and pp_ep_runs.json, "
         "written by examples/multi_gpu_validation.py --write. ratio = predicted / measured "
         "time (< 1: torchroof predicts faster).",
         "versions": {
@@ -869,6 +956,17 @@ def write(path: Path, data: dict[str, Any], predictions: list[Prediction]) -> No
         },
         "runs": [prediction_json(p, runs[p.request.run_id]) for p in predictions],
         "not_predicted": [{"id": rid, "reason": reason} for rid, reason in NOT_PREDICTED.items()],
+        "schedule_pairs": [
+            {
+                "pair": pair.name,
+                "runs": [pair.first.request.run_id, pair.second.request.run_id],
+                "measured_ratio": pair.measured_ratio,
+                "predicted_ratio": pair.predicted_ratio,
+                "steps_ms": [pair.first.predicted_s * 1e3, pair.second.predicted_s * 1e3],
+                "note": pair.first.request.note,
+            }
+            for pair in pairs
+        ],
     }
     path.write_text(json.dumps(out, indent=1) + "\n")
 
@@ -903,6 +1001,7 @@ def main() -> None:
         parser.error("--write refreshes every run: leave out --run")
     quiet()
     chosen = [runs[rid] for rid in args.run] if args.run else data["runs"]
+    pairs: list[PairPrediction] = []
     print("pricing ...")
     predictions = predict(chosen)
     print()
@@ -912,11 +1011,14 @@ def main() -> None:
         print(markdown(not_predicted_rows(runs), NOT_PREDICTED_HEADERS))
         print()
         print(markdown(anchor_rows(anchors(data["collectives"])), ANCHOR_HEADERS))
+        print("pricing the schedule pairs ...")
+        pairs = predict_pairs(runs)
+        print(markdown(pair_rows(pairs), PAIR_HEADERS))
     if predictions:
         print()
         print(summary([p.ratio for p in predictions]))
     if args.write:
-        write(PREDICTIONS_JSON, data, predictions)
+        write(PREDICTIONS_JSON, data, predictions, pairs)
         print(f"wrote {PREDICTIONS_JSON}")
 
 

@@ -281,3 +281,17 @@ def test_expert_parallel_run_maps_ep_and_its_schedule():
         64,
     )
     assert req.figure.seconds(3139) == pytest.approx(65_536 / 3139)
+
+
+def test_schedule_pairs_differ_only_in_their_schedule():
+    # torchtitan's 405B at PP 8: 1F1B then interleaved 1F1B (2 stages per rank), the rest
+    # equal; their measured ratio is 128 / 100 = 1.28x (tokens/s per GPU)
+    for first, second, choice in mgv.SCHEDULE_PAIRS.values():
+        a = mgv.request(RUNS[first], choice).phases[0].workload
+        b = mgv.request(RUNS[second], choice).phases[0].workload
+        differ = {k for k in {*a, *b} if a.get(k) != b.get(k)}
+        assert differ <= {"pp_schedule", "virtual_stages"}, differ
+        assert "sequence_parallel" not in a  # pp does not compose with it yet
+    stored = json.loads(mgv.PREDICTIONS_JSON.read_text())["schedule_pairs"]
+    assert [p["pair"] for p in stored] == list(mgv.SCHEDULE_PAIRS)
+    assert stored[0]["measured_ratio"] == pytest.approx(128 / 100)
