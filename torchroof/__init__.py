@@ -8,6 +8,7 @@ print(est.table())
 
 from torchroof.api import (
     ModelTraceError,
+    PipelineTrace,
     Trace,
     estimate,
     meta_copy,
@@ -31,6 +32,7 @@ __all__ = [
     "ModelTraceError",
     "OpBudgetExceeded",
     "OpRecord",
+    "PipelineTrace",
     "PricingOptions",
     "TensorMeta",
     "Trace",
