@@ -166,7 +166,7 @@ def test_zbv_splits_input_and_weight_gradients() -> None:
 
 
 def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
-    with pytest.raises(WorkloadError, match="context or sequence parallel"):
+    with pytest.raises(WorkloadError, match="compose with context parallel"):
         Workload(regime="train", pp=2, cp=2, seq=128)
     with pytest.raises(WorkloadError, match="splits each backward"):
         Workload(regime="train", pp=2, fsdp=2, pp_schedule="zbv")
@@ -334,3 +334,14 @@ def test_pipeline_knobs_without_a_pipeline_are_refused() -> None:
         Workload(regime="train", pp=2, pp_schedule="interleaved-1f1b", virtual_stages=1)
     with pytest.raises(WorkloadError, match="GPipe's order"):
         Workload(regime="decode", pp=2, pp_schedule="zbv")
+
+
+def test_sequence_parallel_stages_send_their_shard_of_the_sequence() -> None:
+    # tp 2 with sequence parallel: between layers each rank holds T/tp of the residual
+    # stream, so a stage sends 1 x 64 tokens x 256 x 2 B = 32,768 B, half of what a plain
+    # tensor-parallel stage sends (the whole replicated 65,536 B)
+    base = dict(hardware="dgx-h100", seq=128, pp=2, tp=2, microbatches=4)
+    plain = torchroof.estimate(TINY, "train", **base).pipeline
+    sequence = torchroof.estimate(TINY, "train", sequence_parallel=True, **base).pipeline
+    assert {r.activation_bytes for r in plain.stages} == {65_536}
+    assert {r.activation_bytes for r in sequence.stages} == {32_768}

@@ -225,14 +225,12 @@ class Workload:
             raise WorkloadError(f"ep={ep} does not yet compose with context parallel")
 
     def _check_pipeline(self) -> None:
-        """Pipeline stages compose with tensor parallel and FSDP / HSDP (one stage's program);
-        not (yet) with context or sequence parallel; torch's split backward (zero-bubble
+        """Pipeline stages compose with tensor (and sequence) parallel, FSDP / HSDP and EP (one
+        stage's program); not (yet) with context parallel; torch's split backward (zero-bubble
         schedules) runs autograd.grad, which FSDP2's hooks do not reduce and which cannot
         separate the weight gradients of transformers' tensor-parallel layers."""
-        if self.cp > 1 or self.sequence_parallel:
-            raise WorkloadError(
-                f"pp={self.pp} does not yet compose with context or sequence parallel: use tp"
-            )
+        if self.cp > 1:
+            raise WorkloadError(f"pp={self.pp} does not yet compose with context parallel")
         if (
             self.pp_schedule in SPLIT_BACKWARD
             and self.fsdp * self.dp > 1

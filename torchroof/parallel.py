@@ -208,22 +208,22 @@ def apply_sequence_parallel(
     if config is not None:
         kv_heads = _check_heads_divide(config, {"layers.*.self_attn.k_proj": "colwise"}, size)
     embedding, head = model.get_submodule("model.embed_tokens"), model.get_submodule("lm_head")
-    tied = head.weight is embedding.weight
+    tied = not not_owned(head) and head.weight is getattr(embedding, "weight", None)
     logits = (Shard(-1), False) if loss_parallel else (Replicate(), True)
     sequence = Shard(1)  # (B, T, d): the residual stream split along T between layers
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "model.embed_tokens": RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
-            ),
-            "model.norm": SequenceParallel(),
-            "lm_head": ColwiseParallel(
-                input_layouts=sequence, output_layouts=logits[0], use_local_output=logits[1]
-            ),
-        },
-    )
+    ends = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
+        ),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(
+            input_layouts=sequence, output_layouts=logits[0], use_local_output=logits[1]
+        ),
+    }
+    # a pipeline stage shards only the ends it owns (issue 14)
+    owned = {n: style for n, style in ends.items() if not not_owned(model.get_submodule(n))}
+    if owned:
+        parallelize_module(model, tp_mesh, owned)
     if tied:  # both vocabulary-sharded (Shard(0) of the same V x d table): one parameter
         head.weight = embedding.weight
     gathered = {"hidden_states": Replicate()}
@@ -263,7 +263,8 @@ def check_llama_layout(model: nn.Module) -> list[nn.Module]:
     an embedding, ``model.layers.*`` with exactly ``input_layernorm``, ``self_attn`` (linear
     ``q/k/v/o_proj``), ``post_attention_layernorm`` and ``mlp`` (linear ``gate/up/down_proj``),
     ``model.norm``, a linear ``lm_head``), checked by module name, not model type; a
-    ValueError naming the first module that differs."""
+    ValueError naming the first module that differs. A pipeline stage's modules it does not
+    own (transformers' ``PipelineIdentityLayer``) are skipped: its own layers are returned."""
     name = type(model).__name__
 
     def module(path: str, kind: type[nn.Module] | None = None) -> nn.Module:
@@ -280,13 +281,22 @@ def check_llama_layout(model: nn.Module) -> list[nn.Module]:
             )
         return found
 
-    module("model.embed_tokens", nn.Embedding)
+    for path, kind in (("model.embed_tokens", nn.Embedding), ("lm_head", nn.Linear)):
+        try:
+            found = model.get_submodule(path)
+        except AttributeError:
+            found = None
+        if not not_owned(found):  # a pipeline stage checks only the ends it owns
+            module(path, kind)
     module("model.norm")
-    module("lm_head", nn.Linear)
-    layers = list(module("model.layers").children())
-    if not layers:
+    every = list(module("model.layers").children())
+    if not every:
         raise ValueError(f"{name}.model.layers holds no decoder layer")
-    for index, layer in enumerate(layers):
+    layers = []
+    for index, layer in enumerate(every):
+        if not_owned(layer):  # another pipeline stage's
+            continue
+        layers.append(layer)
         children = {child for child, _ in layer.named_children()}
         if children != LLAMA_LAYER_CHILDREN:
             raise ValueError(
@@ -403,6 +413,11 @@ def _odd_dtype_params(
     return {p for p in managed if p.dtype != dominant}
 
 
+def not_owned(module: nn.Module | None) -> bool:
+    """A module a pipeline stage does not own: transformers' ``PipelineIdentityLayer``."""
+    return type(module).__name__ == "PipelineIdentityLayer"
+
+
 def owned_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
     """``plan`` without the entries for modules a pipeline stage does not own (replaced by
     transformers' ``PipelineIdentityLayer``, or absent)."""
@@ -415,7 +430,7 @@ def owned_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
             except AttributeError:
                 path = path.rpartition(".")[0]  # a parameter's name: its module
                 continue
-            if type(module).__name__ != "PipelineIdentityLayer":
+            if not not_owned(module):
                 kept[name] = style
             break
     return kept

@@ -39,6 +39,7 @@ from torchroof.parallel import (
     fake_parameters,
     fake_process_group,
 )
+from torchroof.workloads.pipeline_stages import SEQUENCE_MESH
 
 if TYPE_CHECKING:
     from torchroof.options import Workload
@@ -140,6 +141,7 @@ def parallel_program(
             if sequence_parallel(workload):
                 # the train step's loss runs on vocabulary shards; prefill gathers logits
                 apply_sequence_parallel(model, mesh["tp"], loss_parallel=trains)
+                setattr(model, SEQUENCE_MESH, mesh["tp"])  # a pipeline stage receives a shard
             elif plan.ep > 1:
                 tp_plan = getattr(model, "tp_plan", None) or {}
                 ep_plan = getattr(model, "ep_plan", None) or {}

@@ -38,6 +38,7 @@ from torchroof.errors import WorkloadError
 from torchroof.pp_step import BACKWARD_END, FORWARD_END, INPUT_END  # the trace's op marks
 
 STAGE_ATTRIBUTE = "torchroof_pipeline_stage"
+SEQUENCE_MESH = "torchroof_sequence_mesh"  # set on a model under sequence parallel
 
 
 @dataclass(frozen=True)
@@ -211,15 +212,18 @@ def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:
             if ids is None:
                 raise WorkloadError("a pipeline stage is driven with input_ids")
             dtype = next(base.parameters()).dtype
+            mesh = getattr(model, SEQUENCE_MESH, None)  # sequence parallel: T/tp each
+            tokens = ids.shape[1] // (mesh.size() if mesh is not None else 1)
             received = torch.empty(
-                *ids.shape[:2],
+                ids.shape[0],
+                tokens,
                 hidden,
                 dtype=dtype,
                 device=ids.device,
                 requires_grad=torch.is_grad_enabled() and model.training,
             )
             state.received = received
-            bound["inputs_embeds"] = received
+            bound["inputs_embeds"] = _sequence_sharded(received, mesh)
         if state.split.last:
             return original(**bound)
         inner = {k: v for k, v in bound.items() if k not in ("labels", "logits_to_keep")}
@@ -229,6 +233,17 @@ def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:
         return CausalLMOutputWithPast(loss=out.last_hidden_state, cache=cache)
 
     model.forward = stage_forward
+
+
+def _sequence_sharded(local: torch.Tensor, mesh: Any) -> Any:
+    """Under sequence parallel the residual stream between layers is a DTensor split along
+    the sequence (``Shard(1)``, global shape): what a stage receives is this rank's T/tp
+    tokens of it. Without, the tensor itself."""
+    if mesh is None:
+        return local
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
 
 
 def stage_of(model: nn.Module) -> StageState | None:
