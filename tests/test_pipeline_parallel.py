@@ -345,3 +345,16 @@ def test_sequence_parallel_stages_send_their_shard_of_the_sequence() -> None:
     sequence = torchroof.estimate(TINY, "train", sequence_parallel=True, **base).pipeline
     assert {r.activation_bytes for r in plain.stages} == {65_536}
     assert {r.activation_bytes for r in sequence.stages} == {32_768}
+
+
+def test_each_stage_boundary_is_priced_on_the_link_it_crosses() -> None:
+    # pp 4 x (tp 2 x dp 2) on 8-GPU nodes: stage s runs on GPUs 4s..4s+3, so the boundaries 0-1 and
+    # 2-3 stay inside a node (NVLink) and 1-2 crosses to the next (the network); a serving
+    # step's one micro-batch crosses all three
+    est = torchroof.estimate(TINY, "prefill", hardware="dgx-h100", seq=128, pp=4, tp=2, dp=2)
+    step = est.pipeline
+    assert step.transfer_link == "network"  # the slowest boundary
+    sends = {span.stage: span.end_s - span.start_s for span in step.timeline if span.what == "send"}
+    assert sends[0] == pytest.approx(sends[2]) and sends[1] > sends[0]
+    forward = sum(r.forward_s for r in step.stages)
+    assert step.latency_s == pytest.approx(forward + sends[0] + sends[1] + sends[2])

@@ -337,13 +337,14 @@ class PipelineStep:
     pipeline_s: float  # from the first action to the last
     step_time_s: float  # the last rank's end, after-pipeline work included
     bubble_share: float  # idle share of the ranks over the pipeline
-    transfer_s: float  # one activation between two stages' ranks
-    transfer_link: str
+    transfer_s: float  # one activation across the slowest stage boundary
+    transfer_link: str  # that boundary's link
     slowest_rank: int
     slowest_reason: str
     trains: bool
     timeline: tuple[Span, ...] = ()
     heaviest_rank: int = 0  # the rank whose memory the estimate reports
+    latency_s: float = 0.0  # one micro-batch's forward through every stage and boundary
 
     @property
     def steady_state_s(self) -> float:

@@ -170,17 +170,21 @@ def price(
     }
     host = {a.stage: rank for rank, listed in trace.order.items() for a in listed}
     activation = max(t.facts.pipeline.get("activation_bytes", 0) for t in trace.traces.values())
-    transfer_s, link = _transfer(activation, trace.ranks_per_stage, trace.pp, cluster)
+    edges = _transfers(activation, host, trace.ranks_per_stage, trace.pp, cluster)
+    transfer_s, link = max(edges.values()) if edges else (0.0, "none")
 
     def duration(action: Action) -> float:
         return actions[action.stage][action.kind]
 
-    timeline = simulate(trace.order, duration, lambda a, b: transfer_s)
+    def transfer(source: int, target: int) -> float:
+        return edges[(min(source, target), max(source, target))][0]
+
+    timeline = simulate(trace.order, duration, transfer)
     ranks = _rank_rows(trace, timeline, actions, host)
     step_s = max(r.end_s for r in ranks)
     stages = _stage_rows(trace, priced, actions, host, timeline, activation, capacity_bytes)
     slowest = max(ranks, key=lambda r: r.end_s)
-    spans = _spans(timeline, ranks, actions, host, transfer_s)
+    spans = _spans(timeline, ranks, actions, host, transfer)
     step = PipelineStep(
         schedule=trace.schedule,
         pp=trace.pp,
@@ -196,6 +200,7 @@ def price(
         slowest_reason=_why_slowest(slowest, ranks, stages, trace, step_s),
         trains=trace.trains,
         timeline=spans,
+        latency_s=sum(r.forward_s for r in stages) + sum(t for t, _ in edges.values()),
     )
     return _estimate(trace, priced, step, slowest, stages, capacity_bytes)
 
@@ -205,7 +210,7 @@ def _spans(
     ranks: list[RankRow],
     actions: dict[int, dict[str, float]],
     host: dict[int, int],
-    transfer_s: float,
+    transfer: Callable[[int, int], float],
 ) -> tuple[Span, ...]:
     """Every rank's timeline: its actions, the sends that leave it (an activation after a
     forward, a gradient after a backward's input half) and its work after the drain."""
@@ -217,7 +222,7 @@ def _spans(
         target = a.stage + 1 if a.kind == FORWARD else a.stage - 1
         sends = a.kind in (FORWARD, BACKWARD, BACKWARD_INPUT) and 0 <= target <= last
         if sends and host[target] != timed.rank:
-            end = timed.end_s + transfer_s
+            end = timed.end_s + transfer(a.stage, target)
             spans.append(Span(timed.rank, "send", a.stage, a.microbatch, timed.end_s, end))
     for row in ranks:
         after = sum(actions[s]["after"] for s in row.stages)
@@ -226,17 +231,31 @@ def _spans(
     return tuple(spans)
 
 
-def _transfer(
-    activation_bytes: int, ranks_per_stage: int, pp: int, cluster: ClusterSpec | None
-) -> tuple[float, str]:
-    """One activation from a stage's rank to the next stage's (rank r to r + ranks per
-    stage: pp is the outermost mesh dimension), a send/recv on the link they share."""
+def _transfers(
+    activation_bytes: int,
+    host: dict[int, int],
+    ranks_per_stage: int,
+    pp: int,
+    cluster: ClusterSpec | None,
+) -> dict[tuple[int, int], tuple[float, str]]:
+    """(seconds, link) of one activation between each pair of consecutive stages: a
+    send/recv from pipeline rank r's GPU to rank r'`s (pp is the outermost mesh dimension:
+    pipeline rank r's program starts at GPU r · ranks per stage), on the link they share:
+    NVLink while both sit in one node, the network once a stage boundary crosses nodes."""
     if cluster is None:
-        raise ValueError(
-            f"a pipeline of {pp} stages sends activations between GPUs: price it on a cluster"
+        raise OptionError(
+            f"a pipeline of {pp} stages sends activations between GPUs: price it on a cluster "
+            "(dgx-h100, ...; `torchroof hardware` lists them)"
         )
-    sent = collective_time("send_recv", activation_bytes, [0, ranks_per_stage], cluster)
-    return sent.time_s, sent.link
+    edges = {}
+    for stage in range(max(host)):
+        source, target = host[stage] * ranks_per_stage, host[stage + 1] * ranks_per_stage
+        if source == target:  # a V schedule's turn: one rank holds both stages
+            edges[(stage, stage + 1)] = (0.0, "none")
+            continue
+        sent = collective_time("send_recv", activation_bytes, [source, target], cluster)
+        edges[(stage, stage + 1)] = (sent.time_s, sent.link)
+    return edges
 
 
 def _rank_rows(

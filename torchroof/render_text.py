@@ -322,10 +322,10 @@ def pipeline_lines(est: Estimate) -> list[str]:
         "(its bubble)",
         f"slowest: {p.slowest_reason}",
         f"between stages: {p.stages[0].activation_bytes / 1e6:.2f} MB per micro-batch, "
-        f"send/recv over {p.transfer_link} {p.transfer_s * 1e6:.1f} us",
+        f"send/recv {p.transfer_s * 1e6:.1f} us over {p.transfer_link} at the slowest boundary",
     ]
     if not p.trains:
-        through = sum(r.forward_s for r in p.stages) + (len(p.stages) - 1) * p.transfer_s
+        through = p.latency_s
         lines.append(
             f"one micro-batch of {est.workload.get('batch', 1)} through every stage: "
             f"{_ms(through)} ms (a decode step's time per output token, a prefill's time to "
