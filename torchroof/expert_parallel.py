@@ -156,10 +156,11 @@ def _expert_count(name: str, experts: nn.Module) -> int:
     raise ValueError(f"{name} has neither num_experts nor expert weights to shard")
 
 
-def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh) -> set[nn.Parameter]:
+def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, ep: int) -> set[nn.Parameter]:
     """FSDP2 over the ranks that hold the same experts (``efsdp``, transformers'
     ``apply_fully_sharded_data_parallelism``): each experts module is one unit, sharded
-    before the dense units are (FSDP2 wants a submodule first). With one such rank each
+    before the dense units are (FSDP2 wants a submodule first); ``ep`` is the EP group's
+    size the experts were sharded with. With one such rank each
     expert lives on one rank only: nothing to shard; their parameters are returned for
     the dense units to ignore."""
     from torch.distributed.fsdp import fully_shard

@@ -69,11 +69,6 @@ class PipelineTrace:
     trains: bool
     facts: StepFacts = field(default_factory=StepFacts)
 
-    @property
-    def ops(self) -> list[Any]:
-        """Every traced op, stage traces one after another (each distinct stage once)."""
-        return [op for index in sorted(self.traces) for op in self.traces[index].ops]
-
     def save(self, path: Any) -> None:
         raise OptionError(NOT_SAVED)
 
@@ -122,9 +117,8 @@ def stage_actions(
         part = "after" if once else _part(kernel, marks, trains)
         times[part] += kernel.exposed_s if kernel.stream == "communication" else kernel.time_s
         flops[part] += kernel.flops
-    if INPUT_END in marks:
+    if INPUT_END in marks:  # no kernel was filed under B: a whole backward is I + W
         times[BACKWARD] = times[BACKWARD_INPUT] + times[BACKWARD_WEIGHT]
-        flops[BACKWARD] = 0  # counted in I and W
     times["flops"] = float(flops[FORWARD] + flops[BACKWARD] + flops[BACKWARD_INPUT])
     times["flops"] += flops[BACKWARD_WEIGHT]
     times["after_flops"] = float(flops["after"])
@@ -296,7 +290,7 @@ def _stage_rows(
             fixed_and_peak += (trace.microbatches - 1) * memory.kv_cache_bytes
         in_flight = timeline.in_flight(s) if trace.trains else trace.microbatches
         a = actions[s]
-        split = a[BACKWARD_INPUT] or a[BACKWARD_WEIGHT]
+        split = a[BACKWARD_INPUT] or a[BACKWARD_WEIGHT]  # B = I + W then (stage_actions)
         rows.append(
             StageRow(
                 stage=s,
@@ -304,7 +298,7 @@ def _stage_rows(
                 layers=trace.layers[s],
                 traced_as=traced,
                 forward_s=a[FORWARD],
-                backward_s=a[BACKWARD_INPUT] + a[BACKWARD_WEIGHT] if split else a[BACKWARD],
+                backward_s=a[BACKWARD],
                 input_s=a[BACKWARD_INPUT] if split else 0.0,
                 weight_s=a[BACKWARD_WEIGHT] if split else 0.0,
                 after_s=a["after"],

@@ -35,8 +35,7 @@ def build_kv_cache(
     kv_heads, head_dim = kv_shape(model)
     dtype = model_param_dtype(model)
     cache = DynamicCache(config=config)
-    owned = owned_layers(model)
-    stage = set(owned) if owned is not None else None  # a pipeline stage caches its own layers
+    stage = owned_layers(model)  # a pipeline stage caches its own layers
     for index, layer in enumerate(cache.layers):
         window = getattr(layer, "sliding_window", None)
         length = min(filled, window - 1) if window else filled

@@ -154,7 +154,7 @@ def parallel_program(
                 experts = expert_mesh(plan.world, plan.ep)
                 apply_expert_parallel(model, experts["ep"], mesh["tp"])
                 if sharded:
-                    ignored = shard_experts(model, experts["efsdp"])
+                    ignored = shard_experts(model, experts["efsdp"], plan.ep)
             if sharded:
                 apply_fsdp(
                     model,

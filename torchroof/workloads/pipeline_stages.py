@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchroof.capture import Capture
+from torchroof.capture import Capture, local_shard
 from torchroof.errors import WorkloadError
 from torchroof.pp_step import BACKWARD_END, FORWARD_END, INPUT_END  # the trace's op marks
 
@@ -93,13 +92,7 @@ def split_layers(layers: int, stages: int, given: tuple[int, ...] = ()) -> list[
 def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
     """(the base model, the name of its decoder-layer list, the list) as its
     ``base_model_pp_plan`` names them; a WorkloadError for a model without one."""
-    config = getattr(model, "config", None)
-    text = (
-        config.get_text_config()
-        if config is not None and hasattr(config, "get_text_config")
-        else config
-    )
-    plan = getattr(text, "base_model_pp_plan", None) or getattr(config, "base_model_pp_plan", None)
+    plan = decoder_pp_plan(model)
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if not isinstance(plan, dict) or base is None:
         raise WorkloadError(
@@ -120,9 +113,7 @@ def layer_signature(model: nn.Module, index: int) -> tuple[Any, ...]:
     _, _, layers = decoder_layers(model)
     layer = layers[index]
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = getattr(text, "layer_types", None)
+    kinds = getattr(_text_config(model), "layer_types", None)
     kind = kinds[index] if isinstance(kinds, (list, tuple)) and index < len(kinds) else None
     return (type(layer).__name__, params, kind)
 
@@ -157,7 +148,7 @@ class StageState:
 def _bytes(tensor: torch.Tensor | None) -> int:
     if tensor is None:
         return 0
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    local = local_shard(tensor)
     return local.numel() * local.element_size()
 
 
@@ -174,7 +165,7 @@ def make_stage(model: nn.Module, split: StageSplit, split_backward: bool = False
             layers[index] = PipelineIdentityLayer()
     tied = getattr(model.config, "tie_word_embeddings", False)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    plan = list(decoder_pp_plan(model))
+    plan = list(decoder_pp_plan(model) or ())
     at = plan.index(list_name)
     for name in plan[:at]:  # the embeddings: the first stage's
         if not split.first and not (tied and split.last and name == "embed_tokens"):
@@ -190,10 +181,17 @@ def make_stage(model: nn.Module, split: StageSplit, split_backward: bool = False
     return model
 
 
-def decoder_pp_plan(model: nn.Module) -> dict[str, Any]:
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return dict(getattr(text, "base_model_pp_plan", None) or config.base_model_pp_plan)
+def decoder_pp_plan(model: nn.Module) -> dict[str, Any] | None:
+    """The model's ``base_model_pp_plan`` (module name -> its inputs and outputs, in order),
+    from its text config or its own; None when it has none."""
+    plan = getattr(_text_config(model), "base_model_pp_plan", None)
+    plan = plan or getattr(getattr(model, "config", None), "base_model_pp_plan", None)
+    return dict(plan) if isinstance(plan, dict) else None
+
+
+def _text_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:
@@ -300,7 +298,7 @@ def record_stage(model: nn.Module, trace: Any) -> None:
         trace.facts.pipeline = state.facts()
 
 
-def owned_layers(model: nn.Module) -> Iterator[int] | None:
+def owned_layers(model: nn.Module) -> range | None:
     """The decoder layers a pipeline stage owns (None: every layer)."""
     state = stage_of(model)
-    return iter(state.split.layers) if state is not None else None
+    return state.split.layers if state is not None else None
