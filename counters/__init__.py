@@ -14,6 +14,7 @@ from torchroof.counters import (  # noqa: F401  (imported for their registration
     norms,
     optimizers,
     pointwise,
+    quantized,
     reductions,
 )
 from torchroof.counters.cost import ZERO, Cost, Unit

@@ -18,6 +18,15 @@ ADAM_FLOPS = 12  # seed 000: "30 bytes moved to perform about 12 FLOPs"
 SGD_FLOPS = 2  # p -= lr·g (+ weight decay)
 SGD_MOMENTUM_FLOPS = 4  # b = μ·b + g; p -= lr·b
 ADAGRAD_FLOPS = 6  # s += g²; p -= lr·g / (√s + eps)
+# A moment kept as 8-bit codes with one fp32 scale per block (Dettmers et al. 2021, "8-bit
+# Optimizers via Block-wise Quantization"; torchao.optim's quant_utils), per element:
+#   dequantise   code -> map value (table lookup) 1, x block scale 1           = 2
+#   requantise   |x| and the block's running max 2, / block max 1,
+#                8-step branchless binary search over the 256-entry map
+#                (one compare-select per step) 8, round to the nearer code 1   = 12
+# (index arithmetic and the gathers' addresses are not counted: NB a modest count).
+QUANTISED_MOMENT_FLOPS = 2 + 12
+ADAM_8BIT_FLOPS = ADAM_FLOPS + 2 * QUANTISED_MOMENT_FLOPS  # 12 + 2·14 = 40
 
 
 def _fused_cost(op: OpRecord, flops_per_element: int, state: tuple[str, ...]) -> Cost:
@@ -62,7 +71,10 @@ def fused_optimizer_step(op: OpRecord) -> Cost:
     """The one fused kernel a training runtime launches for the whole update (seed 000 §16):
     reads params, grads and state buffers once; writes params and state once, plus the
     low-precision weight copy (``params_out``) when fp32 masters are kept. AdamW with fp32
-    masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param.
+    masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param. Low-bit
+    state is priced by what it stores (each state tensor's nbytes): 8-bit Adam's uint8 codes
+    and fp32 block scales, 4 + 4 + 1 + 1 read, 4 + 1 + 1 + 2 written = 18 B/param plus
+    2·4·2/256 B of scales (seed 000 §16: "8-bit Adam about 16 B" without the bf16 copy).
 
     A traced ``torch.optim`` step priced this way (torchroof.optimizer_step) may also pass
     ``inputs`` (other tensors read once: a learning-rate tensor) and ``flops`` (the total of

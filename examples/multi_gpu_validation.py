@@ -130,6 +130,16 @@ class Choice:
     sequence_parallel: bool | None = None  # None: as the run says
 
 
+FLOAT8 = "torchao Float8 tensorwise on the decoder's linear layers (quant 'fp8')"
+FLOAT8_GATHER = (
+    "FSDP all-gathers the bf16 weights (the run all-gathers fp8: half the bytes, not modelled)"
+)
+TT_405B_FP8 = (
+    f"{FLOAT8}; full AC; compiled (fusion 'fused'); {SP}; parameters kept gathered across "
+    f"micro-batches; async TP not modelled; {TITAN_H100}; {FLOAT8_GATHER}"
+)
+TT_405B_FP8_WORKLOAD = {"quant": "fp8", "reshard_after_forward": False}
+
 CHOICES: dict[str, Choice] = {
     "tt-a100x64-llama3-8b-fsdp-sac-op": Choice(
         "dgx-a100", f"{SAC_OP}; {EAGER_DEFAULT}; {FP32_REDUCE}"
@@ -195,6 +205,32 @@ CHOICES: dict[str, Choice] = {
         model_flops_per_token=LLAMA3_405B_FLOPS,
     ),
     "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice("gb200-nvl72", MB_DEEPSEEK),
+    "tt-h200x32-llama31-8b-fsdp32-fp8": Choice(
+        "dgx-h200",
+        f"{SAC_OP}; compiled (fusion 'fused'); {FLOAT8}; {FLOAT8_GATHER}",
+        workload={"quant": "fp8"},
+    ),
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8": Choice(
+        "dgx-h100",
+        TT_405B_FP8,
+        checkpointing=True,
+        workload=TT_405B_FP8_WORKLOAD,
+        sequence_parallel=True,
+    ),
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8": Choice(
+        "dgx-h100",
+        TT_405B_FP8,
+        checkpointing=True,
+        workload=TT_405B_FP8_WORKLOAD,
+        sequence_parallel=True,
+    ),
+    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-seq32k-fp8": Choice(
+        "dgx-h100",
+        TT_405B_FP8,
+        checkpointing=True,
+        workload=TT_405B_FP8_WORKLOAD,
+        sequence_parallel=True,
+    ),
     "trtllm090-a100x8-llama2-70b-tp8-bs512-in128-out2048": Choice(
         "dgx-a100",
         f"{LLAMA2_NOTE}; fp16; {TRT}; the KV cache grows from 128 to 2174 tokens over the "
@@ -210,9 +246,16 @@ _MPT = (
     "without biases, GELU MLP, learned positions; transformers' MPT has ALiBi instead)"
 )
 _CP_DATA = "torchroof's cp composes with tp only, not yet with fsdp or dp"
+_QUANT_TP = (
+    "fp8 serving with TP 8: torchroof's serving recipes do not yet shard (torchao's serving "
+    "tensors have no DTensor sharding rules)"
+)
+_FP8_EXPERTS = (
+    "FP8 expert weights: DeepSeek-V3's experts are 3-D grouped-GEMM weights, which "
+    "torchroof's recipes leave in bf16 (and its 1x128 / 128x128 block scales are not a recipe)"
+)
 NOT_PREDICTED: dict[str, str] = {
-    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": f"fp8 matmuls (Float8); CP 2 with FSDP 4: {_CP_DATA}",
-    "tt-h200x32-llama31-8b-fsdp32-fp8": "fp8 matmuls and fp8 all-gather",
+    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": f"CP 2 with FSDP 4: {_CP_DATA}",
     "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": (
         "CP 16 with FSDP 8: torchroof's cp composes with tp only (not with fsdp, dp or pp)"
     ),
@@ -220,39 +263,34 @@ NOT_PREDICTED: dict[str, str] = {
     "foundry-h100x8-mpt7b-fsdp": _MPT,
     "foundry-h100x512-mpt7b-fsdp": _MPT,
     "foundry-a100-40gbx128-mpt7b-fsdp": _MPT,
-    "nemo2407-h100x8-llama3-8b-cp2-fp8": f"fp8 (Transformer Engine); CP 2 with DP 4: {_CP_DATA}",
-    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": "fp8 (issue 15); CP 2 with DP 2 and PP 4",
-    "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": "fp8 weights and activations",
+    "nemo2407-h100x8-llama3-8b-cp2-fp8": f"CP 2 with DP 4: {_CP_DATA}",
+    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": f"CP 2 with DP 2 and PP 4: {_CP_DATA}",
+    "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": _QUANT_TP,
     # pipeline and expert parallel runs (pp_ep_runs.json)
-    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8": "Float8 matmuls (issue 15)",
-    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8": "Float8 matmuls (issue 15)",
-    "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-seq32k-fp8": "Float8 matmuls (issue 15)",
     "mb2511-gb200x256-qwen3-235b-a22b-pp8-vp3-ep32-bf16": (
         "Qwen3-235B-A22B: no shipped config (its config.json needs the network)"
     ),
-    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": (
-        f"fp8 (issue 15); CP 2 with DP 8 and PP 8: {_CP_DATA}"
-    ),
+    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": (f"CP 2 with DP 8 and PP 8: {_CP_DATA}"),
     "mb2509-h100x1024-deepseekv3-tp2-pp8-vp4-ep64": (
-        "precision not printed (fp8 presumed, issue 15); TP 2 with EP 64 and sequence parallel "
+        "precision not printed (fp8 presumed); TP 2 with EP 64 and sequence parallel "
         "on a MoE model (torchroof's sequence parallel is the Llama layout only)"
     ),
     "deepseekv3-h800x2048-pp16-dualpipe-ep64-zero1": (
-        "FP8 training (issue 15); H800 NVLink (no cluster ships); a whole-run average"
+        f"H800 NVLink (no cluster ships); a whole-run average; {_FP8_EXPERTS}"
     ),
-    "deepseek-day6-h800x32-prefill-ep32-production": "FP8 serving (issue 15); 24 h average",
-    "deepseek-day6-h800x144-decode-ep144-production": "FP8 serving (issue 15); 24 h average",
-    "sglang-h100x32-deepseekv3-prefill-ep32-in4096": "FP8 GEMMs (issue 15)",
-    "sglang-h100x72-deepseekv3-decode-ep72-bs256-kv2000": "FP8 GEMMs (issue 15)",
+    "deepseek-day6-h800x32-prefill-ep32-production": f"24 h average; {_FP8_EXPERTS}",
+    "deepseek-day6-h800x144-decode-ep144-production": f"24 h average; {_FP8_EXPERTS}",
+    "sglang-h100x32-deepseekv3-prefill-ep32-in4096": _FP8_EXPERTS,
+    "sglang-h100x72-deepseekv3-decode-ep72-bs256-kv2000": _FP8_EXPERTS,
 }
 
 
 TT_405B_PAIR = (
     "torchtitan's two Llama-3.1-405B rows that differ only in their schedule (1F1B, "
-    "interleaved 1F1B at 2 stages per rank), both Float8: priced in bf16 with full "
+    "interleaved 1F1B at 2 stages per rank), both Float8 (quant 'fp8'), with full "
     "activation checkpointing, parameters kept gathered across micro-batches, sequence + "
-    "loss parallel (torchtitan's defaults; async TP not modelled); only the ratio of the "
-    "two schedules' throughputs is compared"
+    "loss parallel (torchtitan's defaults; async TP not modelled): the ratio of the two "
+    "schedules' throughputs"
 )
 SCHEDULE_PAIRS: dict[str, tuple[str, str, Choice]] = {
     "torchtitan 405B: 1F1B -> interleaved 1F1B": (
@@ -262,13 +300,13 @@ SCHEDULE_PAIRS: dict[str, tuple[str, str, Choice]] = {
             "dgx-h100",
             TT_405B_PAIR,
             checkpointing=True,
-            workload={"reshard_after_forward": False},
+            workload=TT_405B_FP8_WORKLOAD,
             sequence_parallel=True,
         ),
     ),
 }
-"""Runs torchroof cannot price as measured (fp8) but whose pair differs in one knob: the
-measured ratio between the two is set beside torchroof's ratio for the same change."""
+"""Runs whose pair differs in one knob: the measured ratio between the two is set beside
+torchroof's ratio for the same change."""
 
 
 # -- requests: one or more priced steps ------------------------------------------------------

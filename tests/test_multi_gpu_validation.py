@@ -118,6 +118,9 @@ def test_the_torchtitan_tp_rows_are_priced_with_sequence_parallel():
                RUNS[i]["regime"] == "train" and i.startswith("tt-")]  # fmt: skip
     assert tp_rows == [
         "tt-h100x64-llama31-8b-fsdp8-tp8-bf16", "tt-h100x256-llama31-70b-fsdp32-tp8-bf16",
+        "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8",
+        "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8",
+        "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-seq32k-fp8",
     ]  # fmt: skip
     for run_id in tp_rows:
         req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])

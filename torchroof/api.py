@@ -30,6 +30,7 @@ from torchroof.options import (
 )
 from torchroof.pipeline import estimate_trace, resolve_hardware
 from torchroof.pp_schedule import SPLIT_BACKWARD, action_order, stages_per_rank
+from torchroof.quantize import check_hardware
 from torchroof.report import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
@@ -139,6 +140,8 @@ def estimate(
     workload_knobs, pricing_knobs = split_knobs(knobs)
     spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
+    quant = workload_knobs.get("quant", workload.quant if workload else "none")
+    check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)  # before tracing
     trace = trace_model(model, regime, workload=workload, **workload_knobs)
     return estimate_trace(trace, cluster or spec, pricing)
 

@@ -245,9 +245,10 @@ class Capture:
             self._module_types.setdefault(path, type(module).__name__)
             for pname, param in module.named_parameters(recurse=False):
                 self._param_owner.setdefault(id(param), path)
-                self.trace.parameters.setdefault(
-                    self._storage_id(local_shard(param)), f"{path}.{pname}".strip(".")
-                )
+                for held in held_tensors(param):
+                    self.trace.parameters.setdefault(
+                        self._storage_id(held), f"{path}.{pname}".strip(".")
+                    )
                 self.mark([param], "weights")
         return self._module_names[id(root)]
 
@@ -430,8 +431,7 @@ class Capture:
         added to ``role_bytes``, the memory the role holds. A sharded tensor (DTensor) is
         labelled by its local shard: the storage this rank's ops read and the bytes this
         rank holds (issue 13 item 5: per-rank memory)."""
-        for tensor in tensors:
-            tensor = local_shard(tensor)
+        for tensor in (held for given in tensors for held in held_tensors(given)):
             sid = self._storage_id(tensor)
             if sid in self.trace.roles:
                 continue
@@ -545,7 +545,9 @@ class Capture:
 
         seed 000 "FlashAttention is an IO algorithm": S and P stay on chip, so the record is
         ``_scaled_dot_product_flash_attention`` (or ``_efficient_`` when a mask is given),
-        with K/V at their own ``h_kv`` heads: no ``repeat_kv`` copies.
+        with K/V at their own ``h_kv`` heads: no ``repeat_kv`` copies. K/V read from a
+        quantised cache (fp8, int8) are recorded at their stored width: the kernel reads them
+        at 1 B per element and dequantises in registers (vLLM's and TensorRT-LLM's fp8 KV).
         """
         params = dict(zip(_SDPA_ARGS, args, strict=False))
         params.update(kwargs)
@@ -554,7 +556,8 @@ class Capture:
         context = self.context()
         first_seq = torch._C._autograd._get_sequence_nr()
         with self.unrecorded():
-            out = func(*args, **kwargs)
+            wide_args, wide_kwargs = _widened_kv(args, kwargs)
+            out = func(*wide_args, **wide_kwargs)
             if isinstance(out, torch.Tensor) and out.dim() == 4:
                 # The flash kernel writes o as (B, L, H, d) in memory, so the caller's
                 # ``o.transpose(1, 2).contiguous()`` is free on a GPU; give o that layout.
@@ -659,6 +662,22 @@ class Capture:
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
 
+def _widened_kv(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """SDPA's arguments with K/V stored narrower than the query (a quantised cache) cast to
+    the query's dtype: torch's SDPA wants one dtype, the kernel being modelled dequantises
+    in registers. Unchanged otherwise."""
+    positional, named = list(args), dict(kwargs)
+    dtype = (positional[0] if positional else named["query"]).dtype
+    for position, name in ((1, "key"), (2, "value")):
+        if name in named and named[name].dtype != dtype:
+            named[name] = named[name].to(dtype)
+        elif position < len(positional) and positional[position].dtype != dtype:
+            positional[position] = positional[position].to(dtype)
+    return tuple(positional), named
+
+
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     stride, running = [], 1
     for size in reversed(shape):
@@ -749,6 +768,19 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, DTensor):
         return tensor._local_tensor
     return tensor
+
+
+def held_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors ``tensor`` holds on this rank: a DTensor's local shard, the inner
+    tensors of a wrapper subclass (torchao's quantised weights: fp8 or int8 data and their
+    scales; an 8-bit optimizer state's codes and scales), recursively; a plain tensor
+    itself. Their storages are what the traced ops read, and their bytes what memory holds."""
+    tensor = local_shard(tensor)
+    if not is_traceable_wrapper_subclass_type(type(tensor)):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [held for t in inner if isinstance(t, torch.Tensor) for held in held_tensors(t)]
 
 
 def _wraps_local_tensors(types: Iterable[type]) -> bool:
@@ -854,12 +886,12 @@ class _FunctionHook(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if (
-            func is F.scaled_dot_product_attention
-            and self.capture.flash_attention
-            and not self.capture._suppress
-        ):
-            return self.capture.sdpa(func, args, kwargs)
+        if func is F.scaled_dot_product_attention and self.capture.flash_attention:
+            if not self.capture._suppress:
+                return self.capture.sdpa(func, args, kwargs)
+            # unrecorded (a context run before the step) over a quantised cache
+            wide_args, wide_kwargs = _widened_kv(args, kwargs)
+            return func(*wide_args, **wide_kwargs)
         if func is torch.Tensor.tolist and args and _needs_item_answer(args[0]):
             return self.capture.answer_tolist(args[0])
         if func in _BACKWARD_ENTRY_POINTS:

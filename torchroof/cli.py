@@ -315,7 +315,8 @@ def _gemm(args: argparse.Namespace) -> None:
 
 
 def _workload_label(model: str, w: Workload) -> str:
-    return regime(w.regime).label(model, w)
+    quant = f", quant {w.quant}" if w.quant != "none" else ""
+    return regime(w.regime).label(model, w) + quant
 
 
 def _writable(*paths: str | None) -> None:

@@ -113,6 +113,9 @@ class _Group:
     members: list[int] = field(default_factory=list)
     first_outside_read: int | None = None  # first op outside the group reading its output
     kind: str = "fusable"  # fusable | anchor | epilogue (a matmul taking followers) | loss
+    # holds a reduction of a whole large tensor to a scalar (a tensorwise amax): what reads
+    # the scalar and the tensor again is a second pass, another kernel (_reads_after_scalar)
+    reduced_to_scalar: bool = False
 
 
 class _Graph:
@@ -248,6 +251,10 @@ def _group_ops(
             chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
             if chosen is not None:
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
+        if chosen is None and options.fusion == "fused" and kind_of(op.packet) == "matmul":
+            chosen = _dequantising_prologue(i, ops, groups, group_of, last_writer)
+            if chosen is not None:
+                groups[chosen].kind = "epilogue" if options.epilogue else "anchor"
         if chosen is None:
             kind = "fusable" if (options.fusion == "fused" and _is_fusable(op, cost)) else "anchor"
             if kind == "anchor" and options.epilogue and kind_of(op.packet) == "matmul":
@@ -255,11 +262,75 @@ def _group_ops(
             groups.append(_Group(kind=kind))
             chosen = len(groups) - 1
         groups[chosen].members.append(i)
+        if _reduces_to_scalar(op):
+            groups[chosen].reduced_to_scalar = True
         group_of[i] = chosen
         note_reads(i, chosen)
         for t in written_tensors(op):
             last_writer[t.storage] = i
     return groups
+
+
+# Weight formats a mixed-input GEMM reads as stored and widens in registers.
+NARROW_WEIGHT_DTYPES = frozenset(
+    {"int8", "uint8", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+)
+_DEQUANTISING_KINDS: frozenset[OpKind] = frozenset({"pointwise", "cast", "copy", "rearrange"})
+
+
+def _dequantising_prologue(
+    i: int,
+    ops: Sequence[OpRecord],
+    groups: list[_Group],
+    group_of: dict[int, int],
+    last_writer: dict[int, int],
+) -> int | None:
+    """The group that widens a narrow weight into matmul ``i``'s operand, which the matmul
+    absorbs as its prologue: the weight is read at its stored width and never written wide
+    (weight-only int8 / fp8, torchroof.quantize). Inductor does this in its Triton GEMM
+    templates (prologue fusion) and in the decomposed M = 1 GEMV; serving stacks run a
+    mixed-input GEMM (gpt-fast, Marlin, TensorRT-LLM). A group qualifies when its members
+    are elementwise casts and arithmetic of one phase, it reads a tensor of a narrow dtype,
+    and nothing else has read its output yet."""
+    op = ops[i]
+    for t in read_tensors(op):
+        w = last_writer.get(t.storage)
+        if w is None:
+            continue
+        g = group_of[w]
+        group = groups[g]
+        if group.kind != "fusable" or group.first_outside_read is not None:
+            continue
+        members = [ops[m] for m in group.members]
+        if any(
+            m.phase != op.phase or kind_of(m.packet) not in _DEQUANTISING_KINDS for m in members
+        ):
+            continue
+        if any(x.dtype in NARROW_WEIGHT_DTYPES for m in members for x in m.inputs):
+            return g
+    return None
+
+
+# Inductor's largest persistent reduction (torch._inductor: a reduction over more elements
+# than this per output is looped; to a scalar it is split over blocks).
+PERSISTENT_REDUCTION_ELEMENTS = 8192
+
+
+def _reduces_to_scalar(op: OpRecord) -> bool:
+    """A reduction of more than :data:`PERSISTENT_REDUCTION_ELEMENTS` elements to one value
+    (torchao Float8's tensorwise amax): no block holds the tensor, so nothing that reads
+    the tensor again can run in the same pass."""
+    if kind_of(op.packet) not in ("reduction", "sum") or not op.outputs or not op.inputs:
+        return False
+    return op.outputs[0].numel <= 1 and op.inputs[0].numel > PERSISTENT_REDUCTION_ELEMENTS
+
+
+def _reads_after_scalar(op: OpRecord, group: _Group) -> bool:
+    """``op`` would read a tensor of more than one element in a group that already reduced
+    a large tensor to a scalar: the tensor is read again in a second kernel (Inductor splits
+    the reduction and launches its consumers after it; torchao's tensorwise scaling reads
+    each tensor twice, once for its amax and once for the cast)."""
+    return group.reduced_to_scalar and any(t.numel > 1 for t in read_tensors(op))
 
 
 def _own_loop_order(op: OpRecord) -> bool:
@@ -291,6 +362,8 @@ def _merge_siblings(
         other = groups[h]
         same_phase = ops[other.members[0]].phase == ops[i].phase
         if other.kind != "fusable" or other.first_outside_read is not None or not same_phase:
+            continue
+        if _reads_after_scalar(ops[i], other):
             continue
         target.members.extend(other.members)
         for j in other.members:
@@ -417,7 +490,7 @@ def _joinable_group(
     )
     for g in candidates:
         group = groups[g]
-        if group.kind not in ("fusable", "epilogue"):
+        if group.kind not in ("fusable", "epilogue") or _reads_after_scalar(op, group):
             continue
         first = ops[group.members[0]]
         if first.phase != op.phase:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from torchroof.capture import Capture
+from torchroof.kv_quant import dequantise
 
 ATTENTION_NAME = "torchroof_mla_absorbed"
 _ACTIVE: list[Capture] = []
@@ -70,7 +71,8 @@ def absorbed_attention(
     """Attention over the latent cache with W_UK and W_UV absorbed.
 
     ``query`` is [b, h, Lq, d_nope + d_r] (rope applied), ``latent`` [b, 1, N, r] and
-    ``rope_key`` [b, 1, N, d_r] are the cache as the layer returns it. Returns the
+    ``rope_key`` [b, 1, N, d_r] are the cache as the layer returns it, in the model's dtype
+    or quantised (fp8: FlashMLA's fp8 cache, read at 1 B per element). Returns the
     attention output as [b, Lq, h, d_v], like every transformers attention function."""
     capture = _ACTIVE[-1]
     nope, rank = module.qk_nope_head_dim, module.kv_lora_rank
@@ -81,8 +83,11 @@ def absorbed_attention(
     q_absorbed = torch.cat([_per_head(q_nope, w_uk), q_rope], dim=-1)  # [b, h, Lq, r + d_r]
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     with capture.unrecorded():  # the kernel's result, computed but recorded as one op below
-        scores = torch.matmul(q_absorbed[..., :rank], latent.transpose(-1, -2))
-        scores = (scores + torch.matmul(q_rope, rope_key.transpose(-1, -2))) * scale
+        # a quantised cache (fp8, int8) is dequantised in registers: its bytes are read narrow
+        latent_values = latent.to(query.dtype)
+        scores = torch.matmul(q_absorbed[..., :rank], latent_values.transpose(-1, -2))
+        scores = scores + torch.matmul(q_rope, rope_key.to(query.dtype).transpose(-1, -2))
+        scores = scores * scale
         if attention_mask is not None:
             mask = attention_mask[..., : latent.shape[-2]]
             scores = (
@@ -90,8 +95,8 @@ def absorbed_attention(
                 if mask.dtype == torch.bool
                 else scores + mask
             )
-        probs = torch.softmax(scores.float(), dim=-1).to(latent.dtype)
-        out_latent = torch.matmul(probs, latent)  # [b, h, Lq, r]
+        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+        out_latent = torch.matmul(probs, latent_values)  # [b, h, Lq, r]
     phase, where, _ = capture.context()
     capture.record_synthetic(
         "torchroof.mla_decode_attention.default",
@@ -136,3 +141,29 @@ def absorbed_mla(model: torch.nn.Module, capture: Capture) -> Iterator[bool]:
             del layer.expand_kv
         for key, config in configs.items():
             config._attn_implementation = previous[key]
+
+
+@contextlib.contextmanager
+def dequantised_latents(model: torch.nn.Module, kv_dtype: torch.dtype | None) -> Iterator[None]:
+    """Inside: the model's MLA layers widen a latent cache stored in ``kv_dtype`` (fp8,
+    int8) back to the model's dtype before transformers expands it through
+    ``kv_b_proj`` (a recorded cast of the latent and rope cache, vLLM's gather-and-dequant
+    before an MLA prefill over cached context). Nothing changes for ``kv_dtype`` None."""
+    layers = mla_layers(model) if kv_dtype is not None else []
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
+    for layer in layers:
+        layer.expand_kv = _dequantising(layer.expand_kv, dtype)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.expand_kv
+
+
+def _dequantising(expand: Any, dtype: torch.dtype) -> Any:
+    def expand_kv(kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[Any, Any]:
+        if kv_nope.dtype != dtype:
+            kv_nope, k_rot = dequantise(kv_nope, dtype), dequantise(k_rot, dtype)
+        return expand(kv_nope, k_rot)
+
+    return expand_kv

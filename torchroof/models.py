@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from torchroof.errors import first_line
+from torchroof.quantize import quiet_imports
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_MODEL = "llama-3-8b"
@@ -111,6 +112,8 @@ def model_class(config: Any) -> Any:
     """The transformers auto class for ``config``: sequence-to-sequence LM for an
     encoder–decoder (T5, BART), causal LM for a decoder, masked LM for an encoder that
     has no causal head (DistilBERT, DeBERTa)."""
+    with quiet_imports():  # transformers' modeling imports torchao when it is installed
+        import transformers.modeling_utils  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,

@@ -18,6 +18,7 @@ from torchroof.errors import OptionError, WorkloadError
 from torchroof.limits import DEFAULT_MAX_OPS  # why 10M: see there
 from torchroof.parallel import ParallelPlan
 from torchroof.pp_schedule import INTERLEAVED, SCHEDULES, SPLIT_BACKWARD, stages_per_rank
+from torchroof.quantize import KV_DTYPES, QUANTS, check_recipe
 from torchroof.workloads.inference import CACHES, MLA_DECODES
 from torchroof.workloads.registry import REGIMES, regime
 from torchroof.workloads.train import OPTIMIZERS, PRECISIONS
@@ -105,6 +106,19 @@ class Workload:
         choices=MLA_DECODES,
     )
     dtype: str = knob("bf16", "prefill/decode: the model's dtype", choices=DTYPES)
+    quant: str = knob(
+        "none",
+        "quantised linear layers (torchroof.quantize): fp8 / fp8-rowwise (train: torchao "
+        "Float8; serve: fp8 activations and weights), int8-weight, fp8-weight, int4-weight, "
+        "mxfp4-weight (weight-only, dequantised inside the GEMM), nvfp4 (fp4 tensor cores)",
+        choices=QUANTS,
+    )
+    kv_dtype: str = knob(
+        "model",
+        "prefill/decode: the KV cache's dtype (model: the model's; fp8 / int8: quantised "
+        "on write, read by the attention kernel at 1 B per element)",
+        choices=KV_DTYPES,
+    )
     allow_beyond_max_positions: bool = knob(
         False, "price sequences longer than the model's maximum positions (an assumption line)"
     )
@@ -174,6 +188,9 @@ class Workload:
         _choose("precision", self.precision, PRECISIONS, bad)
         _choose("mla", self.mla, MLA_DECODES, bad)
         _choose("dtype", self.dtype, DTYPES, bad)
+        _choose("quant", self.quant, QUANTS, bad)
+        _choose("kv_dtype", self.kv_dtype, KV_DTYPES, bad)
+        check_recipe(self.quant, regime(self.regime).trains, self.kv_dtype, self.tp)
         _positive_int("max_ops", self.max_ops, bad)
         self._check_parallel()
 

@@ -32,6 +32,7 @@ from torchroof.memory import footprint
 from torchroof.network import NETWORK, NO_LINK, collective_time
 from torchroof.options import PricingOptions, split_knobs
 from torchroof.pp_step import PipelineTrace
+from torchroof.quantize import check_hardware
 from torchroof.records import OpRecord, Trace
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
@@ -175,6 +176,9 @@ def _estimate_trace(
             "ranks; this step does not shard its experts (ep=1), so its experts get every "
             "routed token whatever the routing: trace it with ep > 1"
         )
+    check_hardware(
+        str(trace.facts.workload.get("quant", "none")), spec.tensor_flops_per_s, spec.display_name
+    )
     step = optimizer_step.analyse(trace)
     roles = {**step.roles, **trace.roles}
     fused = pricing.fusion == "fused"
@@ -415,6 +419,17 @@ def cache_assumptions(trace: Trace) -> list[str]:
     decoded."""
     facts = trace.facts
     lines = [f"model: {facts.build_note}"] if facts.build_note else []
+    if facts.quant:
+        lines.append(
+            f"quantised: {facts.quant}; the LM head, embeddings and 3-D expert weights "
+            "keep the model's dtype"
+        )
+    kv_dtype = facts.workload.get("kv_dtype", "model")
+    if kv_dtype not in ("model", None):
+        lines.append(
+            f"KV cache in {kv_dtype}: K and V quantised as they are written (per-tensor "
+            "scale), read by the attention kernel at 1 B per element and widened in registers"
+        )
     if facts.positions:
         lines.append(f"positions: {facts.positions}")
     fallback = facts.cache_fallback

@@ -281,6 +281,7 @@ class StepFacts:
     parameters: int = 0  # train: trainable parameters
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
     pipeline: dict[str, Any] = field(default_factory=dict)  # a pipeline stage's split and marks
+    quant: str = ""  # which linear layers a quantisation recipe changed, and how
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set (an empty string, dict or 0 is left out)."""

@@ -177,6 +177,20 @@ def _llama_mlp(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
     return LlamaMLP(_llama_config()).to(dtype), (_hidden(device, dtype, grad),)
 
 
+def _float8_mlp(recipe: str) -> Callable[..., Built]:
+    """A Llama MLP whose three linear layers are torchao's Float8 training layers (issue 15):
+    the amax reductions, scale arithmetic and casts around each ``_scaled_mm``."""
+
+    def build(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
+        from torchroof.quantize import float8_training
+
+        module, inputs = _llama_mlp(device, dtype, grad)
+        float8_training(module, recipe)
+        return module, inputs
+
+    return build
+
+
 def _decoder_layers(layer_class: Any, config: Any, count: int = 1) -> Callable[..., Built]:
     def build(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
         blocks = [layer_class(config, layer_idx=i) for i in range(count)]
@@ -296,6 +310,8 @@ def _cases() -> tuple[Case, ...]:
         Case("cross_entropy", fp32, True, _cross_entropy),
         Case("cross_entropy", bf16, True, _cross_entropy, "bf16 logits upcast to fp32"),
         Case("two_llama_layers", bf16, True, _llama(2)),
+        Case("float8_tensorwise_mlp", bf16, False, _float8_mlp("tensorwise"), "torchao Float8"),
+        Case("float8_rowwise_mlp", bf16, False, _float8_mlp("rowwise"), "torchao Float8"),
     )
 
 

@@ -12,7 +12,7 @@ import torch
 from torchroof.analysis import decode_analysis
 from torchroof.models import model_dtype
 from torchroof.records import Trace
-from torchroof.workloads.inference import inference_step
+from torchroof.workloads.inference import inference_step, kv_label
 from torchroof.workloads.inputs import kv_shape
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
@@ -30,7 +30,7 @@ def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> T
 
 def label(model: str, w: Workload) -> str:
     label = f"{model} decode, batch {w.batch}, context {w.context}, {w.cache} cache, {w.dtype}"
-    return label + plan_label(w)
+    return label + kv_label(w) + plan_label(w)
 
 
 def sweep_summary(result: Any, over: str, w: Workload) -> list[str]:

@@ -3,17 +3,25 @@ tensors a cache object holds, and the caches hybrids and recurrent models need."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torchroof.capture import Capture
+from torchroof.kv_quant import is_kv_storage, quantise
 from torchroof.workloads.inputs import kv_shape, model_param_dtype, text_config
 from torchroof.workloads.pipeline_stages import owned_layers
 
 
 def build_kv_cache(
-    model: torch.nn.Module, batch: int, capacity: int, filled: int, kind: str, capture: Capture
+    model: torch.nn.Module,
+    batch: int,
+    capacity: int,
+    filled: int,
+    kind: str,
+    capture: Capture,
+    kv_dtype: torch.dtype | None = None,
 ) -> Any:
     """A transformers cache on meta, already holding ``filled`` tokens (no prefill is run).
 
@@ -21,7 +29,9 @@ def build_kv_cache(
     and static-cache runtimes do). Its layers allocate on their first update, from the
     model's own K/V shapes (MLA's wider keys, per-layer head counts), without the
     allocation being recorded. ``dynamic`` is HF's ``DynamicCache``, which ``cat``s the
-    whole cache every step; it is filled up front from the config's KV shape.
+    whole cache every step; it is filled up front from the config's KV shape. With
+    ``kv_dtype`` (fp8, int8) the cache holds K/V in that dtype and quantises what is
+    written into it (:func:`quantise_on_write`).
     """
     from transformers import DynamicCache, StaticCache
 
@@ -31,10 +41,12 @@ def build_kv_cache(
         cache = StaticCache(config=config, max_cache_len=capacity)
         for layer in cache.layers:
             _allocate_unrecorded(layer, capture)
+        quantise_on_write(cache, kv_dtype)
         return cache
     kv_heads, head_dim = kv_shape(model)
-    dtype = model_param_dtype(model)
+    dtype = kv_dtype or model_param_dtype(model)
     cache = DynamicCache(config=config)
+    quantise_on_write(cache, kv_dtype)
     stage = owned_layers(model)  # a pipeline stage caches its own layers
     for index, layer in enumerate(cache.layers):
         window = getattr(layer, "sliding_window", None)
@@ -48,6 +60,29 @@ def build_kv_cache(
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length = filled
     return cache
+
+
+def quantise_on_write(cache: Any, kv_dtype: torch.dtype | None) -> None:
+    """Make every attention layer of ``cache`` store its K/V in ``kv_dtype`` (None: leave
+    the cache as it is): the new K/V are scaled and cast as they are written (a recorded
+    pointwise op), so a static layer allocates in ``kv_dtype`` on its first update and
+    returns the narrow cache to the attention. Recurrent state (conv, SSM) keeps its dtype.
+    """
+    from transformers.cache_utils import CacheLayerMixin
+
+    if kv_dtype is None:
+        return
+    for layer in cache.layers:
+        if isinstance(layer, CacheLayerMixin):  # not recurrent-only or placeholder layers
+            layer.update = _quantising(layer.update, kv_dtype)
+
+
+def _quantising(write: Callable[..., Any], kv_dtype: torch.dtype) -> Callable[..., Any]:
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        keys, values = quantise(key_states, kv_dtype), quantise(value_states, kv_dtype)
+        return write(keys, values, *args, **kw)
+
+    return update
 
 
 def _allocate_unrecorded(layer: Any, capture: Capture) -> None:
@@ -77,13 +112,14 @@ def returned_cache(output: Any) -> Any:
 
 
 def state_tensors(cache: Any, depth: int = 4) -> list[torch.Tensor]:
-    """Every floating tensor a cache object holds, at any nesting (a transformers Cache's
-    layers, a recurrent model's conv/SSM/RNN states in dicts, lists or attributes)."""
+    """Every floating (or int8 K/V) tensor a cache object holds, at any nesting (a
+    transformers Cache's layers, a recurrent model's conv/SSM/RNN states in dicts, lists or
+    attributes)."""
     found: dict[int, torch.Tensor] = {}
 
     def walk(value: Any, level: int) -> None:
         if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
+            if is_kv_storage(value):
                 found.setdefault(id(value), value)
         elif level <= 0 or isinstance(value, (str, bytes, int, float, bool, type(None))):
             return
@@ -144,3 +180,16 @@ def attention_only_static_cache(model: torch.nn.Module) -> bool:
     except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
         return False
     return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def caches_attention_kv(model: torch.nn.Module) -> bool:
+    """Whether the model's cache has an attention layer holding K/V (False: recurrent state
+    only, Mamba); True when transformers cannot size a cache for its config (unknown)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import CacheLayerMixin
+
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=1)
+    except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
+        return True
+    return any(isinstance(layer, CacheLayerMixin) for layer in cache.layers)

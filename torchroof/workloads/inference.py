@@ -14,11 +14,14 @@ import torch
 
 from torchroof.capture import Capture, OpBudgetExceeded
 from torchroof.errors import WorkloadError, first_line
-from torchroof.mla import absorbed_mla, mla_layers
+from torchroof.kv_quant import narrow_dtype
+from torchroof.mla import absorbed_mla, dequantised_latents, mla_layers
 from torchroof.records import Trace
 from torchroof.workloads.hf_cache import (
     attention_only_static_cache,
     build_kv_cache,
+    caches_attention_kv,
+    quantise_on_write,
     recurrent_only_cache,
     returned_cache,
     state_tensors,
@@ -46,6 +49,9 @@ def inference_step(model: torch.nn.Module, workload: Workload, new: int, filled:
     state (SSM, linear attention, hybrids) or a cache of their own: the context is run
     unrecorded first, so the traced step reads and updates a warm state."""
     text_config(model)  # a clear error for a module without a transformers config
+    quantised = narrow_dtype(workload.kv_dtype) is not None
+    if quantised:
+        _check_quantised_cache(model, workload)
     if getattr(model.config, "is_encoder_decoder", False):
         return _encoder_decoder_step(model, workload, new, filled)
     can_generate = getattr(model, "can_generate", lambda: True)()
@@ -69,9 +75,14 @@ def inference_step(model: torch.nn.Module, workload: Workload, new: int, filled:
             return trace
     try:
         trace = _warm_state_step(model, workload, new, filled, static=True)
-    except OpBudgetExceeded:
+    except (OpBudgetExceeded, WorkloadError):
         raise
     except Exception as error:  # noqa: BLE001 - the model refuses a StaticCache: use its own
+        if quantised:  # its own cache would hold K/V at the model's dtype
+            raise WorkloadError(
+                f"kv_dtype={workload.kv_dtype!r}: {type(model).__name__} refused the "
+                f"quantised StaticCache ({first_line(error)})"
+            ) from error
         reasons.append(f"a StaticCache was refused: {first_line(error)}")
         trace = _warm_state_step(model, workload, new, filled, static=False)
     if reasons and not trace.facts.cache_fallback:
@@ -79,18 +90,53 @@ def inference_step(model: torch.nn.Module, workload: Workload, new: int, filled:
     return trace
 
 
+def kv_label(workload: Workload) -> str:
+    """The part of a step's label that names a quantised KV cache ("" for the model's)."""
+    return "" if workload.kv_dtype == "model" else f", {workload.kv_dtype} KV cache"
+
+
+def _check_quantised_cache(model: torch.nn.Module, workload: Workload) -> None:
+    """A quantised KV cache is one torchroof builds (a StaticCache, or the DynamicCache of
+    an attention-only model), read by the attention kernel it records from SDPA or absorbed
+    MLA: a clear error for a step that would use another cache (holding K/V at the model's
+    dtype) or another attention (eager matmuls of bf16 queries by fp8 keys)."""
+    config = model.config
+    implementation = getattr(text_config(model), "_attn_implementation", "sdpa")
+    if getattr(config, "is_encoder_decoder", False):
+        why = "an encoder-decoder keeps its caches itself"
+    elif not getattr(model, "can_generate", lambda: True)():
+        why = "an encoder keeps no cache"
+    elif not caches_attention_kv(model):
+        why = "it caches no attention K/V (its state is recurrent: conv and SSM states)"
+    elif implementation != "sdpa":
+        why = (
+            f"its attention runs as {implementation!r}, not SDPA: torchroof prices a quantised "
+            "cache read by a fused attention kernel (vLLM's and TensorRT-LLM's fp8 KV cache)"
+        )
+    elif workload.cache == "dynamic" and (
+        mla_layers(model) or not attention_only_static_cache(model)
+    ):
+        why = (
+            "its dynamic cache is its own (latent or recurrent layers) and holds K/V at the "
+            "model's dtype: a quantised cache needs cache='static'"
+        )
+    else:
+        return
+    raise WorkloadError(f"kv_dtype={workload.kv_dtype!r} for {type(model).__name__}: {why}")
+
+
 @contextlib.contextmanager
 def _latent_attention(
     model: torch.nn.Module, workload: Workload, filled: int, capture: Capture, trace: Trace
 ) -> Iterator[None]:
     """A step of a latent-attention model against a filled cache (decode) runs absorbed
-    unless asked otherwise."""
-    if not filled or workload.mla != "absorbed":  # absorption pays off reading a cache
-        yield
-        return
-    with absorbed_mla(model, capture) as absorbed:
-        if absorbed:
+    unless asked otherwise; expanded, a quantised latent cache is widened before expansion."""
+    absorb = filled and workload.mla == "absorbed"  # absorption pays off reading a cache
+    with contextlib.ExitStack() as stack:
+        if absorb and stack.enter_context(absorbed_mla(model, capture)):
             trace.facts.mla = "absorbed"
+        else:  # transformers' expansion reads the latent cache at the model's dtype
+            stack.enter_context(dequantised_latents(model, narrow_dtype(workload.kv_dtype)))
         yield
 
 
@@ -102,7 +148,8 @@ def _prebuilt_cache_step(
     batch = workload.batch
     capacity = filled + new
     capture = Capture()
-    cache = build_kv_cache(model, batch, capacity, filled, workload.cache, capture)
+    kv_dtype = narrow_dtype(workload.kv_dtype)
+    cache = build_kv_cache(model, batch, capacity, filled, workload.cache, capture, kv_dtype)
     ids = token_ids(model, batch, new)
     positions = torch.arange(filled, capacity, device="meta").unsqueeze(0).expand(batch, -1)
     kwargs = forward_kwargs(model, positions, cache)
@@ -116,6 +163,8 @@ def _prebuilt_cache_step(
         raise
     except Exception as error:
         if workload.cache == "dynamic":
+            raise
+        if kv_dtype is not None:  # not silently a cache in the model's dtype
             raise
         reasons.append(f"a cache prefilled to the context was refused: {first_line(error)}")
         return None
@@ -140,8 +189,10 @@ def _warm_state_step(
 
     batch = workload.batch
     capacity = filled + new
+    kv_dtype = narrow_dtype(workload.kv_dtype)
     if static:
         cache = StaticCache(config=model.config, max_cache_len=capacity)
+        quantise_on_write(cache, kv_dtype)
     else:
         cache = recurrent_only_cache(model)  # None: the model makes its own
     capture = Capture()
@@ -165,6 +216,11 @@ def _warm_state_step(
         cache = returned_cache(out) if cache is None or not static else cache
         held = state_tensors(cache)
         capture.mark(held, "kv_cache")  # state made by this step (a prefill's, a cat's)
+    if kv_dtype is not None and not any(t.dtype == kv_dtype for t in held):
+        raise WorkloadError(
+            f"kv_dtype={workload.kv_dtype!r}: {type(model).__name__} wrote no K/V into the "
+            "quantised cache it was given (it keeps no cache, or keeps it elsewhere)"
+        )
     if filled and not held:
         return _recompute_step(model, workload, capacity)
     trace.role_bytes["kv_cache"] = storage_bytes(held)

@@ -10,6 +10,7 @@ import torch
 
 from torchroof.capture import local_shard
 from torchroof.errors import WorkloadError
+from torchroof.kv_quant import narrow_dtype
 from torchroof.mla import mla_layers
 from torchroof.parallel import KV_HEADS_PER_RANK
 
@@ -118,14 +119,15 @@ def patch_inputs(
     return {"patch_lengths": torch.full((batch, patches), size, dtype=torch.long, device="meta")}
 
 
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000).
+def kv_bytes_per_token(model: torch.nn.Module, kv_dtype: str = "model") -> int:
+    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000), s the
+    model's dtype or the cache's ``kv_dtype`` (fp8, int8: 1 B).
 
     Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and MLA
     layer instead: s · (kv_lora_rank + qk_rope_head_dim) · L_MLA.
     """
     text = text_config(model)
-    itemsize = model_param_dtype(model).itemsize
+    itemsize = (narrow_dtype(kv_dtype) or model_param_dtype(model)).itemsize
     latent = getattr(text, "kv_lora_rank", None)
     if latent:
         rope = getattr(text, "qk_rope_head_dim", 0) or 0

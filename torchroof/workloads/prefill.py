@@ -10,7 +10,7 @@ import torch
 
 from torchroof.models import model_dtype
 from torchroof.records import Trace
-from torchroof.workloads.inference import inference_step
+from torchroof.workloads.inference import inference_step, kv_label
 from torchroof.workloads.inputs import random_ids
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
@@ -27,7 +27,8 @@ def trace_prefill(models: Mapping[str, torch.nn.Module], workload: Workload) -> 
 
 
 def label(model: str, w: Workload) -> str:
-    return f"{model} prefill, batch {w.batch} x {w.seq} tokens, {w.dtype}" + plan_label(w)
+    label = f"{model} prefill, batch {w.batch} x {w.seq} tokens, {w.dtype}"
+    return label + kv_label(w) + plan_label(w)
 
 
 def real_step(

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchroof.capture import Capture, local_shard
+from torchroof.counters.optimizers import (
+    ADAM_8BIT_FLOPS,
+    ADAM_FLOPS,
+    SGD_FLOPS,
+    SGD_MOMENTUM_FLOPS,
+)
 from torchroof.errors import WorkloadError
 from torchroof.models import model_dtype
 from torchroof.records import Trace
@@ -25,14 +31,45 @@ if TYPE_CHECKING:
     from torchroof.options import Workload
 
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
-# Optimizers priced as the single fused kernel a GPU runs (FLOPs per parameter element,
-# and the number of state tensors per parameter). seed 000 "Optimizers as memory
-# workloads": Adam ~12 FLOPs, two moments; SGD one step, momentum one buffer.
-FUSED_OPTIMIZERS: dict[str, tuple[int, int]] = {
-    "adamw": (12, 2),
-    "adam": (12, 2),
-    "sgd": (2, 0),
-    "sgd-momentum": (4, 1),
+# torchao 0.18 AdamW8bit defaults (torchao/optim/adam.py, subclass_8bit.py).
+EIGHT_BIT_BLOCK = 256  # elements sharing one fp32 scale
+EIGHT_BIT_MIN_NUMEL = 4096  # smaller tensors keep full-precision moments
+
+
+@dataclass(frozen=True)
+class FusedOptimizer:
+    """An optimizer priced as the single fused kernel a GPU runs: its FLOPs per parameter
+    element and the state it keeps per parameter (seed 000 "Optimizers as memory
+    workloads": Adam ~12 FLOPs, two moments; SGD one step, momentum one buffer)."""
+
+    flops_per_element: int
+    moments: int  # state buffers per parameter
+    moment_dtype: torch.dtype | None = None  # None: the dtype of the weights it updates
+    eight_bit: bool = False  # torchao's block-quantised moments where a parameter allows
+
+    def quantises(self, param: torch.Tensor) -> bool:
+        """torchao.optim ``_new_buffer``: only tensors of >= 4096 elements that split into
+        whole blocks get 8-bit state (as bitsandbytes); the others keep full moments."""
+        numel = param.numel()
+        return self.eight_bit and numel >= EIGHT_BIT_MIN_NUMEL and numel % EIGHT_BIT_BLOCK == 0
+
+    def flops(self, param: torch.Tensor) -> int:
+        per_element = ADAM_8BIT_FLOPS if self.quantises(param) else self.flops_per_element
+        return per_element * param.numel()
+
+
+FUSED_OPTIMIZERS: dict[str, FusedOptimizer] = {
+    "adamw": FusedOptimizer(ADAM_FLOPS, 2),
+    "adam": FusedOptimizer(ADAM_FLOPS, 2),
+    "sgd": FusedOptimizer(SGD_FLOPS, 0),
+    "sgd-momentum": FusedOptimizer(SGD_MOMENTUM_FLOPS, 1),
+    # torchao.optim.AdamW8bit: each parameter's update is one torch.compile'd kernel
+    # (single_param_adam), which cannot run under capture's dispatch mode; priced as this
+    # fused step over uint8 codes + fp32 block scales (seed 000 §16 "8-bit Adam about 16 B").
+    "adamw8bit": FusedOptimizer(ADAM_FLOPS, 2, eight_bit=True),
+    # bf16 moments whatever the precision (DeepSeek-V3 technical report, "Low-Precision
+    # Storage and Communication"); with precision="mixed" the fp32 masters and grads stay.
+    "adamw-bf16-moments": FusedOptimizer(ADAM_FLOPS, 2, moment_dtype=torch.bfloat16),
 }
 # Optimizers whose torch.optim step is traced as it runs (no single fused kernel exists).
 TRACED_OPTIMIZERS = ("adafactor", "muon")
@@ -53,22 +90,43 @@ class _OptimizerState:
     params: list[torch.Tensor]
     masters: list[torch.Tensor]  # == params unless precision is mixed
     grads: list[torch.Tensor]  # what the optimizer reads (fp32 main grads when mixed)
-    states: list[list[torch.Tensor]]  # one list per state buffer kind
+    states: list[torch.Tensor]  # every state buffer of every parameter (8-bit: codes, scales)
     steps: list[torch.Tensor]
 
 
 def _allocate_state(params: list[torch.Tensor], workload: Workload) -> _OptimizerState:
     mixed = workload.precision == "mixed"
 
-    def like(p: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(p, dtype=torch.float32 if mixed else p.dtype, device="meta")
+    def like(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if dtype is None:
+            dtype = torch.float32 if mixed else p.dtype
+        return torch.empty_like(p, dtype=dtype, device="meta")
 
     masters = [like(p) for p in params] if mixed else list(params)
     grads = [like(p) for p in params] if mixed else []
-    buffers = FUSED_OPTIMIZERS.get(workload.optimizer, (0, 0))[1]
-    states = [[like(p) for p in params] for _ in range(buffers)]
+    spec = FUSED_OPTIMIZERS.get(workload.optimizer, FusedOptimizer(0, 0))
+    states = [t for m in masters for t in _moments(m, spec, like)]
     steps = [torch.ones((), dtype=torch.float32) for _ in params]
     return _OptimizerState(params, masters, grads, states, steps)
+
+
+def _moments(
+    master: torch.Tensor, spec: FusedOptimizer, like: Callable[..., torch.Tensor]
+) -> list[torch.Tensor]:
+    """The moment buffers of one parameter: 8-bit, per moment one uint8 code per element
+    and one fp32 scale per block of 256 (torchao ``OptimState8bit.zeros``); otherwise one
+    tensor per moment in ``spec.moment_dtype`` (the masters' dtype when unset)."""
+    if spec.quantises(master):
+        blocks = master.numel() // EIGHT_BIT_BLOCK
+        return [
+            t
+            for _ in range(spec.moments)
+            for t in (
+                like(master, torch.uint8),
+                torch.empty(blocks, dtype=torch.float32, device="meta"),
+            )
+        ]
+    return [like(master, spec.moment_dtype) for _ in range(spec.moments)]
 
 
 def _fused_step(
@@ -76,18 +134,19 @@ def _fused_step(
 ) -> None:
     """One fused kernel over every parameter this rank holds: reads weights, ``grads`` and
     state once, writes weights and state once (and the bf16 weights from the fp32 masters
-    when mixed)."""
-    flops, _ = FUSED_OPTIMIZERS[workload.optimizer]
+    when mixed). Its FLOPs are each parameter's: 8-bit Adam's dequantise/requantise work
+    only where the moments are quantised."""
+    spec = FUSED_OPTIMIZERS[workload.optimizer]
     mixed = workload.precision == "mixed"
     capture.record_synthetic(
         "torchroof.fused_optimizer_step.default",
         {
             "params": state.masters,
             "grads": grads,
-            "states": [t for kind in state.states for t in kind],
+            "states": state.states,
             "params_out": state.params if mixed else [],
         },
-        {"optimizer": workload.optimizer, "flops_per_element": flops},
+        {"optimizer": workload.optimizer, "flops": sum(spec.flops(p) for p in state.masters)},
         phase="optimizer",
     )
 
@@ -190,7 +249,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
         capture.mark(
             state.masters, "optimizer_state" if workload.precision == "mixed" else "weights"
         )
-        capture.mark([t for kind in state.states for t in kind], "optimizer_state")
+        capture.mark(state.states, "optimizer_state")
         capture.mark(state.grads, "gradients")
         if opt is not None:
             capture.mark(

@@ -1,0 +1,234 @@
+"""Quantised linear layers (issue 15): torchao's recipes applied to the real model on meta,
+the dequantising prologue and the two-pass tensorwise scale in the fused policy, the
+recipe checks, and the seed's claims about narrowing the datatype (seed 000 Table 1 and
+"decode is a GEMV")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PARALLEL_LLAMA
+from torchroof.hardware import UnsupportedDtypeError, get
+
+import torchroof
+from torchroof.errors import WorkloadError
+from torchroof.fusion import build_kernels
+from torchroof.options import PricingOptions, Workload
+from torchroof.quantize import QUANTS, RECIPES, float8_training, quantize_model
+
+# Llama-3-8B (torchroof/configs/llama-3-8b.json): d = 4096, 32 layers, 32 query and 8 KV heads
+# of 128, MLP 14336, vocabulary 128256.
+# Decoder linear parameters per layer: q 4096·4096 + k 1024·4096 + v 1024·4096 + o 4096·4096
+# + gate, up, down 3 · 14336·4096 = 41,943,040 + 176,160,768 = 218,103,808; x 32 layers:
+LINEAR_PARAMS = 32 * 218_103_808  # 6,979,321,856
+HEAD_PARAMS = 128_256 * 4096  # 525,336,576, kept in bf16
+NORM_BYTES = (2 * 32 + 1) * 4096 * 2  # 65 RMSNorm weights in bf16: 532,480
+EMBED_ROW_BYTES = 4096 * 2  # the one embedding row a batch-1 decode step gathers
+# Output channels per layer (torchao int8 keeps one fp32 scale per output channel):
+# q 4096 + k 1024 + v 1024 + o 4096 + gate 14336 + up 14336 + down 4096 = 43,008.
+CHANNELS = 32 * 43_008
+
+
+@pytest.fixture(scope="module")
+def decode_8b():
+    """Llama-3-8B decode at batch 1, context 128 (little KV), per recipe, on an H100."""
+    cache: dict[str, torchroof.Estimate] = {}
+
+    def get_estimate(quant: str) -> torchroof.Estimate:
+        if quant not in cache:
+            cache[quant] = torchroof.estimate(
+                "llama-3-8b", "decode", batch=1, context=128, quant=quant, hardware="h100-sxm"
+            )
+        return cache[quant]
+
+    return get_estimate
+
+
+def test_fp8_decode_reads_half_the_decoder_weights(decode_8b):
+    bf16, fp8 = decode_8b("none"), decode_8b("fp8")
+    head = 2 * HEAD_PARAMS
+    # bf16: every weight at 2 B, plus the norms and one embedding row.
+    assert bf16.weight_bytes_read == 2 * LINEAR_PARAMS + head + NORM_BYTES + EMBED_ROW_BYTES
+    # fp8: decoder linears at 1 B plus one fp32 per-tensor scale each (224 x 4 B); the head
+    # stays bf16: 6,979,321,856 + 896 + 1,050,673,152 + 532,480 + 8,192 = 8,030,536,576.
+    assert fp8.weight_bytes_read == LINEAR_PARAMS + 224 * 4 + head + NORM_BYTES + EMBED_ROW_BYTES
+    assert fp8.memory.weights_bytes < 0.57 * bf16.memory.weights_bytes
+
+
+def test_int8_and_int4_weights_read_at_their_stored_width(decode_8b):
+    head = 2 * HEAD_PARAMS
+    int8 = decode_8b("int8-weight")
+    # int8 codes (1 B) + one fp32 scale per output channel: 6,979,321,856 + 5,505,024.
+    assert int8.weight_bytes_read == (
+        LINEAR_PARAMS + 4 * CHANNELS + head + NORM_BYTES + EMBED_ROW_BYTES
+    )
+    int4 = decode_8b("int4-weight")
+    # two codes per byte + a bf16 scale and zero (4 B) per group of 128 along K:
+    # 3,489,660,928 + 218,103,808 = 3,707,764,736 (about a quarter of bf16, plus scales).
+    assert int4.weight_bytes_read == (
+        LINEAR_PARAMS // 2 + LINEAR_PARAMS // 128 * 4 + head + NORM_BYTES + EMBED_ROW_BYTES
+    )
+    # Decode is a GEMV (seed 000): memory-bound, so time follows the bytes.
+    bf16 = decode_8b("none")
+    assert int4.time_s / bf16.time_s == pytest.approx(int4.bytes / bf16.bytes, rel=0.01)
+
+
+def test_weight_only_dequantisation_is_inside_the_gemm(decode_8b):
+    """The fused policy folds torchao's int8 -> bf16 widening into the matmul: no kernel
+    writes a bf16 copy of a weight; eager launches the widening on its own."""
+    int8 = decode_8b("int8-weight")
+    up = [k for k in int8.kernels if k.module == "model.layers.0.mlp.up_proj"]
+    gemm = next(k for k in up if k.unit == "tensor")
+    # the int8 codes; torchao applies the per-channel scale after the product (a kernel of
+    # its own unless epilogue=True)
+    assert gemm.read_by["weights"] == 14336 * 4096
+    assert all(k.written_by.get("activations", 0) < 14336 * 4096 for k in up)
+
+
+def test_eager_runs_the_widening_as_its_own_kernel(tiny_llama):
+    quantize_model(tiny_llama, "int8-weight", trains=False)
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    with torch.no_grad(), torchroof.trace() as t:
+        tiny_llama(ids)
+    eager, _ = build_kernels(t.ops, PricingOptions(fusion="eager"), t.roles)
+    fused, _ = build_kernels(t.ops, PricingOptions(fusion="fused"), t.roles)
+    # SMALL: hidden 128, MLP 256: up_proj's int8 weight is 256 x 128 = 32,768 B; widened to
+    # bf16 it is 65,536 B, written by a cast kernel under eager only.
+    widen = [
+        k for k in eager if k.module.endswith("layers.0.mlp.up_proj") and k.cost.unit != "tensor"
+    ]
+    assert any(k.cost.bytes_written == 65_536 for k in widen)
+    gemm = next(
+        k for k in fused if k.module.endswith("layers.0.mlp.up_proj") and k.cost.unit == "tensor"
+    )
+    assert {op.name.split(".")[1] for op in gemm.ops} >= {"_to_copy", "mm"}
+    # reads: int8 weight 32,768 + x (4 tokens x 128 x 2 B = 1,024); writes 4 x 256 x 2 B.
+    assert gemm.cost.bytes_read == 32_768 + 1_024
+    assert gemm.cost.bytes_written == 2_048
+
+
+def test_fp8_does_not_lower_the_decode_ridge_batch(decode_8b):
+    """seed 000: B* = s·I*/2, and narrowing the datatype scales s and pi together. bf16 on
+    an H100: I* = 989.4 / 3.35 = 295.3, s = 2: B* = 295. fp8: I* = 1978.9 / 3.35 = 590.7,
+    s = 1: B* = 295 for the decoder's GEMMs; the bf16 LM head pulls the whole step's weight
+    intensity to 2·(6,979,321,856 + 525,336,576) / 8,030,536,576 = 1.869 FLOP/B, so
+    B* = 590.7 / 1.869 = 316. Weight-only int8 halves s but not pi: B* falls to ~158."""
+    bf16, fp8, int8 = decode_8b("none"), decode_8b("fp8"), decode_8b("int8-weight")
+    assert bf16.ridge_batch == pytest.approx(295.35, rel=1e-3)
+    weight_flops = 2 * (LINEAR_PARAMS + HEAD_PARAMS)
+    ridge_fp8 = 1978.9e12 / 3.35e12
+    assert fp8.ridge_batch == pytest.approx(ridge_fp8 / (weight_flops / fp8.weight_bytes_read))
+    assert fp8.ridge_batch == pytest.approx(316.05, rel=1e-3)
+    assert int8.ridge_batch == pytest.approx(bf16.ridge_batch / 1.87, rel=0.01)
+
+
+def _float8_linear_kernels(recipe: str, m: int, k: int, n: int) -> list:
+    linear = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False, device="meta"))
+    linear = linear.to(torch.bfloat16)
+    float8_training(linear, recipe)
+    x = torch.empty(m, k, device="meta", dtype=torch.bfloat16)
+    with torch.no_grad(), torchroof.trace() as t:
+        linear(x)
+    kernels, _ = build_kernels(t.ops, PricingOptions(fusion="fused"), t.roles)
+    return [kernel for kernel in kernels if kernel.cost.bytes or kernel.cost.flops]
+
+
+def test_float8_tensorwise_reads_each_operand_twice():
+    """torchao's tensorwise scaling of y = x W^T (x [M, K], W [N, K], bf16): an amax of the
+    whole tensor (a scalar: no block holds it, so Inductor splits the reduction and the
+    cast that needs it reads the tensor again), then the cast to fp8, then _scaled_mm:
+      amax(x) 2MK, cast(x) 2MK + MK, amax(W) 2NK, cast(W) 2NK + NK,
+      _scaled_mm MK + NK + 2 scales (8 B) read, 2MN written.
+    Against the bf16 GEMM (2MK + 2NK + 2MN) that is 4MK + 4NK more (plus the scalars)."""
+    m, k, n = 512, 1024, 2048
+    kernels = _float8_linear_kernels("tensorwise", m, k, n)
+    total = sum(kernel.cost.bytes for kernel in kernels)
+    scalars = sum(kernel.cost.bytes for kernel in kernels if kernel.cost.bytes < 64)
+    expected = 2 * m * k + 3 * m * k + 2 * n * k + 3 * n * k + (m * k + n * k + 8) + 2 * m * n
+    assert total - scalars == pytest.approx(expected, abs=64)
+    extra = total - (2 * m * k + 2 * n * k + 2 * m * n)
+    assert extra == pytest.approx(4 * m * k + 4 * n * k, abs=96)
+    gemm = next(kernel for kernel in kernels if kernel.cost.unit == "tensor")
+    assert gemm.cost.dtype == "float8_e4m3fn" and gemm.cost.flops == 2 * m * n * k
+
+
+def test_float8_rowwise_scales_in_one_pass_per_row():
+    """Rowwise scaling: an amax per row of x (K = 1024 elements, on chip) fuses with the
+    cast, one pass over x: 2MK read + MK written + M fp32 scales; the weight's amax runs down
+    its columns (one per output channel) and is a split reduction of its own, then its cast."""
+    m, k, n = 512, 1024, 2048
+    kernels = _float8_linear_kernels("rowwise", m, k, n)
+    x_cast = [kernel for kernel in kernels if kernel.cost.bytes_read == 2 * m * k]
+    assert x_cast and x_cast[0].cost.bytes_written == m * k + 4 * m
+
+
+def test_fp8_training_keeps_the_work_and_runs_it_on_fp8_tensor_cores(meta_lm):
+    """Float8 changes the bytes and the ceiling, never W of the GEMMs (DESIGN rule 6)."""
+    counts = {}
+    for quant in ("none", "fp8"):
+        model = meta_lm("llama", num_hidden_layers=1)
+        workload = Workload(regime="train", batch=1, seq=64, quant=quant)
+        trace = torchroof.trace_workload(model, workload)
+        est = trace.estimate("h100-sxm")
+        counts[quant] = {
+            k.dtype: sum(x.flops for x in est.kernels if x.unit == "tensor" and x.dtype == k.dtype)
+            for k in est.kernels
+            if k.unit == "tensor"
+        }
+    # The decoder's 7 linear layers move from bf16 to fp8 (e4m3 forward, e5m2 gradients);
+    # the LM head stays bf16; the total tensor FLOPs are unchanged.
+    assert sum(counts["none"].values()) == sum(counts["fp8"].values())
+    assert set(counts["fp8"]) >= {"float8_e4m3fn", "bfloat16"}
+
+
+def test_recipes_and_their_errors():
+    assert QUANTS[0] == "none" and set(QUANTS[1:]) == set(RECIPES)
+    with pytest.raises(WorkloadError, match="serving recipe"):
+        Workload(regime="train", quant="int4-weight")
+    with pytest.raises(WorkloadError, match="training step keeps no KV cache"):
+        Workload(regime="train", kv_dtype="fp8")
+    with pytest.raises(WorkloadError, match="tp=2"):
+        Workload(regime="decode", quant="int8-weight", tp=2)
+    with pytest.raises(WorkloadError, match="unknown quant"):
+        Workload(regime="decode", quant="int3")
+    Workload(regime="train", quant="fp8", tp=2)  # Float8 training layers do shard
+
+
+def test_a_part_without_the_format_is_refused_before_tracing():
+    with pytest.raises(UnsupportedDtypeError, match="fp8 tensor cores.*A100"):
+        torchroof.estimate("llama-3-8b", "decode", quant="fp8", hardware="a100-sxm")
+    with pytest.raises(UnsupportedDtypeError, match="fp4 tensor cores.*H100"):
+        torchroof.estimate("llama-3-8b", "decode", quant="nvfp4", hardware="h100-sxm")
+    assert "fp4" in get("b200").tensor_flops_per_s
+
+
+def test_a_saved_quantised_trace_is_refused_on_a_part_without_the_format(tmp_path, meta_lm):
+    # hidden 256: a 128 x 128 weight's per-tensor scale would look like torchao's 128 x 128
+    # block scale (both one element) and torchao then asks for 1 x 128 activation scales
+    model = meta_lm("llama", **PARALLEL_LLAMA)
+    trace = torchroof.trace_workload(model, Workload(regime="decode", context=16, quant="fp8"))
+    path = tmp_path / "fp8.json"
+    trace.save(path)
+    loaded = torchroof.Trace.load(path)
+    assert loaded.estimate("h100-sxm").time_s == pytest.approx(trace.estimate("h100-sxm").time_s)
+    with pytest.raises(UnsupportedDtypeError, match="fp8"):
+        loaded.estimate("a100-sxm")
+
+
+def test_compare_varies_the_recipe_in_one_table(meta_lm):
+    from torchroof.compare import compare
+
+    result = compare(
+        meta_lm("llama", **PARALLEL_LLAMA),
+        {"quant": ["none", "fp8", "int4-weight"]},
+        regime="decode",
+        hardware="h100-sxm",
+        context=64,
+    )
+    weights = [variant.estimate.weight_bytes_read for variant in result.variants]
+    # PARALLEL_LLAMA: hidden 256, MLP 512, 2 KV heads of 64, 2 layers: linears per layer
+    # 256·256 + 2·128·256 + 256·256 + 3·512·256 = 589,824 params. bf16 2 B; fp8 1 B plus a
+    # 4 B scale per linear (7 per layer); int4 0.5 B + 4 B per group of 128.
+    linear = 2 * 589_824
+    assert weights[0] - weights[1] == 2 * linear - (linear + 2 * 7 * 4)
+    assert weights[0] - weights[2] == 2 * linear - (linear // 2 + linear // 128 * 4)

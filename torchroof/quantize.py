@@ -1,0 +1,257 @@
+"""Quantised linear layers (issue 15): the recipes people train and serve with, applied to the
+real model before it is traced, so the trace holds the kernels a GPU launches for them.
+
+seed 000 Table 1: narrowing the datatype doubles pi and leaves beta alone, so it moves the
+ridge; for decode, "narrowing the datatype scales s and pi together", so B* does not move.
+
+Each recipe is the library people use where it runs on meta (torchao 0.18):
+
+- ``fp8`` / ``fp8-rowwise``: a training step runs torchao's ``convert_to_float8_training``
+  (tensorwise or rowwise dynamic scaling: the amax reductions, scale computation and casts,
+  and ``_scaled_mm`` on the fp8 tensor cores with a bf16 output); a serving step runs
+  torchao's ``Float8DynamicActivationFloat8WeightConfig`` (per-tensor or per-row
+  granularity: fp8 weights, each activation quantised by an amax and a cast, then
+  ``_scaled_mm``). torchao refuses the serving config without a CUDA device of compute
+  capability 8.9; torchroof prices a chosen accelerator, so that check is replaced by its
+  own (:func:`check_hardware`).
+- ``int8-weight`` / ``fp8-weight``: torchao's ``Int8WeightOnlyConfig`` /
+  ``Float8WeightOnlyConfig`` (per-channel scales). On meta torchao dequantises the weight and
+  runs a bf16 matmul; the fused policy folds that dequantisation into the matmul
+  (:mod:`torchroof.fusion`, the mixed-input GEMM of gpt-fast, Marlin, TensorRT-LLM), so the
+  weight is read at its stored width.
+- ``int4-weight``, ``mxfp4-weight``, ``nvfp4``: torchao's kernels for these need packages or
+  GPUs that are not here (``Int4WeightOnlyConfig`` needs mslk; NVFP4's activation
+  quantisation needs triton; MXFP4's fp4 ``_scaled_mm`` meta check rejects the packed
+  scales), so the same kernels are registered ops priced by a rule
+  (:mod:`torchroof.packed_weights`).
+
+Linear layers inside the decoder are quantised; the LM head and embeddings keep the model's
+dtype (torchtitan's Float8 filter and TensorRT-LLM's default), and so do MoE experts held as
+3-D grouped-GEMM weights (not ``nn.Linear``), said in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchroof.errors import WorkloadError
+
+KV_DTYPES = ("model", "fp8", "int8")
+KV_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One quantisation recipe: whether a training or a serving step can use it, the tensor
+    core its GEMMs run on (a spec key: ``fp8``, ``fp4``; ``""`` for weight-only recipes,
+    which compute in the model's dtype), and what it does, for the report."""
+
+    name: str
+    trains: bool
+    serves: bool
+    tensor_dtype: str
+    describe: str
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "fp8",
+            True,
+            True,
+            "fp8",
+            "fp8 e4m3 GEMMs with per-tensor dynamic scales (torchao Float8, tensorwise)",
+        ),
+        Recipe(
+            "fp8-rowwise",
+            True,
+            True,
+            "fp8",
+            "fp8 e4m3 GEMMs with per-row dynamic scales (torchao Float8, rowwise)",
+        ),
+        Recipe(
+            "int8-weight",
+            False,
+            True,
+            "",
+            "int8 weights with per-channel scales, dequantised inside the GEMM "
+            "(torchao Int8WeightOnlyConfig)",
+        ),
+        Recipe(
+            "fp8-weight",
+            False,
+            True,
+            "",
+            "fp8 e4m3 weights with per-channel scales, dequantised inside the GEMM "
+            "(torchao Float8WeightOnlyConfig)",
+        ),
+        Recipe(
+            "int4-weight",
+            False,
+            True,
+            "",
+            "int4 weights packed two per byte, bf16 scale and zero per group of 128, "
+            "dequantised inside the GEMM (registered op: torchao's int4 kernel needs mslk)",
+        ),
+        Recipe(
+            "mxfp4-weight",
+            False,
+            True,
+            "",
+            "MXFP4 weights (e2m1 packed two per byte, one e8m0 scale per 32), dequantised "
+            "inside the GEMM (registered op)",
+        ),
+        Recipe(
+            "nvfp4",
+            False,
+            True,
+            "fp4",
+            "NVFP4 weights and activations (e2m1, one e4m3 scale per 16 and an fp32 tensor "
+            "scale) on fp4 tensor cores (registered ops: torchao's kernel needs triton)",
+        ),
+    )
+}
+QUANTS: tuple[str, ...] = ("none", *RECIPES)
+
+
+def check_recipe(quant: str, trains: bool, kv_dtype: str, tp: int = 1) -> None:
+    """A recipe the step can use; a quantised KV cache only where a step keeps one. A
+    serving recipe quantises whole weights before the tensor-parallel plan shards them,
+    which torchao's serving tensors and the packed ops do not support (no sharding rules):
+    refused with tp > 1 (torchao's Float8 training layers do shard: their amax becomes an
+    all-reduce)."""
+    recipe = RECIPES.get(quant)
+    if recipe is not None and tp > 1 and not trains:
+        raise WorkloadError(
+            f"quant={quant!r} with tp={tp}: a serving step's quantised weights cannot yet be "
+            "sharded by the tensor-parallel plan (torchao's serving tensors and torchroof's "
+            "packed ops have no DTensor sharding rules); price one rank's share with tp=1 "
+            "and a model config divided by tp, or use quant with a training step"
+        )
+    if recipe is not None and trains and not recipe.trains:
+        training = ", ".join(r.name for r in RECIPES.values() if r.trains)
+        raise WorkloadError(
+            f"quant={quant!r} is a serving recipe (weights stored narrow, no gradients "
+            f"through them); a training step takes {training}"
+        )
+    if kv_dtype != "model" and trains:
+        raise WorkloadError(
+            f"kv_dtype={kv_dtype!r}: a training step keeps no KV cache (prefill and decode do)"
+        )
+
+
+def check_hardware(quant: str, tensor_flops: dict[str, Any], display_name: str) -> None:
+    """A clear error before tracing when the accelerator has no tensor cores for the
+    recipe's GEMMs (fp8 on an A100, fp4 on an H100)."""
+    recipe = RECIPES.get(quant)
+    if recipe is None or not recipe.tensor_dtype or recipe.tensor_dtype in tensor_flops:
+        return
+    from torchroof.hardware import UnsupportedDtypeError
+
+    weight_only = ", ".join(r.name for r in RECIPES.values() if not r.tensor_dtype)
+    raise UnsupportedDtypeError(
+        f"quant={quant!r} runs its GEMMs on {recipe.tensor_dtype} tensor cores, which the "
+        f"{display_name} does not have (it has: {', '.join(sorted(tensor_flops))}); "
+        f"weight-only recipes compute in the model's dtype there: {weight_only}"
+    )
+
+
+# -- applying a recipe ----------------------------------------------------------------------
+
+
+def _decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
+    """Linear layers inside the decoder, not the LM head or an embedding projection; their
+    dimensions multiples of 16 (the fp8 and fp4 GEMMs' alignment, torchtitan's filter)."""
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    leaf = fqn.rsplit(".", 1)[-1]
+    if leaf in ("lm_head", "output", "embed_out") or "embed" in leaf:
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """torchao logs at import about the CUDA extensions a CPU build cannot load, and torch
+    about the enums it registers; neither concerns a trace on meta."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def float8_training(model: torch.nn.Module, recipe: str) -> None:
+    """torchao's Float8 training layers (``tensorwise`` or ``rowwise`` scaling) in place of
+    the decoder's linear layers of ``model``."""
+    with quiet_imports():
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        convert_to_float8_training(model, config=config, module_filter_fn=_decoder_linear)
+
+
+def _torchao_serving(model: torch.nn.Module, quant: str) -> None:
+    import torchao.quantization.quant_api as quant_api
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Float8WeightOnlyConfig,
+        Int8WeightOnlyConfig,
+        PerRow,
+        PerTensor,
+        quantize_,
+    )
+
+    configs: dict[str, Callable[[], Any]] = {
+        "fp8": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerTensor()),
+        "fp8-rowwise": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+        "int8-weight": Int8WeightOnlyConfig,
+        "fp8-weight": Float8WeightOnlyConfig,
+    }
+    original = quant_api._check_hardware_support
+    # torchao asks for a local CUDA device of capability >= 8.9; the accelerator priced is
+    # checked by check_hardware instead.
+    quant_api._check_hardware_support = lambda *_: None
+    try:
+        quantize_(model, configs[quant](), filter_fn=_decoder_linear)
+    finally:
+        quant_api._check_hardware_support = original
+
+
+def quantize_model(model: torch.nn.Module, quant: str, trains: bool) -> int:
+    """Apply ``quant`` to the decoder's linear layers of ``model`` (on meta, in place);
+    returns how many layers it changed. ``none`` changes nothing."""
+    if quant == "none":
+        return 0
+    targets = [fqn for fqn, m in model.named_modules() if _decoder_linear(m, fqn)]
+    if not targets:
+        raise WorkloadError(
+            f"quant={quant!r}: {type(model).__name__} has no linear layer inside its decoder "
+            "with dimensions that are multiples of 16 to quantise"
+        )
+    with quiet_imports():
+        if quant in ("int4-weight", "mxfp4-weight", "nvfp4"):
+            from torchroof.packed_weights import apply_packed_weights
+
+            apply_packed_weights(model, quant, _decoder_linear)
+        elif trains:
+            float8_training(model, "tensorwise" if quant == "fp8" else "rowwise")
+        else:
+            _torchao_serving(model, quant)
+    return len(targets)
+
+
+def kv_torch_dtype(kv_dtype: str) -> torch.dtype | None:
+    """The cache's storage dtype for ``kv_dtype`` (None: the model's own)."""
+    return KV_TORCH_DTYPES.get(kv_dtype)
