@@ -147,12 +147,12 @@ QUANT_TP = (
     "(the quantised weights have no DTensor sharding rules)"
 )
 MOE_EXPERTS = (
-    "Mixtral's int8 covers the stacked expert weights; torchroof leaves 3-D expert weights "
-    "in bf16 (~93 GB: would not fit one 80 GB A100)"
+    "gpt-fast's int8 covers the stacked expert weights, and so does torchroof's "
+    "(torchroof/packed_experts.py: one grouped GEMM per projection reads the int8 codes)"
 )
 MOE_TP_BASELINE = (
-    "bf16 baseline of a TP 2 pair whose int8 run is refused (quant with tp > 1, experts "
-    "not quantised); a bf16 TP decode is multi_gpu_validation's kind of run"
+    "bf16 baseline of a TP 2 pair whose int8 run is refused (quant with tp > 1); a bf16 "
+    "TP decode is multi_gpu_validation's kind of run"
 )
 
 
@@ -213,10 +213,9 @@ def choose(run: dict[str, Any]) -> Choice | str:
         return SPEEDUP_ONLY
     if rid.startswith("torchao-vllm-"):
         return VLLM
-    if "mixtral" in (run["model"]["torchroof_config"] or ""):
-        if par["tp"] > 1:
-            return QUANT_TP if run["quant"] != "none" else MOE_TP_BASELINE
-        return MOE_EXPERTS
+    moe = "mixtral" in (run["model"]["torchroof_config"] or "")
+    if moe and par["tp"] > 1:
+        return QUANT_TP if run["quant"] != "none" else MOE_TP_BASELINE
     if par["tp"] > 1 and run["quant"] != "none":
         return QUANT_TP
     if run["gpu_count"] > 1 and run["regime"] != "train":
@@ -236,7 +235,7 @@ def choose(run: dict[str, Any]) -> Choice | str:
         return Choice("train", cluster, model, overrides, _join(TRAIN, gpu, gather))
     if rid.startswith(("gptfast-", "torchao-")):
         where = GPT_FAST_A100 if rid.startswith("gptfast-") else TORCHAO_GPU
-        note = _join(model_note, GENERATE, where, *quant_notes)
+        note = _join(model_note, GENERATE, where, *quant_notes, MOE_EXPERTS if moe else "")
         return Choice("generate", run["hardware"], model, overrides, note)
     if not rid.startswith("trtllm"):
         raise ValueError(f"{rid}: no rule for this source")

@@ -232,3 +232,88 @@ def test_compare_varies_the_recipe_in_one_table(meta_lm):
     linear = 2 * 589_824
     assert weights[0] - weights[1] == 2 * linear - (linear + 2 * 7 * 4)
     assert weights[0] - weights[2] == 2 * linear - (linear // 2 + linear // 128 * 4)
+
+
+def test_layers_that_do_not_fit_the_groups_keep_the_model_dtype_and_are_named():
+    """int4's scale groups are 128 along K: a 576-wide model (SmolLM's shape) has q, k, v
+    and gate/up projections with in_features 576 = 4.5 x 128, left in bf16; down_proj
+    (in_features 1536 = 12 x 128) is quantised."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=2,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=1024,
+    )
+    est = torchroof.estimate(config, "decode", context=64, quant="int4-weight")
+    line = next(a for a in est.assumptions if a.startswith("quantised:"))
+    # per layer: q, k, v, o (in 576) and gate, up (in 576) skipped = 6; x 2 layers = 12
+    assert "12 left in the model's dtype" in line and "multiple of 128" in line
+    packed = [k for k in est.kernels if "int4_weight_mm" in k.name]
+    assert len(packed) == 2  # the two down_proj layers
+
+
+def test_latent_attention_decodes_with_a_serving_recipe(meta_lm):
+    """Absorbed MLA reads kv_b_proj's weight directly, so the recipes leave it wide; the
+    other projections are quantised (DeepSeek-V3's shapes, 2 layers)."""
+    from torchroof.models import load_config
+
+    config = load_config("deepseek-v3")
+    config.num_hidden_layers, config.first_k_dense_replace = 2, 1
+    est = torchroof.estimate(config, "decode", context=256, quant="int8-weight")
+    kv_b = [k for k in est.kernels if k.module.endswith("kv_b_proj")]
+    assert all(k.dtype == "bfloat16" for k in kv_b)
+    q_b = [k for k in est.kernels if k.module.endswith("q_b_proj") and k.unit == "tensor"]
+    # q_b_proj: 1536 -> 128 heads x 192 = 24,576 outputs, int8: 1 B per weight
+    assert q_b and q_b[0].read_by["weights"] == 1536 * 24_576
+
+
+def test_compare_refuses_a_recipe_the_part_cannot_run_before_tracing(monkeypatch, meta_lm):
+    import torchroof.compare as compare_module
+
+    def no_tracing(*_, **__):
+        raise AssertionError("traced before the hardware was checked")
+
+    monkeypatch.setattr(compare_module, "_trace", no_tracing)
+    with pytest.raises(UnsupportedDtypeError, match="fp8 tensor cores"):
+        compare_module.compare(
+            meta_lm("llama", **PARALLEL_LLAMA),
+            {"quant": ["none", "fp8"]},
+            regime="decode",
+            hardware="a100-sxm",
+        )
+
+
+def test_moe_experts_are_packed_and_read_at_their_stored_width():
+    """Mixtral-8x7B decode at batch 1: top-2 routing sends S = 2 rows, which reach 2 of the
+    8 experts (balanced routing, as for _grouped_mm). int8 gate_up codes [8, 28672, 4096]
+    at 1 B: 939,524,096 B, of which 2/8 are read = 234,881,024, plus the fp32 per-channel
+    scales [8, 28672] x 2/8 = 229,376 B."""
+    est = torchroof.estimate(
+        "mixtral-8x7b", "decode", batch=1, context=128, quant="int8-weight", hardware="h100-sxm"
+    )
+    grouped = [k for k in est.kernels if "packed_grouped_mm" in k.name]
+    assert len(grouped) == 2 * 32  # gate_up and down in each of 32 layers
+    gate_up = grouped[0]
+    assert gate_up.read_by["weights"] == 234_881_024 + 229_376
+    assert gate_up.flops == 2 * 2 * 28_672 * 4096 and gate_up.dtype == "bfloat16"
+    # 45.1 G expert parameters at 1 B instead of 2: the weights held fall from 93.4 to 47.0 GB
+    assert est.memory.weights_bytes == pytest.approx(47.0e9, rel=0.01)
+    line = next(a for a in est.assumptions if a.startswith("quantised:"))
+    assert "64 3-D MoE expert weights" in line
+
+
+def test_experts_sharded_by_ep_keep_their_dtype_and_say_so(meta_lm):
+    from torchroof.models import load_config
+
+    config = load_config("mixtral-8x7b")
+    config.num_hidden_layers = 1
+    est = torchroof.estimate(
+        config, "decode", context=64, quant="fp8", ep=2, dp=2, hardware="dgx-h100"
+    )
+    assert not [k for k in est.kernels if "packed_grouped_mm" in k.name]
+    line = next(a for a in est.assumptions if a.startswith("quantised:"))
+    assert "MoE experts kept in the model's dtype: ep=2" in line

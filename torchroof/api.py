@@ -141,9 +141,18 @@ def estimate(
     spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
     quant = workload_knobs.get("quant", workload.quant if workload else "none")
-    check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)  # before tracing
+    check_quant_hardware(quant, spec)  # before tracing
     trace = trace_model(model, regime, workload=workload, **workload_knobs)
     return estimate_trace(trace, cluster or spec, pricing)
+
+
+def check_quant_hardware(
+    quant: str, hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm"
+) -> None:
+    """Refuse, before anything is traced, a recipe whose GEMMs need tensor cores the
+    accelerator lacks (fp8 on an A100, fp4 on an H100)."""
+    spec, _ = resolve_hardware(hardware)
+    check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)
 
 
 class ModelTraceError(ValueError):

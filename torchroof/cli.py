@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from tabulate import tabulate
 
-from torchroof.api import Trace, trace_workload
+from torchroof.api import Trace, check_quant_hardware, trace_workload
 from torchroof.capture import OpBudgetExceeded
 from torchroof.compare import SWEEP_KEYS
 from torchroof.errors import OptionError
@@ -29,7 +29,7 @@ from torchroof.hardware import (
 )
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
 from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
-from torchroof.pipeline import estimate_trace, resolve_hardware
+from torchroof.pipeline import estimate_trace
 from torchroof.pp_step import NOT_SAVED
 from torchroof.render_files import SWEEP_OUTPUTS, output_format, sweep_output, write, write_sweep
 from torchroof.workloads import regime
@@ -362,7 +362,7 @@ def _estimate(args: argparse.Namespace) -> None:
         label = f"trace {args.from_trace}"
     else:
         workload = Workload(**from_flags(args, Workload))
-        resolve_hardware(args.hardware)  # a bad name fails before tracing
+        check_quant_hardware(workload.quant, args.hardware)  # a bad name fails before tracing
         if args.save_trace and workload.pp > 1:
             raise OptionError(NOT_SAVED)
         trace = trace_workload(args.model, workload)

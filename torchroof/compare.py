@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from torchroof import analysis
-from torchroof.api import estimate, trace_model
+from torchroof.api import check_quant_hardware, estimate, trace_model
 from torchroof.options import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.pipeline import estimate_trace
 from torchroof.render_files import write_sweep_csv
@@ -96,6 +96,12 @@ def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparis
         raise ValueError("nothing to vary: give at least one key with its values")
     variants: list[Variant] = []
     traces: dict[str, Any] = {}  # variants that differ only in pricing share one trace
+    for key, values in vary.items():  # a recipe a part cannot run fails before any tracing
+        for value in values:
+            settings = {**base, key: value}
+            check_quant_hardware(
+                settings.get("quant", "none"), settings.get("hardware", "h100-sxm")
+            )
     for key, values in vary.items():
         if not values:
             raise ValueError(f"{key}: no values to compare")

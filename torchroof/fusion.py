@@ -251,7 +251,12 @@ def _group_ops(
             chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
             if chosen is not None:
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
-        if chosen is None and options.fusion == "fused" and kind_of(op.packet) == "matmul":
+        if (
+            chosen is None
+            and options.fusion == "fused"
+            and options.dequantise_in_gemm
+            and kind_of(op.packet) == "matmul"
+        ):
             chosen = _dequantising_prologue(i, ops, groups, group_of, last_writer)
             if chosen is not None:
                 groups[chosen].kind = "epilogue" if options.epilogue else "anchor"
@@ -287,11 +292,14 @@ def _dequantising_prologue(
 ) -> int | None:
     """The group that widens a narrow weight into matmul ``i``'s operand, which the matmul
     absorbs as its prologue: the weight is read at its stored width and never written wide
-    (weight-only int8 / fp8, torchroof.quantize). Inductor does this in its Triton GEMM
-    templates (prologue fusion) and in the decomposed M = 1 GEMV; serving stacks run a
-    mixed-input GEMM (gpt-fast, Marlin, TensorRT-LLM). A group qualifies when its members
-    are elementwise casts and arithmetic of one phase, it reads a tensor of a narrow dtype,
-    and nothing else has read its output yet."""
+    (weight-only int8 / fp8, torchroof.quantize). Inductor does this only in its Triton GEMM
+    templates (max-autotune's prologue fusion) and in the M = 1 GEMV it decomposes under
+    coordinate-descent tuning (gpt-fast's and torchao's settings); by default it launches a
+    cast that writes the wide weight and a library GEMM that reads it (the referee's
+    ``int8_weight_only_linear`` case; ``dequantise_in_gemm=False`` prices that). Serving
+    stacks run a mixed-input GEMM (Marlin, Machete, TensorRT-LLM). A group qualifies when
+    its members are elementwise casts and arithmetic of one phase, it reads a tensor of a
+    narrow dtype, and nothing else has read its output yet."""
     op = ops[i]
     for t in read_tensors(op):
         w = last_writer.get(t.storage)
@@ -311,18 +319,19 @@ def _dequantising_prologue(
     return None
 
 
-# Inductor's largest persistent reduction (torch._inductor: a reduction over more elements
-# than this per output is looped; to a scalar it is split over blocks).
-PERSISTENT_REDUCTION_ELEMENTS = 8192
+# Inductor splits a reduction to few outputs over blocks of the device once it reduces more
+# than this many elements (torch/_inductor/choices.py, the split threshold on an H100;
+# 524,288 on sm_100, where the count of kernels differs but not the bytes).
+SPLIT_REDUCTION_MIN_ELEMENTS = 8192
 
 
 def _reduces_to_scalar(op: OpRecord) -> bool:
-    """A reduction of more than :data:`PERSISTENT_REDUCTION_ELEMENTS` elements to one value
+    """A reduction of more than :data:`SPLIT_REDUCTION_MIN_ELEMENTS` elements to one value
     (torchao Float8's tensorwise amax): no block holds the tensor, so nothing that reads
     the tensor again can run in the same pass."""
     if kind_of(op.packet) not in ("reduction", "sum") or not op.outputs or not op.inputs:
         return False
-    return op.outputs[0].numel <= 1 and op.inputs[0].numel > PERSISTENT_REDUCTION_ELEMENTS
+    return op.outputs[0].numel <= 1 and op.inputs[0].numel > SPLIT_REDUCTION_MIN_ELEMENTS
 
 
 def _reads_after_scalar(op: OpRecord, group: _Group) -> bool:
@@ -366,6 +375,7 @@ def _merge_siblings(
         if _reads_after_scalar(ops[i], other):
             continue
         target.members.extend(other.members)
+        target.reduced_to_scalar |= other.reduced_to_scalar
         for j in other.members:
             group_of[j] = chosen
         other.members = []

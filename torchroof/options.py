@@ -357,6 +357,11 @@ class PricingOptions:
         choices=FUSION_POLICIES,
     )
     epilogue: bool = knob(False, "fused: matmuls absorb the elementwise ops that follow them")
+    dequantise_in_gemm: bool = knob(
+        True,
+        "fused, weight-only quant: the GEMM widens the narrow weight in registers (a "
+        "mixed-input GEMM); off: Inductor's default, a cast kernel writes the wide weight",
+    )
     loss: str = knob(
         "materialized",
         "chunked: fused linear cross-entropy (no N x V logits in HBM)",

@@ -26,8 +26,10 @@ Each recipe is the library people use where it runs on meta (torchao 0.18):
   (:mod:`torchroof.packed_weights`).
 
 Linear layers inside the decoder are quantised; the LM head and embeddings keep the model's
-dtype (torchtitan's Float8 filter and TensorRT-LLM's default), and so do MoE experts held as
-3-D grouped-GEMM weights (not ``nn.Linear``), said in the report.
+dtype (torchtitan's Float8 filter and TensorRT-LLM's default), and so do latent attention's
+``kv_b_proj`` (absorbed decoding reads its weight directly) and MoE experts held as 3-D
+grouped-GEMM weights (not ``nn.Linear``), said in the report; so does a layer whose shape
+does not fit the recipe's scale groups (named in the report).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Recipe:
     serves: bool
     tensor_dtype: str
     describe: str
+    block: int = 16  # in_features must be a multiple (scale groups; the GEMMs' alignment)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -100,6 +103,7 @@ RECIPES: dict[str, Recipe] = {
             "",
             "int4 weights packed two per byte, bf16 scale and zero per group of 128, "
             "dequantised inside the GEMM (registered op: torchao's int4 kernel needs mslk)",
+            block=128,
         ),
         Recipe(
             "mxfp4-weight",
@@ -108,14 +112,17 @@ RECIPES: dict[str, Recipe] = {
             "",
             "MXFP4 weights (e2m1 packed two per byte, one e8m0 scale per 32), dequantised "
             "inside the GEMM (registered op)",
+            block=32,
         ),
         Recipe(
             "nvfp4",
             False,
             True,
             "fp4",
-            "NVFP4 weights and activations (e2m1, one e4m3 scale per 16 and an fp32 tensor "
-            "scale) on fp4 tensor cores (registered ops: torchao's kernel needs triton)",
+            "NVFP4 weights and activations (e2m1, one e4m3 scale per 16 and a static fp32 "
+            "tensor scale, as TensorRT-LLM calibrates it) on fp4 tensor cores (registered "
+            "ops: torchao's kernel needs triton; its dynamic per-tensor amax, a further pass "
+            "over each activation, is not modelled)",
         ),
     )
 }
@@ -167,15 +174,57 @@ def check_hardware(quant: str, tensor_flops: dict[str, Any], display_name: str) 
 # -- applying a recipe ----------------------------------------------------------------------
 
 
+# Linear layers a recipe leaves alone: the LM head and embedding projections (torchtitan's
+# Float8 filter, TensorRT-LLM's default), and latent attention's kv_b_proj, whose weight
+# absorbed MLA decoding reads directly (torchroof/mla.py; FlashMLA keeps it wide).
+_KEPT_WIDE = ("lm_head", "output", "embed_out", "kv_b_proj")
+
+
 def _decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
-    """Linear layers inside the decoder, not the LM head or an embedding projection; their
-    dimensions multiples of 16 (the fp8 and fp4 GEMMs' alignment, torchtitan's filter)."""
+    """A linear layer inside the decoder (not one of :data:`_KEPT_WIDE`)."""
     if not isinstance(module, torch.nn.Linear):
         return False
     leaf = fqn.rsplit(".", 1)[-1]
-    if leaf in ("lm_head", "output", "embed_out") or "embed" in leaf:
-        return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return leaf not in _KEPT_WIDE and "embed" not in leaf
+
+
+def _fits(module: torch.nn.Module, block: int) -> bool:
+    """Dimensions the recipe's GEMM takes: in_features a multiple of its scale group,
+    out_features a multiple of 16 (the fp8 and fp4 GEMMs' alignment)."""
+    return module.in_features % block == 0 and module.out_features % 16 == 0
+
+
+@dataclass(frozen=True)
+class Quantised:
+    """What a recipe changed: the linear layers it quantised, those inside the decoder it
+    left in the model's dtype because their shapes do not fit its blocks, and the MoE expert
+    weights it packed (``experts_kept``: why they were not, when there are some)."""
+
+    recipe: str
+    layers: int
+    skipped: tuple[str, ...] = ()
+    experts: int = 0
+    experts_kept: str = ""
+
+    def describe(self) -> str:
+        """The report's line (empty when nothing was quantised)."""
+        if not self.layers and not self.experts:
+            return ""
+        recipe = RECIPES[self.recipe]
+        line = f"the decoder's linear layers: {recipe.describe}"
+        if self.skipped:
+            line += (
+                f"; {len(self.skipped)} left in the model's dtype (in_features not a multiple "
+                f"of {recipe.block}, out_features of 16: e.g. {self.skipped[0]})"
+            )
+        if self.experts:
+            line += (
+                f"; {self.experts} 3-D MoE expert weights in the same format, read by one "
+                "grouped GEMM each (torchroof/packed_experts.py)"
+            )
+        if self.experts_kept:
+            line += f"; MoE experts kept in the model's dtype: {self.experts_kept}"
+        return line
 
 
 @contextlib.contextmanager
@@ -199,7 +248,7 @@ def float8_training(model: torch.nn.Module, recipe: str) -> None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = Float8LinearConfig.from_recipe_name(recipe)
-        convert_to_float8_training(model, config=config, module_filter_fn=_decoder_linear)
+        convert_to_float8_training(model, config=config, module_filter_fn=_filter(16))
 
 
 def _torchao_serving(model: torch.nn.Module, quant: str) -> None:
@@ -224,32 +273,67 @@ def _torchao_serving(model: torch.nn.Module, quant: str) -> None:
     # checked by check_hardware instead.
     quant_api._check_hardware_support = lambda *_: None
     try:
-        quantize_(model, configs[quant](), filter_fn=_decoder_linear)
+        quantize_(model, configs[quant](), filter_fn=_filter(RECIPES[quant].block))
     finally:
         quant_api._check_hardware_support = original
 
 
-def quantize_model(model: torch.nn.Module, quant: str, trains: bool) -> int:
-    """Apply ``quant`` to the decoder's linear layers of ``model`` (on meta, in place);
-    returns how many layers it changed. ``none`` changes nothing."""
+def _filter(block: int) -> Callable[[torch.nn.Module, str], bool]:
+    """torchao's ``filter_fn(module, fqn)``: the decoder's linear layers that fit ``block``."""
+    return lambda module, fqn: _decoder_linear(module, fqn) and _fits(module, block)
+
+
+def quantize_model(model: torch.nn.Module, quant: str, trains: bool, ep: int = 1) -> Quantised:
+    """Apply ``quant`` to the decoder's linear layers of ``model`` (on meta, in place); a
+    layer whose shape does not fit the recipe's blocks keeps the model's dtype and is named
+    in the result. A serving recipe also packs the 3-D weights of grouped-GEMM MoE experts
+    (:mod:`torchroof.packed_experts`) unless they are sharded over ``ep`` > 1 ranks. ``none``
+    changes nothing."""
     if quant == "none":
-        return 0
-    targets = [fqn for fqn, m in model.named_modules() if _decoder_linear(m, fqn)]
-    if not targets:
+        return Quantised(quant, 0)
+    block = RECIPES[quant].block
+    candidates = [(fqn, m) for fqn, m in model.named_modules() if _decoder_linear(m, fqn)]
+    skipped = tuple(fqn for fqn, m in candidates if not _fits(m, block))
+    if len(skipped) == len(candidates):
         raise WorkloadError(
             f"quant={quant!r}: {type(model).__name__} has no linear layer inside its decoder "
-            "with dimensions that are multiples of 16 to quantise"
+            f"whose in_features is a multiple of {block} and out_features of 16"
         )
     with quiet_imports():
         if quant in ("int4-weight", "mxfp4-weight", "nvfp4"):
             from torchroof.packed_weights import apply_packed_weights
 
-            apply_packed_weights(model, quant, _decoder_linear)
+            apply_packed_weights(model, quant, _filter(block))
         elif trains:
             float8_training(model, "tensorwise" if quant == "fp8" else "rowwise")
         else:
             _torchao_serving(model, quant)
-    return len(targets)
+    experts, kept = _quantise_experts(model, quant, trains, ep)
+    return Quantised(quant, len(candidates) - len(skipped), skipped, experts, kept)
+
+
+def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int) -> tuple[int, str]:
+    """(expert weights packed, why some were kept wide: "" when none were)."""
+    from torchroof.packed_experts import experts_implementation, has_experts, pack_experts
+
+    if not has_experts(model):
+        return 0, ""
+    if trains:
+        return (
+            0,
+            "Float8 training converts nn.Linear layers only (torchao's MoE recipe is not used)",
+        )
+    if ep > 1:
+        return 0, f"ep={ep} shards them with transformers' expert plan, which packs nothing"
+    if experts_implementation(model) != "grouped_mm":
+        return 0, f"the model runs its experts as {experts_implementation(model)!r}, not grouped_mm"
+    packed, skipped = pack_experts(model, quant)
+    kept = (
+        f"{len(skipped)} whose K does not divide into the groups (e.g. {skipped[0]})"
+        if skipped
+        else ""
+    )
+    return packed, kept
 
 
 def kv_torch_dtype(kv_dtype: str) -> torch.dtype | None:

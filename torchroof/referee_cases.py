@@ -191,6 +191,26 @@ def _float8_mlp(recipe: str) -> Callable[..., Built]:
     return build
 
 
+class Int8WeightOnlyLinear(nn.Module):
+    """gpt-fast's weight-only int8 linear (torchao's Int8WeightOnlyConfig runs the same ops on
+    meta): the int8 weight widened to the activation's dtype, a bf16 GEMM, the per-channel
+    scale after it."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        weight = torch.randint(-128, 127, (out_features, in_features), dtype=torch.int8)
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", torch.rand(out_features, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(x.dtype)) * self.scales
+
+
+def _int8_weight_only(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
+    """One decode token through a 512 -> 1536 int8 weight-only linear layer."""
+    return Int8WeightOnlyLinear(HIDDEN, INTERMEDIATE), (_hidden(device, dtype, grad, 1, HIDDEN),)
+
+
 def _decoder_layers(layer_class: Any, config: Any, count: int = 1) -> Callable[..., Built]:
     def build(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
         blocks = [layer_class(config, layer_idx=i) for i in range(count)]
@@ -312,6 +332,13 @@ def _cases() -> tuple[Case, ...]:
         Case("two_llama_layers", bf16, True, _llama(2)),
         Case("float8_tensorwise_mlp", bf16, False, _float8_mlp("tensorwise"), "torchao Float8"),
         Case("float8_rowwise_mlp", bf16, False, _float8_mlp("rowwise"), "torchao Float8"),
+        Case(
+            "int8_weight_only_linear",
+            bf16,
+            False,
+            _int8_weight_only,
+            "gpt-fast's int8 weight-only linear at M = 1, default Inductor settings",
+        ),
     )
 
 
@@ -331,10 +358,10 @@ def case(key: str) -> Case:
         raise KeyError(f"unknown case {key!r}; known: {', '.join(CASES)}") from None
 
 
-def torchroof_fused(c: Case) -> list[Any]:
+def torchroof_fused(c: Case, **options: Any) -> list[Any]:
     """torchroof's ``fused`` kernels for the case, traced on meta (forward, and backward of
     ``out`` with a ones gradient made outside the trace); kernels that move no bytes and do
-    no FLOPs are left out."""
+    no FLOPs are left out. ``options``: other PricingOptions fields."""
     import torchroof
     from torchroof.fusion import build_kernels
     from torchroof.options import PricingOptions
@@ -348,5 +375,5 @@ def torchroof_fused(c: Case) -> list[Any]:
             with capture.unrecorded():
                 seed = torch.ones_like(out)
             out.backward(seed)
-    kernels, _ = build_kernels(t.ops, PricingOptions(fusion="fused"), roles=t.roles)
+    kernels, _ = build_kernels(t.ops, PricingOptions(fusion="fused", **options), roles=t.roles)
     return [k for k in kernels if k.cost.bytes or k.cost.flops]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchroof.errors import WorkloadError
-from torchroof.quantize import RECIPES, quantize_model
+from torchroof.quantize import quantize_model
 from torchroof.records import Trace
 from torchroof.workloads.parallel_step import parallel_program
 from torchroof.workloads.pipeline_stages import record_stage
@@ -59,7 +59,7 @@ def run_workload(
             f"the {step.name} regime runs the models {', '.join(step.roles)}; "
             f"given {', '.join(given) or 'none'}"
         )
-    layers = quantize_model(given[TARGET], workload.quant, step.trains)
+    quantised = quantize_model(given[TARGET], workload.quant, step.trains, workload.ep)
     # rank 0 of the plan; on one GPU the model as it is
     with parallel_program(given[TARGET], workload, step.trains):
         trace = step.trace(given, workload)
@@ -67,8 +67,7 @@ def run_workload(
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:
         trace.facts.build_note = note
-    if layers:
-        trace.facts.quant = f"{layers} linear layers: {RECIPES[workload.quant].describe}"
+    trace.facts.quant = quantised.describe()
     trace.facts.workload = workload.to_dict()
     trace.facts.tokens = step.tokens(workload)
     return trace
