@@ -77,18 +77,14 @@ def quantize_nvfp4(op: OpRecord) -> Cost:
     return Cost(NVFP4_QUANTIZE_FLOPS * x.numel, read, written, "vector", x.dtype)
 
 
-# Formats whose grouped GEMM runs on narrower tensor cores than the activations' dtype
-# (torchroof/packed_experts.py: W8A8 fp8 and NVFP4 experts); the others are weight-only.
-_EXPERT_GEMM_DTYPES = {"fp8": "float8_e4m3fn", "fp8-rowwise": "float8_e4m3fn", "nvfp4": FP4_DTYPE}
-
-
 @register("torchroof.packed_grouped_mm", kind="opaque")
 def packed_grouped_mm(op: OpRecord) -> Cost:
     """Quantised MoE experts' grouped GEMM, x [S, K] against E experts' codes [E, N, ..]:
     W = 2·S·N·K (seed 000 "GEMM from first principles"); Q reads x, and the codes and scales
     of the min(E, S) experts the S routed rows reach under balanced routing (as
-    ``_grouped_mm``), and writes the output. The peak is the format's (Table 1): fp8 / fp4
-    tensor cores for W8A8 and NVFP4, the activations' dtype for weight-only formats."""
+    ``_grouped_mm``), and writes the output. The peak is the recorded ``gemm_dtype``'s
+    (Table 1): fp8 / fp4 tensor cores for W8A8 and NVFP4, the activations' dtype for
+    weight-only formats."""
     x, codes, scales = op.tensor("x"), op.tensor("codes"), op.tensor("scales")
     rows, k = math.prod(x.shape[:-1]), x.shape[-1]
     experts, n = codes.shape[0], codes.shape[1]
@@ -100,7 +96,7 @@ def packed_grouped_mm(op: OpRecord) -> Cost:
         *((t, t.nbytes) for t in op.inputs if t not in (x, codes, scales)),
     )
     out = op.outputs[0]
-    dtype = _EXPERT_GEMM_DTYPES.get(str(op.arg("fmt")), x.dtype)
+    dtype = str(op.arg("gemm_dtype") or x.dtype)  # recorded by torchroof/packed_experts.py
     return Cost(
         2 * rows * n * k,
         sum(b for _, b in reads),

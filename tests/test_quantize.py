@@ -317,3 +317,43 @@ def test_experts_sharded_by_ep_keep_their_dtype_and_say_so(meta_lm):
     assert not [k for k in est.kernels if "packed_grouped_mm" in k.name]
     line = next(a for a in est.assumptions if a.startswith("quantised:"))
     assert "MoE experts kept in the model's dtype: ep=2" in line
+
+
+def test_routers_and_directly_read_weights_stay_wide(meta_lm):
+    """A router that subclasses nn.Linear (Phi-MoE) keeps its own forward, and Mamba's
+    dt_proj (whose weight Jamba reads directly) keeps its dtype: both trace under int4."""
+    from transformers import JambaConfig, PhimoeConfig
+
+    sizes = dict(
+        num_hidden_layers=2,
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    for config in (PhimoeConfig(**sizes), JambaConfig(**sizes)):
+        est = torchroof.estimate(config, "decode", context=32, quant="int4-weight")
+        assert [k for k in est.kernels if "int4_weight_mm" in k.name]
+        assert not [
+            k
+            for k in est.kernels
+            if "int4_weight_mm" in k.name and "gate" == k.module.rsplit(".", 1)[-1]
+        ]
+
+
+def test_the_packed_grouped_gemm_refuses_a_mismatched_input():
+    from torchroof.packed_experts import _pack
+
+    weight = torch.empty(8, 256, 512, device="meta", dtype=torch.bfloat16)  # [E, out, in]
+    packed = _pack(weight, "int8-weight", transposed=False)
+    offs = torch.empty(8, device="meta", dtype=torch.int32)
+    x = torch.empty(4, 512, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expected"):  # not transposed to [E, in, out]
+        torch.nn.functional.grouped_mm(x, packed, offs=offs)
+    out = torch.nn.functional.grouped_mm(x, packed.transpose(-2, -1), offs=offs)
+    assert tuple(out.shape) == (4, 256)
+    with pytest.raises(ValueError, match="K = 512"):
+        torch.ops.torchroof.packed_grouped_mm(
+            x[:, :100], packed.codes, packed.scales, offs, "int8-weight", "bfloat16"
+        )

@@ -23,6 +23,11 @@ BYTES_TOLERANCE = 0.02  # torchroof within 2% of Inductor's bytes (and the same 
 # case -> why torchroof's fused kernels differ from Inductor's today. When fusion.py closes a
 # gap the case starts to match and its test fails: delete the line. A new mismatch fails too.
 EXPECTED_DIFFERENCES: dict[str, str] = {
+    "float8_tensorwise_mlp/bfloat16/fwd+bwd": (
+        "bytes 1.21, kernels equal: torchao's backward recomputes each weight's amax, which "
+        "torchroof prices as traced (another read of W per linear); Inductor's partitioner "
+        "saves the forward's scale, a scalar, and reads W only for its transposed cast"
+    ),
     "int8_weight_only_linear/bfloat16/fwd": (
         "-1 kernel, bytes 0.20: torchroof folds the int8 -> bf16 widening into the GEMM (a "
         "mixed-input GEMM: Inductor under max-autotune or coordinate-descent tuning at M = 1, "

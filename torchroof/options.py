@@ -359,8 +359,9 @@ class PricingOptions:
     epilogue: bool = knob(False, "fused: matmuls absorb the elementwise ops that follow them")
     dequantise_in_gemm: bool = knob(
         True,
-        "fused, weight-only quant: the GEMM widens the narrow weight in registers (a "
-        "mixed-input GEMM); off: Inductor's default, a cast kernel writes the wide weight",
+        "fused, weight-only quant of linear layers: the GEMM widens the narrow weight in "
+        "registers (a mixed-input GEMM); off: Inductor's default, a cast kernel writes the "
+        "wide weight (packed MoE experts always read their codes in the grouped GEMM)",
     )
     loss: str = knob(
         "materialized",

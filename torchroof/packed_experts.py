@@ -14,9 +14,10 @@ Formats (the codes ``[E, N, K·bits/8]`` and their scales):
 
 - ``int8-weight``: int8 codes, one fp32 scale per output channel ``[E, N]``;
 - ``fp8-weight``, ``fp8``, ``fp8-rowwise``: e4m3 codes, fp32 per channel. ``fp8`` and
-  ``fp8-rowwise`` are W8A8: the GEMM runs on fp8 tensor cores, its activations quantised
-  where they are made (the dispatch of DeepSeek-V3 / SGLang sends them in fp8): x is read at
-  its traced width, a small overstatement;
+  ``fp8-rowwise`` are W8A8: the GEMM runs on fp8 tensor cores. NB: the activations'
+  quantisation (an amax and a cast per routed row, fused into the dispatch by DeepSeek-V3 /
+  SGLang) is not priced and x is read at its traced width: a net understatement of up to
+  ~15% of the expert GEMMs' time at prefill (NVFP4 experts likewise);
 - ``int4-weight``: two codes per byte, bf16 scale and zero per 128 along K ``[E, K/128, N, 2]``;
 - ``mxfp4-weight``: two e2m1 codes per byte, one e8m0 scale per 32 ``[E, N, K/32]`` (gpt-oss);
 - ``nvfp4``: two e2m1 codes per byte, one e4m3 scale per 16 ``[E, N, K/16]``, fp4 tensor cores.
@@ -53,7 +54,6 @@ _FORMATS: dict[str, tuple[torch.dtype, int, Callable[[int, int, int], tuple], An
         "float4_e2m1fn_x2",
     ),
 }
-EXPERT_FORMATS: tuple[str, ...] = tuple(_FORMATS)
 # K must divide into the format's scale groups
 _BLOCKS = {"int4-weight": 128, "mxfp4-weight": 32, "nvfp4": 16}
 EXPERT_WEIGHTS = ("gate_up_proj", "up_proj", "down_proj")
@@ -66,20 +66,36 @@ def gemm_dtype(fmt: str, activation_dtype: str) -> str:
 
 @torch.library.custom_op("torchroof::packed_grouped_mm", mutates_args=())
 def packed_grouped_mm(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor, fmt: str
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    offs: torch.Tensor,
+    fmt: str,
+    gemm_dtype: str,
 ) -> torch.Tensor:
     """``x [S, K] @ expert weights -> [S, N]``, the rows of each expert split by ``offs``;
-    the weights are ``codes [E, N, ...]`` and ``scales`` in ``fmt``. Defined for meta only:
-    torchroof prices it, no device runs it here."""
+    the weights are ``codes [E, N, ...]`` and ``scales`` in ``fmt``; the GEMM runs on the
+    tensor cores of ``gemm_dtype`` (:func:`gemm_dtype`). Defined for meta only: torchroof
+    prices it, no device runs it here."""
     raise NotImplementedError("torchroof::packed_grouped_mm is priced on meta, not run")
 
 
 @packed_grouped_mm.register_fake
 def _(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor, fmt: str
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    offs: torch.Tensor,
+    fmt: str,
+    gemm_dtype: str,
 ) -> torch.Tensor:
     if fmt not in _FORMATS:
         raise ValueError(f"packed_grouped_mm: unknown format {fmt!r}")
+    k = codes.shape[2] * _FORMATS[fmt][1]
+    if x.dim() != 2 or x.shape[-1] != k:
+        raise ValueError(
+            f"packed_grouped_mm: x {tuple(x.shape)} does not match the experts' K = {k}"
+        )
     return x.new_empty(x.shape[0], codes.shape[1])
 
 
@@ -132,8 +148,20 @@ class PackedExpertWeight(torch.Tensor):
         kwargs = kwargs or {}
         if func in _GROUPED_MMS:
             x, weight = args[0], args[1]
-            offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-            return packed_grouped_mm(x, weight.codes, weight.scales, offs, weight.fmt)
+            offs = kwargs.pop("offs", args[2] if len(args) > 2 else None)
+            extra = [k for k, v in kwargs.items() if v is not None]
+            if len(args) > 3 or extra:
+                raise NotImplementedError(
+                    f"grouped_mm with {extra or 'more arguments'} on packed experts"
+                )
+            if tuple(weight.shape[1:]) != (x.shape[-1], weight.codes.shape[1]):
+                raise ValueError(
+                    f"grouped_mm of x {tuple(x.shape)} with packed experts viewed as "
+                    f"{tuple(weight.shape)}: expected [E, {x.shape[-1]}, "
+                    f"{weight.codes.shape[1]}] (in, out)"
+                )
+            dtype = gemm_dtype(weight.fmt, str(x.dtype).removeprefix("torch."))
+            return packed_grouped_mm(x, weight.codes, weight.scales, offs, weight.fmt, dtype)
         if func in (torch.Tensor.transpose, torch.transpose):
             weight = args[0]
             shape = list(weight.shape)
@@ -147,6 +175,10 @@ class PackedExpertWeight(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             return args[0]._with_shape(args[0].shape)
+        if func is torch.ops.aten.clone.default:  # deepcopy (meta_copy of a packed model)
+            weight = args[0]
+            codes, scales = weight.codes.clone(), weight.scales.clone()
+            return PackedExpertWeight(codes, scales, weight.fmt, weight.shape, weight.dtype)
         raise NotImplementedError(
             f"{func} on a packed expert weight: only transformers' grouped-GEMM experts "
             "(experts_implementation='grouped_mm') read it"
@@ -198,16 +230,30 @@ def pack_experts(model: nn.Module, fmt: str) -> tuple[int, tuple[str, ...]]:
     return packed, tuple(skipped)
 
 
+def _expert_weights(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """(module path, name, weight) of every 3-D parameter of a module with ``num_experts``."""
+    return [
+        (path, name, weight)
+        for path, module in model.named_modules()
+        if hasattr(module, "num_experts")
+        for name, weight in module._parameters.items()
+        if weight is not None and weight.dim() == 3
+    ]
+
+
 def has_experts(model: nn.Module) -> bool:
-    """Does ``model`` hold 3-D expert weights (an experts module with ``num_experts``)?"""
-    return any(
-        hasattr(module, "num_experts")
-        and any(
-            (w := module._parameters.get(name)) is not None and w.dim() == 3
-            for name in EXPERT_WEIGHTS
-        )
-        for module in model.modules()
-    )
+    """Does ``model`` hold 3-D expert weights (a module with ``num_experts``)?"""
+    return bool(_expert_weights(model))
+
+
+def other_expert_weights(model: nn.Module) -> list[str]:
+    """3-D expert weights that are not packed: not named as transformers' grouped-GEMM
+    experts name them (JetMoE's ``weight``), left in the model's dtype."""
+    return [
+        f"{path}.{name}"
+        for path, name, weight in _expert_weights(model)
+        if not isinstance(weight, PackedExpertWeight) and name not in EXPERT_WEIGHTS
+    ]
 
 
 def experts_implementation(model: nn.Module) -> str:

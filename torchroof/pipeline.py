@@ -421,8 +421,8 @@ def cache_assumptions(trace: Trace) -> list[str]:
     lines = [f"model: {facts.build_note}"] if facts.build_note else []
     if facts.quant:
         lines.append(
-            f"quantised: {facts.quant}; the LM head, embeddings and latent attention's "
-            "kv_b_proj keep the model's dtype"
+            f"quantised: {facts.quant}; the LM head, embeddings and MoE routers keep the "
+            "model's dtype"
         )
     kv_dtype = facts.workload.get("kv_dtype", "model")
     if kv_dtype not in ("model", None):

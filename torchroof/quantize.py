@@ -175,17 +175,20 @@ def check_hardware(quant: str, tensor_flops: dict[str, Any], display_name: str) 
 
 
 # Linear layers a recipe leaves alone: the LM head and embedding projections (torchtitan's
-# Float8 filter, TensorRT-LLM's default), and latent attention's kv_b_proj, whose weight
-# absorbed MLA decoding reads directly (torchroof/mla.py; FlashMLA keeps it wide).
-_KEPT_WIDE = ("lm_head", "output", "embed_out", "kv_b_proj")
+# Float8 filter, TensorRT-LLM's default), MoE routers (vLLM keeps the gate wide), and layers
+# whose weight the model reads directly rather than through their forward: Mamba's dt_proj,
+# and latent attention's kv_b_proj when decode absorbs it (torchroof/mla.py).
+_KEPT_WIDE = ("lm_head", "output", "embed_out", "gate", "router", "dt_proj")
+ABSORBED_MLA_WIDE = ("kv_b_proj",)
 
 
-def _decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
-    """A linear layer inside the decoder (not one of :data:`_KEPT_WIDE`)."""
-    if not isinstance(module, torch.nn.Linear):
+def _decoder_linear(module: torch.nn.Module, fqn: str, wide: tuple[str, ...] = ()) -> bool:
+    """A plain linear layer inside the decoder (a subclass such as a router keeps its own
+    forward), not one of :data:`_KEPT_WIDE` or ``wide``."""
+    if type(module) is not torch.nn.Linear:
         return False
     leaf = fqn.rsplit(".", 1)[-1]
-    return leaf not in _KEPT_WIDE and "embed" not in leaf
+    return leaf not in _KEPT_WIDE + wide and "embed" not in leaf
 
 
 def _fits(module: torch.nn.Module, block: int) -> bool:
@@ -205,6 +208,7 @@ class Quantised:
     skipped: tuple[str, ...] = ()
     experts: int = 0
     experts_kept: str = ""
+    wide: tuple[str, ...] = ()  # layers kept wide by name (kv_b_proj for absorbed MLA)
 
     def describe(self) -> str:
         """The report's line (empty when nothing was quantised)."""
@@ -224,6 +228,8 @@ class Quantised:
             )
         if self.experts_kept:
             line += f"; MoE experts kept in the model's dtype: {self.experts_kept}"
+        if self.wide:
+            line += f"; {', '.join(self.wide)} kept wide (absorbed MLA decode reads its weight)"
         return line
 
 
@@ -251,7 +257,9 @@ def float8_training(model: torch.nn.Module, recipe: str) -> None:
         convert_to_float8_training(model, config=config, module_filter_fn=_filter(16))
 
 
-def _torchao_serving(model: torch.nn.Module, quant: str) -> None:
+def _torchao_serving(
+    model: torch.nn.Module, quant: str, filter_fn: Callable[[torch.nn.Module, str], bool]
+) -> None:
     import torchao.quantization.quant_api as quant_api
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
@@ -273,26 +281,37 @@ def _torchao_serving(model: torch.nn.Module, quant: str) -> None:
     # checked by check_hardware instead.
     quant_api._check_hardware_support = lambda *_: None
     try:
-        quantize_(model, configs[quant](), filter_fn=_filter(RECIPES[quant].block))
+        quantize_(model, configs[quant](), filter_fn=filter_fn)
     finally:
         quant_api._check_hardware_support = original
 
 
-def _filter(block: int) -> Callable[[torch.nn.Module, str], bool]:
+def _filter(block: int, wide: tuple[str, ...] = ()) -> Callable[[torch.nn.Module, str], bool]:
     """torchao's ``filter_fn(module, fqn)``: the decoder's linear layers that fit ``block``."""
-    return lambda module, fqn: _decoder_linear(module, fqn) and _fits(module, block)
+    return lambda module, fqn: _decoder_linear(module, fqn, wide) and _fits(module, block)
 
 
-def quantize_model(model: torch.nn.Module, quant: str, trains: bool, ep: int = 1) -> Quantised:
+def quantize_model(
+    model: torch.nn.Module,
+    quant: str,
+    trains: bool,
+    ep: int = 1,
+    wide: tuple[str, ...] = (),
+) -> Quantised:
     """Apply ``quant`` to the decoder's linear layers of ``model`` (on meta, in place); a
     layer whose shape does not fit the recipe's blocks keeps the model's dtype and is named
     in the result. A serving recipe also packs the 3-D weights of grouped-GEMM MoE experts
-    (:mod:`torchroof.packed_experts`) unless they are sharded over ``ep`` > 1 ranks. ``none``
-    changes nothing."""
+    (:mod:`torchroof.packed_experts`) unless they are sharded over ``ep`` > 1 ranks. Linear
+    layers named in ``wide`` keep the model's dtype (:data:`ABSORBED_MLA_WIDE` for a decode
+    step that absorbs latent attention). ``none`` changes nothing."""
     if quant == "none":
         return Quantised(quant, 0)
     block = RECIPES[quant].block
-    candidates = [(fqn, m) for fqn, m in model.named_modules() if _decoder_linear(m, fqn)]
+    candidates = [(fqn, m) for fqn, m in model.named_modules() if _decoder_linear(m, fqn, wide)]
+    kept = sorted(
+        {fqn.rsplit(".", 1)[-1] for fqn, m in model.named_modules() if type(m) is torch.nn.Linear}
+        & set(wide)
+    )
     skipped = tuple(fqn for fqn, m in candidates if not _fits(m, block))
     if len(skipped) == len(candidates):
         raise WorkloadError(
@@ -303,18 +322,25 @@ def quantize_model(model: torch.nn.Module, quant: str, trains: bool, ep: int = 1
         if quant in ("int4-weight", "mxfp4-weight", "nvfp4"):
             from torchroof.packed_weights import apply_packed_weights
 
-            apply_packed_weights(model, quant, _filter(block))
+            apply_packed_weights(model, quant, _filter(block, wide))
         elif trains:
             float8_training(model, "tensorwise" if quant == "fp8" else "rowwise")
         else:
-            _torchao_serving(model, quant)
-    experts, kept = _quantise_experts(model, quant, trains, ep)
-    return Quantised(quant, len(candidates) - len(skipped), skipped, experts, kept)
+            _torchao_serving(model, quant, _filter(block, wide))
+    experts, experts_kept = _quantise_experts(model, quant, trains, ep)
+    return Quantised(
+        quant, len(candidates) - len(skipped), skipped, experts, experts_kept, tuple(kept)
+    )
 
 
 def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int) -> tuple[int, str]:
     """(expert weights packed, why some were kept wide: "" when none were)."""
-    from torchroof.packed_experts import experts_implementation, has_experts, pack_experts
+    from torchroof.packed_experts import (
+        experts_implementation,
+        has_experts,
+        other_expert_weights,
+        pack_experts,
+    )
 
     if not has_experts(model):
         return 0, ""
@@ -328,12 +354,15 @@ def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int)
     if experts_implementation(model) != "grouped_mm":
         return 0, f"the model runs its experts as {experts_implementation(model)!r}, not grouped_mm"
     packed, skipped = pack_experts(model, quant)
-    kept = (
-        f"{len(skipped)} whose K does not divide into the groups (e.g. {skipped[0]})"
-        if skipped
-        else ""
-    )
-    return packed, kept
+    reasons = []
+    if skipped:
+        reasons.append(f"{len(skipped)} whose K does not divide into the groups ({skipped[0]})")
+    others = other_expert_weights(model)
+    if others:
+        reasons.append(
+            f"{len(others)} not held as transformers' grouped-GEMM expert weights ({others[0]})"
+        )
+    return packed, "; ".join(reasons)
 
 
 def kv_torch_dtype(kv_dtype: str) -> torch.dtype | None:

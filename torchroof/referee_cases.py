@@ -332,6 +332,7 @@ def _cases() -> tuple[Case, ...]:
         Case("two_llama_layers", bf16, True, _llama(2)),
         Case("float8_tensorwise_mlp", bf16, False, _float8_mlp("tensorwise"), "torchao Float8"),
         Case("float8_rowwise_mlp", bf16, False, _float8_mlp("rowwise"), "torchao Float8"),
+        Case("float8_tensorwise_mlp", bf16, True, _float8_mlp("tensorwise"), "torchao Float8"),
         Case(
             "int8_weight_only_linear",
             bf16,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchroof.errors import WorkloadError
-from torchroof.quantize import quantize_model
+from torchroof.quantize import ABSORBED_MLA_WIDE, quantize_model
 from torchroof.records import Trace
 from torchroof.workloads.parallel_step import parallel_program
 from torchroof.workloads.pipeline_stages import record_stage
@@ -59,7 +59,10 @@ def run_workload(
             f"the {step.name} regime runs the models {', '.join(step.roles)}; "
             f"given {', '.join(given) or 'none'}"
         )
-    quantised = quantize_model(given[TARGET], workload.quant, step.trains, workload.ep)
+    # absorbed latent attention reads kv_b_proj's weight directly (torchroof/mla.py)
+    absorbs = step.name == "decode" and workload.mla == "absorbed"
+    wide = ABSORBED_MLA_WIDE if absorbs else ()
+    quantised = quantize_model(given[TARGET], workload.quant, step.trains, workload.ep, wide)
     # rank 0 of the plan; on one GPU the model as it is
     with parallel_program(given[TARGET], workload, step.trains):
         trace = step.trace(given, workload)
