@@ -17,7 +17,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import compute_dtype, io_bytes
 
-from torchroof.records import OpRecord
+from torchroof.records import OpRecord, TensorMeta
 
 
 def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:
@@ -102,6 +102,13 @@ def addr(op: OpRecord) -> Cost:
     return _tensor_cost(op, 2 * n_out, "vec1", "vec2")
 
 
+def reached_bytes(experts: TensorMeta, rows: int) -> int:
+    """Bytes of the experts ``rows`` routed rows reach in a tensor holding one slice per
+    expert along dim 0: min(E, rows) of the E slices under balanced routing."""
+    count = experts.shape[0]
+    return experts.nbytes * min(count, rows) // count
+
+
 @register("aten._grouped_mm", kind="opaque")
 def grouped_mm(op: OpRecord) -> Cost:
     """Grouped GEMM (MoE experts): 2·M_total·N·K summed over groups.
@@ -122,8 +129,7 @@ def grouped_mm(op: OpRecord) -> Cost:
     read, written = io_bytes(op)
     dtype = compute_dtype([a, b])
     if len(a.shape) == 2 and len(b.shape) == 3 and op.tensor("offs") is not None:
-        groups, rows = b.shape[0], a.shape[0]
-        touched = b.nbytes * min(groups, rows) // groups
+        touched = reached_bytes(b, a.shape[0])
         others = [t for t in op.inputs if t is not b]
         reads = ((b, touched), *((t, t.nbytes) for t in others))
         read = sum(n for _, n in reads)

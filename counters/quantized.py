@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from torchroof.counters.cost import Cost
+from torchroof.counters.matmul import reached_bytes
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import io_bytes
 
@@ -87,12 +88,11 @@ def packed_grouped_mm(op: OpRecord) -> Cost:
     weight-only formats."""
     x, codes, scales = op.tensor("x"), op.tensor("codes"), op.tensor("scales")
     rows, k = math.prod(x.shape[:-1]), x.shape[-1]
-    experts, n = codes.shape[0], codes.shape[1]
-    reached = min(experts, rows)
+    n = codes.shape[1]
     reads = (
         (x, x.nbytes),
-        (codes, codes.nbytes * reached // experts),
-        (scales, scales.nbytes * reached // experts),
+        (codes, reached_bytes(codes, rows)),
+        (scales, reached_bytes(scales, rows)),
         *((t, t.nbytes) for t in op.inputs if t not in (x, codes, scales)),
     )
     out = op.outputs[0]

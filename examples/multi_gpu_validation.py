@@ -969,6 +969,21 @@ def prediction_json(p: Prediction, run: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+def versions() -> dict[str, str]:
+    """The library versions a predictions file was written with."""
+    return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
+
+
+def ratio_summary(ratios: list[float]) -> dict[str, Any]:
+    """How many runs were predicted and the median and range of predicted / measured."""
+    return {
+        "predicted": len(ratios),
+        "median_ratio": statistics.median(ratios),
+        "min_ratio": min(ratios),
+        "max_ratio": max(ratios),
+    }
+
+
 def write(
     path: Path,
     data: dict[str, Any],
@@ -982,16 +997,8 @@ def write(
         "and pp_ep_runs.json, "
         "written by examples/multi_gpu_validation.py --write. ratio = predicted / measured "
         "time (< 1: torchroof predicts faster).",
-        "versions": {
-            "torch": torch.__version__.split("+")[0],
-            "transformers": transformers.__version__,
-        },
-        "summary": {
-            "predicted": len(ratios),
-            "median_ratio": statistics.median(ratios),
-            "min_ratio": min(ratios),
-            "max_ratio": max(ratios),
-        },
+        "versions": versions(),
+        "summary": ratio_summary(ratios),
         "runs": [prediction_json(p, runs[p.request.run_id]) for p in predictions],
         "not_predicted": [{"id": rid, "reason": reason} for rid, reason in NOT_PREDICTED.items()],
         "schedule_pairs": [

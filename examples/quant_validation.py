@@ -41,8 +41,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-import transformers
 from torchroof.hardware import get_cluster
 from torchroof.hardware.cluster import UnknownClusterError
 
@@ -582,15 +580,9 @@ def write(path: Path, runs: list[dict[str, Any]], predictions: list[QuantPredict
         "description": "torchroof's predictions of examples/validation/quant_runs.json, "
         "written by examples/quant_validation.py --write. ratio = predicted / measured time "
         "(< 1: torchroof predicts faster); speedup = baseline time / quantised time.",
-        "versions": {
-            "torch": torch.__version__.split("+")[0],
-            "transformers": transformers.__version__,
-        },
+        "versions": mgv.versions(),
         "summary": {
-            "predicted": len(ratios),
-            "median_ratio": statistics.median(ratios),
-            "min_ratio": min(ratios),
-            "max_ratio": max(ratios),
+            **mgv.ratio_summary(ratios),
             "speedups": len(pairs),
             "median_speedup_ratio": statistics.median(within) if within else None,
         },

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -24,6 +29,44 @@ PARALLEL_LLAMA = dict(
     vocab_size=1024,
     num_hidden_layers=2,
 )
+
+# A tiny DeepSeek-V3 (latent attention and routed experts) the MLA tests build: latent 32,
+# rope key 8, 4 heads of nope 16 + rope 8 (V 16), 8 experts of which 2 per token, layer 0 dense.
+TINY_MLA = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    vocab_size=512,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """examples/<name>.py loaded from its path (examples are not a package), registered under
+    its name so its dataclasses resolve their module; loaded once per process."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # The six families issue 2 names, at a size that traces in well under a second each.
 FAMILY_CONFIGS: dict[str, dict] = {

@@ -4,6 +4,7 @@ cache, encoder–decoder and encoder models. Small configs built on meta."""
 from __future__ import annotations
 
 import pytest
+from conftest import TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
@@ -61,35 +62,14 @@ def test_hybrid_decode_cache_holds_attention_kv_and_ssm_state():
     assert trace.role_bytes["kv_cache"] == 4_096 + 1_024 + 4_096
 
 
-MLA = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    moe_intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=32,
-    q_lora_rank=48,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    first_k_dense_replace=1,
-    n_group=1,
-    topk_group=1,
-    vocab_size=512,
-)
-
-
 def test_mla_caches_the_latent_not_expanded_kv():
-    model = build_model(AutoConfig.for_model("deepseek_v3", **MLA))
+    model = build_model(AutoConfig.for_model("deepseek_v3", **TINY_MLA))
     # latent 32 + rope key 8 per token and layer, bf16: 2 · 40 · 2 layers = 160 B/token;
     # expanded K/V would be 4 heads · (K 24 + V 16) · 2 B · 2 layers = 640 B/token.
     assert kv_bytes_per_token(model) == 2 * (32 + 8) * 2 == 160
     trace = run_workload(model, Workload("decode", context=100))
     assert trace.role_bytes["kv_cache"] == 160 * 101  # 101 slots: context + the new token
-    est = torchroof.estimate(AutoConfig.for_model("deepseek_v3", **MLA), "decode", context=100)
+    est = torchroof.estimate(AutoConfig.for_model("deepseek_v3", **TINY_MLA), "decode", context=100)
     assert est.uncounted == {}
     assert any("balanced routing" in a for a in est.assumptions)
 
@@ -150,7 +130,7 @@ def test_absorbed_mla_decode_equals_transformers_expanded_attention():
     from torchroof.mla import absorbed_mla
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("deepseek_v3", **{**MLA, "first_k_dense_replace": 2})
+    config = AutoConfig.for_model("deepseek_v3", **{**TINY_MLA, "first_k_dense_replace": 2})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     ids = torch.randint(0, 512, (2, 12))
     with torch.no_grad():
@@ -169,7 +149,7 @@ def test_absorbed_mla_decode_equals_transformers_expanded_attention():
 
 
 def test_absorbed_mla_decode_reads_the_latent_once_per_layer():
-    config = AutoConfig.for_model("deepseek_v3", **MLA)
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
     absorbed = torchroof.estimate(config, "decode", batch=2, context=99)
     expanded = torchroof.estimate(config, "decode", batch=2, context=99, mla="expanded")
     kernels = [k for k in absorbed.kernels if k.name == "torchroof.mla_decode_attention.default"]
@@ -199,7 +179,7 @@ def test_a_model_without_a_cache_recomputes_the_context_every_token():
 
 
 def test_absorbed_mla_reads_each_up_projection_once_whatever_the_batch():
-    model = build_model(AutoConfig.for_model("deepseek_v3", **MLA))
+    model = build_model(AutoConfig.for_model("deepseek_v3", **TINY_MLA))
     trace = run_workload(model, Workload("decode", batch=8, context=99))
     layer0 = [op for op in trace.ops if op.module.startswith("model.layers.0.self_attn")]
     bmms = [op for op in layer0 if op.name == "aten.bmm.default"]

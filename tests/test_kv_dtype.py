@@ -6,6 +6,7 @@ batch that fits) follow the narrow cache."""
 from __future__ import annotations
 
 import pytest
+from conftest import SMALL, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
@@ -19,16 +20,6 @@ LAYERS, KV_HEADS, HEAD_DIM, HEADS = 32, 8, 128, 32
 BATCH, CONTEXT = 8, 8192
 SLOTS = CONTEXT + 1  # the static cache holds the context and the new token's slot
 NARROW = {"fp8": "float8_e4m3fn", "int8": "int8"}
-
-# A small Llama for the paths that need several traces: 2 layers, 4 heads of 32 dims, 2 KV heads
-TINY = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-)
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +111,16 @@ def test_label_and_bytes_per_token_name_the_cache_dtype():
     w = Workload("decode", batch=8, context=8192, kv_dtype="fp8")
     label = regime("decode").label("llama-3-8b", w)
     assert label == "llama-3-8b decode, batch 8, context 8192, static cache, bf16, fp8 KV cache"
-    model = build_model(AutoConfig.for_model("llama", **TINY))
+    model = build_model(AutoConfig.for_model("llama", **SMALL))
     # 2 (K, V) x 2 KV heads x 32 dims x 2 layers x (2 B | 1 B)
     assert kv_bytes_per_token(model) == 2 * 2 * 32 * 2 * 2 == 512
     assert kv_bytes_per_token(model, "fp8") == kv_bytes_per_token(model, "int8") == 256
 
 
 def test_prefill_writes_the_cache_narrow():
-    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **TINY), "prefill", seq=64)
+    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **SMALL), "prefill", seq=64)
     fp8 = torchroof.estimate(
-        AutoConfig.for_model("llama", **TINY), "prefill", seq=64, kv_dtype="fp8"
+        AutoConfig.for_model("llama", **SMALL), "prefill", seq=64, kv_dtype="fp8"
     )
     # 2 (K, V) x 2 layers x 2 KV heads x 32 dims x 64 tokens x 1 B = 16,384 B
     assert fp8.memory.kv_cache_bytes == 2 * 2 * 2 * 32 * 64 == bf16.memory.kv_cache_bytes // 2
@@ -138,8 +129,8 @@ def test_prefill_writes_the_cache_narrow():
 
 def test_dynamic_cache_concatenates_in_the_narrow_dtype():
     kw = dict(batch=2, context=99, cache="dynamic")
-    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **TINY), "decode", **kw)
-    fp8 = torchroof.estimate(AutoConfig.for_model("llama", **TINY), "decode", kv_dtype="fp8", **kw)
+    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **SMALL), "decode", **kw)
+    fp8 = torchroof.estimate(AutoConfig.for_model("llama", **SMALL), "decode", kv_dtype="fp8", **kw)
     # the cache after the step: 2 (K, V) x 2 layers x 2 seq x 2 heads x 32 x 100 tokens x 1 B
     assert fp8.memory.kv_cache_bytes == 2 * 2 * 2 * 2 * 32 * 100 == 51_200
     assert bf16.memory.kv_cache_bytes == 2 * 51_200
@@ -148,29 +139,8 @@ def test_dynamic_cache_concatenates_in_the_narrow_dtype():
     assert fp8.kv_bytes_read == 2 * 2 * 2 * 2 * 32 * (99 + 100) == bf16.kv_bytes_read // 2
 
 
-MLA = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    moe_intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=32,
-    q_lora_rank=48,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    first_k_dense_replace=1,
-    n_group=1,
-    topk_group=1,
-    vocab_size=512,
-)
-
-
 def test_absorbed_mla_reads_an_fp8_latent_cache():
-    config = AutoConfig.for_model("deepseek_v3", **MLA)
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
     trace = torchroof.trace_model(config, "decode", batch=2, context=100, kv_dtype="fp8")
     est = trace.estimate("h100-sxm")
     (op, *_) = [op for op in trace.ops if op.name == "torchroof.mla_decode_attention.default"]
@@ -185,7 +155,7 @@ def test_absorbed_mla_reads_an_fp8_latent_cache():
 
 
 def test_expanded_mla_widens_the_latent_before_expanding_it():
-    config = AutoConfig.for_model("deepseek_v3", **MLA)
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
     trace = torchroof.trace_model(
         config, "decode", batch=2, context=100, kv_dtype="fp8", mla="expanded"
     )
@@ -230,7 +200,7 @@ def test_hybrid_quantises_attention_kv_not_the_recurrent_state():
 
 def test_tensor_parallel_shards_the_narrow_cache_by_heads():
     kw = dict(batch=4, context=255, tp=2, hardware="dgx-h100")
-    config = dict(TINY, hidden_size=256, num_attention_heads=4, intermediate_size=512)
+    config = dict(SMALL, hidden_size=256, num_attention_heads=4, intermediate_size=512)
     bf16 = torchroof.estimate(AutoConfig.for_model("llama", **config), "decode", **kw)
     fp8 = torchroof.estimate(
         AutoConfig.for_model("llama", **config), "decode", kv_dtype="fp8", **kw
@@ -244,8 +214,8 @@ def test_tensor_parallel_shards_the_narrow_cache_by_heads():
 
 def test_pipeline_stages_quantise_their_own_layers():
     kw = dict(batch=4, context=255, pp=2, microbatches=2, hardware="dgx-h100")
-    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **TINY), "decode", **kw)
-    fp8 = torchroof.estimate(AutoConfig.for_model("llama", **TINY), "decode", kv_dtype="fp8", **kw)
+    bf16 = torchroof.estimate(AutoConfig.for_model("llama", **SMALL), "decode", **kw)
+    fp8 = torchroof.estimate(AutoConfig.for_model("llama", **SMALL), "decode", kv_dtype="fp8", **kw)
     # each stage caches its one layer for both micro-batches of 4 sequences (each rank holds
     # them all): 2 micro-batches x 2 (K, V) x 1 layer x 2 KV heads x 32 dims x 256 slots x 4
     # x 1 B = 262,144 B, half of bf16's; one micro-batch's attention reads half of that
@@ -257,8 +227,8 @@ def test_pipeline_stages_quantise_their_own_layers():
 @pytest.mark.parametrize(
     ("model_type", "config", "knobs", "message"),
     [
-        ("deepseek_v3", MLA, {"cache": "dynamic"}, "needs cache='static'"),
-        ("gemma2", dict(TINY, head_dim=32), {}, "runs as 'eager', not SDPA"),
+        ("deepseek_v3", TINY_MLA, {"cache": "dynamic"}, "needs cache='static'"),
+        ("gemma2", dict(SMALL, head_dim=32), {}, "runs as 'eager', not SDPA"),
         (
             "mamba",
             dict(hidden_size=64, state_size=16, num_hidden_layers=2, vocab_size=512),

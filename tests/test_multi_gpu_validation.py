@@ -5,27 +5,14 @@ the checked-in prediction."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_example
 
 from torchroof.report import Estimate, KernelEstimate
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_gpu_validation.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("multi_gpu_validation", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-mgv = _load()
+mgv = load_example("multi_gpu_validation")
 DATA = mgv.load_data()
 RUNS = {run["id"]: run for run in DATA["runs"]}
 

@@ -4,31 +4,18 @@ refused with a reason; one run predicted live equals the checked-in prediction."
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from conftest import load_example
 
 from torchroof import hardware
 from torchroof.models import load_config
 from torchroof.options import Workload, WorkloadError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quant_validation.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("quant_validation", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-qv = _load()
+qv = load_example("quant_validation")
 RUNS = {run["id"]: run for run in qv.load_runs()}
 STORED = json.loads(qv.PREDICTIONS_JSON.read_text())
 

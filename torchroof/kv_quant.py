@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from torchroof.errors import WorkloadError
-from torchroof.quantize import KV_DTYPES, kv_torch_dtype
+from torchroof.quantize import KV_DTYPES, KV_TORCH_DTYPES
 
 KV_SCALE = 1.0  # the per-tensor scale: K/V are divided by it on write, multiplied on read
 
@@ -29,7 +29,7 @@ def narrow_dtype(kv_dtype: str) -> torch.dtype | None:
     an unknown name."""
     if kv_dtype not in KV_DTYPES:
         raise WorkloadError(f"kv_dtype={kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    return kv_torch_dtype(kv_dtype)
+    return KV_TORCH_DTYPES.get(kv_dtype)
 
 
 def quantise(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

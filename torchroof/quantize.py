@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from torchroof.errors import WorkloadError
+from torchroof.hardware import UnsupportedDtypeError
 
 KV_DTYPES = ("model", "fp8", "int8")
 KV_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
@@ -161,8 +162,6 @@ def check_hardware(quant: str, tensor_flops: dict[str, Any], display_name: str) 
     recipe = RECIPES.get(quant)
     if recipe is None or not recipe.tensor_dtype or recipe.tensor_dtype in tensor_flops:
         return
-    from torchroof.hardware import UnsupportedDtypeError
-
     weight_only = ", ".join(r.name for r in RECIPES.values() if not r.tensor_dtype)
     raise UnsupportedDtypeError(
         f"quant={quant!r} runs its GEMMs on {recipe.tensor_dtype} tensor cores, which the "
@@ -363,8 +362,3 @@ def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int)
             f"{len(others)} not held as transformers' grouped-GEMM expert weights ({others[0]})"
         )
     return packed, "; ".join(reasons)
-
-
-def kv_torch_dtype(kv_dtype: str) -> torch.dtype | None:
-    """The cache's storage dtype for ``kv_dtype`` (None: the model's own)."""
-    return KV_TORCH_DTYPES.get(kv_dtype)
