@@ -6,16 +6,20 @@ clusters (``hardware/clusters/*.toml``).
 """
 
 from torchroof.hardware.cluster import (
+    LINK_LIMITS,
     ClusterSpec,
     ClusterSpecError,
     Link,
     UnknownClusterError,
     available_clusters,
+    boundary_table,
+    distinct_boundaries,
     get_cluster,
     is_cluster,
     load_cluster_file,
 )
 from torchroof.hardware.spec import (
+    Boundary,
     Figure,
     HardwareSpec,
     HardwareSpecError,
@@ -28,6 +32,7 @@ from torchroof.hardware.spec import (
 )
 
 __all__ = [
+    "Boundary",
     "ClusterSpec",
     "ClusterSpecError",
     "Figure",
@@ -39,6 +44,9 @@ __all__ = [
     "UnsupportedDtypeError",
     "available",
     "available_clusters",
+    "LINK_LIMITS",
+    "boundary_table",
+    "distinct_boundaries",
     "get",
     "get_cluster",
     "is_cluster",

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchroof.hardware.spec import HardwareSpec, UnknownHardwareError, get
+from torchroof.hardware.spec import Boundary, HardwareSpec, UnknownHardwareError, get
 from torchroof.hardware.toml_checks import (
     Figure,
     HardwareSpecError,
@@ -352,3 +352,43 @@ def get_cluster(name: str | Path | ClusterSpec) -> ClusterSpec:
     if isinstance(name, ClusterSpec):
         return name
     return _SHIPPED.find(str(name))
+
+
+# What each kind of link limits (seed 000 Table 4's last column).
+LINK_LIMITS = {
+    "nvlink": "TP, intra-node FSDP",
+    "xgmi": "TP, intra-node FSDP",
+    "pcie": "host offload",
+    "network": "inter-node collectives",
+}
+
+
+def boundary_table(spec: HardwareSpec) -> dict[str, Boundary]:
+    """seed 000 Table 4 for ``spec``, keyed: its on-device boundaries (``register file``,
+    ``shared memory``, ``L2 cache``, ``HBM``: :meth:`HardwareSpec.boundaries`), then every
+    link of every shipped cluster of this accelerator as ``<cluster>:<link>`` (``nvlink`` /
+    ``xgmi``, ``pcie``, ``network``), line rate per GPU per direction, clusters by name."""
+    rows = {boundary.name: boundary for boundary in spec.boundaries()}
+    for cluster in available_clusters():
+        if cluster.accelerator.name != spec.name:
+            continue
+        for key, link in cluster.links().items():
+            rate = link.line_bytes_per_s
+            name = f"{link.name} ({cluster.name})"
+            rows[f"{cluster.name}:{key}"] = Boundary(
+                name, rate.value, None, LINK_LIMITS.get(key, ""), rate
+            )
+    return rows
+
+
+def distinct_boundaries(spec: HardwareSpec) -> list[Boundary]:
+    """:func:`boundary_table`'s rows with each link once (NVLink 4 is in every H100 cluster):
+    what ``torchroof hardware NAME`` prints and Lab 1 draws."""
+    seen: set[str] = set()
+    rows = []
+    for boundary in boundary_table(spec).values():
+        link = boundary.name.rsplit(" (", 1)[0]
+        if link not in seen:
+            seen.add(link)
+            rows.append(boundary)
+    return rows

@@ -80,7 +80,27 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "shared_memory_bytes_per_sm": (False, True, "bytes"),
     "l2_bytes": (False, True, "bytes"),
     "compute_units": (False, True, "SMs or CUs"),
+    # seed 000 Table 4 and "The third regime: latency": the on-chip boundaries (aggregate,
+    # approximate), the memory latency, the per-kernel launch cost and the achievable
+    # fractions of peak that torchroof's realistic mode reads (torchroof/realistic.py)
+    "l2_bytes_per_s": (False, False, "B/s"),
+    "shared_memory_bytes_per_s": (False, False, "B/s"),
+    "register_bytes_per_s": (False, False, "B/s"),
+    "memory_latency_s": (False, False, "s"),
+    "launch_overhead_s": (False, False, "s"),
+    "achievable_hbm_fraction": (False, False, "fraction of hbm_bytes_per_s"),
+    "achievable_tensor_fraction": (False, False, "fraction of the tensor peaks"),
 }
+# The optional figures realistic mode and the hierarchical roofline read.
+REALISTIC_KEYS = (
+    "l2_bytes_per_s",
+    "shared_memory_bytes_per_s",
+    "register_bytes_per_s",
+    "memory_latency_s",
+    "launch_overhead_s",
+    "achievable_hbm_fraction",
+    "achievable_tensor_fraction",
+)
 _VECTOR_KEYS = ("fp32", "fp64")
 _TABLE_KEYS: dict[str, tuple[bool, tuple[str, ...] | None, tuple[str, ...], str]] = {
     # [table]: (required, allowed keys (None: any), keys it must hold, unit of each figure)
@@ -135,7 +155,12 @@ def _check_measured(raw: Any, problems: list[str]) -> None:
     if not isinstance(raw, dict):
         problems.append(f"measured: expected a table, got {describe(raw)}")
         return
-    problems += [misplaced("measured", key) for key in raw if key in SCHEMA_KEYS]
+    # calibrate's launch_overhead_s predates the top-level figure of that name: its own
+    problems += [
+        misplaced("measured", key)
+        for key in raw
+        if key in SCHEMA_KEYS and key != "launch_overhead_s"
+    ]
     if "launch_overhead_s" in raw:
         value = raw["launch_overhead_s"]
         if not is_number(value) or not math.isfinite(value) or value < 0:
@@ -143,6 +168,21 @@ def _check_measured(raw: Any, problems: list[str]) -> None:
                 "measured.launch_overhead_s: expected a number of seconds >= 0, "
                 f"got {describe(value)}"
             )
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One memory boundary of seed 000 Table 4: its bandwidth, what it holds, what it limits."""
+
+    name: str
+    bytes_per_s: float
+    capacity_bytes: float | None  # per SM for shared memory; None where not a store
+    limits: str
+    figure: Figure  # the bandwidth figure, with its source and whether it is approximate
+
+    def ridge(self, peak_flops_per_s: float) -> float:
+        """I* = pi / beta at this boundary."""
+        return peak_flops_per_s / self.bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -161,6 +201,15 @@ class HardwareSpec:
     l2_bytes: Figure | None = None  # informational: read by nothing yet
     compute_units: Figure | None = None  # informational: SMs (NVIDIA) or CUs (AMD)
     interconnect_bytes_per_s: dict[str, Figure] = field(default_factory=dict)  # informational
+    # seed 000 Table 4: aggregate on-chip bandwidths (approximate: issue width x clock)
+    l2_bytes_per_s: Figure | None = None
+    shared_memory_bytes_per_s: Figure | None = None
+    register_bytes_per_s: Figure | None = None
+    # seed 000 "The third regime: latency" and "Performance diagnosis" (realistic mode)
+    memory_latency_s: Figure | None = None  # HBM load-to-use latency
+    launch_overhead_s: Figure | None = None  # one kernel's launch, device side
+    achievable_hbm_fraction: Figure | None = None  # STREAM-like bandwidth / hbm_bytes_per_s
+    achievable_tensor_fraction: Figure | None = None  # sustained tensor rate / the peaks
     aliases: tuple[str, ...] = ()
     path: str = ""
 
@@ -227,17 +276,54 @@ class HardwareSpec:
             )
         return int(figure.value)
 
+    def ceilings(self) -> dict[str, float]:
+        """seed 000 "pi is the top of a stack": each pipe's FLOP/s ceiling, highest first —
+        every tensor-core datatype the part has, the fp32 vector units with FMA (two FLOPs
+        per instruction) and without (one: half the rate), and the SFU."""
+        pipes = {
+            f"{key} tensor core": figure.value
+            for key, figure in self.tensor_flops_per_s.items()
+            if key != "fp64"
+        }
+        fp32 = self.vector_peak("fp32")
+        pipes["fp32 vector (FMA)"] = fp32
+        pipes["fp32 vector without FMA"] = fp32 / 2
+        pipes["transcendental (SFU)"] = self.sfu_flops_per_s.value
+        return dict(sorted(pipes.items(), key=lambda item: -item[1]))
+
+    def boundaries(self) -> list[Boundary]:
+        """seed 000 Table 4: the memory boundaries this file lists, innermost first (register
+        file, shared memory, L2, HBM); on-chip rows are the approximate aggregates."""
+        rows = [
+            ("register file", self.register_bytes_per_s, None, "MMA operand supply"),
+            (
+                "shared memory",
+                self.shared_memory_bytes_per_s,
+                self.shared_memory_bytes_per_sm,
+                "warp-tile reuse",
+            ),
+            ("L2 cache", self.l2_bytes_per_s, self.l2_bytes, "threadblock-tile reuse"),
+            ("HBM", self.hbm_bytes_per_s, self.hbm_capacity_bytes, "weights, activations, KV"),
+        ]
+        return [
+            Boundary(name, rate.value, capacity.value if capacity else None, limits, rate)
+            for name, rate, capacity, limits in rows
+            if rate is not None
+        ]
+
     def figures(self) -> dict[str, Figure]:
         """Every figure by dotted key, for listing sources (optional ones when present)."""
         optional = {
             "shared_memory_bytes_per_sm": self.shared_memory_bytes_per_sm,
             "l2_bytes": self.l2_bytes,
             "compute_units": self.compute_units,
+            **{key: getattr(self, key) for key in REALISTIC_KEYS},
         }
+        optional = {key: figure for key, figure in optional.items() if figure is not None}
         out = {
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
-            **{key: figure for key, figure in optional.items() if figure is not None},
+            **optional,
             "sfu_flops_per_s": self.sfu_flops_per_s,
         }
         for group, table in (
@@ -271,6 +357,11 @@ def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> Hardwar
         elif key in _FIGURE_KEYS:
             _, whole, unit = _FIGURE_KEYS[key]
             figures[key] = parse_figure(key, raw, whole, unit, problems)
+            fraction = figures[key]
+            if key.startswith("achievable_") and fraction is not None and fraction.value > 1:
+                problems.append(
+                    f"{key}.value: a fraction of peak is at most 1, got {fraction.value!r}"
+                )
         elif key in _TABLE_KEYS:
             _, allowed, needed, unit = _TABLE_KEYS[key]
             tables[key] = _figure_table(key, raw, allowed, needed, unit, problems)
@@ -293,6 +384,7 @@ def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> Hardwar
         shared_memory_bytes_per_sm=figures.get("shared_memory_bytes_per_sm"),
         l2_bytes=figures.get("l2_bytes"),
         compute_units=figures.get("compute_units"),
+        **{key: figures.get(key) for key in REALISTIC_KEYS},
         interconnect_bytes_per_s=tables.get("interconnect_bytes_per_s", {}),
         aliases=aliases,
         path=str(path),

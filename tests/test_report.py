@@ -201,6 +201,7 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
     assert [line.split(":")[0] for line in prefill] == [
         "hardware",
         "step time",
+        "timing",
         "work",
         "MFU",
         "traffic",
@@ -364,3 +365,20 @@ def test_a_layer_bound_by_the_network_names_its_link():
     assert (row.bound, row.boundary) == ("network", "network (nvlink)")
     row.memory_bound_s = 3.5e-3  # now memory holds most of the time: no link to name
     assert row.boundary == "memory"
+
+
+def test_each_layer_has_its_mfu_and_memory_bound_share():
+    """seed 000 Lab 4 per row: layer 0's GEMM does 4e9 FLOPs in 5e-4 s against 1e15 FLOP/s,
+    MFU = 4e9 / (5e-4 x 1e15) = 0.8%, all of it memory-bound; layer 2's compute-bound exp:
+    4e11 / (4e-4 x 1e15) = 100%, memory-bound share 0. The JSON carries the same rows."""
+    est = _hand_estimate("prefill")
+    rows = {row.name: row for row in est.rows()}
+    assert rows["model.layers.0"].mfu(1e15) == pytest.approx(0.008)
+    assert rows["model.layers.0"].memory_bound_share == 1.0
+    assert rows["model.layers.2"].mfu(1e15) == pytest.approx(1.0)
+    assert rows["model.layers.2"].memory_bound_share == 0.0
+    layers = {row["name"]: row for row in est.to_dict()["layers"]}
+    assert layers["model.layers.0"]["mfu"] == pytest.approx(0.008)
+    assert layers["model.layers.2"]["memory_bound_share"] == 0.0
+    table = est.table()
+    assert "MFU %" in table and "mem-bound %" in table

@@ -77,6 +77,11 @@ class Calibration:
             "compute_units = " + fig(max(self.compute_units, 1), "cores / multiprocessors"),
             "sfu_flops_per_s = "
             + fig(self.vector_flops_per_s / 4, "1/4 of measured elementwise (seed 000)", True),
+        ]
+        if self.launch_overhead_s > 0:  # realistic mode charges it to every kernel
+            launch = "one 1-element add, call to completion, median"
+            lines.append("launch_overhead_s = " + fig(self.launch_overhead_s, launch))
+        lines += [
             "",
             "[tensor_flops_per_s]",
         ]
@@ -90,7 +95,6 @@ class Calibration:
             "[measured]",
             f"copy_bytes_per_s = {self.copy_bytes_per_s:.6g}",
             f"triad_bytes_per_s = {self.triad_bytes_per_s:.6g}",
-            f"launch_overhead_s = {self.launch_overhead_s:.6g}",
             f'device = "{self.device}"',
             f'date = "{self.date}"',
             f'torch_version = "{self.torch_version}"',
@@ -174,9 +178,12 @@ def calibrate(
     progress: Callable[[str], None] = lambda message: None,
     stream_bytes: int | None = None,
     matmul_sizes: tuple[int, ...] | None = None,
+    elementwise_bytes: int | None = None,
 ) -> Calibration:
     """Measure bandwidth, matmul throughput per dtype, elementwise throughput and launch
-    overhead on ``device`` (``cpu`` or ``cuda``). Takes well under a minute."""
+    overhead on ``device`` (``cpu`` or ``cuda``). Takes well under a minute; the sizes
+    (bytes per STREAM array, matmul sizes, bytes of the elementwise operand) make it
+    shorter, as ``torchroof validate`` does before each repeat of its step."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device is available here; use --device cpu")
     cache = _cache_bytes(device)
@@ -211,7 +218,7 @@ def calibrate(
         notes.append("fp32 matmuls on this device use the measured fp32 matmul rate")
 
     progress("elementwise throughput (cache-resident)")
-    small = max(cache // 16, 64 * 1024) // 4
+    small = (elementwise_bytes or max(cache // 16, 64 * 1024)) // 4
     x = torch.ones(small, device=device)
     out = torch.empty_like(x)
     inner = 50

@@ -19,10 +19,12 @@ from torchroof.errors import OptionError
 from torchroof.hardware import (
     ClusterSpec,
     Figure,
+    HardwareSpec,
     UnknownHardwareError,
     UnsupportedDtypeError,
     available,
     available_clusters,
+    distinct_boundaries,
     get,
     get_cluster,
     is_cluster,
@@ -129,7 +131,24 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     val.add_argument("--regime", choices=REGIMES, default="prefill")
     val.add_argument("--device", default="cpu")
-    val.add_argument("--hardware", default=None, help="measured TOML (default: calibrate now)")
+    val.add_argument(
+        "--hardware",
+        default=None,
+        help="fixed hardware TOML (default: calibrate just before each repeat of the step)",
+    )
+    val.add_argument(
+        "--mode",
+        choices=PricingOptions.__dataclass_fields__["mode"].metadata["choices"],
+        default="roofline",
+        help="prediction for the kernel table and diagnosis (both modes' ratios are printed)",
+    )
+    val.add_argument(
+        "--repeats", type=_positive_int, default=3, help="calibrate + time the step, N times"
+    )
+    val.add_argument(
+        "--iterations", type=_positive_int, default=3, help="timed steps per repeat (median)"
+    )
+    val.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     val.add_argument("--batch", type=_positive_int, default=1)
     val.add_argument(
         "--seq",
@@ -160,14 +179,25 @@ def _parser() -> argparse.ArgumentParser:
     roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
     roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
     roof.add_argument("--dtype", default="bf16")
-    roof.add_argument("--intensity", type=float, required=True, help="FLOP per HBM byte")
+    point = roof.add_mutually_exclusive_group(required=True)
+    point.add_argument("--intensity", type=float, help="FLOP per byte crossing the boundary")
+    point.add_argument("--preset", help="a kernel from the seed (--preset list names them)")
+    roof.add_argument(
+        "--boundary",
+        default="hbm",
+        help="registers, smem, l2, hbm, nvlink, pcie, network or <cluster>:<link> (Table 4)",
+    )
+    roof.add_argument(
+        "--pipe", default=None, help="ceiling: a dtype's tensor core, fp32-fma, fp32-no-fma, sfu"
+    )
+    roof.add_argument("--plot", metavar="PATH", help="the roofline with the point (.png, .svg)")
 
     gemm = commands.add_parser("gemm", help="the seed's GEMM workbench (Lab 2)")
     gemm.add_argument("m", type=_positive_int)
     gemm.add_argument("n", type=_positive_int)
     gemm.add_argument("k", type=_positive_int)
     gemm.add_argument("--dtype", default="bf16")
-    gemm.add_argument("--tile", type=_positive_int, default=128)
+    gemm.add_argument("--tile", default="128", help="T (square) or T_mxT_n, e.g. 256x128")
     gemm.add_argument("--l2-absorption", type=float, default=0.85)
     gemm.add_argument("--hardware", default=DEFAULT_HARDWARE)
     gemm.add_argument(
@@ -176,6 +206,34 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="on-chip budget for the tile fit check (default: the hardware's shared memory per SM)",
     )
+    gemm.add_argument("--plot", metavar="PATH", help="the GEMM at every boundary (.png, .svg)")
+
+    fuse = commands.add_parser("fusion-bench", help="the seed's fusion bench (Lab 3)")
+    fuse.add_argument("--tokens", type=_positive_int, default=65536)
+    fuse.add_argument("--d-model", type=_positive_int, default=8192)
+    fuse.add_argument("--dtype", default="bf16")
+    fuse.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    fuse.add_argument(
+        "--boundaries",
+        default="split",
+        help="5 digits, one per boundary after residual add, RMSNorm, scale, SiLU, multiply "
+        "(1 = written to HBM); 'split' = 11111, 'fused' = 00000",
+    )
+
+    lab = commands.add_parser("lab", help="the seed's IO bounds: flash attention, chunked CE")
+    labs = lab.add_subparsers(dest="lab", parser_class=_Parser, required=True)
+    flash = labs.add_parser("flash", help="naive / tiled / compulsory attention intensity")
+    flash.add_argument("--seq", type=_positive_int, default=4096)
+    flash.add_argument("--head-dim", type=_positive_int, default=128)
+    flash.add_argument("--block-rows", type=_positive_int, default=128)
+    flash.add_argument("--dtype", default="bf16")
+    ce = labs.add_parser("cross-entropy", help="peak logits memory, materialised vs chunked")
+    ce.add_argument("--tokens", type=_positive_int, default=8192)
+    ce.add_argument("--vocab", type=_positive_int, default=100_000)
+    ce.add_argument("--chunk", type=_positive_int, default=1024)
+    ce.add_argument("--d-model", type=_positive_int, default=4096)
+    ce.add_argument("--dtype", default="bf16")
+    ce.add_argument("--hardware", default=DEFAULT_HARDWARE)
 
     hw = commands.add_parser("hardware", help="list accelerators and their ridge points")
     hw.add_argument(
@@ -271,6 +329,10 @@ def _validate(args: argparse.Namespace) -> None:
         batch=args.batch,
         seq=args.seq,
         overrides=overrides,
+        iterations=args.iterations,
+        repeats=args.repeats,
+        mode=args.mode,
+        threads=args.threads,
     )
     print(result.table())
     print()
@@ -290,15 +352,41 @@ def _zoo(args: argparse.Namespace) -> None:
     zoo.run_and_report(args.arch, regimes, args.jobs, args.json, show_table=args.table)
 
 
-def _roofline(args: argparse.Namespace) -> None:
-    from torchroof.explore import roofline_point
+def _check_plot(path: str | None) -> None:
+    """Refuse a plot path with an unknown suffix before anything is computed."""
+    if path:
+        from torchroof.plots import check_plot_path
 
-    print("\n".join(roofline_point(args.hardware, args.dtype, args.intensity).lines()))
+        check_plot_path(path)
+
+
+def _roofline(args: argparse.Namespace) -> None:
+    from torchroof.explore import PRESETS, roofline_point
+
+    if args.preset == "list":
+        for name, preset in PRESETS.items():
+            print(f"{name}: {preset.arithmetic} (seed 000 {preset.seed})")
+        return
+    _check_plot(args.plot)
+    reading = roofline_point(
+        args.hardware,
+        args.dtype,
+        args.intensity,
+        boundary=args.boundary,
+        pipe=args.pipe,
+        preset=args.preset,
+    )
+    print("\n".join(reading.lines()))
+    if args.plot:
+        from torchroof.explore_plots import roofline_lab_plot
+
+        _wrote("roofline", str(roofline_lab_plot(reading, args.plot)))
 
 
 def _gemm(args: argparse.Namespace) -> None:
     from torchroof.explore import gemm_workbench
 
+    _check_plot(args.plot)
     reading = gemm_workbench(
         args.m,
         args.n,
@@ -311,6 +399,36 @@ def _gemm(args: argparse.Namespace) -> None:
             None if args.local_budget_kib is None else int(args.local_budget_kib * 1024)
         ),
     )
+    print("\n".join(reading.lines()))
+    if args.plot:
+        from torchroof.explore_plots import gemm_lab_plot
+
+        _wrote("GEMM roofline", str(gemm_lab_plot(reading, args.plot)))
+
+
+def _fusion_bench(args: argparse.Namespace) -> None:
+    from torchroof.fusion_bench import fusion_bench, parse_boundaries
+
+    bench = fusion_bench(
+        args.tokens, args.d_model, args.dtype, args.hardware, parse_boundaries(args.boundaries)
+    )
+    print("\n".join(bench.lines()))
+
+
+def _lab(args: argparse.Namespace) -> None:
+    from torchroof.io_bounds import attention_bounds, chunked_cross_entropy
+
+    if args.lab == "flash":
+        reading = attention_bounds(args.seq, args.head_dim, args.block_rows, args.dtype)
+    else:
+        reading = chunked_cross_entropy(
+            args.tokens,
+            args.vocab,
+            args.chunk,
+            d_model=args.d_model,
+            dtype=args.dtype,
+            hardware=args.hardware,
+        )
     print("\n".join(reading.lines()))
 
 
@@ -436,6 +554,38 @@ def _print_cluster(cluster: ClusterSpec) -> None:
     _print_figures(cluster.figures())
 
 
+def _print_boundaries(spec: HardwareSpec) -> None:
+    """seed 000 Table 4: each boundary's bandwidth, ridge pi_bf16 / beta, capacity and what
+    it limits; on-chip rows are approximate aggregates (marked ~)."""
+    dtype = "bf16" if "bf16" in spec.tensor_flops_per_s else next(iter(spec.tensor_flops_per_s))
+    peak = spec.tensor_peak(dtype)
+    rows = []
+    for boundary in distinct_boundaries(spec):
+        rate = boundary.bytes_per_s
+        shown = f"{rate / 1e12:.2f} TB/s" if rate >= 1e12 else f"{rate / 1e9:.0f} GB/s"
+        capacity = boundary.capacity_bytes
+        if capacity is None:
+            held = "-"
+        elif boundary.name == "shared memory":
+            held = f"{capacity / 1024:.0f} KiB / SM"
+        else:
+            held = (
+                f"{capacity / 2**20:.0f} MiB" if capacity < 2**30 else f"{capacity / 2**30:.0f} GiB"
+            )
+        approx = "~" if boundary.figure.approximate else ""
+        rows.append(
+            [boundary.name, approx + shown, f"{boundary.ridge(peak):,.0f}", held, boundary.limits]
+        )
+    print(f"Boundaries (seed 000 Table 4; ridge = pi_{dtype} / beta; ~ approximate aggregate):")
+    print(
+        tabulate(
+            rows,
+            headers=["boundary", "beta", f"ridge I* {dtype}", "capacity", "what it limits"],
+            disable_numparse=True,
+        )
+    )
+
+
 def _unknown_hardware_or_cluster(name: str) -> UnknownHardwareError:
     """The error for a name that is neither an accelerator nor a cluster, with the closest
     of both and every known name."""
@@ -464,6 +614,8 @@ def _hardware(args: argparse.Namespace) -> None:
             raise _unknown_hardware_or_cluster(args.name) from error
         print(f"{spec.display_name} ({spec.name}); aliases: {', '.join(spec.aliases)}")
         _print_figures(spec.figures())
+        print()
+        _print_boundaries(spec)
         return
     rows = []
     for spec in available():
@@ -527,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "calibrate": _calibrate,
         "validate": _validate,
         "gemm": _gemm,
+        "fusion-bench": _fusion_bench,
+        "lab": _lab,
     }
     if args.command is None:
         parser.print_help()

@@ -1,18 +1,46 @@
 """The seed's roofline explorer (Lab 1) and GEMM workbench (Lab 2) as plain functions.
 
 seed 000 "The roofline equation and its geometry": P = min(pi, beta·I), fraction of peak
-P/pi = min(1, I/I*). "GEMM II · tiles set the intensity": Q_tiled = s·(MNK(1/T_n + 1/T_m)
-+ MN), I_tiled -> T/s; L2 absorbs a fraction of the re-reads (Lab 2's slider).
+P/pi = min(1, I/I*). "pi is the top of a stack": the ceiling is the pipe the instruction mix
+uses (a tensor-core datatype, fp32 with or without FMA, the SFU). Table 4: every memory
+boundary has its own beta and ridge (register file, shared memory, L2, HBM, then the links:
+NVLink, PCIe, the network); the on-chip rates are approximate aggregates.
+"GEMM II · tiles set the intensity": Q_tiled = s·(MNK(1/T_n + 1/T_m) + MN), I_tiled ->
+2/(s(1/T_m + 1/T_n)); L2 absorbs a fraction of the re-reads (Lab 2's slider).
+"The hierarchical roofline": the same GEMM at every boundary (torchroof/hierarchy.py counts
+the bytes), the binding level and the waves of its tile grid.
 seed 004 "Reject a tile that cannot stay on chip": two input tiles plus an fp32 accumulator
 against a local budget.
+
+Lab 3 (the fusion bench) is torchroof/fusion_bench.py; the FlashAttention and chunked
+cross-entropy bounds are torchroof/io_bounds.py; the pictures are torchroof/explore_plots.py.
+CLI: ``torchroof roofline``, ``torchroof gemm``, ``torchroof fusion-bench``, ``torchroof lab
+flash`` and ``torchroof lab cross-entropy``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from torchroof.hardware import HardwareSpec, get, spec_dtype
+from torchroof.hardware import (
+    LINK_LIMITS,
+    Boundary,
+    HardwareSpec,
+    boundary_table,
+    get,
+    spec_dtype,
+)
+from torchroof.hierarchy import (
+    GemmTile,
+    Levels,
+    Waves,
+    gemm_levels,
+    level_rates,
+    tiled_bytes,
+    waves,
+)
+from torchroof.kernel_shape import KernelShape
 from torchroof.records import dtype_itemsize
 
 _SPEC_TO_TORCH = {
@@ -31,24 +59,204 @@ def _peak(spec: HardwareSpec, dtype: str) -> float:
     return spec.tensor_peak(key, allow_tf32=key == "tf32")
 
 
-def _itemsize(dtype: str) -> int:
+def _default_pipe(spec: HardwareSpec, dtype: str) -> str:
+    """The name spec.ceilings() gives the pipe _peak() picks for ``dtype``."""
+    key = spec_dtype(dtype)
+    if key == "fp32" and "fp32" not in spec.tensor_flops_per_s:
+        return "fp32 vector (FMA)"
+    return f"{key} tensor core"
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a spec or torch dtype name (bf16 -> 2)."""
     key = spec_dtype(dtype)
     return dtype_itemsize(_SPEC_TO_TORCH.get(key, key))
 
 
+def _key(text: str) -> str:
+    return text.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+# ---------------------------------------------------------------------------------------
+# Lab 1 · kernel presets (seed 000 Tables 2 and 3, and the sections that derive each)
+
+
+@dataclass(frozen=True)
+class KernelPreset:
+    """A kernel's intensity as W / (operand elements x s + fixed bytes), per element, row
+    or problem as the seed counts it; ``fixed_bytes`` are bytes whose width does not follow
+    the activation dtype (fp32 optimizer state, fp32 logits)."""
+
+    flops: float
+    operand_elements: float  # elements at s bytes each
+    fixed_bytes: float
+    arithmetic: str  # the seed's derivation, in one line
+    seed: str  # where the seed states it, with its bf16 number
+
+    def intensity(self, itemsize: int) -> float:
+        return self.flops / (self.operand_elements * itemsize + self.fixed_bytes)
+
+
+_SEED_GEMM = 4096
+PRESETS: dict[str, KernelPreset] = {
+    # the GEMV of batch-1 decode: M = 1, I = 2N/(s(1 + N)) -> 2/s
+    "decode-gemv": KernelPreset(2, 1, 0, "M = 1: 2N/(s(1+N)) -> 2/s", "Table 2: 1.0"),
+    "decode-gemm-b64": KernelPreset(
+        2 * 64 * 8192, 2 * 64 + 8192, 0, "2Md/(s(2M+d)), M = 64, d = 8192", "Table 2: 63"
+    ),
+    "prefill-gemm-32k": KernelPreset(
+        2 * 32768 * 8192, 2 * 32768 + 8192, 0, "2Md/(s(2M+d)), M = 32768, d = 8192", "Table 2: 3641"
+    ),
+    "residual-add": KernelPreset(1, 3, 0, "x + y -> z: 1 FLOP / (3 tensors x s)", "Table 3: 0.17"),
+    "adam": KernelPreset(
+        12, 0, 30, "12 FLOP / 30 B (fp32 master, grad, m, v; bf16 param)", "Table 3: 0.40"
+    ),
+    "swiglu": KernelPreset(6, 3, 0, "~6 FLOP / (3 tensors x s)", "Table 3: 1.00"),
+    "rmsnorm": KernelPreset(5, 2, 0, "~5 FLOP / (2 tensors x s)", "Table 3: 1.25"),
+    "softmax": KernelPreset(
+        6, 2, 0, "online, one pass: ~6 FLOP / (2 tensors x s)", "Table 3: 1.50"
+    ),
+    "layernorm": KernelPreset(9, 2, 0, "mean + var: ~9 FLOP / (2 tensors x s)", "Table 3: 2.25"),
+    "gelu": KernelPreset(12, 2, 0, "tanh form: ~12 FLOP / (2 tensors x s)", "Table 3: 3.00"),
+    "fused-norm-swiglu-residual": KernelPreset(
+        12, 2, 0, "~12 FLOP / (2 tensors x s)", "Table 3: 3.00"
+    ),
+    "cross-entropy": KernelPreset(
+        6,
+        0,
+        16,
+        "6 FLOP / 16 B: fp32 logits read, softmax written, read, grad written",
+        "'logits crisis': 0.38",
+    ),
+    "decode-attention": KernelPreset(4, 2, 0, "4Nd / (2sNd) = 2/s per head", "'Attention III': 1"),
+    "decode-attention-gqa8": KernelPreset(
+        4 * 8,
+        2,
+        0,
+        "g = h/h_kv = 8 heads share the K/V bytes: 2g/s",
+        "'Attention III', Llama-3-70B: 8",
+    ),
+    "naive-attention": KernelPreset(128, 1, 0, "Nd/(s(N+d)) -> d/s, d = 128", "'Attention': 64"),
+    "flash-attention-tiled": KernelPreset(
+        2 * 128, 1, 0, "4N^2 d/(s(2Nd + 2N^2 d/B_r)) -> 2B_r/s, B_r = 128", "'FlashAttention': 128"
+    ),
+    "flash-attention-compulsory": KernelPreset(
+        4 * 2048**2 * 128,
+        4 * 2048 * 128,
+        0,
+        "4N^2 d/(4sNd) = N/s, N = 2048",
+        "'FlashAttention': 1024",
+    ),
+    "gemm-4096-compulsory": KernelPreset(
+        2 * _SEED_GEMM**3, 3 * _SEED_GEMM**2, 0, "2n^3/(3sn^2) = 2n/(3s), n = 4096", "'GEMM': 1365"
+    ),
+    "gemm-tiled-128x128": KernelPreset(
+        2, 2 / 128, 0, "2/(s(1/T_m + 1/T_n)) -> T/s", "'GEMM II': 64"
+    ),
+    "gemm-tiled-256x128": KernelPreset(
+        2,
+        1 / 256 + 1 / 128,
+        0,
+        "2/(s(1/256 + 1/128)), the L2 boundary's I",
+        "'hierarchical roofline': ~85",
+    ),
+    "lm-head": KernelPreset(
+        2 * 8192 * 4096 * 100_000,
+        8192 * 4096 + 4096 * 100_000 + 8192 * 100_000,
+        0,
+        "2 N_t d V / (s(N_t d + dV + N_t V)), N_t = 8192, d = 4096, V = 100k",
+        "'logits crisis': 2660",
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Lab 1 · boundaries and pipes
+
+_ON_CHIP_KEYS = {"register file": "registers", "shared memory": "smem", "L2 cache": "l2"}
+_BOUNDARY_ALIASES = {
+    "register-file": "registers",
+    "rf": "registers",
+    "shared-memory": "smem",
+    "l2-cache": "l2",
+    "dram": "hbm",
+}
+
+
+def boundaries(spec: HardwareSpec) -> dict[str, Boundary]:
+    """seed 000 Table 4's rows for ``spec``, innermost first: its on-chip boundaries and HBM
+    (``spec.boundaries()``), then its links: line rate per GPU per direction of every shipped
+    cluster built from it (``network`` is the first such cluster's by name, ``aws-p5:network``
+    one cluster's), else the accelerator file's own interconnect figures."""
+    table = boundary_table(spec)
+    chip = {_ON_CHIP_KEYS.get(b.name, _key(b.name)): b for b in spec.boundaries()}
+    links = {
+        key: Boundary(key, figure.value, None, LINK_LIMITS.get(key, ""), figure)
+        for key, figure in spec.interconnect_bytes_per_s.items()
+    }
+    qualified = {key: b for key, b in table.items() if ":" in key}
+    from_clusters: dict[str, Boundary] = {}
+    for key, boundary in qualified.items():
+        from_clusters.setdefault(key.split(":", 1)[1], boundary)
+    return {**chip, **links, **from_clusters, **qualified}
+
+
+def find_boundary(spec: HardwareSpec, name: str) -> tuple[str, Boundary]:
+    """(key, Boundary) for ``name``: registers / smem / l2 / hbm (or their long names), a
+    link (nvlink, xgmi, pcie, network) or ``<cluster>:<link>``."""
+    table = boundaries(spec)
+    key = _BOUNDARY_ALIASES.get(_key(name), _key(name))
+    if key not in table:
+        raise ValueError(
+            f"{spec.display_name} has no boundary {name!r}; choose from {', '.join(table)}"
+        )
+    return key, table[key]
+
+
+def find_pipe(spec: HardwareSpec, name: str) -> tuple[str, float]:
+    """(pipe name, FLOP/s) from ``spec.ceilings()``: the full name ("fp32 vector without
+    FMA"), a dtype ("bf16": its tensor core), or fp32-fma / fp32-no-fma / sfu."""
+    ceilings = spec.ceilings()
+    by_key = {_key(p): p for p in ceilings}
+    aliases = {
+        "fp32-fma": "fp32 vector (FMA)",
+        "fp32-vector": "fp32 vector (FMA)",
+        "fp32-no-fma": "fp32 vector without FMA",
+        "fp32-nofma": "fp32 vector without FMA",
+        "sfu": "transcendental (SFU)",
+        "transcendental": "transcendental (SFU)",
+    }
+    key = _key(name)
+    found = aliases.get(key) or by_key.get(key) or by_key.get(f"{key}-tensor-core")
+    if key == "fp32" and found is None:
+        found = "fp32 vector (FMA)"
+    if found is None or found not in ceilings:
+        raise ValueError(
+            f"{spec.display_name} has no pipe {name!r}; choose from "
+            f"{', '.join(ceilings)} (or fp32-fma, fp32-no-fma, sfu)"
+        )
+    return found, ceilings[found]
+
+
 @dataclass(frozen=True)
 class RooflineReading:
-    """Lab 1's readouts for one point of the plane."""
+    """Lab 1's readouts for one point of the plane at one boundary under one pipe."""
 
     hardware: str
     dtype: str
-    intensity: float  # FLOP/byte at the HBM boundary
+    intensity: float  # FLOP per byte crossing ``boundary``
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    pipe: str = ""
+    boundary: str = "HBM"
+    boundary_key: str = "hbm"  # what find_boundary() was given: hbm, l2, dgx-h100:network
+    approximate: bool = False  # the boundary's rate is an approximate aggregate
+    preset: str = ""
+    spec: HardwareSpec | None = field(default=None, repr=False, compare=False)
 
     @property
     def machine_balance(self) -> float:
-        """I* = pi / beta (seed 000 Table 1)."""
+        """I* = pi / beta (seed 000 Table 1; Table 4 at the other boundaries)."""
         return self.peak_flops_per_s / self.bandwidth_bytes_per_s
 
     @property
@@ -69,47 +277,163 @@ class RooflineReading:
 
     def lines(self) -> list[str]:
         shortfall = self.machine_balance / self.intensity if self.intensity else math.inf
+        where = "" if self.boundary == "HBM" else f" at the {self.boundary} boundary"
         verdict = (
-            f"memory-bound: {shortfall:.1f}x more intensity ({self.machine_balance:.0f} FLOP/B) "
-            "reaches the ridge"
+            f"memory-bound{where}: {shortfall:.1f}x more intensity "
+            f"({_ridge(self.machine_balance)} FLOP/B) reaches the ridge"
             if self.regime == "memory-bound"
             else f"compute-bound: {self.intensity / self.machine_balance:.1f}x past the ridge"
         )
-        return [
-            f"{self.hardware}, {self.dtype}, HBM boundary, I = {self.intensity:g} FLOP/B",
-            f"machine balance I*: {self.machine_balance:.0f} FLOP/B",
+        approx = " (approximate)" if self.approximate else ""
+        out = [
+            f"{self.hardware}, {self.dtype}, {self.boundary} boundary{approx}, "
+            f"I = {self.intensity:g} FLOP/B",
+        ]
+        if self.preset:
+            p = PRESETS[self.preset]
+            out.append(f"preset {self.preset}: {p.arithmetic} (seed 000 {p.seed})")
+        out += [
+            f"pipe: {self.pipe or self.dtype} at {self.peak_flops_per_s / 1e12:.2f} TFLOP/s; "
+            f"boundary: {_rate(self.bandwidth_bytes_per_s)}{approx}",
+            f"machine balance I*: {_ridge(self.machine_balance)} FLOP/B{approx}",
             f"attainable: {self.attainable_flops_per_s / 1e12:.2f} TFLOP/s "
             f"of {self.peak_flops_per_s / 1e12:.0f}",
             f"fraction of peak: {100 * self.fraction_of_peak:.2f}%",
             f"time for 1 TFLOP: {self.seconds_per_tflop * 1e3:.3f} ms",
             f"regime: {verdict}",
         ]
+        return out
 
 
-def roofline_point(hardware: str | HardwareSpec, dtype: str, intensity: float) -> RooflineReading:
-    """Where intensity ``I`` lands on the accelerator's roofline (seed 000 Lab 1)."""
+def _ridge(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return (
+        f"{bytes_per_s / 1e12:.3g} TB/s" if bytes_per_s >= 1e12 else f"{bytes_per_s / 1e9:.0f} GB/s"
+    )
+
+
+def roofline_point(
+    hardware: str | HardwareSpec,
+    dtype: str,
+    intensity: float | None = None,
+    *,
+    boundary: str = "hbm",
+    pipe: str | None = None,
+    preset: str | None = None,
+) -> RooflineReading:
+    """Where intensity ``I`` (or a named kernel ``preset``, evaluated at ``dtype``'s width)
+    lands on the accelerator's roofline at ``boundary`` under ``pipe`` (default: the
+    dtype's tensor-core peak) (seed 000 Lab 1)."""
+    if (intensity is None) == (preset is None):
+        raise ValueError("give an intensity or a preset (one of them)")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        intensity = PRESETS[preset].intensity(itemsize(dtype))
+    assert intensity is not None
     if intensity <= 0:
         raise ValueError(f"intensity must be positive, got {intensity}")
     spec = get(hardware)
+    if pipe is None:
+        pipe_name, peak = _default_pipe(spec, dtype), _peak(spec, dtype)
+    else:
+        pipe_name, peak = find_pipe(spec, pipe)
+    key, wall = find_boundary(spec, boundary)
     return RooflineReading(
-        spec.name, spec_dtype(dtype), intensity, _peak(spec, dtype), spec.hbm_bytes_per_s.value
+        spec.name,
+        spec_dtype(dtype),
+        intensity,
+        peak,
+        wall.bytes_per_s,
+        pipe_name,
+        wall.name,
+        key,
+        wall.figure.approximate,
+        preset or "",
+        spec,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Lab 2 · the GEMM workbench
+
+
+def parse_tile(tile: int | str | tuple[int, int] | GemmTile) -> GemmTile:
+    """``128`` -> 128x128, ``"256x128"`` -> T_m = 256, T_n = 128."""
+    if isinstance(tile, GemmTile):
+        return tile
+    if isinstance(tile, int):
+        sizes: tuple[int, ...] = (tile, tile)
+    elif isinstance(tile, tuple):
+        sizes = tile
+    else:
+        try:
+            sizes = tuple(int(part) for part in tile.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"a tile is T or T_mxT_n (128, 256x128), got {tile!r}") from None
+        if len(sizes) == 1:
+            sizes = (sizes[0], sizes[0])
+    if len(sizes) != 2 or min(sizes) <= 0:
+        raise ValueError(f"a tile is T or T_mxT_n with positive sizes, got {tile!r}")
+    return GemmTile(*sizes)
+
+
+@dataclass(frozen=True)
+class LevelReading:
+    """One boundary of the hierarchical readout: the bytes the tile grid pulls across it."""
+
+    level: str  # hierarchy.LEVELS: registers, smem, l2, hbm
+    name: str  # Table 4's row
+    bytes: float
+    bytes_per_s: float
+    approximate: bool
+
+    def intensity(self, flops: float) -> float:
+        return flops / self.bytes
+
+    def cap(self, flops: float, peak: float) -> float:
+        """beta_l·I_l / pi: the share of peak this boundary alone allows."""
+        return self.bytes_per_s * self.intensity(flops) / peak
+
+
+_LEVEL_NAMES = {"registers": "register file", "smem": "shared memory", "l2": "L2", "hbm": "HBM"}
 
 
 @dataclass(frozen=True)
 class GemmReading:
-    """Lab 2's readouts for C[M,N] = A[M,K] @ B[K,N] with square T x T output tiles."""
+    """Lab 2's readouts for C[M,N] = A[M,K] @ B[K,N] with T_m x T_n output tiles."""
 
     m: int
     n: int
     k: int
     dtype: str
-    tile: int
+    tile: GemmTile
     l2_absorption: float  # share of the tiled re-reads L2 absorbs (Lab 2: 80-95% typical)
     itemsize: int
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
     local_budget_bytes: int
+    spec: HardwareSpec = field(repr=False, compare=False)
+
+    @property
+    def levels(self) -> Levels:
+        """The tile grid's bytes at every boundary (hierarchy.gemm_levels); HBM sees the
+        modelled bytes (compulsory plus the re-reads L2 lets through)."""
+        shape = KernelShape("gemm", self.itemsize, batch=1, m=self.m, n=self.n, k=self.k)
+        return gemm_levels(shape, self.modelled_bytes, self.tile, self.spec, self.itemsize)
+
+    @property
+    def waves(self) -> Waves:
+        """seed 000 "Is the work quantised badly?": the grid's CTAs over the SMs."""
+        return waves(self.levels, self.spec)
+
+    @property
+    def sms(self) -> int:
+        units = self.spec.compute_units
+        return int(units.value) if units is not None else 1
 
     @property
     def flops(self) -> int:
@@ -121,12 +445,11 @@ class GemmReading:
         return self.itemsize * (self.m * self.k + self.k * self.n + self.m * self.n)
 
     @property
-    def tiled_bytes(self) -> int:
-        """Each of the ceil(M/T)·ceil(N/T) tiles reads a T x K panel of A and a K x T panel
-        of B and writes its T x T block (seed 000 "GEMM II")."""
-        tiles = math.ceil(self.m / self.tile) * math.ceil(self.n / self.tile)
-        per_tile = 2 * self.tile * self.k + self.tile * self.tile
-        return self.itemsize * tiles * per_tile
+    def tiled_bytes(self) -> float:
+        """Each T_m x T_n tile reads a T_m x K panel of A and a K x T_n panel of B
+        (hierarchy.tiled_bytes), and C is written once (seed 000 "GEMM II")."""
+        panels = tiled_bytes(self.m, self.n, self.k, (self.tile.m, self.tile.n), self.itemsize)
+        return panels + self.itemsize * self.m * self.n
 
     @property
     def modelled_bytes(self) -> float:
@@ -137,8 +460,8 @@ class GemmReading:
 
     @property
     def tiled_intensity_limit(self) -> float:
-        """T/s, what the tiled intensity tends to for large K."""
-        return self.tile / self.itemsize
+        """2/(s(1/T_m + 1/T_n)), what the tiled intensity tends to for large K (T/s square)."""
+        return 2 / (self.itemsize * (1 / self.tile.m + 1 / self.tile.n))
 
     def intensity(self, which: str) -> float:
         size = {
@@ -162,31 +485,108 @@ class GemmReading:
 
     @property
     def tile_bytes(self) -> int:
-        """Two input tiles in the operand dtype plus an fp32 accumulator (seed 004)."""
-        return 2 * self.tile * self.tile * self.itemsize + self.tile * self.tile * 4
+        """seed 004: an A tile T_m x T_k and a B tile T_k x T_n in the operand dtype plus an
+        fp32 T_m x T_n accumulator. NB: T_k = min(T_m, T_n), so a square tile T keeps the
+        seed's 2·T²·s + 4·T²."""
+        tm, tn = self.tile.m, self.tile.n
+        return (tm + tn) * min(tm, tn) * self.itemsize + tm * tn * 4
 
     @property
     def tile_fits(self) -> bool:
         return self.tile_bytes <= self.local_budget_bytes
 
+    def hierarchy(self) -> list[LevelReading]:
+        """The tile grid's bytes at every boundary the spec lists a rate for, innermost
+        first (seed 000 "The hierarchical roofline")."""
+        rates = {**level_rates(self.spec), "hbm": self.bandwidth_bytes_per_s}
+        figures = {
+            "registers": self.spec.register_bytes_per_s,
+            "smem": self.spec.shared_memory_bytes_per_s,
+            "l2": self.spec.l2_bytes_per_s,
+            "hbm": self.spec.hbm_bytes_per_s,
+        }
+        found = self.levels.by_level()
+        return [
+            LevelReading(
+                level,
+                _LEVEL_NAMES[level],
+                found[level],
+                rates[level],
+                bool(figure is not None and figure.approximate),
+            )
+            for level, figure in figures.items()
+            if level in found and level in rates
+        ]
+
+    @property
+    def binding(self) -> LevelReading | None:
+        """The boundary whose beta·I is smallest, or None when every one clears pi."""
+        worst = min(self.hierarchy(), key=lambda r: r.cap(self.flops, self.peak_flops_per_s))
+        return worst if worst.cap(self.flops, self.peak_flops_per_s) < 1 else None
+
+    @property
+    def hierarchical_cap(self) -> float:
+        """min(pi, beta_l·I_l over the levels) / pi."""
+        caps = [r.cap(self.flops, self.peak_flops_per_s) for r in self.hierarchy()]
+        return min([1.0, *caps])
+
+    @property
+    def hierarchical_time_s(self) -> float:
+        """W / (pi x the hierarchical cap): the floor once every boundary is counted."""
+        return self.flops / (self.peak_flops_per_s * self.hierarchical_cap)
+
     def lines(self) -> list[str]:
         fit = "fits" if self.tile_fits else "does NOT fit: choose a smaller tile"
-        return [
-            f"GEMM {self.m} x {self.n} x {self.k}, {self.dtype}, tile {self.tile}, "
+        tm, tn, s = self.tile.m, self.tile.n, self.itemsize
+        limit = (
+            f"T/s = {self.tiled_intensity_limit:.0f}"
+            if tm == tn
+            else f"2/(s(1/T_m + 1/T_n)) = {self.tiled_intensity_limit:.1f}"
+        )
+        out = [
+            f"GEMM {self.m} x {self.n} x {self.k}, {self.dtype}, tile {self.tile.label()}, "
             f"L2 absorption {100 * self.l2_absorption:.0f}%",
             f"W: {self.flops / 1e9:.1f} GFLOP",
             f"Q compulsory: {self.compulsory_bytes / 1e6:.1f} MB "
             f"(I = {self.intensity('compulsory'):.1f})",
             f"Q tiled: {self.tiled_bytes / 1e6:.1f} MB (I = {self.intensity('tiled'):.1f}, "
-            f"-> T/s = {self.tiled_intensity_limit:.0f} as K grows)",
+            f"-> {limit} as K grows)",
             f"Q modelled: {self.modelled_bytes / 1e6:.1f} MB "
             f"(I = {self.intensity('modelled'):.1f})",
             f"predicted time: {self.time_s * 1e6:.1f} us, "
             f"{100 * self.fraction_of_peak:.1f}% of peak",
-            f"tile fit: 2 x {self.tile}^2 x {self.itemsize} B inputs + {self.tile}^2 x 4 B "
+            f"tile fit: ({tm} + {tn}) x {min(tm, tn)} x {s} B inputs + {tm} x {tn} x 4 B "
             f"accumulator = {self.tile_bytes / 1024:.0f} KiB against "
             f"{self.local_budget_bytes / 1024:.0f} KiB: {fit}",
+            "hierarchical roofline (seed 000): level, I, ridge, cap",
         ]
+        for r in self.hierarchy():
+            intensity = r.intensity(self.flops)
+            extra = ""
+            if r.level == "l2":
+                extra = f" (-> {self.tiled_intensity_limit:.1f} without the output write)"
+            if r.level == "smem":
+                extra = f" (warp tile {self.tile.warp[0]}x{self.tile.warp[1]})"
+            approx = " ~" if r.approximate else " "
+            out.append(
+                f"  {r.name}: I = {intensity:.1f}{extra}, ridge{approx}"
+                f"{self.peak_flops_per_s / r.bytes_per_s:.1f}, "
+                f"cap {100 * r.cap(self.flops, self.peak_flops_per_s):.1f}% of peak"
+            )
+        binding = self.binding
+        out.append(
+            f"binds: {binding.name}, {100 * self.hierarchical_cap:.1f}% of peak, floor "
+            f"{self.hierarchical_time_s * 1e6:.1f} us"
+            if binding is not None
+            else "binds: compute (every boundary clears the peak)"
+        )
+        w, levels = self.waves, self.levels
+        out.append(
+            f"waves: {w.ctas} CTAs over {self.sms} SMs x {levels.ctas_per_sm} CTA/SM "
+            f"({self.tile.smem_bytes(s) // 1024} KiB of pipelined stages per CTA) = "
+            f"{w.count} waves, {100 * w.efficiency:.1f}% busy (last wave {100 * w.tail:.0f}% full)"
+        )
+        return out
 
 
 def gemm_workbench(
@@ -195,14 +595,16 @@ def gemm_workbench(
     k: int,
     *,
     dtype: str = "bf16",
-    tile: int = 128,
+    tile: int | str | tuple[int, int] | GemmTile = 128,
     l2_absorption: float = 0.85,
     hardware: str | HardwareSpec = "h100-sxm",
     local_budget_bytes: int | None = None,
 ) -> GemmReading:
-    """seed 000 Lab 2. ``local_budget_bytes`` defaults to the hardware's shared memory per SM
-    (an H100 SM's 228 KB, seed 000 "GEMM II")."""
-    for name, value in (("M", m), ("N", n), ("K", k), ("tile", tile)):
+    """seed 000 Lab 2 with rectangular tiles (``256x128``) and the hierarchical readout.
+    ``local_budget_bytes`` defaults to the hardware's shared memory per SM (an H100 SM's
+    228 KB, seed 000 "GEMM II")."""
+    gemm_tile = parse_tile(tile)
+    for name, value in (("M", m), ("N", n), ("K", k)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     if not 0 <= l2_absorption <= 1:
@@ -213,10 +615,11 @@ def gemm_workbench(
         n,
         k,
         spec_dtype(dtype),
-        tile,
+        gemm_tile,
         l2_absorption,
-        _itemsize(dtype),
+        itemsize(dtype),
         _peak(spec, dtype),
         spec.hbm_bytes_per_s.value,
         spec.shared_memory_per_sm() if local_budget_bytes is None else local_budget_bytes,
+        spec,
     )

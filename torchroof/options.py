@@ -35,6 +35,21 @@ DEFAULT_VIRTUAL_STAGES = 2  # an interleaved schedule's stages per rank unless g
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
 ATTENTION_POLICIES = ("flash", "math")
+TIMING_MODES = ("roofline", "realistic")
+
+
+def parse_gemm_tile(text: str) -> tuple[int, int] | None:
+    """``"256x128"`` -> (256, 128); ``"auto"`` -> None (torchroof.hierarchy's heuristic)."""
+    if text == "auto":
+        return None
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise OptionError(
+            f"gemm_tile is TmxTn with positive whole numbers (e.g. 256x128) or auto, got {text!r}"
+        )
+    return int(parts[0]), int(parts[1])
+
+
 # seed 000 Lab 3: real fused kernels start spilling past roughly 64 KB of live state per
 # 256-thread block; a row-wise kernel keeps about one row per thread group in flight.
 DEFAULT_ON_CHIP_BUDGET_BYTES = 64 * 1024
@@ -389,9 +404,27 @@ class PricingOptions:
     launch_overhead_s: float = knob(
         0.0, "added to every kernel, in microseconds", flag="--launch-overhead-us", scale=1e-6
     )
+    mode: str = knob(
+        "roofline",
+        "roofline: the pure lower bound T = max(W/pi, Q/beta); realistic: adds the on-chip "
+        "roofs, waves, the latency shelf, achievable fractions and launches (each switchable)",
+        choices=TIMING_MODES,
+    )
+    on_chip: bool = knob(True, "realistic: the L2 and shared-memory roofs bind (seed Table 4)")
+    waves: bool = knob(True, "realistic: tiled kernels run in whole waves over the SMs")
+    latency_shelf: bool = knob(
+        True, "realistic: a kernel with too few bytes in flight runs at C / latency"
+    )
+    achievable: bool = knob(
+        True, "realistic: STREAM-like bandwidth and sustained tensor rate from the hardware file"
+    )
+    launch: bool = knob(True, "realistic: each kernel pays the hardware file's launch overhead")
+    gemm_tile: str = knob("auto", "GEMM threadblock tile TmxTn (e.g. 256x128); auto: heuristic")
 
     def __post_init__(self) -> None:
         _choose("fusion policy", self.fusion, FUSION_POLICIES)
+        _choose("timing mode", self.mode, TIMING_MODES)
+        parse_gemm_tile(self.gemm_tile)
         _choose("loss policy", self.loss, LOSS_POLICIES)
         _choose("attention policy", self.attention, ATTENTION_POLICIES)
         _positive_int("on_chip_budget_bytes", self.on_chip_budget_bytes)

@@ -28,12 +28,13 @@ from torchroof.hardware import (
     is_cluster,
     spec_dtype,
 )
+from torchroof.kernel_shape import KernelShape, kernel_shape
 from torchroof.memory import footprint
 from torchroof.network import NETWORK, NO_LINK, collective_time
 from torchroof.options import PricingOptions, split_knobs
 from torchroof.pp_step import PipelineTrace
 from torchroof.quantize import check_hardware
-from torchroof.records import OpRecord, Trace
+from torchroof.records import OpRecord, Trace, dtype_itemsize
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
 from torchroof.schedule import schedule, tasks_of
@@ -94,6 +95,13 @@ def _timed(
         written_by=traffic[1],
         flags=kernel.flags,
         first_op=kernel.ops[0].index if kernel.ops else -1,
+        boundary=t.boundary,
+        level_bytes=dict(t.level_bytes or {}),
+        tile=t.tile,
+        waves=t.waves,
+        wave_efficiency=t.wave_efficiency,
+        in_flight_bytes=t.in_flight_bytes,
+        overhead_s=t.overhead_s,
     )
 
 
@@ -192,7 +200,7 @@ def _estimate_trace(
         cost = kernel.cost
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
-        t = time_kernel(cost, spec, pricing)
+        t = time_kernel(cost, spec, pricing, *_geometry(kernel))
         estimate = _timed(index, kernel, cost, t, traffic_by_role(kernel, roles))
         if cost.unit == "network":
             collectives += 1
@@ -240,6 +248,13 @@ def _estimate_trace(
         link_ridges=_link_ridges(cluster, reference_peak),
         step_time_s=step_time_s,
     )
+
+
+def _geometry(kernel: Kernel) -> tuple[KernelShape, int]:
+    """The kernel's shape (tiles, waves, levels) and its output's bytes per element."""
+    lead = kernel.lead
+    out = lead.outputs[0].dtype if lead.outputs else "bfloat16"
+    return kernel_shape(kernel.ops, lead, kernel.cost), dtype_itemsize(out)
 
 
 def _routed(kernel: Kernel) -> bool:

@@ -25,7 +25,8 @@ PHASE_COLOURS = {
 }
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (a clear error without the plot extra)."""
     try:
         import matplotlib
     except ImportError:  # pragma: no cover - exercised only without the extra
@@ -46,17 +47,19 @@ def check_plot_path(path: str | Path) -> Path:
     return path
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_figure(fig: Any, path: str | Path, dpi: int = 150) -> Path:
+    """Write ``fig`` to ``path`` (its suffix picks the format) and close it."""
     path = check_plot_path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
     return path
 
 
 def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> Path:
     """Log-log roofline: the HBM diagonal, a roof per dtype and the vector-unit roof, and a
     point per kernel at (intensity, attained FLOP/s), its area proportional to its time."""
-    plt = _pyplot()
+    plt = pyplot()
     spec = get(est.hardware)
     beta = spec.hbm_bytes_per_s.value
     kernels = [k for k in est.kernels if k.flops and k.bytes and k.time_s]
@@ -99,12 +102,12 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
     ax.set_title(f"{est.facts.model} on {spec.display_name} (HBM {beta / 1e12:.2f} TB/s)")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def layer_plot(est: Estimate, path: str | Path, depth: int | None = None) -> Path:
     """Stacked per-layer time bar, one segment per phase (seed 000 Lab 4)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = est.rows(depth, collapse=True)
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.35 * len(rows) + 1.5)))
     names = [r.name for r in rows]
@@ -118,12 +121,12 @@ def layer_plot(est: Estimate, path: str | Path, depth: int | None = None) -> Pat
     ax.set_xlabel("time (ms, roofline)")
     ax.set_title(f"per-layer budget, {est.label}: {est.time_s * 1e3:.2f} ms")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sweep_plot(sweep: Any, path: str | Path) -> Path:
     """Throughput and step time against the swept size, with B* and the KV crossover."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = sweep.rows()
     xs = [r[sweep.key] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -148,4 +151,4 @@ def sweep_plot(sweep: Any, path: str | Path) -> Path:
         f"{sweep.points[0].estimate.facts.model} "
         f"{sweep.points[0].estimate.workload.get('regime', '')} sweep"
     )
-    return _save(fig, path)
+    return save_figure(fig, path)

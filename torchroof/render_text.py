@@ -33,6 +33,10 @@ CATEGORY_LABELS = {
 }
 
 
+# The realistic mode's switchable effects (torchroof.roofline), as PricingOptions names.
+REALISTIC_EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
@@ -91,9 +95,10 @@ def layer_table(
         headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
     else:
         categories = []
-    headers += ["share %", "bound"]
+    headers += ["share %", "MFU %", "mem-bound %", "bound"]
     # shares of the kernels' summed time (the step's own, without communication overlap)
     total = sum(k.time_s for k in est.kernels) or 1.0
+    peak = est.reference_peak_flops_per_s
     body = []
     for row in est.rows(depth, collapse=collapse):
         line: list[Any] = [
@@ -109,7 +114,12 @@ def layer_table(
         if communicates:
             line.append(_ms(row.exposed_communication_s))
         line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
-        line += [f"{100 * row.time_s / total:.1f}", row.boundary]
+        line += [
+            f"{100 * row.time_s / total:.1f}",
+            f"{100 * row.mfu(peak):.1f}" if row.time_s else "-",
+            f"{100 * row.memory_bound_share:.0f}" if row.time_s else "-",
+            row.boundary,
+        ]
         body.append(line)
     footer: list[Any] = [
         "total",
@@ -124,7 +134,12 @@ def layer_table(
     if communicates:
         footer.append(_ms(communication(est).exposed_s))
     footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
-    footer += ["100.0", f"{100 * est.memory_bound_share:.0f}% mem"]
+    footer += [
+        "100.0",
+        f"{100 * est.mfu:.1f}",
+        f"{100 * est.memory_bound_share:.0f}",
+        "memory" if est.memory_bound_share >= 0.5 else "compute",
+    ]
     body.append(footer)
     return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
@@ -133,6 +148,52 @@ def _bound(kernel: KernelEstimate) -> str:
     """The bound, naming the boundary for a collective (seed 000: "name the boundary every
     time you name the bound"): ``network (nvlink)``."""
     return f"network ({kernel.link})" if kernel.bound == "network" else kernel.bound
+
+
+def binds(kernel: KernelEstimate) -> str:
+    """Which term of the hierarchical bound binds (seed 000 "name the boundary every time you
+    name the bound"), with a GEMM's tile and, past one wave, its waves and their occupancy:
+    ``l2 256x128, 4 waves 97%``."""
+    parts = [kernel.boundary or "-"]
+    if kernel.tile:
+        parts.append(kernel.tile)
+    text = " ".join(parts)
+    if kernel.waves > 1 or kernel.wave_efficiency < 0.75:
+        text += f", {kernel.waves} wave{'s' if kernel.waves != 1 else ''}"
+        text += f" {100 * kernel.wave_efficiency:.0f}%"
+    return text
+
+
+def timing_lines(est: Estimate) -> list[str]:
+    """Which mode made the numbers, and the step's time by the boundary that binds each
+    kernel (seed 000 "The hierarchical roofline")."""
+    options = est.options
+    if options.get("mode", "roofline") == "realistic":
+        effects = [e for e in REALISTIC_EFFECTS if options.get(e, True)]
+        off = [e for e in REALISTIC_EFFECTS if not options.get(e, True)]
+        line = "timing: realistic mode (" + (", ".join(effects) or "no effects") + ")"
+        if off:
+            line += "; off: " + ", ".join(off)
+        overhead = sum(k.overhead_s for k in est.kernels)
+        if overhead:
+            line += f"; launches {_ms(overhead)} ms"
+    else:
+        line = (
+            "timing: pure roofline T = max(W/pi, Q/beta), a lower bound "
+            "(--mode realistic adds on-chip roofs, waves, latency, achievable rates, launches)"
+        )
+    by_boundary: dict[str, float] = {}
+    for k in est.kernels:
+        if k.boundary and not k.communication:
+            by_boundary[k.boundary] = by_boundary.get(k.boundary, 0.0) + k.time_s
+    lines = [line]
+    if by_boundary:
+        ranked = sorted(by_boundary.items(), key=lambda item: -item[1])
+        lines.append(
+            "kernel time by the boundary that binds it (hierarchical roofline): "
+            + ", ".join(f"{name} {_ms(seconds)} ms" for name, seconds in ranked)
+        )
+    return lines
 
 
 def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
@@ -149,11 +210,13 @@ def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
             _intensity(k.intensity),
             f"{k.time_s * 1e6:.1f}",
             _bound(k),
+            binds(k),
             _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
         ]
         for k in ranked
     ]
-    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound", "members"]
+    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound", "binds"]
+    headers.append("members")
     return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
@@ -255,6 +318,7 @@ def summary(est: Estimate) -> str:
         lines.append(f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
     if est.step_time_s is not None and any(k.communication for k in est.kernels):
         lines += communication_lines(est)
+    lines += timing_lines(est)
     lines += [
         f"work: {est.flops / 1e12:.3f} TFLOP, traffic: {est.bytes / 1e9:.3f} GB, "
         f"intensity {_step_intensity(est)} FLOP/B",

@@ -65,6 +65,16 @@ class KernelEstimate:
     exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
     first_op: int = -1  # the trace index of its first op (-1: not known)
     latency_s: float = 0.0  # a collective's alpha (per-message latency) within network_s
+    # The hierarchical roofline and realistic mode (torchroof.roofline): which term binds
+    # (compute / hbm / l2 / smem / registers / latency), bytes at each boundary, a GEMM's
+    # tile, its waves over the SMs, the bytes it keeps in flight and the launch in time_s.
+    boundary: str = ""
+    level_bytes: dict[str, float] = field(default_factory=dict)
+    tile: str = ""
+    waves: int = 0
+    wave_efficiency: float = 1.0
+    in_flight_bytes: float = 0.0
+    overhead_s: float = 0.0
 
     @property
     def bytes(self) -> int:
@@ -160,6 +170,17 @@ class LayerRow:
     def communication_s(self) -> float:
         """Time of the row's communication kernels, exposed or not."""
         return self.exposed_communication_s + self.hidden_communication_s
+
+    @property
+    def memory_bound_share(self) -> float:
+        """Share of the row's time in memory-bound kernels (seed 000 Lab 4, "time
+        memory-bound")."""
+        return self.memory_bound_s / self.time_s if self.time_s else 0.0
+
+    def mfu(self, peak_flops_per_s: float) -> float:
+        """The row's W / (T · pi) against ``peak_flops_per_s`` (seed 000 Lab 4, "MFU (this
+        layer)")."""
+        return self.flops / (self.time_s * peak_flops_per_s) if self.time_s else 0.0
 
     @property
     def bound(self) -> str:
@@ -431,6 +452,19 @@ class Estimate:
                 "tokens_per_s": self.tokens_per_s,
                 "traffic": self.traffic(),
             },
+            "layers": [
+                {
+                    "name": row.name,
+                    "kernels": row.kernels,
+                    "flops": row.flops,
+                    "bytes": row.bytes,
+                    "time_s": row.time_s,
+                    "mfu": row.mfu(self.reference_peak_flops_per_s),
+                    "memory_bound_share": row.memory_bound_share,
+                    "bound": row.boundary,
+                }
+                for row in self.rows()
+            ],
             "kernels": [k.to_json() for k in self.kernels],
         }
 

@@ -1,31 +1,48 @@
 """Predicted versus measured: run a model step for real, profile it, and set every measured
 kernel beside the kernel torchroof predicted for it.
 
-seed 000 "Performance diagnosis": W is counted analytically, t is timed with warm-up; the
-distance between the prediction and the measurement is the diagnosis. Kernels far below
-their roof are classified with the seed's questions, cheapest first: too small to hide the
-launch, then the ceiling, then latency / parallelism.
+seed 000 "Performance diagnosis": W and Q are counted analytically, t is timed with warm-up;
+the distance between the prediction and the measurement is the diagnosis. Every measured
+kernel is put through the seed's questions in order (torchroof.diagnosis); the first that
+explains its gap is its verdict.
+
+Reproducibility: the ceilings and the step are measured together. Each repeat calibrates
+(a short STREAM, matmul and launch measurement) and then times the step at once, so both see
+the same load; each repeat is predicted with its own calibration and the ratio is reported
+as the median and the spread over the repeats. With a fixed hardware file only the step is
+repeated.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from torchroof.api import trace
-from torchroof.hardware import HardwareSpec, get
-from torchroof.options import Workload
+from torchroof.calibrate import Calibration, calibrate
+from torchroof.diagnosis import QUESTIONS, Diagnosis, MachineFigures, diagnose
+from torchroof.hardware import Figure, HardwareSpec, get
+from torchroof.hardware.spec import parse as parse_spec
+from torchroof.options import TIMING_MODES, Workload
 from torchroof.pipeline import estimate_trace
 from torchroof.records import layer_key
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.workloads import regime as find_regime
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 # A model small enough to run for real on a CPU in well under a second per step.
 CPU_OVERRIDES = {
@@ -49,7 +66,16 @@ TINY_OVERRIDES = {
     "vocab_size": 4096,
 }
 
-FAR_BELOW = 3.0  # measured / predicted above this is diagnosed
+# The calibration each repeat runs before its step: STREAM past the caches a step uses, the
+# matmul sizes that reach the CPU's rate, a cache-resident elementwise operand, the launch.
+SHORT_CALIBRATION: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "stream_bytes": 128 * 2**20,
+        "matmul_sizes": (512, 1024),
+        "elementwise_bytes": 2**20,
+    },
+    "cuda": {"matmul_sizes": (4096,)},
+}
 
 
 def normalise(name: str) -> str:
@@ -61,6 +87,60 @@ def normalise(name: str) -> str:
     return core
 
 
+# --- repeats -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of a few repeats and their range."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} ({self.low:.2f}..{self.high:.2f})"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median": self.median, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One calibration and the step timed right after it, predicted with that calibration."""
+
+    measured_s: float  # median wall time of the step's timed runs
+    predicted_s: dict[str, float]  # timing mode -> the step's predicted time
+    calibration: Calibration | None = None  # None: a fixed hardware file
+
+    def ratio(self, mode: str) -> float:
+        """predicted / measured in ``mode``."""
+        return self.predicted_s[mode] / self.measured_s
+
+
+C = TypeVar("C")
+M = TypeVar("M")
+
+
+def interleave(
+    repeats: int, calibrate_once: Callable[[], C], time_step: Callable[[], M]
+) -> list[tuple[C, M]]:
+    """Calibrate, then time the step at once, ``repeats`` times: each measurement of the step
+    has ceilings measured under the same load."""
+    runs = []
+    for _ in range(repeats):
+        calibration = calibrate_once()
+        runs.append((calibration, time_step()))
+    return runs
+
+
+# --- the result ----------------------------------------------------------------------------
+
+
 @dataclass
 class KernelComparison:
     index: int  # predicted kernel index
@@ -68,33 +148,75 @@ class KernelComparison:
     module: str
     phase: str
     bound: str
-    predicted_s: float
+    boundary: str
+    predicted_s: float  # in the validation's mode
+    roofline_s: float
+    realistic_s: float
     measured_s: float | None
-    diagnosis: str = ""
+    diagnosis: Diagnosis | None = None
 
     @property
     def ratio(self) -> float | None:
         """predicted / measured (1.0 = the roofline is reached)."""
         return self.predicted_s / self.measured_s if self.measured_s else None
 
+    @property
+    def label(self) -> str:
+        return self.diagnosis.label if self.diagnosis else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "module": self.module,
+            "phase": self.phase,
+            "bound": self.bound,
+            "boundary": self.boundary,
+            "predicted_s": self.predicted_s,
+            "roofline_s": self.roofline_s,
+            "realistic_s": self.realistic_s,
+            "measured_s": self.measured_s,
+            "ratio": self.ratio,
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
+        }
+
 
 @dataclass
 class Validation:
-    """Per-kernel and per-layer predicted / measured, and the total ratio."""
+    """Per-kernel and per-layer predicted / measured, and the step's ratio over repeats."""
 
     model: str
     regime: str
     device: str
     hardware: str
-    kernels: list[KernelComparison]
+    mode: str  # the timing mode of the per-kernel table and the headline ratio
+    kernels: list[KernelComparison]  # the median repeat's predictions, median measurements
     unmatched_measured: list[tuple[str, float]]  # measured kernels no prediction claimed
-    measured_total_s: float  # wall time of the step
-    predicted_total_s: float
+    repeats: list[Repeat]
     settings: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, mode: str | None = None) -> Spread:
+        """predicted / measured over the repeats, in ``mode`` (default: the validation's)."""
+        return Spread.of([r.ratio(mode or self.mode) for r in self.repeats])
+
+    def predicted(self, mode: str | None = None) -> Spread:
+        return Spread.of([r.predicted_s[mode or self.mode] for r in self.repeats])
+
+    def measured(self) -> Spread:
+        return Spread.of([r.measured_s for r in self.repeats])
+
+    @property
+    def measured_total_s(self) -> float:
+        return self.measured().median
+
+    @property
+    def predicted_total_s(self) -> float:
+        return self.predicted().median
 
     @property
     def total_ratio(self) -> float:
-        return self.predicted_total_s / self.measured_total_s
+        """The median over the repeats of predicted / measured."""
+        return self.ratio().median
 
     @property
     def matched_measured_s(self) -> float:
@@ -118,10 +240,10 @@ class Validation:
         ]
         rows.append(
             [
-                "total (wall)",
+                f"total (wall, median of {len(self.repeats)})",
                 f"{self.predicted_total_s * 1e3:.3f}",
                 f"{self.measured_total_s * 1e3:.3f}",
-                f"{self.total_ratio:.2f}",
+                str(self.ratio()),
             ]
         )
         layer_table = tabulate(
@@ -139,38 +261,59 @@ class Validation:
                 k.index,
                 k.name.removeprefix("aten."),
                 k.module,
-                k.bound,
+                k.boundary or k.bound,
                 f"{k.predicted_s * 1e6:.1f}",
                 f"{(k.measured_s or 0) * 1e6:.1f}",
                 f"{k.ratio:.2f}" if k.ratio else "-",
-                k.diagnosis,
+                k.label,
             ]
             for k in worst
         ]
         kernel_table = tabulate(
             kernel_rows,
-            headers=["#", "op", "module", "bound", "pred us", "meas us", "pred/meas", "diagnosis"],
+            headers=["#", "op", "module", "binds", "pred us", "meas us", "pred/meas", "diagnosis"],
             disable_numparse=True,
         )
-        return f"{layer_table}\n\nslowest measured kernels:\n{kernel_table}"
+        return f"{layer_table}\n\nslowest measured kernels ({self.mode}):\n{kernel_table}"
 
     def summary(self) -> str:
         covered = self.matched_measured_s / max(
             self.matched_measured_s + sum(t for _, t in self.unmatched_measured), 1e-12
         )
-        diagnosed = defaultdict(int)
-        for k in self.kernels:
-            if k.diagnosis:
-                diagnosed[k.diagnosis.split(":")[0]] += 1
+        calibrated = any(r.calibration is not None for r in self.repeats)
+        how = "each calibrated just before its step" if calibrated else "fixed hardware file"
         lines = [
-            f"{self.model} {self.regime} on {self.device} against {self.hardware}: "
-            f"predicted {self.predicted_total_s * 1e3:.3f} ms, "
-            f"measured {self.measured_total_s * 1e3:.3f} ms, ratio {self.total_ratio:.2f}",
+            f"{self.model} {self.regime} on {self.device} against {self.hardware}, "
+            f"{len(self.repeats)} repeats ({how}); median (min..max):",
+            f"  measured   {self.measured_total_s * 1e3:.3f} ms "
+            f"({self.measured().low * 1e3:.3f}..{self.measured().high * 1e3:.3f})",
+        ]
+        for mode in TIMING_MODES:
+            lines.append(
+                f"  {mode:<10} predicted {self.predicted(mode).median * 1e3:.3f} ms, "
+                f"predicted/measured {self.ratio(mode)}"
+            )
+        lines.append(
             f"kernel mapping: {len([k for k in self.kernels if k.measured_s])} of "
             f"{len(self.kernels)} predicted kernels matched, {100 * covered:.1f}% of measured "
-            f"kernel time",
-        ]
-        lines += [f"diagnosis: {n} kernels {what}" for what, n in sorted(diagnosed.items())]
+            f"kernel time"
+        )
+        diagnosed = [k.diagnosis for k in self.kernels if k.diagnosis]
+        counts = Counter(d.label for d in diagnosed)
+        if counts:
+            order = ["at the roof"] + [q.finding for q in QUESTIONS] + ["unexplained"]
+            lines.append(
+                f"diagnosis ({self.mode} vs measured; seed 000's questions in order, the first "
+                "that explains): "
+                + ", ".join(f"{counts[label]} {label}" for label in order if counts[label])
+            )
+            unknown = {
+                q.topic: a.answer
+                for d in diagnosed
+                for q, a in zip(QUESTIONS, d.answers, strict=True)
+                if not a.known
+            }
+            lines += [f"  {topic}: {answer}" for topic, answer in unknown.items()]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,14 +322,25 @@ class Validation:
             "regime": self.regime,
             "device": self.device,
             "hardware": self.hardware,
+            "mode": self.mode,
             "settings": self.settings,
             "predicted_total_s": self.predicted_total_s,
             "measured_total_s": self.measured_total_s,
             "total_ratio": self.total_ratio,
+            "ratios": {mode: self.ratio(mode).to_dict() for mode in TIMING_MODES},
+            "repeats": [
+                {
+                    "measured_s": r.measured_s,
+                    "predicted_s": r.predicted_s,
+                    "ratio": {mode: r.ratio(mode) for mode in TIMING_MODES},
+                    "calibration": r.calibration.to_dict() if r.calibration else None,
+                }
+                for r in self.repeats
+            ],
             "layers": [
                 {"layer": n, "predicted_s": p, "measured_s": m} for n, p, m in self.layers()
             ],
-            "kernels": [{**asdict(k), "ratio": k.ratio} for k in self.kernels],
+            "kernels": [k.to_dict() for k in self.kernels],
             "unmatched_measured": self.unmatched_measured,
         }
 
@@ -194,18 +348,37 @@ class Validation:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
 
-def diagnose(kernel: KernelEstimate, measured_s: float, launch_overhead_s: float) -> str:
-    """seed 000's questions, in order, for a kernel far below its roof."""
-    if measured_s < FAR_BELOW * kernel.time_s:
-        return ""
-    if kernel.time_s < 5 * max(launch_overhead_s, 1e-6) or measured_s < 20e-6:
-        return "too small: launch overhead and fixed costs dominate"
-    if kernel.bound == "compute":
-        return "below the compute roof: wrong ceiling (unit, dtype) or low efficiency"
-    return "below the bandwidth roof: latency-bound or not enough parallel work, or re-reads"
+# --- running the step ----------------------------------------------------------------------
 
 
-def _measured_kernels(events: list[Any], names: set[str]) -> list[tuple[str, float]]:
+def _event_s(event: Any, device: str) -> float:
+    """An op's time: on the CPU its CPU time; on a GPU its kernels' device time (the CPU
+    time of an asynchronous launch is the launch only)."""
+    if device == "cpu":
+        return event.cpu_time_total * 1e-6
+    return getattr(event, "device_time_total", event.cpu_time_total) * 1e-6
+
+
+def _smallest_kernel_s(device: str, count: int = 100) -> float:
+    """The profiled time of the smallest kernel, a one-element multiply into a new tensor
+    (the median of ``count``): the fixed cost every profiled kernel time carries, which the
+    launch overhead (measured without the profiler, into an existing output) leaves out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    one = torch.ones(1, device=device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(count):
+            torch.mul(one, one)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    times = [_event_s(e, device) for e in prof.events() if e.name == "aten::mul"]
+    return statistics.median(times) if times else 0.0
+
+
+def _measured_kernels(
+    events: list[Any], names: set[str], device: str = "cpu"
+) -> list[tuple[str, float]]:
     """Top-most profiler events whose op torchroof prices as a kernel, in start order."""
     chosen = []
     for event in sorted(events, key=lambda e: e.time_range.start):
@@ -221,7 +394,7 @@ def _measured_kernels(events: list[Any], names: set[str]) -> list[tuple[str, flo
                 break
             parent = parent.cpu_parent
         if not covered:
-            chosen.append((key, event.cpu_time_total * 1e-6))
+            chosen.append((key, _event_s(event, device)))
     return chosen
 
 
@@ -259,6 +432,50 @@ def _build(model: str, overrides: dict[str, Any], device: str, dtype: torch.dtyp
     return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
 
 
+def _median_of_all(values: Sequence[float | None]) -> float | None:
+    """The median of a kernel's times over the repeats; None unless every repeat has one."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if len(known) == len(values) else None
+
+
+def _measured_table(spec: HardwareSpec) -> dict[str, Any]:
+    """The ``[measured]`` table of a calibrated TOML ({} for a datasheet spec)."""
+    if not spec.path or not Path(spec.path).is_file():
+        return {}
+    with open(spec.path, "rb") as handle:
+        data = tomllib.load(handle)
+    return dict(data.get("measured", {}))
+
+
+def _spec_of(calibration: Calibration, name: str) -> HardwareSpec:
+    """The hardware spec ``torchroof calibrate`` would write for ``calibration``."""
+    return parse_spec(tomllib.loads(calibration.to_toml(name)), f"<calibration {name}>")
+
+
+def _machine(
+    spec: HardwareSpec,
+    calibration: Calibration | None,
+    launch_overhead_s: float | None,
+    smallest_kernel_s: float = 0.0,
+) -> MachineFigures:
+    """The figures a repeat is predicted and diagnosed with. The launch: the one given, else
+    the file's figure, else an older calibrated file's ``[measured]`` entry; realistic mode
+    charges it (the spec carries it as its ``launch_overhead_s``)."""
+    if calibration is not None:
+        copy, triad = calibration.copy_bytes_per_s, calibration.triad_bytes_per_s
+        known = calibration.launch_overhead_s
+    else:
+        table = _measured_table(spec)
+        copy, triad = table.get("copy_bytes_per_s"), table.get("triad_bytes_per_s")
+        figure = spec.launch_overhead_s
+        known = figure.value if figure else float(table.get("launch_overhead_s", 0.0))
+    launch = known if launch_overhead_s is None else launch_overhead_s
+    current = spec.launch_overhead_s.value if spec.launch_overhead_s else None
+    if launch > 0 and current != launch:
+        spec = replace(spec, launch_overhead_s=Figure(launch, "measured by torchroof validate"))
+    return MachineFigures(spec, copy, triad, launch, smallest_kernel_s)
+
+
 def validate(
     model: str = "llama-3-8b",
     regime: str = "prefill",
@@ -270,61 +487,156 @@ def validate(
     overrides: dict[str, Any] | None = None,
     warmup: int = 2,
     iterations: int = 3,
+    repeats: int = 3,
+    mode: str = "roofline",
     launch_overhead_s: float | None = None,
+    threads: int | None = None,
 ) -> Validation:
     """Run one step of ``model`` for real on ``device`` and compare with the prediction.
 
     ``regime`` is prefill (B x seq tokens), decode (one token against a static cache of seq
     tokens) or train (forward, loss, backward, AdamW). ``overrides`` shrink the config to a
-    size that runs on the device (default on CPU: 4 layers, d = 512). ``hardware`` is a
-    measured TOML (``torchroof calibrate``); without one the device is calibrated first.
-    """
-    from torch.profiler import ProfilerActivity, profile
+    size that runs on the device (default on CPU: 4 layers, d = 512).
 
-    from torchroof.calibrate import calibrate
+    Each of ``repeats`` calibrates the device (:data:`SHORT_CALIBRATION`) and at once times
+    ``iterations`` steps (their median) and profiles one; each is predicted with its own
+    calibration, in both timing modes (the pure roofline and the realistic mode, which adds
+    the launch and the waves), and the ratio is the median over the repeats with its
+    spread. ``hardware`` fixes the ceilings instead (a calibrated TOML or a datasheet
+    spec): then only the step is repeated. ``mode`` chooses the prediction the per-kernel
+    table, the diagnosis and :attr:`Validation.total_ratio` use. ``launch_overhead_s``
+    replaces the measured launch. ``threads`` sets torch's CPU threads for the run (and
+    restores them): on a CPU other work shares, fewer threads than cores avoid the stalls
+    of a parallel region waiting for a descheduled thread.
+    """
+    with _torch_threads(threads):
+        result = _validate(
+            model,
+            regime,
+            device=device,
+            hardware=hardware,
+            batch=batch,
+            seq=seq,
+            overrides=overrides,
+            warmup=warmup,
+            iterations=iterations,
+            repeats=repeats,
+            mode=mode,
+            launch_overhead_s=launch_overhead_s,
+        )
+    result.settings["threads"] = torch.get_num_threads() if threads is None else threads
+    return result
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``threads`` for the block (None: left as they are)."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _validate(
+    model: str,
+    regime: str,
+    *,
+    device: str,
+    hardware: str | Path | HardwareSpec | None,
+    batch: int,
+    seq: int,
+    overrides: dict[str, Any] | None,
+    warmup: int,
+    iterations: int,
+    repeats: int,
+    mode: str,
+    launch_overhead_s: float | None,
+) -> Validation:
+    """validate()'s body, under the threads it chose."""
+    from torch.profiler import ProfilerActivity, profile
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device is available here; use --device cpu")
-    if hardware is None:
-        measured = calibrate(device)
-        spec_file = Path(f".torchroof-{device.replace(':', '-')}.toml")
-        spec_file.write_text(measured.to_toml(f"{device}-measured"))
-        hardware, launch_overhead_s = str(spec_file), measured.launch_overhead_s
-    spec = get(hardware)
-    if launch_overhead_s is None:
-        launch_overhead_s = _measured_overhead(spec)
+    if mode not in TIMING_MODES:
+        raise ValueError(f"mode is one of {', '.join(TIMING_MODES)}, got {mode!r}")
+    if repeats < 1 or iterations < 1:
+        raise ValueError(f"repeats and iterations are at least 1, got {repeats}, {iterations}")
+    fixed = get(hardware) if hardware is not None else None
     overrides = dict(CPU_OVERRIDES if device == "cpu" else {}) | dict(overrides or {})
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     net = _build(model, overrides, device, dtype)
     workload = Workload(regime, batch=batch, seq=seq)  # decode: a cache of seq tokens
-    step = find_regime(regime).real_step(net, workload, device, warmup + iterations + 1)
+    # warm-up, the traced step, and per repeat: one step to re-warm after the calibration,
+    # the timed steps and the profiled one (decode sizes its static cache for all of them)
+    steps = warmup + 1 + repeats * (iterations + 2)
+    step = find_regime(regime).real_step(net, workload, device, steps)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         step()
     sync()
     with trace() as recorded:  # the prediction is made from the very step that is timed
         step()
-    est: Estimate = estimate_trace(
-        recorded, spec, fusion="eager", launch_overhead_s=launch_overhead_s
-    )
-    names = {normalise(k.name) for k in est.kernels}
-    runs: list[list[float | None]] = []
-    walls: list[float] = []
-    unmatched: list[tuple[str, float]] = []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
-    for _ in range(iterations):
-        with profile(activities=activities) as prof:
+
+    def calibrate_once() -> Calibration | None:
+        if fixed is not None:
+            return None
+        return calibrate(device, **SHORT_CALIBRATION.get(device.split(":")[0], {}))
+
+    def time_step() -> tuple[float, list[Any], float]:
+        step()  # the calibration's arrays evicted the model from the caches
+        sync()
+        walls = []
+        for _ in range(iterations):
             start = time.perf_counter()
             step()
             sync()
             walls.append(time.perf_counter() - start)
-        measured = _measured_kernels(list(prof.events()), names)
-        times, unmatched = _align(est.kernels, measured)
-        runs.append(times)
-    per_kernel = [
-        statistics.median(ts) if all(t is not None for t in ts) else None
-        for ts in zip(*runs, strict=True)
+        with profile(activities=activities) as prof:
+            step()
+            sync()
+        return statistics.median(walls), list(prof.events()), _smallest_kernel_s(device)
+
+    runs = interleave(repeats, calibrate_once, time_step)
+
+    name = f"{device.replace(':', '-')}-measured"
+    machines: list[MachineFigures] = []
+    estimates: list[dict[str, Estimate]] = []
+    for calibration, (_, _, smallest_s) in runs:
+        if calibration is None and estimates:  # a fixed file: one prediction for every repeat
+            machines.append(replace(machines[-1], smallest_kernel_s=smallest_s))
+            estimates.append(estimates[-1])
+            continue
+        spec = fixed if calibration is None else _spec_of(calibration, name)
+        machine = _machine(spec, calibration, launch_overhead_s, smallest_s)
+        machines.append(machine)
+        estimates.append(
+            {
+                m: estimate_trace(recorded, machine.spec, fusion="eager", mode=m)
+                for m in TIMING_MODES
+            }
+        )
+    done = [
+        Repeat(wall, {m: est[m].time_s for m in TIMING_MODES}, calibration)
+        for (calibration, (wall, _, _)), est in zip(runs, estimates, strict=True)
     ]
+
+    predicted = estimates[0][mode].kernels
+    names = {normalise(k.name) for k in predicted}
+    per_run: list[list[float | None]] = []
+    unmatched: list[tuple[str, float]] = []
+    for _, (_, events, _) in runs:
+        times, unmatched = _align(predicted, _measured_kernels(events, names, device))
+        per_run.append(times)
+    per_kernel = [_median_of_all(ts) for ts in zip(*per_run, strict=True)]
+
+    # the kernel table and the diagnosis: the repeat whose ratio is the median
+    order = sorted(range(len(done)), key=lambda r: done[r].ratio(mode))
+    middle = order[(len(order) - 1) // 2]
+    chosen, machine = estimates[middle], machines[middle]
     comparisons = [
         KernelComparison(
             index=k.index,
@@ -332,41 +644,42 @@ def validate(
             module=k.module,
             phase=k.phase,
             bound=k.bound,
+            boundary=k.boundary,
             predicted_s=k.time_s,
+            roofline_s=pure.time_s,
+            realistic_s=real.time_s,
             measured_s=m,
-            diagnosis=diagnose(k, m, launch_overhead_s) if m else "",
+            diagnosis=diagnose(k, m, machine) if m else None,
         )
-        for k, m in zip(est.kernels, per_kernel, strict=True)
+        for k, pure, real, m in zip(
+            chosen[mode].kernels,
+            chosen["roofline"].kernels,
+            chosen["realistic"].kernels,
+            per_kernel,
+            strict=True,
+        )
     ]
+    stream = machine.stream()
     return Validation(
         model=model,
         regime=regime,
         device=device,
-        hardware=spec.name,
+        hardware=fixed.name if fixed is not None else name,
+        mode=mode,
         kernels=comparisons,
         unmatched_measured=unmatched,
-        measured_total_s=statistics.median(walls),
-        predicted_total_s=est.time_s,
+        repeats=done,
         settings={
             "batch": batch,
             "seq": seq,
             "overrides": overrides,
-            "launch_overhead_s": launch_overhead_s,
             "dtype": str(dtype),
+            "warmup": warmup,
+            "iterations": iterations,
+            "repeats": repeats,
+            "median_repeat": middle,
+            "launch_overhead_s": machine.launch_overhead_s,
+            "smallest_kernel_s": machine.smallest_kernel_s,
+            "stream": {"name": stream[0], "bytes_per_s": stream[1]} if stream else None,
         },
     )
-
-
-def _measured_overhead(spec: HardwareSpec) -> float:
-    """The launch overhead a measured TOML recorded (0 for a datasheet spec)."""
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    if not spec.path:
-        return 0.0
-    with open(spec.path, "rb") as handle:
-        data = tomllib.load(handle)
-    return float(data.get("measured", {}).get("launch_overhead_s", 0.0))

@@ -1,0 +1,245 @@
+"""The hierarchical roofline, waves, Little's law and the realistic mode (issue 16), checked
+against seed 000's own numbers ("The hierarchical roofline", Table 4, "Is the work quantised
+badly?", "The third regime: latency")."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from torchroof.counters import Cost
+from torchroof.hardware import boundary_table, get
+
+import torchroof
+from torchroof.errors import OptionError
+from torchroof.hierarchy import (
+    GemmTile,
+    Levels,
+    attention_levels,
+    choose_tile,
+    gemm_levels,
+    in_flight_bytes,
+    split_k,
+    waves,
+)
+from torchroof.kernel_shape import KernelShape
+from torchroof.options import PricingOptions
+from torchroof.render_text import binds, timing_lines
+from torchroof.roofline import time_kernel
+
+H100 = get("h100-sxm")
+PEAK = H100.tensor_peak("bf16")  # 989.4e12
+N = 4096
+GEMM = KernelShape("gemm", 2, m=N, n=N, k=N)
+GEMM_FLOPS = 2 * N**3  # 137.4 GFLOP
+GEMM_HBM = 2 * 3 * N * N  # s·(MK + KN + MN) = 100.7 MB: compulsory, what the trace prices
+
+
+def test_table_4_ridges_on_the_h100():
+    """seed 000 Table 4: register file ~3, shared memory ~33, L2 ~110, HBM 295, NVLink 2198,
+    PCIe 15459, EFA 19788 (ridge = 989.4 TFLOP/s / beta)."""
+    ridges = {b.name.split(" (")[0]: b.ridge(PEAK) for b in boundary_table(H100).values()}
+    assert ridges["register file"] == pytest.approx(989.4 / 300, rel=1e-3)  # 3.3
+    # 128 B/clk/SM x 132 SMs x 1.83 GHz = 30.92 TB/s -> 32.0 (the seed rounds to ~30 -> ~33)
+    assert ridges["shared memory"] == pytest.approx(32.0, rel=1e-3)
+    assert ridges["L2 cache"] == pytest.approx(989.4 / 9, rel=1e-3)  # 109.9
+    assert ridges["HBM"] == pytest.approx(989.4 / 3.35, rel=1e-3)  # 295.3
+    assert ridges["NVLink 4 via NVSwitch"] == pytest.approx(989.4e12 / 450e9, rel=1e-3)  # 2198.7
+    assert ridges["PCIe Gen5 x16"] == pytest.approx(989.4e12 / 64e9, rel=1e-3)  # 15459
+    efa = [r for name, r in ridges.items() if name.startswith("EFA")]
+    assert efa == [pytest.approx(989.4e12 / 50e9, rel=1e-3)]  # 19788
+    table = boundary_table(H100)
+    on_chip = [table["register file"], table["shared memory"]]
+    assert all(b.figure.approximate for b in on_chip)  # the seed labels them approximate
+
+
+def test_seed_gemm_is_l2_bound_near_77_percent_with_256x128_tiles():
+    """seed 000: a 4096^3 bf16 GEMM with 256x128 tiles has I_L2 ~ 85 against an L2 ridge of
+    ~110, capped near 77% of peak; its 64x64 warp tiles give I_smem ~ 32."""
+    levels = gemm_levels(GEMM, GEMM_HBM, GemmTile(256, 128), H100, out_itemsize=2)
+    # asymptote 2 / (s (1/256 + 1/128)) = 85.3; with the output's s·MN crossing L2 too:
+    # L2 bytes = 512 tiles x (256 + 128) x 4096 x 2 B + 4096^2 x 2 B = 1.644 GB -> I = 83.6
+    assert 2 / (2 * (1 / 256 + 1 / 128)) == pytest.approx(85.33, abs=0.01)
+    assert GEMM_FLOPS / levels.l2 == pytest.approx(83.59, abs=0.01)
+    assert GEMM_FLOPS / levels.smem == pytest.approx(32.0)  # 2 / (2 (1/64 + 1/64))
+    assert GEMM_FLOPS / levels.hbm == pytest.approx(1365.3, abs=0.1)  # n / 3
+    cap = (GEMM_FLOPS / levels.l2) * H100.l2_bytes_per_s.value / PEAK  # 83.6 x 9e12 / 989.4e12
+    assert cap == pytest.approx(0.760, abs=0.001)  # the seed's "roughly 77%"
+    pure = time_kernel(
+        Cost(GEMM_FLOPS, 2 * 2 * N * N, 2 * N * N, "tensor", "bfloat16"),
+        H100,
+        PricingOptions(gemm_tile="256x128"),
+        GEMM,
+    )
+    assert pure.boundary == "l2"  # named even in the pure mode...
+    assert pure.time_s == pytest.approx(GEMM_FLOPS / PEAK)  # ...whose time ignores it
+    assert pure.bound == "compute"  # compute-bound at HBM and L2-bound on chip: both true
+
+
+def test_realistic_gemm_lands_at_the_l2_cap_plus_its_launch():
+    cost = Cost(GEMM_FLOPS, 2 * 2 * N * N, 2 * N * N, "tensor", "bfloat16")
+    options = PricingOptions(mode="realistic", gemm_tile="256x128")
+    t = time_kernel(cost, H100, options, GEMM)
+    l2_s = 1_644_167_168 / 9e12  # the L2 bytes above at 9 TB/s = 182.7 us
+    assert t.time_s == pytest.approx(l2_s + 2e-6, rel=1e-6)  # + the file's 2 us launch
+    assert GEMM_FLOPS / t.time_s / PEAK == pytest.approx(0.752, abs=0.001)
+    # each effect switches off on its own: without the on-chip roofs the GEMM is compute
+    # bound again, at 4 waves of 132 (512 tiles: 97% occupied): 138.9 us / 0.9697 + 2 us
+    flat = time_kernel(
+        cost, H100, PricingOptions(mode="realistic", on_chip=False, gemm_tile="256x128"), GEMM
+    )
+    assert flat.time_s == pytest.approx(GEMM_FLOPS / PEAK / (512 / 528) + 2e-6, rel=1e-6)
+    no_launch = time_kernel(
+        cost, H100, PricingOptions(mode="realistic", launch=False, gemm_tile="256x128"), GEMM
+    )
+    assert t.time_s - no_launch.time_s == pytest.approx(2e-6)
+
+
+def test_140_tiles_on_132_sms_run_two_waves():
+    """seed 000: "With 132 SMs and 140 tiles you run two waves, the second 6% occupied, and
+    the kernel takes twice as long as its FLOP count implies"."""
+    levels = Levels(hbm=1.0, l2=1.0, smem=None, registers=None, ctas=140, ctas_per_sm=1)
+    w = waves(levels, H100)
+    assert w.count == 2
+    assert w.tail == pytest.approx(8 / 132)  # 6%
+    assert w.efficiency == pytest.approx(140 / 264)  # 0.53: 1.89x the FLOP-implied time
+    # a GEMM whose 128 x 256 tiles make 140 of them: 17,920 x 256 output, K = 8192
+    shape = KernelShape("gemm", 2, m=140 * 128, n=256, k=8192)
+    flops = 2 * 140 * 128 * 256 * 8192
+    cost = Cost(flops, 2 * (140 * 128 + 256) * 8192, 2 * 140 * 128 * 256, "tensor", "bfloat16")
+    off = PricingOptions(
+        mode="realistic",
+        on_chip=False,
+        latency_shelf=False,
+        achievable=False,
+        launch=False,
+        gemm_tile="128x256",
+    )
+    t = time_kernel(cost, H100, off, shape)
+    assert (t.waves, t.time_s) == (2, pytest.approx(flops / PEAK * 264 / 140))
+
+
+def test_little_law_two_megabytes_in_flight_on_an_h100():
+    """seed 000: 3.35 TB/s x 600 ns = 2.0 MB in flight, ~15 KB per SM over 132 SMs."""
+    needed = H100.hbm_bytes_per_s.value * H100.memory_latency_s.value
+    assert needed == pytest.approx(2.01e6)
+    assert needed / 132 == pytest.approx(15_227, rel=1e-3)
+    # a kernel whose 4 CTAs reach 4 SMs keeps 4/132 of that in flight...
+    few = Levels(hbm=64e6, l2=64e6, smem=None, registers=None, ctas=4, ctas_per_sm=8)
+    assert in_flight_bytes(few, H100, H100.hbm_bytes_per_s.value) == pytest.approx(needed * 4 / 132)
+    # ...and a kernel cannot have more in flight than it moves: 16 KB -> one round trip
+    tiny = Levels(hbm=16_384, l2=16_384, smem=None, registers=None, ctas=16, ctas_per_sm=8)
+    assert in_flight_bytes(tiny, H100, H100.hbm_bytes_per_s.value) == 16_384
+
+
+def test_latency_shelf_sits_under_the_diagonal():
+    """A 16 KB RMSNorm-sized kernel: Q/beta = 4.9 ns on the diagonal, but with at most 16 KB
+    in flight it runs at 16 KB / 600 ns = 27 GB/s: one memory latency (0.6 us)."""
+    shape = KernelShape("stream", 2, elements=4096)  # 4 CTAs of 1024 elements
+    cost = Cost(4 * 4096, 8192, 8192, "vector", "bfloat16")
+    pure = time_kernel(cost, H100, PricingOptions(), shape)
+    assert pure.time_s == pytest.approx(16_384 / 3.35e12)
+    shelf = time_kernel(
+        cost, H100, PricingOptions(mode="realistic", launch=False, achievable=False), shape
+    )
+    assert shelf.time_s == pytest.approx(600e-9)
+    assert shelf.boundary == "latency"
+    assert binds(_estimate_kernel(shelf)) == "latency"
+
+
+def _estimate_kernel(t):
+    from torchroof.report import KernelEstimate
+
+    return KernelEstimate(
+        index=0,
+        name="k",
+        ops=("k",),
+        module="",
+        phase="forward",
+        flops=1,
+        bytes_read=1,
+        bytes_written=1,
+        unit="vector",
+        dtype="bfloat16",
+        counted=True,
+        peak_flops_per_s=t.peak_flops_per_s,
+        compute_s=t.compute_s,
+        memory_s=t.memory_s,
+        time_s=t.time_s,
+        bound=t.bound,
+        boundary=t.boundary,
+        tile=t.tile,
+        waves=t.waves,
+        wave_efficiency=t.wave_efficiency,
+    )
+
+
+def test_achievable_fraction_is_the_seeds_85_percent_of_stream_bandwidth():
+    shape = KernelShape("stream", 2, elements=2**28)
+    cost = Cost(2**28, 2**29, 2**29, "vector", "bfloat16")  # 1 GiB: far past latency
+    only = PricingOptions(
+        mode="realistic", on_chip=False, waves=False, latency_shelf=False, launch=False
+    )
+    t = time_kernel(cost, H100, only, shape)
+    assert t.time_s == pytest.approx(2**30 / (0.85 * 3.35e12))
+
+
+def test_split_k_fills_the_sms_for_a_decode_gemv():
+    """Batch-1 decode: 1 x 4096 @ 4096 x 1024 (k_proj). 1024 / 128 = 8 tiles of 128 x 128 on
+    132 SMs: split K by min(ceil(132 / 8) = 17, 4096 / 128 = 32) = 17 -> 136 CTAs."""
+    assert split_k(8, 4096, H100) == 17
+    shape = KernelShape("gemm", 2, m=1, n=1024, k=4096)
+    levels = gemm_levels(shape, 2 * (4096 + 4096 * 1024 + 1024), GemmTile(128, 128), H100, 2)
+    assert levels.ctas == 136
+    # fp32 partial sums written and read back: 2 x 16 x 1 x 1024 x 4 B on top of the weights
+    assert levels.hbm == 2 * (4096 + 4096 * 1024 + 1024) + 2 * 16 * 1024 * 4
+
+
+def test_tile_heuristic_prefers_big_tiles_for_big_gemms():
+    tile = choose_tile(GEMM, GEMM_HBM, H100, PEAK, 3.35e12, 2)
+    assert (tile.m, tile.n) == (256, 128)
+    # a tile that does not fit in 228 KB of shared memory is never chosen: 4 stages of
+    # (256 + 256) x 64 x 4 B (fp32 operands) = 512 KiB
+    assert GemmTile(256, 256).smem_bytes(4) > H100.shared_memory_bytes_per_sm.value
+
+
+def test_flash_attention_l2_intensity_tends_to_2_br_over_s():
+    """seed 000 "FlashAttention": I_tiled = 4N^2 d / (s (2Nd + 2N^2 d / B_r)) -> 2 B_r / s =
+    128 for B_r = 128 in bf16; HBM sees the compulsory 4·s·N·d."""
+    n, d = 65536, 128
+    shape = KernelShape("attention", 2, batch=1, m=n, n=n, k=d)
+    levels = attention_levels(shape, 4 * 2 * n * d, H100)
+    flops = 4 * n * n * d
+    exact = flops / (2 * (2 * n * d + 2 * n * n * d / 128))
+    assert flops / levels.l2 == pytest.approx(exact)
+    assert exact == pytest.approx(128, rel=0.01)
+    assert flops / levels.smem == pytest.approx(2 * 64 / 2)  # 64-row warpgroups: 64
+
+
+def test_gemm_tile_option_is_checked():
+    with pytest.raises(OptionError, match="TmxTn"):
+        PricingOptions(gemm_tile="256")
+    with pytest.raises(OptionError, match="timing mode"):
+        PricingOptions(mode="optimistic")
+
+
+def test_realistic_mode_on_a_model_says_which_mode_and_is_slower_than_the_floor():
+    """Llama-3-8B decode at batch 1 on an H100: every kernel at least as slow realistic as
+    pure; the summary names the mode and where the time binds."""
+    pure = torchroof.estimate("llama-3-8b", "decode", batch=1, context=1024, hardware="h100")
+    real = torchroof.estimate(
+        "llama-3-8b", "decode", batch=1, context=1024, hardware="h100", mode="realistic"
+    )
+    assert len(pure.kernels) == len(real.kernels)
+    assert all(
+        r.time_s >= p.time_s * (1 - 1e-9) for p, r in zip(pure.kernels, real.kernels, strict=True)
+    )
+    # the 15.01 GB of weights a step reads need 15.01 GB / (0.85 x 3.35 TB/s) = 5.27 ms,
+    # plus 2 us per launch
+    launches = 2e-6 * len(real.kernels)
+    assert real.traffic()["weights"] == pytest.approx(15.01e9, rel=1e-3)
+    assert real.time_s > 15.01e9 / (0.85 * 3.35e12) + launches
+    assert timing_lines(pure)[0].startswith("timing: pure roofline")
+    assert timing_lines(real)[0].startswith("timing: realistic mode (on_chip, waves,")
+    assert real.options["mode"] == "realistic"
+    assert math.isclose(sum(k.overhead_s for k in real.kernels), launches)
