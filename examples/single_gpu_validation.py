@@ -93,6 +93,9 @@ NOT_PREDICTED = {
 FIGURE_SOURCES = {
     "gpubenches-mi300x-fp64-scale-occ100": "mi300x.toml's achievable_hbm_fraction",
     "gpubenches-h200-fp64-read2-roofline-0its": "h200-sxm.toml's achievable_hbm_fraction",
+    # b200.toml's on-chip figures keep Hopper's ridges; the per-SM-clock scaling they replace
+    # was refused after this run showed it capping the GEMM at 38% against 78% measured
+    "mamf-b200-bf16": "b200.toml's l2_bytes_per_s (the choice of derivation)",
 }
 
 
@@ -393,8 +396,6 @@ def predict(runs: list[dict[str, Any]], progress: Callable[[str], None] = print)
     for run in runs:
         if run["id"] in NOT_PREDICTED or run["kind"] not in KERNELS:
             continue
-        if run["id"] == "gpubenches-a100sxm80-dram-load-latency":
-            continue
         progress(f"  {run['id']}")
         rows.append(kernel_row(run))
     model_runs = [r for r in runs if r["id"] not in NOT_PREDICTED and r["kind"] not in KERNELS]
@@ -532,8 +533,11 @@ def main() -> None:
     mgv.quiet()
     start = time.perf_counter()
     print("pricing ...")
+    models = [rid for rid in args.run if by_id[rid]["kind"] not in KERNELS]
+    if models:
+        parser.error(f"--run prices kernel runs only; {', '.join(models)} is a model step")
     if args.run:
-        rows = [kernel_row(by_id[rid]) for rid in args.run if by_id[rid]["kind"] in KERNELS]
+        rows = [kernel_row(by_id[rid]) for rid in args.run]
     else:
         rows = predict(runs)
     print()

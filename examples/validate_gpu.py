@@ -3,8 +3,14 @@
 Cases (issue: fidelity, GPU path): (a) GEMMs over the seed's Table 2 shapes, (b) the seed's
 Table 3 elementwise ops at a size far above L2, (c) flash attention at N = 1024 … 16384,
 (d) a Llama-style model for prefill, decode (batch 1 and 64, context 8192) and a training
-step. Every case is predicted twice: with the datasheet spec and with the ceilings measured
-here. Results go to examples/validation/<device>.json (and the measured TOML beside it).
+step. Every case is predicted against the ceilings measured here and (on a GPU) against the
+datasheet spec, each in both timing modes, priced the same way for an op and for a model
+step so every row's columns compare: the pure roofline (a floor: no launch, no waves) and
+the realistic mode, which adds the launch the hardware file lists (the calibrated file's is
+the one measured here) and, where the file has SMs and on-chip rates, waves, on-chip roofs,
+the latency shelf and the achievable fractions. A model step's ratio is the median of its
+repeats' ratios (torchroof.validate). Results go to examples/validation/<device>.json (and
+the measured TOML beside it).
 
     python examples/validate_gpu.py --device cuda --hardware h200-sxm
     python examples/validate_gpu.py --device cpu     # smoke test at tiny sizes, in a temp folder
@@ -26,6 +32,7 @@ from tabulate import tabulate
 
 import torchroof
 from torchroof.calibrate import calibrate, time_op
+from torchroof.options import TIMING_MODES
 from torchroof.validate import TINY_OVERRIDES, validate
 
 OUT = Path(__file__).resolve().parent / "validation"
@@ -65,12 +72,24 @@ def _cases(device: str, small: bool) -> list[tuple[str, Callable[[], Any]]]:
     return cases
 
 
-def _predict(step: Callable[[], Any], spec: Any, overhead: float) -> float:
+def _predict(step: Callable[[], Any], spec: Any) -> dict[str, float]:
+    """The step's predicted time in each timing mode (pure roofline, realistic)."""
     with torch.no_grad(), torchroof.trace() as recorded:
         step()
-    return torchroof.estimate_trace(
-        recorded, spec, fusion="eager", launch_overhead_s=overhead
-    ).time_s
+    return {
+        mode: torchroof.estimate_trace(recorded, spec, fusion="eager", mode=mode).time_s
+        for mode in TIMING_MODES
+    }
+
+
+def _row(case: str, hardware: str, measured_s: float, predicted: dict[str, float]) -> list[str]:
+    return [
+        case,
+        hardware,
+        f"{measured_s * 1e6:.1f}",
+        *(f"{predicted[mode] * 1e6:.1f}" for mode in TIMING_MODES),
+        *(f"{predicted[mode] / measured_s:.2f}" for mode in TIMING_MODES),
+    ]
 
 
 def main() -> None:
@@ -101,33 +120,25 @@ def main() -> None:
     print("\n".join(measured.lines()))
     toml = out_dir / f"{tag}.toml"
     toml.write_text(measured.to_toml(f"{tag}-measured"))
-    datasheet = torchroof.hardware.get(args.hardware) if not small else None
-    calibrated = torchroof.hardware.get(str(toml))
-    overhead = measured.launch_overhead_s
+    specs = {"calibrated": torchroof.hardware.get(str(toml))}
+    if not small:
+        specs["spec"] = torchroof.hardware.get(args.hardware)
 
     rows, results = [], []
     with torch.no_grad():
         for label, step in _cases(args.device, small):
             seconds = time_op(step, args.device, repeats=5, inner=1 if small else 10)
-            cal = _predict(step, calibrated, overhead)
-            spec = _predict(step, datasheet, 0.0) if datasheet else None
-            results.append(
-                {
-                    "case": label,
-                    "measured_s": seconds,
-                    "predicted_calibrated_s": cal,
-                    "predicted_spec_s": spec,
-                }
-            )
-            rows.append(
-                [
-                    label,
-                    f"{seconds * 1e6:.1f}",
-                    f"{cal * 1e6:.1f}",
-                    f"{cal / seconds:.2f}",
-                    f"{spec / seconds:.2f}" if spec else "-",
-                ]
-            )
+            for label_hw, spec in specs.items():
+                predicted = _predict(step, spec)
+                results.append(
+                    {
+                        "case": label,
+                        "hardware": label_hw,
+                        "measured_s": seconds,
+                        "predicted_s": predicted,
+                    }
+                )
+                rows.append(_row(label, label_hw, seconds, predicted))
 
     overrides = dict(TINY_OVERRIDES) if small else {}
     model_runs = [
@@ -137,21 +148,16 @@ def main() -> None:
         ("train", 1, 128 if small else 2048),
     ]
     for regime, batch, seq in model_runs:
-        for label_hw, hw in (
-            ("calibrated", str(toml)),
-            ("spec", args.hardware if not small else None),
-        ):
-            if hw is None:
-                continue
+        for label_hw, spec in specs.items():
+            # the launch is the file's own, as for the op cases above
             result = validate(
                 args.model,
                 regime,
                 device=args.device,
-                hardware=hw,
+                hardware=spec,
                 batch=batch,
                 seq=seq,
                 overrides=overrides,
-                launch_overhead_s=overhead,
             )
             label = (
                 f"{args.model} {regime} b={batch} {'ctx' if regime == 'decode' else 'seq'}={seq}"
@@ -159,11 +165,11 @@ def main() -> None:
             results.append({"case": label, "hardware": label_hw, **result.to_dict()})
             rows.append(
                 [
-                    f"{label} [{label_hw}]",
+                    label,
+                    label_hw,
                     f"{result.measured_total_s * 1e6:.1f}",
-                    f"{result.predicted_total_s * 1e6:.1f}",
-                    f"{result.total_ratio:.2f}",
-                    "",
+                    *(f"{result.predicted(mode).median * 1e6:.1f}" for mode in TIMING_MODES),
+                    *(f"{result.ratio(mode).median:.2f}" for mode in TIMING_MODES),
                 ]
             )
     print(
@@ -171,10 +177,10 @@ def main() -> None:
             rows,
             headers=[
                 "case",
+                "ceilings",
                 "measured us",
-                "predicted us (calibrated)",
-                "pred/meas (calibrated)",
-                "pred/meas (spec)",
+                *(f"{mode} us" for mode in TIMING_MODES),
+                *(f"pred/meas {mode}" for mode in TIMING_MODES),
             ],
             disable_numparse=True,
         )

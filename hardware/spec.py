@@ -82,7 +82,8 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "compute_units": (False, True, "SMs or CUs"),
     # seed 000 Table 4 and "The third regime: latency": the on-chip boundaries (aggregate,
     # approximate), the memory latency, the per-kernel launch cost and the achievable
-    # fractions of peak that torchroof's realistic mode reads (torchroof/realistic.py)
+    # fractions of peak that torchroof's realistic mode reads (torchroof/roofline.py,
+    # torchroof/hierarchy.py)
     "l2_bytes_per_s": (False, False, "B/s"),
     "shared_memory_bytes_per_s": (False, False, "B/s"),
     "register_bytes_per_s": (False, False, "B/s"),
@@ -279,15 +280,14 @@ class HardwareSpec:
     def ceilings(self) -> dict[str, float]:
         """seed 000 "pi is the top of a stack": each pipe's FLOP/s ceiling, highest first —
         every tensor-core datatype the part has, the fp32 vector units with FMA (two FLOPs
-        per instruction) and without (one: half the rate), and the SFU."""
-        pipes = {
-            f"{key} tensor core": figure.value
-            for key, figure in self.tensor_flops_per_s.items()
-            if key != "fp64"
-        }
+        per instruction) and without (one: half the rate), the fp64 vector units where
+        listed, and the SFU."""
+        pipes = {f"{key} tensor core": f.value for key, f in self.tensor_flops_per_s.items()}
         fp32 = self.vector_peak("fp32")
         pipes["fp32 vector (FMA)"] = fp32
         pipes["fp32 vector without FMA"] = fp32 / 2
+        if "fp64" in self.vector_flops_per_s:
+            pipes["fp64 vector"] = self.vector_flops_per_s["fp64"].value
         pipes["transcendental (SFU)"] = self.sfu_flops_per_s.value
         return dict(sorted(pipes.items(), key=lambda item: -item[1]))
 

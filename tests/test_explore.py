@@ -51,6 +51,29 @@ def test_lab1_pipes_reach_every_ceiling():
         roofline_point("h100", "bf16", 2, pipe="fp4")
 
 
+def test_lab1_fp64_is_one_pipe_by_dtype_and_by_name():
+    # the H100 lists fp64 tensor cores (66.9 TFLOP/s) and fp64 vector units (33.5): --dtype
+    # fp64 and --pipe fp64 both name the tensor core, as tensor_peak("fp64") prices it
+    h100 = get("h100")
+    assert find_pipe(h100, "fp64") == ("fp64 tensor core", 66.9e12)
+    assert find_pipe(h100, "fp64-vector") == ("fp64 vector", 33.5e12)
+    by_dtype = roofline_point("h100", "fp64", 10)
+    assert (by_dtype.pipe, by_dtype.peak_flops_per_s) == ("fp64 tensor core", 66.9e12)
+    # the L4 has no fp64 tensor core: both name its fp64 vector line, 30.3 / 64 = 0.47 TFLOP/s
+    l4 = get("l4")
+    assert find_pipe(l4, "fp64") == ("fp64 vector", 4.7e11)
+    by_dtype = roofline_point("l4", "fp64", 10)
+    assert (by_dtype.pipe, by_dtype.peak_flops_per_s) == ("fp64 vector", 4.7e11)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_lab1_intensity_is_finite_and_positive(bad, capsys):
+    with pytest.raises(ValueError, match="finite positive"):
+        roofline_point("h100", "bf16", bad)
+    assert main(["roofline", "--intensity", str(bad)]) == 2
+    assert "finite positive" in capsys.readouterr().err
+
+
 def test_lab1_presets_are_the_seeds_numbers():
     def at(name, dtype="bf16"):
         return roofline_point("h100", dtype, preset=name).intensity
@@ -71,7 +94,32 @@ def test_lab1_presets_are_the_seeds_numbers():
     assert round(at("prefill-gemm-32k")) == 3641  # 2·32768·8192 / (2·(65536 + 8192))
     assert round(at("lm-head"), -1) == 2660  # 6.71e12 / 2.52e9 = 2658
     assert at("cross-entropy") == 6 / 16
-    assert len(PRESETS) >= 20
+    # the remaining presets, bf16: 4/(2·2) = 1; 8 heads share K/V: 32/(2·2) = 8; d/s = 64
+    assert at("decode-attention") == 1 and at("decode-attention-gqa8") == 8
+    assert at("naive-attention") == 64
+    assert list(PRESETS) == [
+        "decode-gemv",
+        "decode-gemm-b64",
+        "prefill-gemm-32k",
+        "residual-add",
+        "adam",
+        "swiglu",
+        "rmsnorm",
+        "softmax",
+        "layernorm",
+        "gelu",
+        "fused-norm-swiglu-residual",
+        "cross-entropy",
+        "decode-attention",
+        "decode-attention-gqa8",
+        "naive-attention",
+        "flash-attention-tiled",
+        "flash-attention-compulsory",
+        "gemm-4096-compulsory",
+        "gemm-tiled-128x128",
+        "gemm-tiled-256x128",
+        "lm-head",
+    ]
     with pytest.raises(ValueError, match="one of them"):
         roofline_point("h100", "bf16", 2, preset="rmsnorm")
 
@@ -103,19 +151,26 @@ def test_lab2_hierarchical_readout_is_the_seeds():
     # L2 ridge 989.4 / 9 = 109.9; the cap 9e12 x 83.6 / 989.4e12 = 76.0% (seed: ~77%, which
     # is 9 x 85.3 / 989.4 = 77.6% without the output write)
     assert BF16_PEAK / levels["l2"].bytes_per_s == pytest.approx(109.93, abs=0.01)
-    assert g.binding is levels["l2"] or g.binding == levels["l2"]
+    assert g.binding == levels["l2"] and g.binding.name == "L2 cache"  # Table 4's name
     assert g.hierarchical_cap == pytest.approx(9e12 * w / 1_644_167_168 / BF16_PEAK)
     assert round(100 * g.hierarchical_cap, 1) == 76.0
     assert round(100 * 9e12 * g.tiled_intensity_limit / BF16_PEAK, 1) == 77.6
     # shared memory: 64 x 64 warp tiles, 2/(2(1/64 + 1/64)) = 32 against 989.4 / 30.92 = 32.0
     assert levels["smem"].intensity(w) == 32
     assert BF16_PEAK / levels["smem"].bytes_per_s == pytest.approx(32.0, abs=0.01)
-    # waves: 512 CTAs, one per SM (4 stages x 384 x 64 x 2 B = 192 KiB of 228), 132 SMs:
+    # seed 004 fit: (256 + 128) x 128 x 2 B + 256 x 128 x 4 B = 224 KiB of 228 KiB, so one
+    # CTA per SM; 16 x 32 = 512 tiles (512 >= 132 / 2: no split-K) on 132 SMs:
     # ceil(512 / 132) = 4 waves, 512 / 528 = 97.0% busy
-    assert (g.waves.ctas, g.waves.count) == (512, 4)
+    assert g.tile_bytes == 224 * 1024 and g.tile_fits and g.ctas_per_sm == 1
+    assert g.split == 1 and g.partial_bytes == 0
+    assert (g.waves.ctas, g.waves.slots, g.waves.count) == (512, 132, 4)
     assert g.waves.efficiency == pytest.approx(512 / 528)
-    # seed 004 fit: (256 + 128) x 128 x 2 B + 256 x 128 x 4 B = 224 KiB of 228 KiB
-    assert g.tile_bytes == 224 * 1024 and g.tile_fits
+    # HBM sees Q modelled: compulsory 2 x 3 x 4096² + 15% of the re-reads
+    assert (
+        levels["hbm"].bytes
+        == g.modelled_bytes
+        == pytest.approx(2 * 3 * 4096**2 + 0.15 * (1_644_167_168 - 2 * 3 * 4096**2))
+    )
 
 
 def test_lab2_tiles_and_cli(capsys, tmp_path):
@@ -129,10 +184,97 @@ def test_lab2_tiles_and_cli(capsys, tmp_path):
     argv = ["gemm", "4096", "4096", "4096", "--tile", "256x128", "--hardware", "h100"]
     assert main([*argv, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^binds: L2, 76\.0% of peak", out, re.M)
+    assert re.search(r"^binds: L2 cache, 76\.0% of peak", out, re.M)
     assert re.search(r"^  shared memory: I = 32\.0 \(warp tile 64x64\), ridge ~32\.0", out, re.M)
-    assert "= 4 waves, 97.0% busy" in out
+    assert re.search(r"^  L2 cache: I = 83\.6 \(-> 85\.3 without the output write\)", out, re.M)
+    assert "x 1 CTA/SM (228 KiB // 224 KiB) = 4 waves, 97.0% busy" in out
+    assert "split-K" not in out
     assert plot.read_bytes()[:8] == PNG and plot.stat().st_size > 10_000
+
+
+def test_lab2_split_k_is_in_q_modelled_so_every_line_agrees(capsys):
+    g = gemm_workbench(1024, 1024, 8192, tile="256x128", hardware="h100")
+    w = 2 * 1024 * 1024 * 8192  # 17,179,869,184
+    # 4 x 8 = 32 tiles, 2 x 32 = 64 <= 132 SMs: split_k = min(132 // 32, 8192 // 128) = 4
+    assert (g.tiles, g.split) == (32, 4)
+    # compulsory 2 x (2 x 1024 x 8192 + 1024²) = 35,651,584; tiled panels
+    # 2 x 8192 x (1024 x 8 + 1024 x 4) = 201,326,592 + C 2 x 1024² = 203,423,744; L2 lets
+    # 15% of the 167,772,160 re-read through: 35,651,584 + 25,165,824 = 60,817,408
+    assert g.compulsory_bytes == 35_651_584 and g.tiled_bytes == 203_423_744
+    assert g.streamed_bytes == pytest.approx(60_817_408)
+    # split-K: 2 x (4 - 1) x 1024² x 4 B = 25,165,824 B of fp32 partial sums
+    assert g.partial_bytes == pytest.approx(25_165_824)
+    assert g.modelled_bytes == pytest.approx(85_983_232)
+    # one Q at HBM: the row, the predicted time and the binding level agree
+    hbm = {r.level: r for r in g.hierarchy()}["hbm"]
+    assert hbm.bytes == g.modelled_bytes
+    assert g.intensity("modelled") == pytest.approx(w / 85_983_232)  # 199.8
+    assert g.time_s == pytest.approx(85_983_232 / 3.35e12)  # 25.67 us, HBM-bound
+    assert g.binding == hbm and g.hierarchical_time_s == pytest.approx(g.time_s)
+    assert main(["gemm", "1024", "1024", "8192", "--tile", "256x128", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^split-K: 32 tiles fill at most half of 132 SMs, so K is split in 4 \(2048 of K "
+        r"each\); fp32 partial sums 25\.2 MB written and read back$",
+        out,
+        re.M,
+    )
+    # 3.35e12 x 199.8 / 989.4e12 = 67.7% everywhere
+    assert re.search(
+        r"^Q modelled: 86\.0 MB \(I = 199\.8\): .* \+ the split-K partial sums$", out, re.M
+    )
+    assert re.search(r"^predicted time: 25\.7 us, 67\.7% of peak$", out, re.M)
+    assert re.search(
+        r"^  HBM: I = 199\.8 \(Q modelled\), ridge 295\.3, cap 67\.7% of peak$", out, re.M
+    )
+    assert re.search(r"^binds: HBM, 67\.7% of peak, floor 25\.7 us$", out, re.M)
+    # 32 x 4 = 128 CTAs, one per SM: one wave, 128 / 132 = 97.0% busy
+    assert "128 CTAs over 132 SMs x 1 CTA/SM (228 KiB // 224 KiB) = 1 wave, 97.0% busy" in out
+
+
+def test_lab2_the_tile_limit_uses_the_rows_a_tile_holds(capsys):
+    # M = 64 under T_m = 256: a tile holds 64 rows, so I -> 2/(2(1/64 + 1/128)) = 128/3 = 42.7
+    # (not 85.3). 1 x 128 = 128 tiles >= 132 / 2: no split-K, so without C the L2 bytes are
+    # the panels 2 x 8192 x (64 x 128 + 16384 x 1) and I = 2·64·16384·8192 / that = 42.7
+    skinny = gemm_workbench(64, 16384, 8192, tile="256x128", hardware="h100")
+    assert skinny.effective_tile == (64, 128) and skinny.split == 1
+    assert skinny.tiled_intensity_limit == pytest.approx(128 / 3)
+    assert main(["gemm", "64", "16384", "8192", "--tile", "256x128", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "-> 2/(s(1/64 + 1/128)) = 42.7 as K grows" in out
+    assert "(-> 42.7 without the output write)" in out
+    # a GEMV, M = 1 under 128 x 128 tiles: 2/(2(1/1 + 1/128)) = 128/129 = 0.99, not T/s = 64;
+    # without C the L2 sees the panels 2 x 4096 x (32 + 4096) and split-K's
+    # 2 x 3 x 4096 x 4 B of partials: 2 x 4096² / 33,914,880 = 0.99
+    gemv = gemm_workbench(1, 4096, 4096, tile=128, hardware="h100")
+    assert gemv.tiled_intensity_limit == pytest.approx(128 / 129)
+    assert main(["gemm", "1", "4096", "4096", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "-> 2/(s(1/1 + 1/128)) = 1.0 as K grows" in out
+    assert re.search(r"^  L2 cache: I = 1\.0 \(-> 1\.0 without the output write\)", out, re.M)
+
+
+def test_lab2_a_tile_that_does_not_fit_gets_no_waves(capsys):
+    # 512 x 512: (512 + 512) x 512 x 2 B + 512² x 4 B = 2048 KiB > 228 KiB
+    big = gemm_workbench(4096, 4096, 4096, tile=512, hardware="h100")
+    assert big.tile_bytes == 2048 * 1024 and not big.tile_fits
+    assert big.ctas_per_sm == 0 and big.waves is None
+    assert main(["gemm", "4096", "4096", "4096", "--tile", "512", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out
+    assert re.search(r"^waves: none: the tile does not fit the local budget", out, re.M)
+    # a 64 x 64 tile, (64 + 64) x 64 x 2 B + 64² x 4 B = 32 KiB: 228 // 32 = 7 CTAs per SM,
+    # so 64 x 64 = 4096 tiles need ceil(4096 / 924) = 5 waves
+    small = gemm_workbench(4096, 4096, 4096, tile=64, hardware="h100")
+    assert (small.ctas_per_sm, small.waves.slots, small.waves.count) == (7, 924, 5)
+
+
+@pytest.mark.parametrize("kib", ["0", "-3", "nan", "inf"])
+def test_lab2_the_local_budget_is_positive(kib, capsys):
+    with pytest.raises(ValueError, match="local budget"):
+        gemm_workbench(64, 64, 64, local_budget_bytes=float(kib) * 1024)
+    assert main(["gemm", "64", "64", "64", "--local-budget-kib", kib]) == 2
+    assert "--local-budget-kib > 0" in capsys.readouterr().err
 
 
 def test_fusion_bench_lab_3():

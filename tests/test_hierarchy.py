@@ -186,13 +186,58 @@ def test_achievable_fraction_is_the_seeds_85_percent_of_stream_bandwidth():
 
 def test_split_k_fills_the_sms_for_a_decode_gemv():
     """Batch-1 decode: 1 x 4096 @ 4096 x 1024 (k_proj). 1024 / 128 = 8 tiles of 128 x 128 on
-    132 SMs: split K by min(ceil(132 / 8) = 17, 4096 / 128 = 32) = 17 -> 136 CTAs."""
-    assert split_k(8, 4096, H100) == 17
+    132 SMs: split K by min(132 // 8 = 16, 4096 / 128 = 32) = 16 -> 128 CTAs, one wave (a
+    split of 17 would make 136: a second wave 3% full)."""
+    assert split_k(8, 4096, H100) == 16
     shape = KernelShape("gemm", 2, m=1, n=1024, k=4096)
     levels = gemm_levels(shape, 2 * (4096 + 4096 * 1024 + 1024), GemmTile(128, 128), H100, 2)
-    assert levels.ctas == 136
-    # fp32 partial sums written and read back: 2 x 16 x 1 x 1024 x 4 B on top of the weights
-    assert levels.hbm == 2 * (4096 + 4096 * 1024 + 1024) + 2 * 16 * 1024 * 4
+    assert levels.ctas == 128
+    # fp32 partial sums written and read back: 2 x 15 x 1 x 1024 x 4 B on top of the weights
+    assert levels.hbm == 2 * (4096 + 4096 * 1024 + 1024) + 2 * 15 * 1024 * 4
+    # a batch of such products already fills the SMs: 64 x 4 tiles of a bmm, no split
+    assert split_k(64 * 4, 4096, H100) == 1
+    batched = KernelShape("gemm", 2, batch=64, m=256, n=256, k=4096)
+    assert gemm_levels(batched, 1.0, GemmTile(128, 128), H100, 2).ctas == 64 * 4
+
+
+def test_co_resident_ctas_share_their_sm():
+    """288 CTAs, two per SM on 132 SMs: dispatched in ceil(288 / 264) = 2 waves, but three
+    CTAs land on some SMs and share them: busy 288 / (3 x 132) = 0.727, not 288 / 528."""
+    w = waves(Levels(hbm=1.0, l2=1.0, smem=None, registers=None, ctas=288, ctas_per_sm=2), H100)
+    assert (w.count, w.efficiency) == (2, pytest.approx(288 / 396))
+
+
+def test_gqa_decode_streams_each_kv_head_once():
+    """Decode, 32 query heads over 8 K/V heads, context 4096, d = 128: the 4 query rows of a
+    group share one block, so L2 sees the K/V once (8 x 4096 x 256 x 2 B = 16.8 MB) plus q
+    and o (32 x 256 x 2 B), whatever the layout of the query heads."""
+    shape = KernelShape("attention", 2, batch=32, m=1, n=4096, k=128, kv_batch=8)
+    levels = attention_levels(shape, 1.0, H100)
+    assert levels.l2 == 8 * 4096 * 256 * 2 + 32 * 256 * 2
+    # 8 blocks on 132 SMs split the keys min(4096 / 128 = 32, 132 // 8 = 16) ways
+    assert levels.ctas == 8 * 16
+
+
+def test_a_convolution_is_not_read_as_a_gemm():
+    import torch
+
+    with torchroof.trace() as t:
+        x = torch.empty(32, 256, 14, 14, dtype=torch.bfloat16, device="meta")
+        w = torch.empty(512, 256, 3, 3, dtype=torch.bfloat16, device="meta")
+        torch.nn.functional.conv2d(x, w, padding=1)
+    (kernel,) = t.estimate("h100-sxm", mode="realistic").kernels
+    assert kernel.tile == "" and "smem" not in kernel.level_bytes
+
+
+def test_empty_attention_prices_without_error():
+    import torch
+
+    with torchroof.trace() as t:
+        q = torch.empty(1, 8, 0, 64, dtype=torch.bfloat16, device="meta")
+        kv = torch.empty(1, 8, 128, 64, dtype=torch.bfloat16, device="meta")
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv)
+    for mode in ("roofline", "realistic"):
+        assert t.estimate("h100-sxm", mode=mode).time_s >= 0
 
 
 def test_tile_heuristic_prefers_big_tiles_for_big_gemms():

@@ -382,3 +382,20 @@ def test_each_layer_has_its_mfu_and_memory_bound_share():
     assert layers["model.layers.2"]["memory_bound_share"] == 0.0
     table = est.table()
     assert "MFU %" in table and "mem-bound %" in table
+
+
+def test_a_version_1_estimate_still_loads():
+    """Version 2 added the hierarchy's kernel fields and the per-layer rows; a version-1
+    file (without them) reads with the fields at their defaults."""
+    data = _hand_estimate("prefill").to_dict()
+    data["version"] = 1
+    del data["layers"]
+    for kernel in data["kernels"]:
+        for key in ("boundary", "level_bytes", "tile", "waves", "wave_efficiency"):
+            kernel.pop(key, None)
+    est = Estimate.from_dict(data)
+    assert [k.boundary for k in est.kernels] == ["", "", ""]
+    assert est.time_s == pytest.approx(5e-4 + 1e-4 + 4e-4)
+    data["version"] = 3
+    with pytest.raises(ValueError, match="version 3 is not supported"):
+        Estimate.from_dict(data)

@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
         "--local-budget-kib",
         type=float,
         default=None,
-        help="on-chip budget for the tile fit check (default: the hardware's shared memory per SM)",
+        help="on-chip budget (> 0) for the tile fit check and CTAs per SM (default: the "
+        "hardware's shared memory per SM)",
     )
     gemm.add_argument("--plot", metavar="PATH", help="the GEMM at every boundary (.png, .svg)")
 
@@ -396,7 +397,7 @@ def _gemm(args: argparse.Namespace) -> None:
         l2_absorption=args.l2_absorption,
         hardware=args.hardware,
         local_budget_bytes=(
-            None if args.local_budget_kib is None else int(args.local_budget_kib * 1024)
+            None if args.local_budget_kib is None else args.local_budget_kib * 1024
         ),
     )
     print("\n".join(reading.lines()))

@@ -25,8 +25,15 @@ from torchroof.roofline import LATENCY_LABEL_SHARE
 # A prediction within 80% of the measured time is at the roof; a question explains the gap
 # when the time it accounts for reaches 80% of the measured time: a kernel at 80% of STREAM
 # is saturated (seed 000: "real coalesced streaming typically lands near 85% of published
-# beta", and STREAM itself is such a stream).
+# beta", and STREAM itself is such a stream). A prediction more than 1 / 0.8 = 1.25x the
+# measured time is above the roof: the kernel ran faster than its floor, so its W, its Q or
+# the ceiling it was priced on is wrong for it.
 REACHED = 0.8
+ABOVE = 1 / REACHED
+# seed 000 "pi is the top of a stack": a matmul is called off its MMA pipe only when the line
+# it was priced on is at least this many times the vector line it ran at, so timing noise
+# between two nearby lines is never read as the wrong pipe.
+PIPE_MARGIN = 2.0
 # seed 000 "Are the kernels too small?": "any kernel with a predicted time under ~20 us is
 # partly measuring its own launch"; so is one predicted at a few launches.
 SMALL_KERNEL_S = 20e-6
@@ -78,6 +85,8 @@ QUESTIONS = (
     Question("reuse", "Is reuse happening where you assumed?", "re-reads"),
     Question("waves", "Is the work quantised badly?", "wave quantisation"),
 )
+# every label a diagnosis can carry, in the order a summary counts them
+LABELS = ("at the roof", "above the roof", *(q.finding for q in QUESTIONS), "unexplained")
 
 
 @dataclass(frozen=True)
@@ -135,12 +144,19 @@ class Diagnosis:
 
     @property
     def at_roof(self) -> bool:
-        return self.ratio >= REACHED
+        """Within the 80% rule both ways: REACHED <= predicted / measured <= 1 / REACHED."""
+        return REACHED <= self.ratio <= ABOVE
+
+    @property
+    def above_roof(self) -> bool:
+        """Predicted more than 1.25x the measured time: faster than the floor."""
+        return self.ratio > ABOVE
 
     @property
     def explained_by(self) -> int | None:
-        """Index of the first question that explains the gap (None: none does, or no gap)."""
-        if self.at_roof:
+        """Index of the first question that explains the gap (None: none does, or no gap
+        to explain: at or above the roof)."""
+        if self.at_roof or self.above_roof:
             return None
         return next((i for i, a in enumerate(self.answers) if a.explains), None)
 
@@ -152,9 +168,12 @@ class Diagnosis:
 
     @property
     def label(self) -> str:
-        """A few words: ``at the roof``, a finding (``too small``) or ``unexplained``."""
+        """A few words (one of :data:`LABELS`): ``at the roof``, ``above the roof``, a
+        finding (``too small``) or ``unexplained``."""
         if self.at_roof:
             return "at the roof"
+        if self.above_roof:
+            return "above the roof"
         first = self.explained_by
         return QUESTIONS[first].finding if first is not None else "unexplained"
 
@@ -163,6 +182,11 @@ class Diagnosis:
         """One line: the label and why."""
         if self.at_roof:
             return f"at the roof: predicted / measured {self.ratio:.2f}"
+        if self.above_roof:
+            return (
+                f"above the roof: predicted {self.ratio:.2f}x the measured time; W, Q or the "
+                "ceiling is wrong for this kernel"
+            )
         first = self.explained_by
         if first is not None:
             return f"{QUESTIONS[first].finding}: {self.answers[first].answer}"
@@ -188,13 +212,15 @@ class Diagnosis:
 
 
 def _pipe(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
-    """seed 000 "pi is the top of a stack": the ceiling the measured FLOP rate sits under. A
-    matmul priced on an MMA line that runs at (80% or more of) a vector line, with its
-    bytes too few to hold it there, is on the wrong pipe."""
+    """seed 000 "pi is the top of a stack": asked only of a matmul the prediction calls
+    compute-bound (a memory-bound one's pipe does not set its time), against the fp32
+    vector line only where that line is a figure of the file, not derived (the no-FMA
+    half and a 1/4-of-elementwise SFU are not measured). It is on the wrong pipe when it
+    was priced on an MMA line at least PIPE_MARGIN x that vector line, ran at no more than
+    the vector line and within 80% of it, and its bytes do not hold it there."""
     question = QUESTIONS[0].text
     if not kernel.flops:
         return Answer(question, "no FLOPs to run on any pipe", False)
-    spec = machine.spec
     rate = kernel.flops / measured_s
     priced = kernel.peak_flops_per_s
     if kernel.unit != "tensor":
@@ -202,40 +228,50 @@ def _pipe(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) ->
         if 0 < priced < math.inf:
             text += f", {rate / priced:.0%} of the {_rate(priced, 'FLOP')} it was priced on"
         return Answer(question, text, False)
-    lines = spec.ceilings()  # highest first
-    above = [(name, value) for name, value in lines.items() if value >= rate]
-    where = f"{_rate(rate, 'FLOP')} measured, " + (
-        f"{rate / above[-1][1]:.0%} of the {above[-1][0]} line" if above else "above every line"
-    )
-    vector = spec.vector_peak("fp32")
-    if priced <= vector:
+    if kernel.bound != "compute":
         return Answer(
             question,
-            f"no MMA line to miss: priced on {_rate(priced, 'FLOP')}, not above the fp32 "
-            f"vector line; {where}",
+            f"not asked: predicted memory-bound (Q/beta {_time(kernel.memory_s)} >= W/pi "
+            f"{_time(kernel.compute_s)}), so its pipe does not set its time",
             False,
         )
+    figure = machine.spec.vector_flops_per_s.get("fp32")
+    if figure is None or figure.approximate:
+        return Answer(
+            question,
+            f"not measured: {_rate(rate, 'FLOP')} measured, but {machine.spec.name} has no "
+            "measured fp32 vector line to compare it with (derived or absent)",
+            False,
+            known=False,
+        )
+    vector = figure.value
+    if priced < PIPE_MARGIN * vector:
+        return Answer(
+            question,
+            f"cannot tell: priced on {_rate(priced, 'FLOP')}, only {priced / vector:.1f}x the "
+            f"fp32 vector line ({_rate(vector, 'FLOP')}), under the {PIPE_MARGIN:g}x a clear "
+            f"call needs; {_rate(rate, 'FLOP')} measured",
+            False,
+        )
+    where = f"{_rate(rate, 'FLOP')} measured, {rate / vector:.0%} of the fp32 vector (FMA) line"
     if rate > vector:
         return Answer(
             question,
-            f"yes: {where}, above the fp32 vector line ({_rate(vector, 'FLOP')})",
+            f"yes: {_rate(rate, 'FLOP')} measured, above the fp32 vector line "
+            f"({_rate(vector, 'FLOP')})",
             False,
         )
-    vector_lines = [(name, value) for name, value in lines.items() if "vector" in name]
-    name, line = min(
-        ((n, v) for n, v in vector_lines if v >= rate), key=lambda item: item[1], default=("", 0)
-    )
-    pipe_s = kernel.flops / line if line else 0.0
+    pipe_s = kernel.flops / vector
     memory_s = kernel.bytes / machine.bandwidth_bytes_per_s
     # on that line, and not held there by its bytes (then the next question answers it)
     if pipe_s >= REACHED * measured_s and memory_s < REACHED * measured_s:
         return Answer(
             question,
-            f"no: {where}, a pipe without MMA, {priced / line:.1f}x under the "
+            f"no: {where}, a pipe without MMA, {priced / vector:.1f}x under the "
             f"{_rate(priced, 'FLOP')} it was priced on",
             True,
         )
-    return Answer(question, f"not evidently: {where}, below the MMA lines but not on one", False)
+    return Answer(question, f"not evidently: {where}, below it but not on it", False)
 
 
 def _hbm(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
@@ -295,11 +331,10 @@ def _in_flight(kernel: KernelEstimate, measured_s: float, machine: MachineFigure
 
 def _too_small(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
     """seed 000 "Are the kernels too small?": predicted under ~20 us or a few launches. The
-    launch explains the gap when predicted + launch reaches the measured time, or when the
-    kernel's work is less than one launch and it measured under ~20 us: all of it is fixed
-    cost, which the cheapest op's launch understates for a real op. The launch is the
-    larger of the one measured and the smallest kernel as profiled (a profiled time carries
-    that fixed cost too)."""
+    launch explains the gap when predicted + launch reaches 80% of the measured time (the
+    rule every question follows); a small kernel short of that is answered, not explained.
+    The launch is the larger of the one measured and the smallest kernel as profiled (a
+    profiled time carries that fixed cost too)."""
     question = QUESTIONS[3].text
     body_s = kernel.time_s - kernel.overhead_s  # the prediction without its launch
     launch_s = max(machine.launch_overhead_s, machine.smallest_kernel_s)
@@ -318,8 +353,6 @@ def _too_small(kernel: KernelEstimate, measured_s: float, machine: MachineFigure
     )
     if with_launch >= REACHED * measured_s:
         return Answer(question, f"yes: {text}", True)
-    if body_s < launch_s and measured_s < SMALL_KERNEL_S:
-        return Answer(question, f"yes, all fixed cost: less work than one launch; {text}", True)
     return Answer(question, f"small, but {text}", False)
 
 

@@ -8,9 +8,11 @@ NVLink, PCIe, the network); the on-chip rates are approximate aggregates.
 "GEMM II · tiles set the intensity": Q_tiled = s·(MNK(1/T_n + 1/T_m) + MN), I_tiled ->
 2/(s(1/T_m + 1/T_n)); L2 absorbs a fraction of the re-reads (Lab 2's slider).
 "The hierarchical roofline": the same GEMM at every boundary (torchroof/hierarchy.py counts
-the bytes), the binding level and the waves of its tile grid.
+the bytes, split-K's fp32 partial sums included when it splits a small grid), the binding
+level and the waves of its tile grid.
 seed 004 "Reject a tile that cannot stay on chip": two input tiles plus an fp32 accumulator
-against a local budget.
+against a local budget; the same footprint sets how many CTAs share an SM, and a tile that
+does not fit gets no waves.
 
 Lab 3 (the fusion bench) is torchroof/fusion_bench.py; the FlashAttention and chunked
 cross-entropy bounds are torchroof/io_bounds.py; the pictures are torchroof/explore_plots.py.
@@ -21,7 +23,7 @@ flash`` and ``torchroof lab cross-entropy``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torchroof.hardware import (
     LINK_LIMITS,
@@ -32,11 +34,13 @@ from torchroof.hardware import (
     spec_dtype,
 )
 from torchroof.hierarchy import (
+    FP32_BYTES,
+    LEVELS,
     GemmTile,
     Levels,
     Waves,
     gemm_levels,
-    level_rates,
+    split_k,
     tiled_bytes,
     waves,
 )
@@ -60,10 +64,14 @@ def _peak(spec: HardwareSpec, dtype: str) -> float:
 
 
 def _default_pipe(spec: HardwareSpec, dtype: str) -> str:
-    """The name spec.ceilings() gives the pipe _peak() picks for ``dtype``."""
+    """The name spec.ceilings() gives the pipe _peak() picks for ``dtype``: its tensor core, else
+    (fp32 without a measured fp32 matmul rate, fp64 on a part without fp64 MMA) its vector
+    line, as HardwareSpec.tensor_peak falls back."""
     key = spec_dtype(dtype)
     if key == "fp32" and "fp32" not in spec.tensor_flops_per_s:
         return "fp32 vector (FMA)"
+    if key == "fp64" and "fp64" not in spec.tensor_flops_per_s:
+        return "fp64 vector"
     return f"{key} tensor core"
 
 
@@ -173,7 +181,13 @@ PRESETS: dict[str, KernelPreset] = {
 # ---------------------------------------------------------------------------------------
 # Lab 1 · boundaries and pipes
 
-_ON_CHIP_KEYS = {"register file": "registers", "shared memory": "smem", "L2 cache": "l2"}
+# boundary_table's on-device rows (Table 4's names) by their short keys
+_TABLE_KEYS = {
+    "register file": "registers",
+    "shared memory": "smem",
+    "L2 cache": "l2",
+    "HBM": "hbm",
+}
 _BOUNDARY_ALIASES = {
     "register-file": "registers",
     "rf": "registers",
@@ -184,21 +198,19 @@ _BOUNDARY_ALIASES = {
 
 
 def boundaries(spec: HardwareSpec) -> dict[str, Boundary]:
-    """seed 000 Table 4's rows for ``spec``, innermost first: its on-chip boundaries and HBM
-    (``spec.boundaries()``), then its links: line rate per GPU per direction of every shipped
-    cluster built from it (``network`` is the first such cluster's by name, ``aws-p5:network``
-    one cluster's), else the accelerator file's own interconnect figures."""
-    table = boundary_table(spec)
-    chip = {_ON_CHIP_KEYS.get(b.name, _key(b.name)): b for b in spec.boundaries()}
-    links = {
-        key: Boundary(key, figure.value, None, LINK_LIMITS.get(key, ""), figure)
-        for key, figure in spec.interconnect_bytes_per_s.items()
-    }
-    qualified = {key: b for key, b in table.items() if ":" in key}
-    from_clusters: dict[str, Boundary] = {}
-    for key, boundary in qualified.items():
-        from_clusters.setdefault(key.split(":", 1)[1], boundary)
-    return {**chip, **links, **from_clusters, **qualified}
+    """seed 000 Table 4's rows for ``spec`` (``hardware.boundary_table``), keyed: registers,
+    smem, l2, hbm (those the file lists), then each link by its kind (``network``: the first
+    shipped cluster's by name that has one, else the accelerator file's own figure), then
+    every cluster's own (``aws-p5:network``)."""
+    table = {_TABLE_KEYS.get(key, key): row for key, row in boundary_table(spec).items()}
+    on_device = {key: row for key, row in table.items() if ":" not in key}
+    by_cluster = {key: row for key, row in table.items() if ":" in key}
+    links: dict[str, Boundary] = {}
+    for key, row in by_cluster.items():
+        links.setdefault(key.split(":", 1)[1], row)
+    for key, figure in spec.interconnect_bytes_per_s.items():
+        links.setdefault(key, Boundary(key, figure.value, None, LINK_LIMITS.get(key, ""), figure))
+    return {**on_device, **links, **by_cluster}
 
 
 def find_boundary(spec: HardwareSpec, name: str) -> tuple[str, Boundary]:
@@ -214,8 +226,9 @@ def find_boundary(spec: HardwareSpec, name: str) -> tuple[str, Boundary]:
 
 
 def find_pipe(spec: HardwareSpec, name: str) -> tuple[str, float]:
-    """(pipe name, FLOP/s) from ``spec.ceilings()``: the full name ("fp32 vector without
-    FMA"), a dtype ("bf16": its tensor core), or fp32-fma / fp32-no-fma / sfu."""
+    """(pipe name, FLOP/s) from :func:`pipes`: the full name ("fp32 vector without FMA"), a
+    dtype ("bf16": its tensor core; fp32 and fp64 fall back to their vector line where the
+    part has no such tensor core), or fp32-fma / fp32-no-fma / fp64-vector / sfu."""
     ceilings = spec.ceilings()
     by_key = {_key(p): p for p in ceilings}
     aliases = {
@@ -223,17 +236,18 @@ def find_pipe(spec: HardwareSpec, name: str) -> tuple[str, float]:
         "fp32-vector": "fp32 vector (FMA)",
         "fp32-no-fma": "fp32 vector without FMA",
         "fp32-nofma": "fp32 vector without FMA",
+        "fp64-vector": "fp64 vector",
         "sfu": "transcendental (SFU)",
         "transcendental": "transcendental (SFU)",
     }
     key = _key(name)
     found = aliases.get(key) or by_key.get(key) or by_key.get(f"{key}-tensor-core")
-    if key == "fp32" and found is None:
-        found = "fp32 vector (FMA)"
+    if found is None and key in ("fp32", "fp64"):  # no such tensor core: the vector line
+        found = {"fp32": "fp32 vector (FMA)", "fp64": "fp64 vector"}[key]
     if found is None or found not in ceilings:
         raise ValueError(
             f"{spec.display_name} has no pipe {name!r}; choose from "
-            f"{', '.join(ceilings)} (or fp32-fma, fp32-no-fma, sfu)"
+            f"{', '.join(ceilings)} (or fp32-fma, fp32-no-fma, fp64-vector, sfu)"
         )
     return found, ceilings[found]
 
@@ -334,8 +348,8 @@ def roofline_point(
             raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         intensity = PRESETS[preset].intensity(itemsize(dtype))
     assert intensity is not None
-    if intensity <= 0:
-        raise ValueError(f"intensity must be positive, got {intensity}")
+    if not math.isfinite(intensity) or intensity <= 0:
+        raise ValueError(f"intensity must be a finite positive FLOP per byte, got {intensity}")
     spec = get(hardware)
     if pipe is None:
         pipe_name, peak = _default_pipe(spec, dtype), _peak(spec, dtype)
@@ -386,7 +400,7 @@ class LevelReading:
     """One boundary of the hierarchical readout: the bytes the tile grid pulls across it."""
 
     level: str  # hierarchy.LEVELS: registers, smem, l2, hbm
-    name: str  # Table 4's row
+    name: str  # Table 4's row: register file, shared memory, L2 cache, HBM
     bytes: float
     bytes_per_s: float
     approximate: bool
@@ -399,12 +413,21 @@ class LevelReading:
         return self.bytes_per_s * self.intensity(flops) / peak
 
 
-_LEVEL_NAMES = {"registers": "register file", "smem": "shared memory", "l2": "L2", "hbm": "HBM"}
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 @dataclass(frozen=True)
 class GemmReading:
-    """Lab 2's readouts for C[M,N] = A[M,K] @ B[K,N] with T_m x T_n output tiles."""
+    """Lab 2's readouts for C[M,N] = A[M,K] @ B[K,N] with T_m x T_n output tiles.
+
+    One byte count runs through every line: Q modelled (compulsory, the tiled re-reads L2
+    lets through, and split-K's fp32 partial sums when hierarchy.split_k splits the grid)
+    is the HBM row of the hierarchical readout and sets the predicted time. One tile
+    footprint too: seed 004's fit test (two input tiles and the fp32 accumulator) is checked
+    against the local budget and says how many CTAs share an SM; a tile that does not fit
+    gets no waves. NB: the pipeline's tile chooser (hierarchy.choose_tile) counts a CTA's
+    pipelined operand stages instead, the accumulator in registers."""
 
     m: int
     n: int
@@ -420,20 +443,39 @@ class GemmReading:
 
     @property
     def levels(self) -> Levels:
-        """The tile grid's bytes at every boundary (hierarchy.gemm_levels); HBM sees the
-        modelled bytes (compulsory plus the re-reads L2 lets through)."""
+        """The tile grid's bytes at every boundary (hierarchy.gemm_levels), given the
+        streamed bytes at HBM; it adds split-K's partial sums at L2 and HBM."""
         shape = KernelShape("gemm", self.itemsize, batch=1, m=self.m, n=self.n, k=self.k)
-        return gemm_levels(shape, self.modelled_bytes, self.tile, self.spec, self.itemsize)
+        return gemm_levels(shape, self.streamed_bytes, self.tile, self.spec, self.itemsize)
 
     @property
-    def waves(self) -> Waves:
-        """seed 000 "Is the work quantised badly?": the grid's CTAs over the SMs."""
-        return waves(self.levels, self.spec)
+    def tiles(self) -> int:
+        """ceil(M/T_m)·ceil(N/T_n) output tiles."""
+        return math.ceil(self.m / self.tile.m) * math.ceil(self.n / self.tile.n)
 
     @property
-    def sms(self) -> int:
-        units = self.spec.compute_units
-        return int(units.value) if units is not None else 1
+    def split(self) -> int:
+        """hierarchy.split_k: K split in this many parts (1: not split)."""
+        return split_k(self.tiles, self.k, self.spec)
+
+    @property
+    def partial_bytes(self) -> float:
+        """Split-K's fp32 partial sums, written and read back (hierarchy.gemm_levels)."""
+        return self.levels.hbm - self.streamed_bytes
+
+    @property
+    def waves(self) -> Waves | None:
+        """seed 000 "Is the work quantised badly?": the grid's CTAs over the SMs, as many
+        per SM as the tile fits the local budget; None when it does not fit at all."""
+        if not self.tile_fits:
+            return None
+        grid = waves(self.levels, self.spec)
+        return replace(grid, slots=grid.sms * self.ctas_per_sm)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """local budget // tile footprint (0: the tile does not fit)."""
+        return self.local_budget_bytes // self.tile_bytes
 
     @property
     def flops(self) -> int:
@@ -445,23 +487,44 @@ class GemmReading:
         return self.itemsize * (self.m * self.k + self.k * self.n + self.m * self.n)
 
     @property
+    def output_bytes(self) -> int:
+        """s·MN: C written once."""
+        return self.itemsize * self.m * self.n
+
+    @property
     def tiled_bytes(self) -> float:
         """Each T_m x T_n tile reads a T_m x K panel of A and a K x T_n panel of B
         (hierarchy.tiled_bytes), and C is written once (seed 000 "GEMM II")."""
         panels = tiled_bytes(self.m, self.n, self.k, (self.tile.m, self.tile.n), self.itemsize)
-        return panels + self.itemsize * self.m * self.n
+        return panels + self.output_bytes
 
     @property
-    def modelled_bytes(self) -> float:
-        """Compulsory plus the re-reads L2 does not absorb."""
+    def streamed_bytes(self) -> float:
+        """Compulsory plus the re-reads L2 does not absorb (Lab 2's slider)."""
         return self.compulsory_bytes + (1 - self.l2_absorption) * (
             self.tiled_bytes - self.compulsory_bytes
         )
 
     @property
+    def modelled_bytes(self) -> float:
+        """The streamed bytes plus split-K's partial sums: the HBM row's bytes."""
+        return self.levels.hbm
+
+    @property
+    def effective_tile(self) -> tuple[float, float]:
+        """The rows and columns a tile holds on average, dim / ceil(dim / T): min(T, dim)
+        when T divides the dimension or exceeds it (M = 64 under T_m = 256 holds 64)."""
+        return (
+            self.m / math.ceil(self.m / self.tile.m),
+            self.n / math.ceil(self.n / self.tile.n),
+        )
+
+    @property
     def tiled_intensity_limit(self) -> float:
-        """2/(s(1/T_m + 1/T_n)), what the tiled intensity tends to for large K (T/s square)."""
-        return 2 / (self.itemsize * (1 / self.tile.m + 1 / self.tile.n))
+        """2/(s(1/T_m + 1/T_n)) with the effective tile, what the tiled intensity tends to
+        for large K (T/s square): the panels' bytes grow with K, the output's do not."""
+        tm, tn = self.effective_tile
+        return 2 / (self.itemsize * (1 / tm + 1 / tn))
 
     def intensity(self, which: str) -> float:
         size = {
@@ -489,7 +552,7 @@ class GemmReading:
         fp32 T_m x T_n accumulator. NB: T_k = min(T_m, T_n), so a square tile T keeps the
         seed's 2·T²·s + 4·T²."""
         tm, tn = self.tile.m, self.tile.n
-        return (tm + tn) * min(tm, tn) * self.itemsize + tm * tn * 4
+        return (tm + tn) * min(tm, tn) * self.itemsize + tm * tn * FP32_BYTES
 
     @property
     def tile_fits(self) -> bool:
@@ -497,25 +560,19 @@ class GemmReading:
 
     def hierarchy(self) -> list[LevelReading]:
         """The tile grid's bytes at every boundary the spec lists a rate for, innermost
-        first (seed 000 "The hierarchical roofline")."""
-        rates = {**level_rates(self.spec), "hbm": self.bandwidth_bytes_per_s}
-        figures = {
-            "registers": self.spec.register_bytes_per_s,
-            "smem": self.spec.shared_memory_bytes_per_s,
-            "l2": self.spec.l2_bytes_per_s,
-            "hbm": self.spec.hbm_bytes_per_s,
-        }
+        first, named as Table 4 names them (seed 000 "The hierarchical roofline")."""
+        table = boundaries(self.spec)
         found = self.levels.by_level()
         return [
             LevelReading(
                 level,
-                _LEVEL_NAMES[level],
+                table[level].name,
                 found[level],
-                rates[level],
-                bool(figure is not None and figure.approximate),
+                table[level].bytes_per_s,
+                table[level].figure.approximate,
             )
-            for level, figure in figures.items()
-            if level in found and level in rates
+            for level in LEVELS
+            if level in found and level in table
         ]
 
     @property
@@ -535,14 +592,16 @@ class GemmReading:
         """W / (pi x the hierarchical cap): the floor once every boundary is counted."""
         return self.flops / (self.peak_flops_per_s * self.hierarchical_cap)
 
+    def _limit_text(self) -> str:
+        tm, tn = self.effective_tile
+        value = self.tiled_intensity_limit
+        if tm == tn:
+            return f"T/s = {value:.0f}" if value.is_integer() else f"T/s = {value:.1f}"
+        return f"2/(s(1/{tm:g} + 1/{tn:g})) = {value:.1f}"
+
     def lines(self) -> list[str]:
         fit = "fits" if self.tile_fits else "does NOT fit: choose a smaller tile"
         tm, tn, s = self.tile.m, self.tile.n, self.itemsize
-        limit = (
-            f"T/s = {self.tiled_intensity_limit:.0f}"
-            if tm == tn
-            else f"2/(s(1/T_m + 1/T_n)) = {self.tiled_intensity_limit:.1f}"
-        )
         out = [
             f"GEMM {self.m} x {self.n} x {self.k}, {self.dtype}, tile {self.tile.label()}, "
             f"L2 absorption {100 * self.l2_absorption:.0f}%",
@@ -550,23 +609,38 @@ class GemmReading:
             f"Q compulsory: {self.compulsory_bytes / 1e6:.1f} MB "
             f"(I = {self.intensity('compulsory'):.1f})",
             f"Q tiled: {self.tiled_bytes / 1e6:.1f} MB (I = {self.intensity('tiled'):.1f}, "
-            f"-> {limit} as K grows)",
+            f"-> {self._limit_text()} as K grows)",
+        ]
+        modelled = f"compulsory + {100 * (1 - self.l2_absorption):.0f}% of the tiled re-reads"
+        if self.split > 1:
+            sms = waves(self.levels, self.spec).sms
+            out.append(
+                f"split-K: {_count(self.tiles, 'tile')} fill at most half of "
+                f"{_count(sms, 'SM')}, so K is split in {self.split} ({self.k // self.split} "
+                f"of K each); fp32 partial sums {self.partial_bytes / 1e6:.1f} MB written and "
+                "read back"
+            )
+            modelled += " + the split-K partial sums"
+        out += [
             f"Q modelled: {self.modelled_bytes / 1e6:.1f} MB "
-            f"(I = {self.intensity('modelled'):.1f})",
+            f"(I = {self.intensity('modelled'):.1f}): {modelled}",
             f"predicted time: {self.time_s * 1e6:.1f} us, "
             f"{100 * self.fraction_of_peak:.1f}% of peak",
             f"tile fit: ({tm} + {tn}) x {min(tm, tn)} x {s} B inputs + {tm} x {tn} x 4 B "
             f"accumulator = {self.tile_bytes / 1024:.0f} KiB against "
-            f"{self.local_budget_bytes / 1024:.0f} KiB: {fit}",
+            f"{self.local_budget_bytes / 1024:.0f} KiB: {fit} (seed 004; it sets the CTAs per SM)",
             "hierarchical roofline (seed 000): level, I, ridge, cap",
         ]
         for r in self.hierarchy():
             intensity = r.intensity(self.flops)
             extra = ""
             if r.level == "l2":
-                extra = f" (-> {self.tiled_intensity_limit:.1f} without the output write)"
+                without = self.flops / (r.bytes - self.output_bytes)
+                extra = f" (-> {without:.1f} without the output write)"
             if r.level == "smem":
                 extra = f" (warp tile {self.tile.warp[0]}x{self.tile.warp[1]})"
+            if r.level == "hbm":
+                extra = " (Q modelled)"
             approx = " ~" if r.approximate else " "
             out.append(
                 f"  {r.name}: I = {intensity:.1f}{extra}, ridge{approx}"
@@ -580,12 +654,16 @@ class GemmReading:
             if binding is not None
             else "binds: compute (every boundary clears the peak)"
         )
-        w, levels = self.waves, self.levels
-        out.append(
-            f"waves: {w.ctas} CTAs over {self.sms} SMs x {levels.ctas_per_sm} CTA/SM "
-            f"({self.tile.smem_bytes(s) // 1024} KiB of pipelined stages per CTA) = "
-            f"{w.count} waves, {100 * w.efficiency:.1f}% busy (last wave {100 * w.tail:.0f}% full)"
-        )
+        w = self.waves
+        if w is None:
+            out.append("waves: none: the tile does not fit the local budget, so it cannot run")
+        else:
+            out.append(
+                f"waves: {_count(w.ctas, 'CTA')} over {_count(w.sms, 'SM')} x "
+                f"{self.ctas_per_sm} CTA/SM ({self.local_budget_bytes // 1024} KiB // "
+                f"{self.tile_bytes // 1024} KiB) = {_count(w.count, 'wave')}, "
+                f"{100 * w.efficiency:.1f}% busy (last wave {100 * w.tail:.0f}% full)"
+            )
         return out
 
 
@@ -598,17 +676,24 @@ def gemm_workbench(
     tile: int | str | tuple[int, int] | GemmTile = 128,
     l2_absorption: float = 0.85,
     hardware: str | HardwareSpec = "h100-sxm",
-    local_budget_bytes: int | None = None,
+    local_budget_bytes: float | None = None,
 ) -> GemmReading:
     """seed 000 Lab 2 with rectangular tiles (``256x128``) and the hierarchical readout.
-    ``local_budget_bytes`` defaults to the hardware's shared memory per SM (an H100 SM's
-    228 KB, seed 000 "GEMM II")."""
+    ``local_budget_bytes`` (positive) defaults to the hardware's shared memory per SM (an
+    H100 SM's 228 KB, seed 000 "GEMM II")."""
     gemm_tile = parse_tile(tile)
     for name, value in (("M", m), ("N", n), ("K", k)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     if not 0 <= l2_absorption <= 1:
         raise ValueError(f"l2_absorption must be in [0, 1], got {l2_absorption}")
+    if local_budget_bytes is not None and not (
+        math.isfinite(local_budget_bytes) and local_budget_bytes >= 1
+    ):
+        raise ValueError(
+            "the local budget must be a finite positive number of bytes "
+            f"(--local-budget-kib > 0), got {local_budget_bytes} B"
+        )
     spec = get(hardware)
     return GemmReading(
         m,
@@ -620,6 +705,6 @@ def gemm_workbench(
         itemsize(dtype),
         _peak(spec, dtype),
         spec.hbm_bytes_per_s.value,
-        spec.shared_memory_per_sm() if local_budget_bytes is None else local_budget_bytes,
+        spec.shared_memory_per_sm() if local_budget_bytes is None else int(local_budget_bytes),
         spec,
     )

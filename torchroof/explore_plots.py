@@ -35,7 +35,7 @@ def roofline_lab_plot(reading: RooflineReading, path: str | Path) -> Path:
     walls = distinct_boundaries(spec)  # Table 4 as ``torchroof hardware`` lists it
     if reading.boundary not in {wall.name for wall in walls}:  # one cluster's own link
         walls.append(find_boundary(spec, reading.boundary_key)[1])
-    ceilings = spec.ceilings()
+    ceilings = spec.ceilings()  # every pipe, fp64 included, as find_pipe offers them
     top = max(ceilings.values())
     ridges = [top / b.bytes_per_s for b in walls] + [reading.machine_balance]
     lo = min(0.05, reading.intensity / 4, min(ridges) / 20)
@@ -51,9 +51,11 @@ def roofline_lab_plot(reading: RooflineReading, path: str | Path) -> Path:
             alpha=1.0 if chosen else 0.6,
             label=f"{wall.name} {_tera(wall.bytes_per_s)} TB/s" + (" (approx.)" if approx else ""),
         )
-    same: dict[float, list[str]] = {}  # equal ceilings (bf16 and fp16) share one line
-    for name, peak in ceilings.items():
-        same.setdefault(peak, []).append(name)
+    # ceilings within 1% (bf16 and fp16; fp32 without FMA and fp64 vector) share one line
+    same: dict[float, list[str]] = {}
+    for name, peak in ceilings.items():  # highest first
+        near = next((p for p in same if abs(p - peak) <= 0.01 * p), peak)
+        same.setdefault(near, []).append(name)
     for peak, names in same.items():
         chosen = reading.pipe in names
         ax.axhline(peak, color="grey", lw=1.8 if chosen else 0.7, ls="-" if chosen else "--")

@@ -70,11 +70,10 @@ class GemmTile:
 
 def tiled_bytes(m: int, n: int, k: int, tile: tuple[int, int], itemsize: int) -> float:
     """Operand bytes a (m x k) @ (k x n) product pulls across a boundary when each
-    tile[0] x tile[1] block of C streams its two panels (seed 000 "GEMM II"):
-    ceil(m/T_m)·ceil(n/T_n)·(T_m' + T_n')·k·s, with T' = min(T, the dimension)."""
-    tm, tn = min(tile[0], m), min(tile[1], n)
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
-    return tiles * (tm + tn) * k * itemsize
+    tile[0] x tile[1] block of C streams its two panels (seed 000 "GEMM II"): A once per
+    column of tiles, B once per row of tiles, s·(m·k·ceil(n/T_n) + n·k·ceil(m/T_m)); for
+    whole tiles that is s·MNK·(1/T_n + 1/T_m), and ragged edges load only the rows there are."""
+    return itemsize * k * (m * math.ceil(n / tile[1]) + n * math.ceil(m / tile[0]))
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,8 @@ def gemm_levels(
     absorbs the re-reads) plus those partials; shared memory the warp tiles' operands;
     registers the MMA fragments."""
     b, m, n, k, s = shape.batch, shape.m, shape.n, shape.k, shape.itemsize
-    grid = math.ceil(m / min(tile.m, m)) * math.ceil(n / min(tile.n, n))
-    split = split_k(grid, k, spec)
+    grid = math.ceil(m / tile.m) * math.ceil(n / tile.n)
+    split = split_k(b * grid, k, spec)
     partials = 2 * (split - 1) * m * n * FP32_BYTES if split > 1 else 0
     l2 = b * (tiled_bytes(m, n, k, (tile.m, tile.n), s) + m * n * out_itemsize + partials)
     smem = b * tiled_bytes(m, n, k, tile.warp, s)
@@ -132,44 +131,53 @@ def gemm_levels(
 
 
 def split_k(tiles: int, k: int, spec: HardwareSpec) -> int:
-    """Split-K (seed 000 "Split-K and stream-K scheduling"): a grid of fewer tiles than SMs
-    splits K so every SM gets work, while each split keeps >= MIN_SPLIT_K of K."""
+    """Split-K (seed 000 "Split-K and stream-K scheduling"): a grid (every batch's tiles) of
+    fewer tiles than SMs splits K into as many parts as still fit one wave, while each split
+    keeps >= MIN_SPLIT_K of K."""
     sms = _sms(spec)
-    if tiles >= sms or k < 2 * MIN_SPLIT_K:
+    if tiles * 2 > sms or k < 2 * MIN_SPLIT_K:
         return 1
-    return max(1, min(math.ceil(sms / tiles), k // MIN_SPLIT_K))
+    return max(1, min(sms // tiles, k // MIN_SPLIT_K))
 
 
 def attention_levels(shape: KernelShape, hbm_bytes: float, spec: HardwareSpec) -> Levels:
     """Flash attention (seed 000 "FlashAttention"): each block of B_r query rows streams
-    the kept K/V blocks through shared memory, so L2 sees s·(N/B_r)·2·N_k·d per head on top
-    of Q and O (I -> 2B_r/s), the K/V re-reads absorbed before HBM; each 64-row warpgroup
-    reads the K/V block from shared memory. Backward streams Q and dO per key block of
-    B_c rows and accumulates dQ in fp32. A grid smaller than the SMs splits the keys over
-    more blocks (flash-decoding), as decode kernels do."""
-    b, q_rows, kv_rows, d, s = shape.batch, shape.m, shape.n, shape.k, shape.itemsize
+    the kept K/V blocks through shared memory, so L2 sees s·(N/B_r)·N_k·(d + d_v) per head on
+    top of Q and O (I -> 2B_r/s), the K/V re-reads absorbed before HBM; each 64-row warpgroup
+    reads the K/V block from shared memory. The query heads that share a K/V head (GQA) are
+    packed into one block when their rows fit (decode kernels do), so K/V streams once per
+    block of B_r rows of the group. Backward streams Q and dO per key block of B_c rows and
+    accumulates dQ in fp32. A grid smaller than the SMs splits the keys over more blocks
+    (flash-decoding), as many as still fit one wave."""
+    q_rows, kv_rows, d, s = shape.m, shape.n, shape.k, shape.itemsize
+    dv = shape.value_dim or d
+    kv_heads = shape.kv_batch or shape.batch
+    group = max(1, shape.batch // kv_heads)
     kept_kv = kv_rows * shape.kept
     if shape.backward:
         key_blocks = math.ceil(kv_rows / ATTENTION_BLOCK_ROWS)
-        streamed = key_blocks * q_rows * shape.kept * d * (2 * s + 2 * FP32_BYTES)
-        l2 = b * streamed
-        smem = b * math.ceil(kv_rows / ATTENTION_WARPGROUP_ROWS) * q_rows * shape.kept * 2 * d * s
-        ctas = b * key_blocks
+        per_row = (d + dv) * s + 2 * FP32_BYTES * d  # Q and dO in, dQ read and written
+        l2 = shape.batch * key_blocks * q_rows * shape.kept * per_row
+        warpgroups = math.ceil(kv_rows / ATTENTION_WARPGROUP_ROWS)
+        smem = shape.batch * warpgroups * q_rows * shape.kept * (d + dv) * s
+        ctas = shape.batch * key_blocks
     else:
-        query_blocks = math.ceil(q_rows / ATTENTION_BLOCK_ROWS)
-        l2 = b * (2 * q_rows * d * s + query_blocks * kept_kv * 2 * d * s)
-        groups = math.ceil(q_rows / ATTENTION_WARPGROUP_ROWS)
-        smem = b * groups * kept_kv * 2 * d * s
-        ctas = b * query_blocks
-        if ctas < _sms(spec):  # flash-decoding: split the keys until every SM has a block
-            splits = min(math.ceil(kv_rows / ATTENTION_BLOCK_ROWS), math.ceil(_sms(spec) / ctas))
+        rows = q_rows * group  # one K/V head's query rows
+        blocks = math.ceil(rows / ATTENTION_BLOCK_ROWS)
+        l2 = shape.batch * q_rows * (d + dv) * s + kv_heads * blocks * kept_kv * (d + dv) * s
+        warpgroups = math.ceil(rows / ATTENTION_WARPGROUP_ROWS)
+        smem = kv_heads * warpgroups * kept_kv * (d + dv) * s
+        ctas = kv_heads * blocks
+        sms = _sms(spec)
+        if 0 < ctas * 2 <= sms:  # flash-decoding: split the keys, within one wave
+            splits = min(math.ceil(kv_rows / ATTENTION_BLOCK_ROWS), sms // ctas)
             ctas *= max(1, splits)
     return Levels(
         hbm=hbm_bytes,
         l2=max(l2, hbm_bytes),
         smem=smem,
         registers=None,
-        ctas=ctas,
+        ctas=max(1, ctas),
         ctas_per_sm=2 if d <= 64 else 1,
     )
 
@@ -187,11 +195,13 @@ def _sms(spec: HardwareSpec) -> int:
 
 @dataclass(frozen=True)
 class Waves:
-    """seed 000 "Is the work quantised badly?": ``ctas`` blocks over ``slots`` = SMs x
-    CTAs per SM run in ceil(ctas / slots) waves; the last is ``tail`` full."""
+    """seed 000 "Is the work quantised badly?": ``ctas`` blocks are dispatched over ``slots``
+    = SMs x CTAs per SM in ceil(ctas / slots) waves; CTAs that share an SM share its
+    throughput, so the busy share of the SMs' time is ctas / (ceil(ctas / SMs) x SMs)."""
 
     ctas: int
     slots: int
+    sms: int
 
     @property
     def count(self) -> int:
@@ -199,8 +209,8 @@ class Waves:
 
     @property
     def efficiency(self) -> float:
-        """Busy share of the SM-time the waves take: ctas / (waves x slots)."""
-        return self.ctas / (self.count * self.slots) if self.ctas else 1.0
+        """ctas / (ceil(ctas / SMs) x SMs): 140 tiles on 132 SMs, 140 / 264 = 0.53."""
+        return self.ctas / (math.ceil(self.ctas / self.sms) * self.sms) if self.ctas else 1.0
 
     @property
     def tail(self) -> float:
@@ -209,7 +219,7 @@ class Waves:
 
 
 def waves(levels: Levels, spec: HardwareSpec) -> Waves:
-    return Waves(levels.ctas, _sms(spec) * levels.ctas_per_sm)
+    return Waves(levels.ctas, _sms(spec) * levels.ctas_per_sm, _sms(spec))
 
 
 def in_flight_bytes(levels: Levels, spec: HardwareSpec, bandwidth_bytes_per_s: float) -> float:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from torchroof.explore import itemsize
 from torchroof.hardware import HardwareSpec, get, spec_dtype
+from torchroof.hierarchy import FP32_BYTES
 
-FP32_BYTES = 4
 CE_FLOPS_PER_LOGIT = 6  # seed 000: I_CE ~ 6 FLOPs / 16 bytes
 CE_PASSES = 4  # read logits, write softmax, read it back, write the gradient
 

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torchroof.counters import Cost, kind_of
-from torchroof.counters.attention import AttentionShape
+from torchroof.counters.attention import (
+    AttentionShape,
+    attention_backward_flops,
+    attention_forward_flops,
+)
 from torchroof.records import OpRecord, dtype_itemsize
 
 ShapeKind = Literal["gemm", "attention", "stream"]
@@ -26,6 +30,22 @@ ATTENTION_WARPGROUP_ROWS = 64
 # One CTA of a streaming (elementwise / reduction) kernel covers this many elements: 128
 # threads x 8 elements, Inductor's usual XBLOCK of 1024.
 STREAM_ELEMENTS_PER_CTA = 1024
+# Tensor-core ops that are GEMMs but not declared "matmul" (they are "opaque" to fusion):
+# scaled, integer, grouped and packed-weight GEMMs, matrix-vector products. A convolution
+# is not one here (its implicit GEMM is not modelled): it streams.
+GEMM_PACKETS = frozenset(
+    {
+        "aten._scaled_mm",
+        "aten._int_mm",
+        "aten._grouped_mm",
+        "aten.mv",
+        "aten.addmv",
+        "torchroof.int4_weight_mm",
+        "torchroof.mxfp4_weight_mm",
+        "torchroof.nvfp4_mm",
+        "torchroof.packed_grouped_mm",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,8 @@ class KernelShape:
     elements: int = 0
     kept: float = 1.0
     backward: bool = False
+    value_dim: int = 0  # attention: V's head dim (MLA's differs from the QK dim)
+    kv_batch: int = 0  # attention: batch x K/V heads (GQA: fewer than ``batch``)
 
 
 def _gemm(lead: OpRecord, cost: Cost) -> KernelShape | None:
@@ -75,10 +97,13 @@ def _attention(lead: OpRecord, cost: Cost) -> KernelShape | None:
         return None
     blhd = lead.name.startswith(("aten._flash_attention", "aten._efficient_attention"))
     shape = (AttentionShape.from_blhd if blhd else AttentionShape.from_bhld)(q, k, v)
+    if not shape.pairs or not shape.heads:
+        return None
     backward = "backward" in lead.name
-    # W = 4·pairs·d per head forward (2.5x that backward): the kept share follows from W
-    per_pair = (10 if backward else 4) * shape.head_dim * shape.batch * shape.heads
-    kept = min(1.0, cost.flops / (per_pair * shape.pairs)) if shape.pairs else 1.0
+    # the kept share of the (query, key) pairs follows from W against every pair's W
+    full = (attention_backward_flops if backward else attention_forward_flops)(shape, False)
+    kept = min(1.0, cost.flops / full) if full else 1.0
+    kv_heads = k.shape[2] if blhd else k.shape[-3]
     return KernelShape(
         "attention",
         dtype_itemsize(q.dtype),
@@ -88,6 +113,8 @@ def _attention(lead: OpRecord, cost: Cost) -> KernelShape | None:
         k=shape.head_dim,
         kept=kept,
         backward=backward,
+        value_dim=shape.value_dim,
+        kv_batch=shape.batch * kv_heads,
     )
 
 
@@ -97,7 +124,11 @@ def kernel_shape(ops: tuple[OpRecord, ...], lead: OpRecord, cost: Cost) -> Kerne
     vector kernel, streams its largest tensor once."""
     if cost.unit == "tensor":
         kind = kind_of(lead.packet)
-        found = _attention(lead, cost) if kind == "attention" else _gemm(lead, cost)
+        found = None
+        if kind == "attention":
+            found = _attention(lead, cost)
+        elif kind == "matmul" or lead.packet in GEMM_PACKETS:
+            found = _gemm(lead, cost)
         if found is not None:
             return found
     tensors = [t for op in ops for t in (*op.inputs, *op.outputs)]

@@ -28,6 +28,7 @@ from torchroof.hardware import (
     is_cluster,
     spec_dtype,
 )
+from torchroof.hierarchy import level_rates
 from torchroof.kernel_shape import KernelShape, kernel_shape
 from torchroof.memory import footprint
 from torchroof.network import NETWORK, NO_LINK, collective_time
@@ -206,7 +207,7 @@ def _estimate_trace(
             collectives += 1
             estimate = time_collective(estimate, _collective_op(kernel), t, cluster, unpriced)
         if pricing.routing_imbalance != 1.0 and _routed(kernel):
-            estimate = busiest_rank(estimate, pricing.routing_imbalance, t, pricing)
+            estimate = busiest_rank(estimate, pricing.routing_imbalance, t, pricing, spec)
         timed.append(estimate)
     if unpriced:
         raise ClusterRequiredError(_needs_cluster(len(unpriced), max(unpriced), spec))
@@ -267,12 +268,17 @@ def _routed(kernel: Kernel) -> bool:
 
 
 def busiest_rank(
-    kernel: KernelEstimate, imbalance: float, t: KernelTime, pricing: PricingOptions
+    kernel: KernelEstimate,
+    imbalance: float,
+    t: KernelTime,
+    pricing: PricingOptions,
+    spec: HardwareSpec,
 ) -> KernelEstimate:
     """The kernel on the rank whose experts get ``imbalance`` times the balanced share of
     routed tokens (issue 14 item 2): a grouped GEMM's W and its non-weight bytes scale by
     it (the expert weights are read once either way); an expert all-to-all carries that
-    many times the rows. The step waits for that rank; FLOPs stay the balanced ones."""
+    many times the rows. The step waits for that rank; FLOPs stay the balanced ones. In
+    realistic mode the on-chip levels' bytes scale with the rows too, and the launch stays."""
     if kernel.unit == "network":
         carried_s = (kernel.network_s - kernel.latency_s) * imbalance  # alpha does not scale
         return replace(
@@ -284,13 +290,20 @@ def busiest_rank(
     scaled_bytes = weights + imbalance * (kernel.bytes - weights)
     compute_s = t.compute_s * imbalance
     memory_s = scaled_bytes / t.bandwidth_bytes_per_s
-    body = max(compute_s, memory_s) if pricing.overlap else compute_s + memory_s
+    terms = {"compute": compute_s, "hbm": memory_s}
+    if pricing.mode == "realistic" and pricing.on_chip:
+        for level, rate in level_rates(spec).items():
+            if level in kernel.level_bytes:
+                terms[level] = kernel.level_bytes[level] * imbalance / rate
+    slowest_memory = max(seconds for name, seconds in terms.items() if name != "compute")
+    body = max(compute_s, slowest_memory) if pricing.overlap else compute_s + slowest_memory
     return replace(
         kernel,
         compute_s=compute_s,
         memory_s=memory_s,
-        time_s=body + pricing.launch_overhead_s,
+        time_s=body + t.overhead_s,
         bound="compute" if compute_s > memory_s else "memory",
+        boundary=max(terms, key=terms.__getitem__),
     )
 
 
@@ -341,6 +354,8 @@ def time_collective(
         kernel,
         time_s=max(hbm.memory_s, net.time_s),
         bound="network" if net.time_s >= hbm.memory_s else "memory",
+        boundary="network" if net.time_s >= hbm.memory_s else "hbm",
+        overhead_s=0.0,  # alpha holds the collective's fixed cost
         link=net.link,
         wire_by_link={link: sent for link, sent in wire.items() if sent},
         network_s=net.time_s,

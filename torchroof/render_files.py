@@ -43,6 +43,12 @@ CSV_COLUMNS = (
     "memory_s",
     "time_s",
     "bound",
+    "boundary",
+    "tile",
+    "waves",
+    "wave_efficiency",
+    "in_flight_bytes",
+    "overhead_s",
 )
 
 

@@ -29,7 +29,11 @@ __all__ = [
     "merge_stacks",
 ]
 
-ESTIMATE_FORMAT_VERSION = 1
+# 2: kernels carry the hierarchical roofline's fields (boundary, level_bytes, tile, waves,
+# wave_efficiency, in_flight_bytes, overhead_s) and the estimate its per-layer rows; a
+# version-1 file reads with those at their defaults.
+ESTIMATE_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -472,7 +476,7 @@ class Estimate:
     def from_dict(cls, data: dict[str, Any]) -> Estimate:
         if data.get("format") != "torchroof-estimate":
             raise ValueError("not a torchroof estimate (missing format marker)")
-        if data.get("version") != ESTIMATE_FORMAT_VERSION:
+        if data.get("version") not in READABLE_FORMAT_VERSIONS:
             raise ValueError(f"estimate format version {data.get('version')} is not supported")
         return cls(
             hardware=data["hardware"],

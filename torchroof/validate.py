@@ -30,7 +30,7 @@ import torch
 
 from torchroof.api import trace
 from torchroof.calibrate import Calibration, calibrate
-from torchroof.diagnosis import QUESTIONS, Diagnosis, MachineFigures, diagnose
+from torchroof.diagnosis import LABELS, QUESTIONS, Diagnosis, MachineFigures, diagnose
 from torchroof.hardware import Figure, HardwareSpec, get
 from torchroof.hardware.spec import parse as parse_spec
 from torchroof.options import TIMING_MODES, Workload
@@ -240,7 +240,8 @@ class Validation:
         ]
         rows.append(
             [
-                f"total (wall, median of {len(self.repeats)})",
+                f"total (wall; ms: medians of {len(self.repeats)} repeats, "
+                "pred/meas: median of their ratios)",
                 f"{self.predicted_total_s * 1e3:.3f}",
                 f"{self.measured_total_s * 1e3:.3f}",
                 str(self.ratio()),
@@ -284,7 +285,7 @@ class Validation:
         how = "each calibrated just before its step" if calibrated else "fixed hardware file"
         lines = [
             f"{self.model} {self.regime} on {self.device} against {self.hardware}, "
-            f"{len(self.repeats)} repeats ({how}); median (min..max):",
+            f"{len(self.repeats)} repeats ({how}); median (min..max) over the repeats:",
             f"  measured   {self.measured_total_s * 1e3:.3f} ms "
             f"({self.measured().low * 1e3:.3f}..{self.measured().high * 1e3:.3f})",
         ]
@@ -294,6 +295,11 @@ class Validation:
                 f"predicted/measured {self.ratio(mode)}"
             )
         lines.append(
+            "  predicted/measured is the median of the per-repeat ratios (each repeat's "
+            "prediction over its own measurement), not the median predicted over the median "
+            "measured"
+        )
+        lines.append(
             f"kernel mapping: {len([k for k in self.kernels if k.measured_s])} of "
             f"{len(self.kernels)} predicted kernels matched, {100 * covered:.1f}% of measured "
             f"kernel time"
@@ -301,11 +307,10 @@ class Validation:
         diagnosed = [k.diagnosis for k in self.kernels if k.diagnosis]
         counts = Counter(d.label for d in diagnosed)
         if counts:
-            order = ["at the roof"] + [q.finding for q in QUESTIONS] + ["unexplained"]
             lines.append(
                 f"diagnosis ({self.mode} vs measured; seed 000's questions in order, the first "
                 "that explains): "
-                + ", ".join(f"{counts[label]} {label}" for label in order if counts[label])
+                + ", ".join(f"{counts[label]} {label}" for label in LABELS if counts[label])
             )
             unknown = {
                 q.topic: a.answer
