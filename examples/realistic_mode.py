@@ -17,7 +17,7 @@ CASES = (
     ("decode, batch 64, context 8192", {"regime": "decode", "batch": 64, "context": 8192}),
     ("train, 1 x 4096, mixed, AdamW", {"regime": "train", "seq": 4096, "precision": "mixed"}),
 )
-EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch")
+EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch", "softmax_pipes")
 
 
 def main() -> None:

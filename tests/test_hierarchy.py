@@ -288,3 +288,24 @@ def test_realistic_mode_on_a_model_says_which_mode_and_is_slower_than_the_floor(
     assert timing_lines(real)[0].startswith("timing: realistic mode (on_chip, waves,")
     assert real.options["mode"] == "realistic"
     assert math.isclose(sum(k.overhead_s for k in real.kernels), launches)
+
+
+def test_softmax_runs_beside_the_attention_matmuls():
+    """seed 000 "pi is the top of a stack": FlashAttention-3's benchmark shape (batch 4, 16
+    heads, N = 8448, d = 128, non-causal) keeps 64 x 8448^2 = 4.567e9 pairs; one exp each
+    at the SFU's 16.725 TFLOP/s is 273.1 us, four fp32 ops each at 66.9 TFLOP/s another
+    273.1 us, beside the matmuls' 2.3386e12 / 989.4e12 = 2363.6 us: 2909.8 us + 2 us."""
+    import torch
+
+    with torchroof.trace() as t:
+        q = torch.empty(4, 16, 8448, 128, dtype=torch.float16, device="meta")
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    pairs = 64 * 8448**2
+    softmax_s = pairs / 16.725e12 + 4 * pairs / 66.9e12
+    matmul_s = 4 * pairs * 128 / 989.4e12
+    real = t.estimate("h100-sxm", mode="realistic").time_s
+    assert real == pytest.approx(matmul_s + softmax_s + 2e-6, rel=1e-6)
+    off = t.estimate("h100-sxm", mode="realistic", softmax_pipes=False).time_s
+    assert off == pytest.approx(matmul_s + 2e-6, rel=1e-6)
+    # the paper measures 661 TFLOP/s: 3.538 ms; realistic predicts 0.823 of it
+    assert real / 3.538e-3 == pytest.approx(0.823, abs=0.001)

@@ -47,6 +47,13 @@ MIN_SPLIT_K = 128
 
 LEVELS = ("registers", "smem", "l2", "hbm")
 
+# seed 000 "pi is the top of a stack": a fused attention kernel's softmax does not run on the
+# tensor cores. Per (query, key) pair it kept, the forward takes one exponential (the SFU)
+# and about four fp32 operations (running max, scale-and-subtract, sum, rescale); the
+# backward recomputes P (one exponential) and forms dS = P·(dP - D) scaled (about four).
+SOFTMAX_EXPS_PER_PAIR = 1
+SOFTMAX_VECTOR_FLOPS_PER_PAIR = 4
+
 
 @dataclass(frozen=True)
 class GemmTile:
@@ -180,6 +187,15 @@ def attention_levels(shape: KernelShape, hbm_bytes: float, spec: HardwareSpec) -
         ctas=max(1, ctas),
         ctas_per_sm=2 if d <= 64 else 1,
     )
+
+
+def softmax_seconds(shape: KernelShape, spec: HardwareSpec) -> float:
+    """Time a fused attention kernel spends off the tensor cores: its kept pairs' exponentials
+    at the SFU rate and their fp32 bookkeeping at the vector rate (FlashAttention-2 runs
+    them between its matmuls; FlashAttention-3 overlaps part of them, not modelled)."""
+    pairs = shape.batch * shape.m * shape.n * shape.kept
+    exps = pairs * SOFTMAX_EXPS_PER_PAIR / spec.sfu_flops_per_s.value
+    return exps + pairs * SOFTMAX_VECTOR_FLOPS_PER_PAIR / spec.vector_peak("fp32")
 
 
 def stream_levels(shape: KernelShape, hbm_bytes: float) -> Levels:

@@ -419,6 +419,11 @@ class PricingOptions:
         True, "realistic: STREAM-like bandwidth and sustained tensor rate from the hardware file"
     )
     launch: bool = knob(True, "realistic: each kernel pays the hardware file's launch overhead")
+    softmax_pipes: bool = knob(
+        True,
+        "realistic: fused attention's exponentials run on the SFU and its softmax bookkeeping "
+        "on the fp32 units, beside its matmuls",
+    )
     gemm_tile: str = knob("auto", "GEMM threadblock tile TmxTn (e.g. 256x128); auto: heuristic")
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ CATEGORY_LABELS = {
 
 
 # The realistic mode's switchable effects (torchroof.roofline), as PricingOptions names.
-REALISTIC_EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch")
+REALISTIC_EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch", "softmax_pipes")
 
 
 def _ms(seconds: float) -> str:
@@ -180,7 +180,7 @@ def timing_lines(est: Estimate) -> list[str]:
     else:
         line = (
             "timing: pure roofline T = max(W/pi, Q/beta), a lower bound "
-            "(--mode realistic adds on-chip roofs, waves, latency, achievable rates, launches)"
+            "(--mode realistic: on-chip roofs, waves, latency, achievable rates, launches, softmax)"
         )
     by_boundary: dict[str, float] = {}
     counts: dict[str, int] = {}

@@ -10,7 +10,8 @@ roofline": the smallest of pi, beta_l·I_l over the levels binds; ``boundary``).
 mode (``PricingOptions.mode = "realistic"``) adds what seed 000 "What the model still cannot
 see" lists, each separately switchable: the on-chip roofs (``on_chip``), wave quantisation
 (``waves``), the latency shelf of too little in flight (``latency_shelf``), the achievable
-fractions of peak (``achievable``) and the launch (``launch``).
+fractions of peak (``achievable``), the launch (``launch``) and, from "pi is the top of a
+stack", a fused attention kernel's softmax on the SFU and vector pipes (``softmax_pipes``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torchroof.hierarchy import (
     gemm_levels,
     in_flight_bytes,
     level_rates,
+    softmax_seconds,
     stream_levels,
     waves,
 )
@@ -114,6 +116,9 @@ def time_kernel(
             peak *= _fraction(hardware.achievable_tensor_fraction, True)
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
+    attention = shape is not None and shape.kind == "attention"
+    if realistic and options.softmax_pipes and attention and levels is not None:
+        compute_s += softmax_seconds(shape, hardware)
     wave = waves(levels, hardware) if levels is not None else None
     tiled = shape is not None and shape.kind in ("gemm", "attention")
     if realistic and options.waves and wave is not None and tiled and compute_s:
