@@ -522,9 +522,10 @@ class Pricer:
     """Traces rank 0 of a phase's parallel program and prices it on its cluster, keeping the
     last trace: phases that differ only in their kernel policy (fused and eager) share it."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "roofline") -> None:
         self._key: str | None = None
         self._trace: Any = None
+        self.mode = mode  # the timing mode: roofline (the pure floor) or realistic
 
     def __call__(self, phase: Phase) -> StepTimes:
         if phase.trace_key != self._key:
@@ -536,7 +537,7 @@ class Pricer:
             self._trace = None  # free the last one first
             self._trace = torchroof.trace_model(model, phase.regime, **phase.workload)
             self._key = phase.trace_key
-        return step_times(self._trace.estimate(phase.hardware, fusion=phase.fusion))
+        return step_times(self._trace.estimate(phase.hardware, fusion=phase.fusion, mode=self.mode))
 
 
 def weighted_s(phases: tuple[Phase, ...], steps: tuple[StepTimes, ...]) -> float:
@@ -1036,6 +1037,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"refresh {PREDICTIONS_JSON.name}")
     parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
+    parser.add_argument(
+        "--mode",
+        choices=("roofline", "realistic"),
+        default="roofline",
+        help="timing mode (--write stores the pure roofline's predictions only)",
+    )
     args = parser.parse_args()
     data = load_data()
     runs = {r["id"]: r for r in data["runs"]}
@@ -1044,11 +1051,13 @@ def main() -> None:
         parser.error(f"unknown run id {', '.join(unknown)}; ids are in {RUNS_JSON.name}")
     if args.write and args.run:
         parser.error("--write refreshes every run: leave out --run")
+    if args.write and args.mode != "roofline":
+        parser.error("--write stores the pure roofline's predictions: leave out --mode")
     quiet()
     chosen = [runs[rid] for rid in args.run] if args.run else data["runs"]
     pairs: list[PairPrediction] = []
     print("pricing ...")
-    predictions = predict(chosen)
+    predictions = predict(chosen, price_phase=Pricer(args.mode))
     print()
     print(markdown(prediction_rows(runs, predictions), PREDICTION_HEADERS))
     if not args.run:
