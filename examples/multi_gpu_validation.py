@@ -1033,10 +1033,30 @@ def quiet() -> None:
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"refresh {PREDICTIONS_JSON.name}")
+def run_parser(doc: str, predictions: Path) -> argparse.ArgumentParser:
+    """The validation scripts' shared flags: ``--write`` (refresh ``predictions``) and
+    ``--run ID`` (repeatable)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"refresh {predictions.name}")
     parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
+    return parser
+
+
+def check_runs(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, ids: Iterable[str], source: Path
+) -> None:
+    """Refuse an unknown ``--run`` id (naming the file the ids are in), and ``--write`` with
+    ``--run`` (a predictions file holds every run)."""
+    known = set(ids)
+    unknown = [rid for rid in args.run if rid not in known]
+    if unknown:
+        parser.error(f"unknown run id {', '.join(unknown)}; ids are in {source.name}")
+    if args.write and args.run:
+        parser.error("--write refreshes every run: leave out --run")
+
+
+def main() -> None:
+    parser = run_parser(__doc__, PREDICTIONS_JSON)
     parser.add_argument(
         "--mode",
         choices=("roofline", "realistic"),
@@ -1046,11 +1066,7 @@ def main() -> None:
     args = parser.parse_args()
     data = load_data()
     runs = {r["id"]: r for r in data["runs"]}
-    unknown = [rid for rid in args.run if rid not in runs]
-    if unknown:
-        parser.error(f"unknown run id {', '.join(unknown)}; ids are in {RUNS_JSON.name}")
-    if args.write and args.run:
-        parser.error("--write refreshes every run: leave out --run")
+    check_runs(parser, args, runs, RUNS_JSON)
     if args.write and args.mode != "roofline":
         parser.error("--write stores the pure roofline's predictions: leave out --mode")
     quiet()

@@ -28,7 +28,6 @@ Conventions:
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import re
@@ -601,17 +600,11 @@ def load_runs() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"refresh {PREDICTIONS_JSON.name}")
-    parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
+    parser = mgv.run_parser(__doc__, PREDICTIONS_JSON)
     args = parser.parse_args()
     runs = load_runs()
     by_id = {r["id"]: r for r in runs}
-    unknown = [rid for rid in args.run if rid not in by_id]
-    if unknown:
-        parser.error(f"unknown run id {', '.join(unknown)}; ids are in {RUNS_JSON.name}")
-    if args.write and args.run:
-        parser.error("--write refreshes every run: leave out --run")
+    mgv.check_runs(parser, args, by_id, RUNS_JSON)
     mgv.quiet()
     start = time.perf_counter()
     chosen = [by_id[rid] for rid in args.run] if args.run else runs

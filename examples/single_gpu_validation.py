@@ -21,7 +21,6 @@ pure roofline is a floor, so its ratio should be <= 1 everywhere; the realistic 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
@@ -511,9 +510,7 @@ def load_runs() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"refresh {PREDICTIONS_JSON.name}")
-    parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
+    parser = mgv.run_parser(__doc__, PREDICTIONS_JSON)
     parser.add_argument(
         "--readme",
         action="store_true",
@@ -525,11 +522,7 @@ def main() -> None:
         return
     runs = load_runs()
     by_id = {r["id"]: r for r in runs}
-    unknown = [rid for rid in args.run if rid not in by_id]
-    if unknown:
-        parser.error(f"unknown run id {', '.join(unknown)}; ids are in {RUNS_JSON.name}")
-    if args.write and args.run:
-        parser.error("--write refreshes every run: leave out --run")
+    mgv.check_runs(parser, args, by_id, RUNS_JSON)
     mgv.quiet()
     start = time.perf_counter()
     print("pricing ...")

@@ -52,6 +52,27 @@ TINY_MLA = dict(
     vocab_size=512,
 )
 
+# A tiny Jamba (Mamba layers with one attention layer and routed experts) the hybrid tests
+# build: layer 1 attends (2 K/V heads of 16 dims) and routes to 2 of 4 experts, layer 0 is
+# Mamba (d_state 8, d_conv 4, expand 2).
+TINY_JAMBA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    attn_layer_period=2,
+    attn_layer_offset=1,
+    expert_layer_period=2,
+    expert_layer_offset=1,
+    num_experts=4,
+    num_experts_per_tok=2,
+    mamba_d_state=8,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    vocab_size=512,
+)
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

@@ -4,7 +4,7 @@ cache, encoder–decoder and encoder models. Small configs built on meta."""
 from __future__ import annotations
 
 import pytest
-from conftest import TINY_MLA
+from conftest import TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
@@ -38,24 +38,7 @@ def test_mamba_decode_reads_its_recurrent_state_as_the_cache():
 
 
 def test_hybrid_decode_cache_holds_attention_kv_and_ssm_state():
-    config = AutoConfig.for_model(
-        "jamba",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_period=2,
-        attn_layer_offset=1,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        num_experts=4,
-        num_experts_per_tok=2,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        vocab_size=512,
-    )
+    config = AutoConfig.for_model("jamba", **TINY_JAMBA)
     trace = run_workload(build_model(config), Workload("decode", context=31))
     # layer 1 (attention): K and V of 32 slots, 2 heads of 16 dims, bf16: 2·32·2·16·2 = 4,096.
     # layer 0 (mamba, d_inner 128): conv [1, 128, 4] bf16 = 1,024 + SSM [1, 128, 8] fp32 = 4,096.

@@ -6,7 +6,7 @@ batch that fits) follow the narrow cache."""
 from __future__ import annotations
 
 import pytest
-from conftest import SMALL, TINY_MLA
+from conftest import SMALL, TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
@@ -174,24 +174,7 @@ def test_expanded_mla_widens_the_latent_before_expanding_it():
 
 
 def test_hybrid_quantises_attention_kv_not_the_recurrent_state():
-    config = AutoConfig.for_model(
-        "jamba",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_period=2,
-        attn_layer_offset=1,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        num_experts=4,
-        num_experts_per_tok=2,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        vocab_size=512,
-    )
+    config = AutoConfig.for_model("jamba", **TINY_JAMBA)
     est = torchroof.estimate(config, "decode", context=31, kv_dtype="fp8")
     # attention layer: K and V of 32 slots, 2 heads of 16 dims, 1 B: 2 x 32 x 2 x 16 = 2,048;
     # the mamba layer's conv [1, 128, 4] bf16 = 1,024 and SSM [1, 128, 8] fp32 = 4,096 as they were

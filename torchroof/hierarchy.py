@@ -250,12 +250,12 @@ def in_flight_bytes(levels: Levels, spec: HardwareSpec, bandwidth_bytes_per_s: f
     return min(levels.hbm, needed * active / sms)
 
 
-def effective_bandwidth(levels: Levels, spec: HardwareSpec, bandwidth_bytes_per_s: float) -> float:
-    """beta_eff = min(beta, C / latency) (seed 000 "The third regime: latency")."""
-    if spec.memory_latency_s is None:
-        return bandwidth_bytes_per_s
-    in_flight = in_flight_bytes(levels, spec, bandwidth_bytes_per_s)
-    if in_flight <= 0:
+def effective_bandwidth(
+    in_flight: float, spec: HardwareSpec, bandwidth_bytes_per_s: float
+) -> float:
+    """beta_eff = min(beta, C / latency) for C = ``in_flight`` bytes (seed 000 "The third
+    regime: latency")."""
+    if spec.memory_latency_s is None or in_flight <= 0:
         return bandwidth_bytes_per_s
     return min(bandwidth_bytes_per_s, in_flight / spec.memory_latency_s.value)
 
@@ -282,7 +282,8 @@ def choose_tile(
             continue
         levels = gemm_levels(shape, hbm_bytes, tile, spec, out_itemsize)
         body = flops / peak_flops_per_s / waves(levels, spec).efficiency
-        body = max(body, levels.hbm / effective_bandwidth(levels, spec, bandwidth_bytes_per_s))
+        in_flight = in_flight_bytes(levels, spec, bandwidth_bytes_per_s)
+        body = max(body, levels.hbm / effective_bandwidth(in_flight, spec, bandwidth_bytes_per_s))
         for level, rate in rates.items():
             if level != "registers":
                 body = max(body, levels.by_level()[level] / rate)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torchroof.counters import Cost
-from torchroof.hardware import HardwareSpec
+from torchroof.hardware import Figure, HardwareSpec
 from torchroof.hierarchy import (
     GemmTile,
     Levels,
@@ -64,9 +64,9 @@ class KernelTime:
     overhead_s: float = 0.0  # launch overhead inside time_s
 
 
-def _fraction(figure: object, use: bool) -> float:
-    value = getattr(figure, "value", None)
-    return float(value) if use and value is not None else 1.0
+def _fraction(figure: Figure | None) -> float:
+    """An achievable fraction the hardware file lists, else 1."""
+    return figure.value if figure is not None else 1.0
 
 
 def kernel_levels(
@@ -111,9 +111,9 @@ def time_kernel(
     peak *= options.compute_efficiency
     bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
     if realistic and options.achievable:
-        bandwidth *= _fraction(hardware.achievable_hbm_fraction, True)
+        bandwidth *= _fraction(hardware.achievable_hbm_fraction)
         if cost.unit == "tensor":
-            peak *= _fraction(hardware.achievable_tensor_fraction, True)
+            peak *= _fraction(hardware.achievable_tensor_fraction)
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
     attention = shape is not None and shape.kind == "attention"
@@ -129,7 +129,7 @@ def time_kernel(
     if levels is not None:
         in_flight = in_flight_bytes(levels, hardware, bandwidth)
         if realistic and options.latency_shelf:
-            effective = effective_bandwidth(levels, hardware, bandwidth)
+            effective = effective_bandwidth(in_flight, hardware, bandwidth)
         if realistic:  # split-K's fp32 partial sums reach HBM too
             hbm_bytes = levels.hbm
     memory_s = hbm_bytes / effective

@@ -33,6 +33,7 @@ from torchroof.calibrate import Calibration, calibrate
 from torchroof.diagnosis import LABELS, QUESTIONS, Diagnosis, MachineFigures, diagnose
 from torchroof.hardware import Figure, HardwareSpec, get
 from torchroof.hardware.spec import parse as parse_spec
+from torchroof.hardware.toml_checks import HardwareSpecError, read_toml
 from torchroof.options import TIMING_MODES, Workload
 from torchroof.pipeline import estimate_trace
 from torchroof.records import layer_key
@@ -447,9 +448,7 @@ def _measured_table(spec: HardwareSpec) -> dict[str, Any]:
     """The ``[measured]`` table of a calibrated TOML ({} for a datasheet spec)."""
     if not spec.path or not Path(spec.path).is_file():
         return {}
-    with open(spec.path, "rb") as handle:
-        data = tomllib.load(handle)
-    return dict(data.get("measured", {}))
+    return dict(read_toml(Path(spec.path), HardwareSpecError).get("measured", {}))
 
 
 def _spec_of(calibration: Calibration, name: str) -> HardwareSpec:
