@@ -324,8 +324,8 @@ def test_writer_kind_overrides_the_suffix(tmp_path, llama_estimate):
     assert "traceEvents" in json.loads(path.read_text())
     with pytest.raises(ValueError, match=r"plots are written as \.pdf, \.png or \.svg"):
         write(llama_estimate, tmp_path / "plot.jpg", kind="roofline")
-    with pytest.raises(ValueError, match="unknown output kind 'html'; choose from timeline"):
-        write(llama_estimate, tmp_path / "x.html", kind="html")
+    with pytest.raises(ValueError, match="unknown output kind 'xlsx'; choose from timeline"):
+        write(llama_estimate, tmp_path / "x.xlsx", kind="xlsx")
     assert not (tmp_path / "plot.jpg").exists()
 
 
@@ -339,6 +339,7 @@ def test_writer_refuses_an_unknown_suffix_naming_the_supported_ones(tmp_path, ll
         ".trace.json",
         ".json",
         ".csv",
+        ".html/.htm",
         ".layers.png/.layers.svg/.layers.pdf",
         ".png/.svg/.pdf",
     ]
@@ -396,6 +397,6 @@ def test_a_version_1_estimate_still_loads():
     est = Estimate.from_dict(data)
     assert [k.boundary for k in est.kernels] == ["", "", ""]
     assert est.time_s == pytest.approx(5e-4 + 1e-4 + 4e-4)
-    data["version"] = 3
-    with pytest.raises(ValueError, match="version 3 is not supported"):
+    data["version"] = 4
+    with pytest.raises(ValueError, match="version 4 is not supported"):
         Estimate.from_dict(data)

@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png, .svg or .pdf)")
     est.add_argument("--plot-layers", metavar="PATH", help="per-layer time (.png/.svg/.pdf)")
     est.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
+    est.add_argument("--html", metavar="PATH", help="the interactive report, one offline file")
 
     cmp = commands.add_parser("compare", help="variants side by side (--vary KEY=V1,V2,...)")
     _workload_args(cmp)
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         help="estimate argument or config field to vary; repeatable",
     )
     cmp.add_argument("--layers", action="store_true", help="also per-layer deltas vs the first")
+    cmp.add_argument("--html", metavar="PATH", help="the variants side by side, interactive")
 
     swp = commands.add_parser("sweep", help="step time and tokens/s against batch/context/seq")
     _workload_args(swp)
@@ -121,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     swp.add_argument("--csv", metavar="PATH")
     swp.add_argument("--plot", metavar="PATH", help="curve (.png, .svg or .pdf)")
+    swp.add_argument("--html", metavar="PATH", help="the curves and every point, interactive")
 
     cal = commands.add_parser("calibrate", help="measure this device's ceilings -> TOML")
     cal.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -265,7 +268,11 @@ def _base_settings(args: argparse.Namespace) -> dict:
 
 def _compare(args: argparse.Namespace) -> None:
     from torchroof.compare import compare, parse_value
+    from torchroof.render_files import check_html_path
 
+    if args.html:
+        _writable(args.html)
+        check_html_path(args.html)  # before any tracing
     vary: dict[str, list] = {}
     for item in args.vary:
         key, sep, values = item.partition("=")
@@ -278,12 +285,16 @@ def _compare(args: argparse.Namespace) -> None:
     if args.layers:
         print()
         print(result.layer_deltas())
+    if args.html:
+        result.to_html(args.html)
+        _wrote("the interactive comparison (HTML)", args.html)
 
 
 def _sweep(args: argparse.Namespace) -> None:
     from torchroof.compare import sweep
 
-    outputs = [(kind, path) for kind, path in (("csv", args.csv), ("plot", args.plot)) if path]
+    flags = (("csv", args.csv), ("plot", args.plot), ("html", args.html))
+    outputs = [(kind, path) for kind, path in flags if path]
     _writable(*(path for _, path in outputs))
     for kind, path in outputs:
         sweep_output(path, kind)  # a plot named .jpg fails before any work
@@ -467,6 +478,7 @@ def _estimate_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
         ("timeline", args.timeline),
         ("roofline", args.plot_roofline),
         ("layers", args.plot_layers),
+        ("html", args.html),
     )
     return [(kind, path) for kind, path in flags if path]
 
@@ -510,7 +522,16 @@ def _estimate(args: argparse.Namespace) -> None:
         print()
         print(est.kernel_table(top=args.kernels))
     for kind, path in outputs:
-        write(est, path, kind, depth=args.depth)
+        if kind == "html" and len(estimates) == 2:  # both policies, side by side
+            from torchroof.compare import Comparison, Variant
+
+            variants = [
+                Variant(f"fusion={policy}", {"fusion": policy}, e)
+                for policy, e in zip(policies, estimates, strict=True)
+            ]
+            Comparison(variants).to_html(path)
+        else:
+            write(est, path, kind, depth=args.depth)
         _wrote(output_format(path, kind).description, path)
 
 

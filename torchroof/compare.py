@@ -84,6 +84,13 @@ class Comparison:
         """Per-layer time of every variant against the first."""
         return layer_deltas(self, depth)
 
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The variants side by side in one interactive HTML page; also written to ``path``
+        when given (:func:`torchroof.render_html.comparison_html`)."""
+        from torchroof.render_html import comparison_html
+
+        return comparison_html(self, path)
+
 
 def compare(model: Any, vary: dict[str, Sequence[Any]], **base: Any) -> Comparison:
     """Estimate ``model`` once per value of each varied key (the others held at ``base``).
@@ -174,6 +181,13 @@ class Sweep:
 
     def to_csv(self, path: str | Path) -> None:
         write_sweep_csv(self, path)
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The curves (B* and the KV crossover marked over batch) and every point's report
+        in one interactive HTML page (:func:`torchroof.render_html.sweep_html`)."""
+        from torchroof.render_html import sweep_html
+
+        return sweep_html(self, path)
 
 
 def sweep(model: Any, key: str, values: Sequence[int], **base: Any) -> Sweep:

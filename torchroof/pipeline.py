@@ -38,7 +38,7 @@ from torchroof.quantize import check_hardware
 from torchroof.records import OpRecord, Trace, dtype_itemsize
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
-from torchroof.schedule import schedule, tasks_of
+from torchroof.schedule import schedule, tasks_of, waits
 
 ACTIVATIONS = "activations"
 
@@ -384,8 +384,10 @@ def _scheduled(
     tasks = tasks_of(kernels, [k.time_s for k in timed])
     laid = schedule(tasks, overlap=pricing.overlap_communication)
     placed = [
-        replace(k, start_s=start, stream=task.stream, exposed_s=exposed)
-        for k, task, start, exposed in zip(timed, tasks, laid.start_s, laid.exposed_s, strict=True)
+        replace(k, start_s=start, stream=task.stream, exposed_s=exposed, waits_on=before)
+        for k, task, start, exposed, before in zip(
+            timed, tasks, laid.start_s, laid.exposed_s, waits(tasks), strict=True
+        )
     ]
     return placed, laid.step_time_s
 

@@ -6,6 +6,7 @@ file's suffix (or a ``kind`` named outright):
 - ``.csv`` (``csv``): one row per kernel
 - ``.layers.png``, ``.layers.svg``, ``.layers.pdf`` (``layers``): stacked per-layer time
 - ``.png``, ``.svg``, ``.pdf`` (``roofline``): the roofline, a point per kernel
+- ``.html``, ``.htm`` (``html``): the interactive report of torchroof.render_html
 
 Plots are drawn by torchroof.plots. A new output format is a function that writes it and
 one row of :data:`FORMATS`.
@@ -87,6 +88,27 @@ def write_sweep_csv(sweep: Sweep, path: str | Path) -> Path:
     return path
 
 
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def _write_html(est: Estimate, path: str | Path) -> Path:
+    from torchroof.render_html import estimate_html
+
+    estimate_html(est, path)
+    return Path(path)
+
+
+def check_html_path(path: str | Path) -> Path:
+    """An HTML report's path: named .html or .htm, and plotly importable (it bundles the
+    page's charts); checked before any work, as plots are."""
+    if not Path(path).name.lower().endswith(HTML_SUFFIXES):
+        raise ValueError(f"an HTML report is written to a .html file, got {str(path)!r}")
+    from torchroof.render_html import plotly_js
+
+    plotly_js()
+    return Path(path)
+
+
 @dataclass(frozen=True)
 class OutputFormat:
     """One kind of file an estimate is written as."""
@@ -118,6 +140,12 @@ FORMATS = (
         (".csv",),
         "one row per kernel (CSV)",
         lambda est, path, depth: write_csv(est, path),
+    ),
+    OutputFormat(
+        "html",
+        HTML_SUFFIXES,
+        "the interactive report (HTML)",
+        lambda est, path, depth: _write_html(est, path),
     ),
     OutputFormat(
         "layers",
@@ -153,6 +181,8 @@ def output_format(path: str | Path, kind: str | None = None) -> OutputFormat:
             raise ValueError(f"unknown output kind {kind!r}; choose from {', '.join(KINDS)}")
         if chosen.image:
             check_plot_path(path)
+        if chosen.kind == "html":
+            check_html_path(path)
         return chosen
     name = Path(path).name.lower()
     for candidate in FORMATS:
@@ -174,7 +204,11 @@ def write(
 
 
 # A sweep's outputs, by kind: what the CLI says it wrote.
-SWEEP_OUTPUTS = {"csv": "one row per value (CSV)", "plot": "the sweep plot"}
+SWEEP_OUTPUTS = {
+    "csv": "one row per value (CSV)",
+    "plot": "the sweep plot",
+    "html": "the interactive sweep report (HTML)",
+}
 
 
 def sweep_output(path: str | Path, kind: str | None = None) -> str:
@@ -186,9 +220,13 @@ def sweep_output(path: str | Path, kind: str | None = None) -> str:
             return "csv"
         if name.endswith(PLOT_SUFFIXES):
             return "plot"
+        if name.endswith(HTML_SUFFIXES):
+            check_html_path(path)
+            return "html"
         raise ValueError(
             f"cannot tell what to write to {str(path)!r} from its suffix; supported: "
-            f".csv ({SWEEP_OUTPUTS['csv']}); {'/'.join(PLOT_SUFFIXES)} ({SWEEP_OUTPUTS['plot']})"
+            f".csv ({SWEEP_OUTPUTS['csv']}); {'/'.join(PLOT_SUFFIXES)} ({SWEEP_OUTPUTS['plot']}); "
+            f"{'/'.join(HTML_SUFFIXES)} ({SWEEP_OUTPUTS['html']})"
         )
     if kind not in SWEEP_OUTPUTS:
         raise ValueError(
@@ -196,12 +234,21 @@ def sweep_output(path: str | Path, kind: str | None = None) -> str:
         )
     if kind == "plot":
         check_plot_path(path)
+    if kind == "html":
+        check_html_path(path)
     return kind
 
 
 def write_sweep(sweep: Sweep, path: str | Path, kind: str | None = None) -> Path:
     """Write a sweep: ``.csv`` one row per value, ``.png``/``.svg``/``.pdf`` the throughput
-    and step-time curve (or the ``kind`` named, whatever the suffix)."""
-    if sweep_output(path, kind) == "csv":
+    and step-time curve, ``.html`` the interactive report (or the ``kind`` named, whatever
+    the suffix)."""
+    chosen = sweep_output(path, kind)
+    if chosen == "csv":
         return write_sweep_csv(sweep, path)
+    if chosen == "html":
+        from torchroof.render_html import sweep_html
+
+        sweep_html(sweep, path)
+        return Path(path)
     return sweep_plot(sweep, path)

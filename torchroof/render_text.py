@@ -49,7 +49,7 @@ def _ratio(before: float, after: float) -> str:
     return f"{before / after:.2f}x" if after else "-"
 
 
-def _members(ops: tuple[str, ...], limit: int = 6) -> str:
+def members(ops: tuple[str, ...], limit: int = 6) -> str:
     """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
     if len(ops) == 1:
         return ""
@@ -219,7 +219,7 @@ def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
             f"{k.time_s * 1e6:.1f}",
             _bound(k),
             binds(k),
-            _members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
+            members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
         ]
         for k in ranked
     ]

@@ -1,7 +1,8 @@
 """The estimate as data: timed kernels, their totals, the per-layer rows, and its
 serialised form. What it implies lives in torchroof.analysis; how it is shown (text tables,
-JSON, CSV, Chrome trace, plots) in torchroof.render_text, torchroof.render_files,
-torchroof.timeline and torchroof.plots, which the one-line methods below call.
+JSON, CSV, Chrome trace, plots, the interactive HTML page) in torchroof.render_text,
+torchroof.render_files, torchroof.timeline, torchroof.plots and torchroof.render_html, which
+the one-line methods below call.
 
 seed 000 Lab 4 "the transformer layer budget": every operator with its own W, Q, intensity
 and roofline time; rows sum as if kernels ran back to back.
@@ -10,6 +11,7 @@ and roofline time; rows sum as if kernels ran back to back.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,10 @@ __all__ = [
 
 # 2: kernels carry the hierarchical roofline's fields (boundary, level_bytes, tile, waves,
 # wave_efficiency, in_flight_bytes, overhead_s) and the estimate its per-layer rows; a
-# version-1 file reads with those at their defaults.
-ESTIMATE_FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+# version-1 file reads with those at their defaults. 3: scheduled kernels carry the kernels
+# they wait for (waits_on); an older file's schedule cannot be re-laid (torchroof.render_html).
+ESTIMATE_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ class KernelEstimate:
     wave_efficiency: float = 1.0
     in_flight_bytes: float = 0.0
     overhead_s: float = 0.0
+    # the earlier kernels (by index) on the other stream whose end this one waits for on
+    # the two-stream schedule (torchroof.schedule.waits); () off the schedule; None: not
+    # recorded (read from a file older than format 3)
+    waits_on: tuple[int, ...] | None = ()
 
     @property
     def bytes(self) -> int:
@@ -110,11 +117,19 @@ class KernelEstimate:
         data = asdict(self)
         data["ops"] = list(self.ops)
         data["flags"] = list(self.flags)
+        data["waits_on"] = None if self.waits_on is None else list(self.waits_on)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KernelEstimate:
-        return cls(**{**data, "ops": tuple(data["ops"]), "flags": tuple(data.get("flags", ()))})
+        return cls(
+            **{
+                **data,
+                "ops": tuple(data["ops"]),
+                "flags": tuple(data.get("flags", ())),
+                "waits_on": None if data.get("waits_on") is None else tuple(data["waits_on"]),
+            }
+        )
 
 
 @dataclass
@@ -205,6 +220,16 @@ class LayerRow:
         if bound != "network" or not self.link_s:
             return bound
         return f"network ({max(self.link_s, key=self.link_s.__getitem__)})"
+
+
+def added(seconds: Iterable[float]) -> float:
+    """Times added left to right, one rounding per kernel: what the HTML page adds in
+    JavaScript (torchroof/html/report.js), to the last bit; ``sum()`` compensates its
+    rounding from Python 3.12 on and would differ in the last digits."""
+    total = 0.0
+    for value in seconds:
+        total += value
+    return total
 
 
 def _block_index(name: str) -> tuple[str, int] | None:
@@ -298,7 +323,7 @@ class Estimate:
         (torchroof.schedule), else the kernels' times summed (they run back to back)."""
         if self.step_time_s is not None:
             return self.step_time_s
-        return sum(k.time_s for k in self.kernels)
+        return added(k.time_s for k in self.kernels)
 
     @property
     def flops(self) -> int:
@@ -309,7 +334,7 @@ class Estimate:
         return sum(k.bytes for k in self.kernels)
 
     def phase_time_s(self, phase: str) -> float:
-        return sum(k.time_s for k in self.kernels if k.phase == phase)
+        return added(k.time_s for k in self.kernels if k.phase == phase)
 
     def traffic(self) -> dict[str, int]:
         """HBM bytes by category (weights, activations, kv_cache, gradients,
@@ -516,3 +541,10 @@ class Estimate:
         from torchroof.render_files import write_csv
 
         write_csv(self, path)
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The interactive report as one self-contained HTML page; also written to ``path``
+        when given (:func:`torchroof.render_html.estimate_html`)."""
+        from torchroof.render_html import estimate_html
+
+        return estimate_html(self, path)

@@ -112,29 +112,19 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
         exposed = tuple(t.duration_s if t.stream == COMMUNICATION else 0.0 for t in tasks)
         return Schedule(tuple(start), tuple(end), exposed, clock)
     compute_free = communication_free = 0.0
-    touched_by_compute: dict[int, float] = {}  # storage -> end of the last compute task on it
-    written_by_communication: dict[int, float] = {}  # storage -> end of its last comm writer
     idle: list[tuple[float, float]] = []  # the compute stream's waits, in time order
     runs: list[int] = []  # communication tasks in stream order
-    for i, task in enumerate(tasks):
-        ready = max((end[j] for j in task.after), default=0.0)
+    for i, (task, before) in enumerate(zip(tasks, waits(tasks), strict=True)):
+        ready = max((end[j] for j in before), default=0.0)
         if task.stream == COMMUNICATION:
-            for storage in task.reads | task.writes:
-                ready = max(ready, touched_by_compute.get(storage, 0.0))
             start[i] = max(communication_free, ready)
             end[i] = communication_free = start[i] + task.duration_s
-            for storage in task.writes:
-                written_by_communication[storage] = end[i]
             runs.append(i)
         else:
-            for storage in task.reads | task.writes:
-                ready = max(ready, written_by_communication.get(storage, 0.0))
             start[i] = max(compute_free, ready)
             if start[i] > compute_free:
                 idle.append((compute_free, start[i]))
             end[i] = compute_free = start[i] + task.duration_s
-            for storage in task.reads | task.writes:
-                touched_by_compute[storage] = end[i]
     if communication_free > compute_free:  # the step waits for its last collectives
         idle.append((compute_free, communication_free))
     exposed = [0.0] * count
@@ -151,6 +141,32 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
                 exposed[i] += max(0.0, min(end[i], b) - max(start[i], a))
             k += 1
     return Schedule(tuple(start), tuple(end), tuple(exposed), max(compute_free, communication_free))
+
+
+def waits(tasks: Sequence[Task]) -> list[tuple[int, ...]]:
+    """For each task, the earlier tasks on the other stream whose end it waits for (the
+    rules of this module's docstring), plus its ``after``. Which tasks these are follows
+    from issue order alone, not from durations: a stream runs its tasks in order, so the
+    last compute task to touch a storage is the last to end, and the same for the last
+    communication task to write one. The estimate keeps them (``KernelEstimate.waits_on``)
+    so the HTML report re-lays the schedule when it re-prices the kernels."""
+    last_compute_touch: dict[int, int] = {}  # storage -> last compute task that touched it
+    last_communication_write: dict[int, int] = {}  # storage -> last comm task that wrote it
+    out: list[tuple[int, ...]] = []
+    for i, task in enumerate(tasks):
+        storages = task.reads | task.writes
+        if task.stream == COMMUNICATION:
+            before = {last_compute_touch[s] for s in storages if s in last_compute_touch}
+            for storage in task.writes:
+                last_communication_write[storage] = i
+        else:
+            before = {
+                last_communication_write[s] for s in storages if s in last_communication_write
+            }
+            for storage in storages:
+                last_compute_touch[storage] = i
+        out.append(tuple(sorted(before | set(task.after))))
+    return out
 
 
 def tasks_of(kernels: Sequence[Kernel], durations: Sequence[float]) -> list[Task]:

@@ -100,4 +100,5 @@ REGIME = Regime(
     summary=summary,
     memory_summary=memory_summary,
     sweep_summary=sweep_summary,
+    batching=True,
 )

@@ -35,7 +35,8 @@ class Regime:
     Estimate: lines after its throughput), ``memory_summary`` (after its memory line) and
     ``sweep_summary`` (of a sweep over one knob): what the regime adds to the report;
     ``real_step``: the same step on a real device, for ``torchroof validate``; ``trains``:
-    the model runs in train mode.
+    the model runs in train mode; ``batching``: the step's batch is the serving batch, so B*
+    and the KV crossover (seed 000 "The batch that pays for the weights") describe it.
     """
 
     name: str
@@ -51,3 +52,4 @@ class Regime:
     summary: Callable[[Any], list[str]] = no_lines
     memory_summary: Callable[[Any], list[str]] = no_lines
     sweep_summary: Callable[[Any, str, Workload], list[str]] = no_lines
+    batching: bool = False
