@@ -119,6 +119,8 @@ def test_what_the_page_cannot_reprice_says_why(prefill_trace, prefill):
     assert why_not_repriced(prefill) == ""
     realistic = estimate_trace(prefill_trace, "h100-sxm", mode="realistic")
     assert "realistic mode" in why_not_repriced(realistic)
+    imbalanced = replace(prefill, options={**prefill.options, "routing_imbalance": 1.5})
+    assert "routing_imbalance" in why_not_repriced(imbalanced)
     # a multi-GPU estimate read from a file older than format 3 has no waits to re-lay its
     # schedule with, and keeps none when it is saved again
     data = replace(prefill, step_time_s=prefill.time_s).to_dict()
@@ -175,9 +177,44 @@ def test_estimate_compare_and_sweep_write_html_from_the_command_line(tmp_path, c
     assert [e["batch"] for e in data["estimates"]] == [1, 4]
 
 
-def test_a_bad_html_path_fails_before_any_tracing(tmp_path, capsys):
+def test_a_bad_html_path_fails_before_any_tracing(tmp_path, capsys, monkeypatch):
+    import torchroof.cli
+
+    def no_tracing(*args, **kwargs):
+        raise AssertionError("traced before checking the output path")
+
+    monkeypatch.setattr(torchroof.cli, "trace_workload", no_tracing)
     assert main(["estimate", "gpt2", "--seq", "8", "--html", str(tmp_path / "r.txt")]) == 2
     assert "a .html file" in capsys.readouterr().err
     missing = tmp_path / "no" / "r.html"
     assert main(["compare", "gpt2", "--vary", "seq=8,16", "--html", str(missing)]) == 2
     assert "no folder" in capsys.readouterr().err
+
+
+def test_a_pipelined_step_is_not_repriced():
+    from transformers import LlamaConfig
+
+    import torchroof
+
+    tiny = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    )
+    est = torchroof.estimate(tiny, "train", hardware="dgx-h100", seq=32, pp=2, microbatches=2)
+    assert "pipelined step" in why_not_repriced(est)
+    view = estimate_data(est)
+    assert view["pipelined"] and not view["scheduled"]
+
+
+def test_the_page_groups_rows_as_the_text_table_does(tmp_path):
+    # --depth 1 --all-layers: GPT-2's rows are its top-level modules, none collapsed
+    report = tmp_path / "d1.html"
+    argv = ["estimate", "gpt2", "--seq", "8", "--kernels", "0", "--depth", "1", "--all-layers"]
+    assert main([*argv, "--html", str(report)]) == 0
+    rows = page_json(report.read_text())["estimates"][0]["rows"]
+    assert [row["name"] for row in rows] == ["transformer", "lm_head"]
+    assert all(row["blocks"] == 1 for row in rows)

@@ -124,9 +124,14 @@ def test_the_page_loads_without_errors_and_draws_its_charts(browser, prefill_pag
     load(browser, prefill_page)
     assert errors(browser) == []
     assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-rendered") == "1"
-    # plotly draws each chart as an SVG in its div: the two layer charts, roofline, timeline
-    drawn = browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")
-    assert len(drawn) >= 4
+    # each chart holds plotted data and plotly drew it (its div carries the SVG)
+    for chart in ("layers-chart", "traffic-chart", "roofline-chart", "timeline-chart"):
+        traces = browser.execute_script(
+            "const d = document.getElementById(arguments[0]);"
+            "return d.querySelector('.main-svg') ? (d.data || []).length : -1;",
+            chart,
+        )
+        assert traces > 0, f"{chart} did not draw ({traces})"
     points = browser.find_elements(By.CSS_SELECTOR, "#roofline-chart .scatterlayer .point")
     assert points, "the roofline shows the kernels as points"
     png = browser.get_screenshot_as_png()
@@ -196,6 +201,10 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
     from conftest import meta_causal_lm
 
     model = meta_causal_lm("llama", **MID_LLAMA)
+    from selenium.webdriver.common.by import By
+
+    from torchroof import analysis
+
     trace = trace_model(model, regime="train", seq=512, fsdp=2, tp=2)
     cluster = get_cluster("dgx-h100")
     path = tmp_path / "fsdp.html"
@@ -209,6 +218,15 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
         assert page["step"] == python.time_s
         select(browser, "accelerator", name)
         assert text(browser, "step-time") == f"{python.time_s * 1e3:.3f} ms"
+        # four GPUs, two per replica (tp 2): throughput per GPU as the text summary gives it
+        per_gpu = analysis.tokens_per_s_per_gpu(python)
+        assert text(browser, "tokens-per-s").startswith(f"{per_gpu:,.1f} tokens/s per GPU")
+        # the layer table's shares are of the kernels' summed time, as the text table's
+        shares = [
+            float(row.find_elements(By.TAG_NAME, "td")[5].text.rstrip("%"))
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.layer-row")
+        ]
+        assert sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
 
 
 def test_a_realistic_estimate_keeps_its_numbers_and_says_why(browser, prefill_trace, tmp_path):

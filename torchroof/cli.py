@@ -530,6 +530,8 @@ def _estimate(args: argparse.Namespace) -> None:
                 for policy, e in zip(policies, estimates, strict=True)
             ]
             Comparison(variants).to_html(path)
+        elif kind == "html":
+            est.to_html(path, depth=args.depth, collapse=not args.all_layers)
         else:
             write(est, path, kind, depth=args.depth)
         _wrote(output_format(path, kind).description, path)

@@ -91,10 +91,10 @@ def write_sweep_csv(sweep: Sweep, path: str | Path) -> Path:
 HTML_SUFFIXES = (".html", ".htm")
 
 
-def _write_html(est: Estimate, path: str | Path) -> Path:
+def _write_html(est: Estimate, path: str | Path, depth: int | None) -> Path:
     from torchroof.render_html import estimate_html
 
-    estimate_html(est, path)
+    estimate_html(est, path, depth=depth)
     return Path(path)
 
 
@@ -145,7 +145,7 @@ FORMATS = (
         "html",
         HTML_SUFFIXES,
         "the interactive report (HTML)",
-        lambda est, path, depth: _write_html(est, path),
+        lambda est, path, depth: _write_html(est, path, depth),
     ),
     OutputFormat(
         "layers",

@@ -141,18 +141,20 @@ def why_not_repriced(est: Estimate) -> str:
     return ""
 
 
-def _rows_with_kernels(est: Estimate) -> list[dict[str, Any]]:
-    """The per-layer rows, repeated blocks collapsed (report.collapse_repeats), each with
-    the indices of its kernels and of the first block's kernels (what a row expands to)."""
+def _rows_with_kernels(
+    est: Estimate, depth: int | None = None, collapse: bool = True
+) -> list[dict[str, Any]]:
+    """The per-layer rows as the text table groups them (``depth``, ``collapse``: runs of
+    identical blocks summed, report.collapse_repeats), each with the indices of its kernels
+    and of the first block's kernels (what a row expands to)."""
     by_row: dict[str, list[int]] = {}
     for position, kernel in enumerate(est.kernels):
-        by_row.setdefault(layer_key(kernel.module, kernel.phase), []).append(position)
-    plain = est.rows()
-    collapsed = est.rows(collapse=True)
+        by_row.setdefault(layer_key(kernel.module, kernel.phase, depth), []).append(position)
+    plain = est.rows(depth)
     out = []
     cursor = 0
-    for row in collapsed:
-        count = _repeat_count(row)
+    for row in est.rows(depth, collapse=collapse):
+        count = _repeat_count(row) if collapse else 1
         blocks = plain[cursor : cursor + count]
         cursor += count
         kernels = [i for block in blocks for i in by_row[block.name]]
@@ -184,17 +186,19 @@ def _traffic(row: LayerRow, kernels: list[KernelEstimate]) -> dict[str, int]:
     return {**traffic, "network": sent} if sent else traffic
 
 
-def _stacks(est: Estimate) -> list[dict[str, Any]]:
+def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
     """Rows with each stack of blocks summed (report.merge_stacks), as kernel indices: how
     two variants line up whatever their kernels."""
-    merged = est.stack_rows()
     by_name: dict[str, list[int]] = {}
     for position, kernel in enumerate(est.kernels):
-        key = layer_key(kernel.module, kernel.phase)
+        key = layer_key(kernel.module, kernel.phase, depth)
         head, _, tail = key.rpartition(".")
         stack = f"{head}.*" if head and tail.isdigit() else key
         by_name.setdefault(stack, []).append(position)
-    return [{"name": row.name, "kernels": by_name[row.name.split(" (x")[0]]} for row in merged]
+    return [
+        {"name": row.name, "kernels": by_name[row.name.split(" (x")[0]]}
+        for row in est.stack_rows(depth)
+    ]
 
 
 def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
@@ -239,11 +243,14 @@ def _keys(est: Estimate) -> list[str]:
     return sorted(keys | {_reference_key(est)})
 
 
-def estimate_data(est: Estimate, label: str = "") -> dict[str, Any]:
+def estimate_data(
+    est: Estimate, label: str = "", depth: int | None = None, collapse: bool = True
+) -> dict[str, Any]:
     """One estimate as the page holds it: its kernels (W, Q, ceiling, Python's time and
-    schedule), rows, figures and text (summary, coverage, assumptions)."""
+    schedule), rows (grouped as ``Estimate.rows(depth, collapse)``), figures and text
+    (summary, coverage, assumptions)."""
     keys = _keys(est)
-    rows = _rows_with_kernels(est)
+    world, shared = analysis.ranks(est)
     weight_flops = sum(
         k.flops for k in est.kernels if k.unit == "tensor" and k.read_by.get("weights")
     )
@@ -271,7 +278,11 @@ def estimate_data(est: Estimate, label: str = "") -> dict[str, Any]:
         "hbm_bytes_per_s": est.hbm_bytes_per_s,
         "capacity_bytes": est.memory.capacity_bytes if est.memory else None,
         "time_s": est.time_s,
-        "scheduled": est.step_time_s is not None,
+        "scheduled": est.step_time_s is not None and est.pipeline is None,
+        "communicates": est.step_time_s is not None and any(k.communication for k in est.kernels),
+        "pipelined": est.pipeline is not None,
+        "gpus": world,  # in the step; ``shared``: GPUs sharing one replica's tokens
+        "shared": shared,
         "flops": est.pipeline.rank_flops if est.pipeline is not None else est.flops,
         "tokens": est.facts.tokens,
         "batch": int(workload.get("batch", 1) or 1),
@@ -283,8 +294,8 @@ def estimate_data(est: Estimate, label: str = "") -> dict[str, Any]:
         "summary": est.summary(),
         "coverage": est.coverage_line(),
         "assumptions": list(est.assumptions),
-        "rows": rows,
-        "stacks": _stacks(est),
+        "rows": _rows_with_kernels(est, depth, collapse),
+        "stacks": _stacks(est, depth),
         "kernels": _kernels(est, keys),
     }
 
@@ -298,10 +309,12 @@ def page_data(
     title: str,
     estimates: list[tuple[str, Estimate]],
     sweep: dict[str, Any] | None = None,
+    depth: int | None = None,
+    collapse: bool = True,
 ) -> dict[str, Any]:
     """What one page embeds: its estimates, every shipped accelerator with the ceilings
     they need, and (a sweep) the swept key and values."""
-    views = [estimate_data(est, label) for label, est in estimates]
+    views = [estimate_data(est, label, depth, collapse) for label, est in estimates]
     keys = {key for view in views for key in view["keys"]}
     return {
         "format": REPORT_FORMAT,
@@ -358,10 +371,18 @@ def _write(text: str, path: str | Path | None) -> str:
     return text
 
 
-def estimate_html(est: Estimate, path: str | Path | None = None, title: str = "") -> str:
-    """One estimate's page (``Estimate.to_html``); written to ``path`` when given."""
+def estimate_html(
+    est: Estimate,
+    path: str | Path | None = None,
+    title: str = "",
+    depth: int | None = None,
+    collapse: bool = True,
+) -> str:
+    """One estimate's page (``Estimate.to_html``), its layer rows grouped as the text
+    table's (``depth``, ``collapse``); written to ``path`` when given."""
     title = title or f"torchroof: {describe(est)}"
-    return _write(render_page(page_data("estimate", title, [("", est)])), path)
+    data = page_data("estimate", title, [("", est)], depth=depth, collapse=collapse)
+    return _write(render_page(data), path)
 
 
 def comparison_html(comparison: Comparison, path: str | Path | None = None, title: str = "") -> str:
@@ -374,7 +395,7 @@ def comparison_html(comparison: Comparison, path: str | Path | None = None, titl
 
 
 def sweep_html(sweep: Sweep, path: str | Path | None = None, title: str = "") -> str:
-    """A sweep's curves (step time, tokens/s, MFU, bytes by kind) with B* and the KV
+    """A sweep's curves (step time and tokens/s, bytes by kind) with B* and the KV
     crossover marked when it is over batch, and every point's report."""
     estimates = [(f"{sweep.key}={p.value}", p.estimate) for p in sweep.points]
     title = title or f"torchroof sweep over {sweep.key}: {describe(estimates[0][1])}"

@@ -542,9 +542,12 @@ class Estimate:
 
         write_csv(self, path)
 
-    def to_html(self, path: str | Path | None = None) -> str:
-        """The interactive report as one self-contained HTML page; also written to ``path``
-        when given (:func:`torchroof.render_html.estimate_html`)."""
+    def to_html(
+        self, path: str | Path | None = None, depth: int | None = None, collapse: bool = True
+    ) -> str:
+        """The interactive report as one self-contained HTML page, its layer rows grouped
+        as :meth:`table`'s; also written to ``path`` when given
+        (:func:`torchroof.render_html.estimate_html`)."""
         from torchroof.render_html import estimate_html
 
-        return estimate_html(self, path)
+        return estimate_html(self, path, depth=depth, collapse=collapse)

@@ -25,6 +25,7 @@
     weights: "#4c78a8", activations: "#72b7b2", kv_cache: "#f58518", gradients: "#54a24b",
     optimizer_state: "#b279a2", "network (sent)": "#e45756",
   };
+  const ON_CHIP = ["l2", "smem", "registers"]; // torchroof.hierarchy's levels inside the chip
   const PLOT_CONFIG = { displaylogo: false, responsive: true };
   const state = { accelerator: "", computeEfficiency: null, bandwidthEfficiency: null, view: 0 };
   const expanded = new Set();
@@ -187,17 +188,23 @@
     let memoryBound = 0;
     let exposed = 0;
     let communication = 0;
+    let kernelSum = 0; // the kernels back to back: the layer table's shares are of this
     const byPhase = {};
     for (let i = 0; i < priced.time.length; i++) {
       const phase = est.kernels.phase[i];
+      kernelSum += priced.time[i];
       byPhase[phase] = (byPhase[phase] || 0) + priced.time[i];
       if (priced.bound[i] === "memory") memoryBound += priced.time[i];
-      if (est.scheduled && est.kernels.stream[i] === "communication") {
+      if (est.communicates && est.kernels.stream[i] === "communication") {
         communication += priced.time[i];
         exposed += priced.exposed[i];
       }
     }
     const ridge = referencePeak / hbm;
+    // analysis.tokens_per_s and its per-GPU split: the pp·tp·cp GPUs of a replica share its
+    // tokens; a pipelined step's memory-bound share is of its kernels' (one micro-batch each)
+    const tokensPerS = step && est.tokens ? est.tokens / step : 0;
+    const boundOf = est.pipelined ? kernelSum : step;
     return {
       ...priced,
       note,
@@ -207,8 +214,10 @@
       referencePeak,
       byPhase,
       mfu: step ? est.flops / (step * referencePeak) : 0,
-      tokensPerS: step && est.tokens ? est.tokens / step : 0,
-      memoryBoundShare: step ? memoryBound / step : 0,
+      tokensPerS,
+      tokensPerGpu: tokensPerS / est.shared,
+      kernelSum,
+      memoryBoundShare: boundOf ? memoryBound / boundOf : 0,
       exposedCommunication: exposed,
       hiddenCommunication: communication - exposed,
       capacity,
@@ -287,7 +296,7 @@
         el("table", { id: "layer-table" }),
       ),
     );
-    app.append(section("roofline", "Roofline: every kernel", el("div", { id: "roofline-chart", class: "chart tall" }), el("p", { id: "roofline-note", class: "note" })));
+    app.append(section("roofline", "Roofline: every kernel with FLOPs", el("div", { id: "roofline-chart", class: "chart tall" }), el("p", { id: "roofline-note", class: "note" })));
     app.append(section("timeline", "Predicted kernel timeline", el("div", { id: "timeline-chart", class: "chart" })));
     app.append(
       section(
@@ -308,9 +317,13 @@
     add("accelerator", f.display + (est.cluster ? ` in ${est.cluster}` : ""), "summary-accelerator");
     add("step time", `${ms(f.step)} ms`, "step-time");
     const phases = PHASES.filter((p) => f.byPhase[p] > 0);
-    if (phases.length > 1) add("by phase", phases.map((p) => `${p} ${ms(f.byPhase[p])} ms`).join(", "));
-    if (est.scheduled) add("communication", `${ms(f.exposedCommunication)} ms exposed, ${ms(f.hiddenCommunication)} ms hidden`, "communication");
-    if (f.tokensPerS) add("throughput", `${thousands(f.tokensPerS)} tokens/s`, "tokens-per-s");
+    const byPhase = est.pipelined ? "the kernels listed (one micro-batch each), by phase" : "by phase";
+    if (phases.length > 1) add(byPhase, phases.map((p) => `${p} ${ms(f.byPhase[p])} ms`).join(", "));
+    if (est.communicates) add("communication", `${ms(f.exposedCommunication)} ms exposed, ${ms(f.hiddenCommunication)} ms hidden`, "communication");
+    if (f.tokensPerS && est.gpus > 1) {
+      const replica = est.shared > 1 && est.shared < est.gpus ? `, ${thousands(f.tokensPerS)} per replica of ${est.shared} GPUs` : "";
+      add("throughput", `${thousands(f.tokensPerGpu)} tokens/s per GPU${replica}, ${thousands(f.tokensPerGpu * est.gpus)} over the ${est.gpus} GPUs`, "tokens-per-s");
+    } else if (f.tokensPerS) add("throughput", `${thousands(f.tokensPerS)} tokens/s`, "tokens-per-s");
     add("MFU", `${pct(f.mfu)}%`, "mfu");
     add("time memory-bound", `${(100 * f.memoryBoundShare).toFixed(0)}%`);
     if (est.memory_bytes !== null && f.capacity !== null) {
@@ -384,7 +397,7 @@
         el("td", { text: gflop(r.flops) }),
         el("td", { text: gb(r.bytes) }),
         el("td", { class: "row-time", text: ms(r.time) }),
-        el("td", { text: `${f.step ? pct(r.time / f.step) : "0.0"}%` }),
+        el("td", { text: `${f.kernelSum ? pct(r.time / f.kernelSum) : "0.0"}%` }),
         el("td", { text: r.bound }),
         el("td", { text: `${r.time ? pct(r.flops / (r.time * f.referencePeak)) : "0.0"}%` }),
       );
@@ -418,9 +431,8 @@
   function pointLabel(est, f, i) {
     const boundary = est.kernels.boundary[i];
     // the hierarchical verdict was Python's, on the estimate's own accelerator
-    if (!f.repriced && boundary && boundary !== "compute" && boundary !== "hbm" && boundary !== f.bound[i]) {
-      return `${f.bound[i]} (at ${boundary} on chip)`;
-    }
+    if (!f.repriced && ON_CHIP.includes(boundary)) return `${f.bound[i]} (at ${boundary} on chip)`;
+    if (!f.repriced && boundary === "latency") return `${f.bound[i]} (latency-bound)`;
     return f.bound[i];
   }
 
@@ -449,7 +461,7 @@
     }
     const traces = Object.entries(groups).map(([label, g]) => ({
       type: "scatter", mode: "markers", name: label, x: g.x, y: g.y, text: g.text,
-      marker: { size: g.size, color: COLOURS[label.split(" ")[0]], opacity: 0.75, line: { width: label.includes("on chip") ? 1.5 : 0, color: "#222" } },
+      marker: { size: g.size, color: COLOURS[label.split(" ")[0]], opacity: 0.75, symbol: label.includes("latency") ? "diamond" : "circle", line: { width: label.includes("on chip") ? 1.5 : 0, color: "#222" } },
       hovertemplate: "%{text}<br>I %{x:.2f} FLOP/B, %{y:.1f} TFLOP/s<extra></extra>",
     }));
     if (Number.isFinite(lo)) {
@@ -516,14 +528,15 @@
   function renderVariants(all) {
     const box = document.getElementById("variants-table");
     const table = el("table", { class: "variants" });
-    table.append(el("tr", {}, ...["variant", "accelerator", "step time (ms)", "tokens/s", "MFU", "memory"].map((h) => el("th", { text: h }))));
+    table.append(el("tr", {}, ...["variant", "accelerator", "GPUs", "step time (ms)", "tokens/s per GPU", "MFU", "exposed comm (ms)", "memory"].map((h) => el("th", { text: h }))));
     DATA.estimates.forEach((est, i) => {
       const f = all[i];
       const memory = est.memory_bytes === null || f.capacity === null ? "" : `${(est.memory_bytes / 1e9).toFixed(2)} / ${(f.capacity / 1e9).toFixed(2)} GB${f.fits ? "" : " (does NOT fit)"}`;
       table.append(el("tr", { class: "variant-row" },
         el("td", { text: est.label }), el("td", { text: f.display + (f.note ? " (as estimated)" : "") }),
-        el("td", { class: "variant-time", text: ms(f.step) }), el("td", { text: f.tokensPerS ? thousands(f.tokensPerS) : "" }),
-        el("td", { text: `${pct(f.mfu)}%` }), el("td", { text: memory })));
+        el("td", { text: String(est.gpus) }),
+        el("td", { class: "variant-time", text: ms(f.step) }), el("td", { text: f.tokensPerS ? thousands(f.tokensPerGpu) : "" }),
+        el("td", { text: `${pct(f.mfu)}%` }), el("td", { text: est.communicates ? ms(f.exposedCommunication) : "" }), el("td", { text: memory })));
     });
     box.replaceChildren(table);
   }
@@ -547,12 +560,12 @@
     const key = DATA.sweep.key;
     Plotly.react("sweep-chart", [
       { type: "scatter", mode: "lines+markers", name: "step time (ms)", x: xs, y: all.map((f) => f.step * 1e3) },
-      { type: "scatter", mode: "lines+markers", name: "tokens/s", x: xs, y: all.map((f) => f.tokensPerS), yaxis: "y2" },
+      { type: "scatter", mode: "lines+markers", name: "tokens/s per GPU", x: xs, y: all.map((f) => f.tokensPerGpu), yaxis: "y2" },
       ...sweepMarks(all),
     ], {
       title: { text: `step time and throughput over ${key}`, x: 0.01, xanchor: "left" }, height: 420, margin: { l: 60, r: 70, t: 40, b: 50 },
       xaxis: { title: { text: key }, type: "log" }, yaxis: { title: { text: "step time (ms)" } },
-      yaxis2: { title: { text: "tokens/s" }, overlaying: "y", side: "right" },
+      yaxis2: { title: { text: "tokens/s per GPU" }, overlaying: "y", side: "right" },
       legend: { orientation: "h", y: -0.2 },
     }, PLOT_CONFIG);
     const categories = CATEGORIES.filter(([c]) => DATA.estimates.some((est) => est.rows.some((r) => r.traffic[c])));
