@@ -74,18 +74,25 @@ def weight_bytes_read(est: Estimate) -> int:
     return sum(k.read_by.get("weights", 0) for k in est.kernels)
 
 
+def weight_gemm_intensity(est: Estimate) -> float:
+    """FLOPs of the tensor-unit kernels that read weights per weight byte the step reads;
+    0 when no tensor-unit kernel reads weights."""
+    weight_flops = sum(
+        k.flops for k in est.kernels if k.unit == "tensor" and k.read_by.get("weights")
+    )
+    return weight_flops / weight_bytes_read(est) if weight_flops else 0.0
+
+
 def ridge_batch(est: Estimate) -> float:
     """B*: the batch at which the weight GEMMs reach the ridge (seed 000: B* = s·I*/2,
     295 for bf16 on an H100) — this step's batch times how far below the ridge its weight
     matmuls sit; infinite when no tensor-unit kernel reads weights."""
     batch = int(est.workload.get("batch", 1))
-    weight_flops = sum(
-        k.flops for k in est.kernels if k.unit == "tensor" and k.read_by.get("weights")
-    )
-    if not weight_flops:
+    intensity = weight_gemm_intensity(est)
+    if not intensity:
         return float("inf")
     ridge = est.reference_peak_flops_per_s / est.hbm_bytes_per_s
-    return batch * ridge / (weight_flops / weight_bytes_read(est))
+    return batch * ridge / intensity
 
 
 def kv_crossover_batch(est: Estimate) -> float:

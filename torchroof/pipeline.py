@@ -38,7 +38,7 @@ from torchroof.quantize import check_hardware
 from torchroof.records import OpRecord, Trace, dtype_itemsize
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
-from torchroof.schedule import schedule, tasks_of, waits
+from torchroof.schedule import schedule, tasks_of
 
 ACTIVATIONS = "activations"
 
@@ -386,7 +386,7 @@ def _scheduled(
     placed = [
         replace(k, start_s=start, stream=task.stream, exposed_s=exposed, waits_on=before)
         for k, task, start, exposed, before in zip(
-            timed, tasks, laid.start_s, laid.exposed_s, waits(tasks), strict=True
+            timed, tasks, laid.start_s, laid.exposed_s, laid.waits, strict=True
         )
     ]
     return placed, laid.step_time_s

@@ -87,6 +87,20 @@ def layer_key(module: str, phase: str, depth: int | None = None) -> str:
     return module
 
 
+def block_index(name: str) -> tuple[str, int] | None:
+    """(``model.layers``, 3) for a numbered block ``model.layers.3``; None for any other
+    name."""
+    head, _, tail = name.rpartition(".")
+    return (head, int(tail)) if head and tail.isdigit() else None
+
+
+def stack_key(name: str) -> str:
+    """The stack a numbered block belongs to (``model.layers.3`` -> ``model.layers.*``);
+    any other row name as it is."""
+    index = block_index(name)
+    return f"{index[0]}.*" if index else name
+
+
 @dataclass(frozen=True, slots=True)
 class TensorMeta:
     """Shape, layout and storage identity of one tensor an op touched."""

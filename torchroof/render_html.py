@@ -36,7 +36,7 @@ from torchroof.hardware import (
     spec_dtype,
 )
 from torchroof.options import Workload
-from torchroof.records import layer_key
+from torchroof.records import layer_key, stack_key
 from torchroof.render_text import members
 from torchroof.workloads import regime
 
@@ -191,9 +191,7 @@ def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
     two variants line up whatever their kernels."""
     by_name: dict[str, list[int]] = {}
     for position, kernel in enumerate(est.kernels):
-        key = layer_key(kernel.module, kernel.phase, depth)
-        head, _, tail = key.rpartition(".")
-        stack = f"{head}.*" if head and tail.isdigit() else key
+        stack = stack_key(layer_key(kernel.module, kernel.phase, depth))
         by_name.setdefault(stack, []).append(position)
     return [
         {"name": row.name, "kernels": by_name[row.name.split(" (x")[0]]}
@@ -251,10 +249,6 @@ def estimate_data(
     (summary, coverage, assumptions)."""
     keys = _keys(est)
     world, shared = analysis.ranks(est)
-    weight_flops = sum(
-        k.flops for k in est.kernels if k.unit == "tensor" and k.read_by.get("weights")
-    )
-    weight_bytes = analysis.weight_bytes_read(est)
     workload = est.workload
     step = regime(workload["regime"]) if workload.get("regime") else None
     options = est.options
@@ -286,7 +280,7 @@ def estimate_data(
         "flops": est.pipeline.rank_flops if est.pipeline is not None else est.flops,
         "tokens": est.facts.tokens,
         "batch": int(workload.get("batch", 1) or 1),
-        "weight_intensity": weight_flops / weight_bytes if weight_flops and weight_bytes else None,
+        "weight_intensity": analysis.weight_gemm_intensity(est) or None,  # B* = b·ridge / it
         "kv_crossover_batch": _finite(est.kv_crossover_batch),
         "batching": step is not None and step.batching,
         "memory_bytes": est.memory.total_bytes if est.memory else None,

@@ -19,7 +19,7 @@ from typing import Any
 from torchroof import analysis
 from torchroof.memory import MemoryFootprint
 from torchroof.pp_schedule import PipelineStep
-from torchroof.records import PHASES, StepFacts, layer_key
+from torchroof.records import PHASES, StepFacts, block_index, layer_key, stack_key
 
 __all__ = [
     "ESTIMATE_FORMAT_VERSION",
@@ -232,11 +232,6 @@ def added(seconds: Iterable[float]) -> float:
     return total
 
 
-def _block_index(name: str) -> tuple[str, int] | None:
-    head, _, tail = name.rpartition(".")
-    return (head, int(tail)) if head and tail.isdigit() else None
-
-
 def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
     """Merge runs of consecutive identical blocks (``model.layers.0`` ... ``.31`` with equal
     kernels, FLOPs and bytes) into one summed row named ``model.layers.0-31 (x32)``."""
@@ -245,7 +240,7 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
 
     def flush() -> None:
         if len(run) > 1:
-            first, last = _block_index(run[0].name), _block_index(run[-1].name)
+            first, last = block_index(run[0].name), block_index(run[-1].name)
             total = LayerRow(f"{first[0]}.{first[1]}-{last[1]} (x{len(run)})")
             for row in run:
                 total.merge(row)
@@ -255,10 +250,10 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
         run.clear()
 
     for row in rows:
-        index = _block_index(row.name)
+        index = block_index(row.name)
         if run:
             prev = run[-1]
-            prev_index = _block_index(prev.name)
+            prev_index = block_index(prev.name)
             same = (
                 index is not None
                 and prev_index is not None
@@ -281,8 +276,7 @@ def merge_stacks(rows: list[LayerRow]) -> list[LayerRow]:
     merged: dict[str, LayerRow] = {}
     counts: dict[str, int] = {}
     for row in rows:
-        index = _block_index(row.name)
-        key = f"{index[0]}.*" if index else row.name
+        key = stack_key(row.name)
         if key not in merged:
             merged[key] = LayerRow(key)
             counts[key] = 0

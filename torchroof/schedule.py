@@ -80,12 +80,14 @@ class Task:
 @dataclass(frozen=True)
 class Schedule:
     """Start and end of every task, the compute stream's idle time attributed to each
-    communication task (0 for compute tasks), and the step time (the last end)."""
+    communication task (0 for compute tasks), the step time (the last end), and what each
+    task waits for on the other stream (:func:`waits`, whether or not overlap used them)."""
 
     start_s: tuple[float, ...]
     end_s: tuple[float, ...]
     exposed_s: tuple[float, ...]
     step_time_s: float
+    waits: tuple[tuple[int, ...], ...] = ()
 
 
 def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
@@ -103,6 +105,7 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
     count = len(tasks)
     start = [0.0] * count
     end = [0.0] * count
+    before = tuple(waits(tasks))
     if not overlap:
         clock = 0.0
         for i, task in enumerate(tasks):
@@ -110,12 +113,12 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
             clock += task.duration_s
             end[i] = clock
         exposed = tuple(t.duration_s if t.stream == COMMUNICATION else 0.0 for t in tasks)
-        return Schedule(tuple(start), tuple(end), exposed, clock)
+        return Schedule(tuple(start), tuple(end), exposed, clock, before)
     compute_free = communication_free = 0.0
     idle: list[tuple[float, float]] = []  # the compute stream's waits, in time order
     runs: list[int] = []  # communication tasks in stream order
-    for i, (task, before) in enumerate(zip(tasks, waits(tasks), strict=True)):
-        ready = max((end[j] for j in before), default=0.0)
+    for i, task in enumerate(tasks):
+        ready = max((end[j] for j in before[i]), default=0.0)
         if task.stream == COMMUNICATION:
             start[i] = max(communication_free, ready)
             end[i] = communication_free = start[i] + task.duration_s
@@ -140,7 +143,8 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
             else:
                 exposed[i] += max(0.0, min(end[i], b) - max(start[i], a))
             k += 1
-    return Schedule(tuple(start), tuple(end), tuple(exposed), max(compute_free, communication_free))
+    step_time_s = max(compute_free, communication_free)
+    return Schedule(tuple(start), tuple(end), tuple(exposed), step_time_s, before)
 
 
 def waits(tasks: Sequence[Task]) -> list[tuple[int, ...]]:
