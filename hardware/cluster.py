@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,8 @@ from torchroof.hardware.toml_checks import (
     unknown_key,
 )
 
-CLUSTER_DIR = Path(__file__).resolve().parent / "clusters"
+# The shipped cluster files, read as package data (a wheel, a zip or a checkout alike).
+CLUSTER_DIR: Traversable = resources.files(__package__) / "clusters"
 
 INTRA_NODE_KINDS = ("nvlink", "xgmi", "pcie")
 TOPOLOGIES = ("switch", "full_mesh")
@@ -320,10 +323,10 @@ def parse_cluster(data: dict[str, Any], path: str | Path = "<cluster spec>") -> 
     )
 
 
-def load_cluster_file(path: str | Path) -> ClusterSpec:
+def load_cluster_file(path: str | Path | Traversable) -> ClusterSpec:
     """Parse one cluster TOML file (the format in this module's docstring)."""
-    path = Path(path)
-    return parse_cluster(read_toml(path, ClusterSpecError), path)
+    path = Path(path) if isinstance(path, str) else path
+    return parse_cluster(read_toml(path, ClusterSpecError), str(path))
 
 
 _SHIPPED = ShippedSpecs(CLUSTER_DIR, load_cluster_file, "cluster", UnknownClusterError)

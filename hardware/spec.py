@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ from torchroof.hardware.toml_checks import (
     unknown_key,
 )
 
-SPEC_DIR = Path(__file__).resolve().parent
+# The shipped accelerator files, read as package data (a wheel, a zip or a checkout alike).
+SPEC_DIR: Traversable = resources.files(__package__)
 
 # torch dtype name -> the spec's datatype key.
 _DTYPE_KEYS = {
@@ -396,11 +399,11 @@ def _present(figure: Figure | None) -> Figure:
     return figure
 
 
-def load_file(path: str | Path) -> HardwareSpec:
+def load_file(path: str | Path | Traversable) -> HardwareSpec:
     """Parse one hardware TOML file (the format of the files shipped in this folder, which
     the README's "Accelerators" section documents)."""
-    path = Path(path)
-    return parse(read_toml(path, HardwareSpecError), path)
+    path = Path(path) if isinstance(path, str) else path
+    return parse(read_toml(path, HardwareSpecError), str(path))
 
 
 _SHIPPED = ShippedSpecs(SPEC_DIR, load_file, "hardware", UnknownHardwareError)

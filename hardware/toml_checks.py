@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -153,7 +154,7 @@ def check_aliases(raw: Any, problems: list[str]) -> tuple[str, ...]:
 
 
 def read_toml(
-    path: Path, error_factory: Callable[[Path, list[str]], HardwareSpecError]
+    path: Path | Traversable, error_factory: Callable[[Path, list[str]], HardwareSpecError]
 ) -> dict[str, Any]:
     """The table a TOML file holds; a file that is not UTF-8 or not TOML raises
     ``error_factory(path, [problem])``."""
@@ -191,8 +192,8 @@ class ShippedSpecs(Generic[SpecT]):
 
     def __init__(
         self,
-        folder: Path,
-        load: Callable[[str | Path], SpecT],
+        folder: Traversable,
+        load: Callable[[Traversable], SpecT],
         what: str,
         unknown: Callable[[str], Exception],
     ) -> None:
@@ -204,7 +205,11 @@ class ShippedSpecs(Generic[SpecT]):
     @cached_property
     def by_name(self) -> dict[str, SpecT]:
         """Every ``*.toml`` in the folder, loaded (in file-name order) and keyed by its name."""
-        return {spec.name: spec for spec in map(self.load, sorted(self.folder.glob("*.toml")))}
+        files = sorted(
+            (entry for entry in self.folder.iterdir() if entry.name.endswith(".toml")),
+            key=lambda entry: entry.name,
+        )
+        return {spec.name: spec for spec in map(self.load, files)}
 
     def sorted_by_name(self) -> list[SpecT]:
         """The shipped specs, sorted by name."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,8 @@ import torch
 from torchroof.errors import first_line
 from torchroof.quantize import quiet_imports
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# The shipped configs, read as package data (a wheel, a zip or a checkout alike).
+CONFIG_DIR: Traversable = resources.files("torchroof") / "configs"
 DEFAULT_MODEL = "llama-3-8b"
 
 _DTYPES = {
@@ -51,7 +54,11 @@ class UnknownModelError(KeyError):
 
 
 def shipped_models() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+    return sorted(
+        entry.name.removesuffix(".json")
+        for entry in CONFIG_DIR.iterdir()
+        if entry.name.endswith(".json")
+    )
 
 
 def model_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -68,7 +75,7 @@ def model_dtype(name: str | torch.dtype) -> torch.dtype:
 
 def shipped_config_dict(name: str) -> dict[str, Any]:
     path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
+    if name not in shipped_models():
         close = difflib.get_close_matches(name, shipped_models(), n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownModelError(
