@@ -26,7 +26,7 @@ def _child(model: str, seq: int, plan: str) -> None:
     import torchroof
 
     start = time.perf_counter()
-    trace = torchroof.trace_model(model, "train", batch=1, seq=seq, **PLANS[plan])
+    trace = torchroof.trace_model(model, "train", batch=1, seq=seq, precision="bf16", **PLANS[plan])
     elapsed = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     print(json.dumps({"time_s": elapsed, "rss_bytes": rss, "ops": len(trace)}))

@@ -37,7 +37,9 @@ def _child(tool: str, model_name: str, seq: int, regime: str) -> None:
     if tool == "torchroof" and regime == "train":
         import torchroof
 
-        est = torchroof.estimate(model, "train", batch=1, seq=seq, optimizer="adamw")
+        est = torchroof.estimate(
+            model, "train", batch=1, seq=seq, optimizer="adamw", precision="bf16"
+        )
         flops, ops = est.flops, est.op_count
     elif tool == "torchroof":
         import torchroof

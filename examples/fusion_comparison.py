@@ -24,7 +24,8 @@ def main() -> None:
     parser.add_argument("--hardware", default="h100-sxm")
     args = parser.parse_args()
 
-    trace = torchroof.trace_workload(args.model, Workload(args.regime, batch=1, seq=args.seq))
+    workload = Workload(args.regime, batch=1, seq=args.seq, precision="bf16")
+    trace = torchroof.trace_workload(args.model, workload)
     eager = trace.estimate(args.hardware, fusion="eager")
     fused = trace.estimate(args.hardware, fusion="fused")
     print(f"{args.model} {args.regime}, 1 x {args.seq} tokens on {args.hardware}")

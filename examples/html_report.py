@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--screenshot", default=str(HERE / "html-report.png"))
     args = parser.parse_args()
 
-    trace = torchroof.trace_model(args.model, regime=args.regime)
+    trace = torchroof.trace_model(args.model, regime=args.regime, precision="bf16")
     est = trace.estimate(args.hardware)
     page = Path(args.html or Path(tempfile.mkdtemp()) / "report.html")
     est.to_html(page)

@@ -47,6 +47,8 @@ import torchroof
 from torchroof.analysis import communication
 from torchroof.models import load_config
 from torchroof.network import bus_factor, collective_time
+from torchroof.progress import Reporter
+from torchroof.progress import reporter as progress_reporter
 from torchroof.report import Estimate
 
 HERE = Path(__file__).resolve().parent / "validation"
@@ -1039,7 +1041,17 @@ def run_parser(doc: str, predictions: Path) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"refresh {predictions.name}")
     parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (each run priced, its time)"
+    )
     return parser
+
+
+def stage_lines(args: argparse.Namespace) -> tuple[Reporter, Callable[[str], None]]:
+    """The script's progress: each run's step as one line on stderr with its time (a bar on
+    a terminal), nothing with ``--quiet``; torchroof's own stages stay silent."""
+    report = progress_reporter(not args.quiet)
+    return report, lambda text: report.begin(text.strip())
 
 
 def check_runs(
@@ -1073,7 +1085,9 @@ def main() -> None:
     chosen = [runs[rid] for rid in args.run] if args.run else data["runs"]
     pairs: list[PairPrediction] = []
     print("pricing ...")
-    predictions = predict(chosen, price_phase=Pricer(args.mode))
+    report, stage = stage_lines(args)
+    predictions = predict(chosen, progress=stage, price_phase=Pricer(args.mode))
+    report.end()
     print()
     print(markdown(prediction_rows(runs, predictions), PREDICTION_HEADERS))
     if not args.run:
@@ -1082,7 +1096,8 @@ def main() -> None:
         print()
         print(markdown(anchor_rows(anchors(data["collectives"])), ANCHOR_HEADERS))
         print("pricing the schedule pairs ...")
-        pairs = predict_pairs(runs)
+        pairs = predict_pairs(runs, progress=stage)
+        report.end()
         print(markdown(pair_rows(pairs), PAIR_HEADERS))
     if predictions:
         print()

@@ -609,7 +609,9 @@ def main() -> None:
     start = time.perf_counter()
     chosen = [by_id[rid] for rid in args.run] if args.run else runs
     print("pricing ...")
-    predictions = predict(chosen)
+    report, stage = mgv.stage_lines(args)
+    predictions = predict(chosen, progress=stage)
+    report.end()
     pairs = speedups(predictions)
     print()
     print(mgv.markdown(prediction_rows(predictions), PREDICTION_HEADERS))

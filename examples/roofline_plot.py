@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--hardware", default="h100-sxm")
     parser.add_argument("--out", default=str(Path(__file__).parent))
     args = parser.parse_args()
-    est = torchroof.estimate(args.model, "train", seq=args.seq, hardware=args.hardware)
+    est = torchroof.estimate(
+        args.model, "train", seq=args.seq, precision="bf16", hardware=args.hardware
+    )
     out = Path(args.out)
     print(roofline_plot(est, out / f"{args.model}-train-roofline.png"))
     print(layer_plot(est, out / f"{args.model}-train-layers.png", depth=None))

@@ -529,10 +529,15 @@ def main() -> None:
     models = [rid for rid in args.run if by_id[rid]["kind"] not in KERNELS]
     if models:
         parser.error(f"--run prices kernel runs only; {', '.join(models)} is a model step")
+    report, stage = mgv.stage_lines(args)
     if args.run:
-        rows = [kernel_row(by_id[rid]) for rid in args.run]
+        rows = []
+        for rid in args.run:
+            stage(rid)
+            rows.append(kernel_row(by_id[rid]))
     else:
-        rows = predict(runs)
+        rows = predict(runs, progress=stage)
+    report.end()
     print()
     print(mgv.markdown(table_rows(rows), HEADERS))
     if not args.run:

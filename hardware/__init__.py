@@ -30,12 +30,14 @@ from torchroof.hardware.spec import (
     load_file,
     spec_dtype,
 )
+from torchroof.hardware.toml_checks import HardwareFigureWarning
 
 __all__ = [
     "Boundary",
     "ClusterSpec",
     "ClusterSpecError",
     "Figure",
+    "HardwareFigureWarning",
     "HardwareSpec",
     "HardwareSpecError",
     "Link",

@@ -114,6 +114,8 @@ def parse_figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]
         problems.append(
             f"{key}.value: {unit or 'this figure'} must be a whole number, got {value!r}"
         )
+    else:
+        implausible(key, float(value), unit, problems)
     source = raw.get("source")
     if "source" not in raw:
         problems.append(f"{key}.source: missing (every figure names where it came from)")
@@ -127,6 +129,81 @@ def parse_figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]
     if len(problems) > before:
         return None
     return Figure(float(value), source, approximate)
+
+
+class HardwareFigureWarning(UserWarning):
+    """A hardware or cluster figure outside the range real devices have, but usable: the
+    figure, its unit and the unit it looks typed in are named."""
+
+
+# Plausible ranges of a figure, by its unit (and, where one unit covers different things,
+# by its key's last part): a little beyond every device shipped or announced.
+_RANGES: dict[str, tuple[float, float]] = {
+    "B/s": (1e8, 1e16),
+    "FLOP/s": (1e9, 1e17),  # from a busy CPU core to past any announced accelerator
+    # a calibrated CPU's transcendental rate is a quarter of its elementwise one: one slow
+    # core measures well under 1 GFLOP/s
+    "sfu_flops_per_s": (1e7, 1e17),
+    "hbm_capacity_bytes": (2**30, 2**44),
+    "l2_bytes": (2**16, 2**33),
+    "shared_memory_bytes_per_sm": (2**12, 2**23),
+    "SMs or CUs": (1, 1e5),
+    "memory_latency_s": (1e-8, 1e-4),
+    "launch_overhead_s": (1e-8, 1e-3),
+    "latency_s": (1e-8, 1e-2),
+    "GPUs": (1, 1e5),
+    "nodes": (1, 1e6),
+}
+# A typical figure of a unit whose range is wide on one side (FLOP/s runs down to a CPU
+# core): 100 TFLOP/s, so "989.4" reads as TFLOP/s rather than GFLOP/s.
+_TYPICAL: dict[str, float] = {"FLOP/s": 1e14}
+# The units a figure may have been typed in by mistake, with their size in the figure's.
+_PREFIXES: dict[str, tuple[tuple[str, float], ...]] = {
+    "B/s": (("KB/s", 1e3), ("MB/s", 1e6), ("GB/s", 1e9), ("TB/s", 1e12)),
+    "FLOP/s": (("GFLOP/s", 1e9), ("TFLOP/s", 1e12), ("PFLOP/s", 1e15)),
+    "bytes": (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40), ("bits", 1 / 8)),
+    "s": (("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)),
+}
+# past the plausible range by more than this on the costly side (a time too long, a rate or
+# size too small): an error, as every kernel touching the figure would be priced absurdly;
+# on the free side (1e30 B/s, a 1 ns launch) a warning only, as that what-if is a fair question
+UNUSABLE_FACTOR = 1e6
+
+
+def implausible(key: str, value: float, unit: str, problems: list[str]) -> None:
+    """Warn (:class:`HardwareFigureWarning`) about a figure outside its plausible range,
+    or add a problem when it is so far outside that no estimate from it means anything
+    (1e-300 B/s prices every kernel at inf ms); both name the unit it looks typed in."""
+    leaf = key.rsplit(".", 1)[-1]
+    bounds = _RANGES.get(leaf) or _RANGES.get(unit)
+    if bounds is None:
+        return
+    low, high = bounds
+    if low <= value <= high:
+        return
+    family = "s" if unit in ("s", "seconds") else unit
+    # the likeliest unit lands nearest a typical figure (else the range's middle)
+    middle = math.log10(_TYPICAL.get(unit, math.sqrt(low * high)))
+    guesses = sorted(
+        (abs(math.log10(value * size) - middle), name)
+        for name, size in _PREFIXES.get(family, ())
+        if low <= value * size <= high
+    )
+    hint = f"; it looks typed in {guesses[0][1]}" if guesses else ""
+    shown = "s" if family == "s" else unit
+    text = (
+        f"{key}.value: {value:g} {shown} is outside the plausible range "
+        f"{low:g}-{high:g} {shown}{hint}"
+    )
+    # a time far too long, or a rate or size far too small, prices every kernel absurdly;
+    # the other way it only makes a resource free
+    unusable = value > high * UNUSABLE_FACTOR if family == "s" else value < low / UNUSABLE_FACTOR
+    if unusable:
+        problems.append(text)
+    else:
+        import warnings
+
+        warnings.warn(text, HardwareFigureWarning, stacklevel=2)
 
 
 def misplaced(table: str, key: str) -> str:

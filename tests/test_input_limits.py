@@ -219,8 +219,16 @@ def test_estimates_check_the_sequence_and_the_decode_cache(tmp_path):
         torchroof.estimate("gpt2", "prefill", seq=1025)
     with pytest.raises(PositionLimitError, match="1,025 positions"):
         torchroof.estimate("gpt2", "decode", context=1025)
+    # decode at context 1024 = n_positions: the cache is the model's full window, priced;
+    # its new token sits at index 1024, which gpt2's position table has no row for: noted
     est = torchroof.estimate("gpt2", "decode", context=1024)
-    assert not any(a.startswith("positions:") for a in est.assumptions)
+    assert [a for a in est.assumptions if a.startswith("positions:")] == [
+        "positions: the step's new token sits at position 1,024, past gpt2's n_positions=1,024 "
+        "(positions 0 to 1,023): a real run needs 1,025 positions; the model has no position "
+        "embedding past that, so a real run fails there; priced as if the table were longer"
+    ]
+    within = torchroof.estimate("gpt2", "decode", context=1023)  # index 1023: the last row
+    assert not any(a.startswith("positions:") for a in within.assumptions)
     beyond = torchroof.estimate("gpt2", "prefill", seq=1100, allow_beyond_max_positions=True)
     assert [a for a in beyond.assumptions if a.startswith("positions:")] == [
         "positions: " + check_positions(load_config("gpt2"), 1100, True, name="gpt2")

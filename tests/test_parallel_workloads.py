@@ -37,7 +37,8 @@ def _config(**overrides: int) -> LlamaConfig:
 
 
 def _trace(regime: str, config: LlamaConfig | None = None, **knobs) -> Trace:
-    knobs = {"batch": B, "seq": T, **knobs}
+    # the counts below are derived for bf16 throughout (precision="mixed" is the default)
+    knobs = {"batch": B, "seq": T, "precision": "bf16", **knobs}
     return torchroof.trace_model(config or _config(), regime, **knobs)
 
 
@@ -323,7 +324,7 @@ def test_the_footprint_line_names_the_unsharded_layers():
     # 1 + 1 + 2 + 2 + 3 = 9 GB of 10: fits; 10 - 6 fixed = 4 GB free at 1 GB per sequence
     assert memory.total_bytes == 9 * 10**9 and memory.fits
     assert memory.max_batch == 4
-    assert "unsharded layer buffers 2.00 GB" in memory.line()
+    assert "unsharded layer buffers 1.86 GiB" in memory.line()  # 2e9 B / 2^30 = 1.86 GiB
 
 
 def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():

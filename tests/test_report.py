@@ -195,7 +195,8 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
         "decode: weights read 1.00 GB, KV read 0.200 GB per step (static cache); "
         "KV reads overtake weight reads at batch 20"
     )
-    assert lines[throughput + 2].startswith("memory: 1.20 GB of 3.00 GB")
+    # capacities in GiB, as vendors quote them: 1.2e9 B = 1.12 GiB of 3e9 B = 2.79 GiB
+    assert lines[throughput + 2].startswith("memory: 1.12 GiB of 2.79 GiB")
     assert lines[throughput + 3] == "largest decode batch that fits at context 1000: 40"
     prefill = _hand_estimate("prefill").summary().splitlines()
     assert [line.split(":")[0] for line in prefill] == [
@@ -272,6 +273,46 @@ def test_a_cluster_estimate_by_hand():
     )
     assert "exposed comm ms" in est.table()
     assert "network (nvlink)" in est.kernel_table()
+
+
+def test_phases_on_two_streams_add_up_to_the_step_and_the_global_batch_is_stated():
+    """The all-reduce (backward) runs 2e-4 s on the communication stream, 5e-5 s of it
+    exposed: on the compute stream the backward takes 5e-5 s, so forward 5e-4 + backward
+    5e-5 = the 5.5e-4 s step (the kernels' own times, 5e-4 + 2e-4, would add to 7e-4)."""
+    est = _cluster_estimate()
+    reduce = dataclasses.replace(est.kernels[1], phase="backward")
+    workload = {"regime": "train", "batch": 2, "seq": 1024, "dp": 2, "fsdp": 4}
+    est = dataclasses.replace(
+        est, kernels=[est.kernels[0], reduce], facts=StepFacts(workload=workload, tokens=2048)
+    )
+    lines = est.summary().splitlines()
+    assert (
+        "by phase, on the compute stream (collectives counted where it waited on them; 0.150 ms "
+        "more ran hidden on the communication stream): forward 0.500 ms, backward 0.050 ms "
+        "= 0.550 ms"
+    ) in lines
+    # 2 sequences per rank x dp 2 x fsdp 4 = 16 sequences of 1024 tokens
+    assert (
+        "global batch: 16 sequences x 1024 tokens = 16,384 tokens per step "
+        "(batch 2 per rank x dp 2 x fsdp 4)"
+    ) in lines
+
+
+def test_on_chip_pressure_is_reported_only_where_a_spill_could_change_the_verdict():
+    est = _hand_estimate("prefill")
+    flag = "on-chip state 65,560 B per row exceeds the 65,536 B budget: may spill"
+    memory_bound = [dataclasses.replace(k, flags=(flag,)) for k in est.kernels[:2]]
+    quiet = dataclasses.replace(est, kernels=[*memory_bound, est.kernels[2]])
+    assert "on-chip pressure" not in quiet.summary()  # memory-bound already: no change
+    assert "[!]" not in quiet.kernel_table()
+    compute = dataclasses.replace(est.kernels[2], flags=(flag,))
+    loud = dataclasses.replace(est, kernels=[*est.kernels[:2], compute])
+    assert (
+        "on-chip pressure: 1 compute-bound fused kernel exceeds the on-chip budget; a spill "
+        "would add memory traffic the estimate does not charge (e.g. #2 model.layers.2: "
+        f"{flag})"
+    ) in loud.summary().splitlines()
+    assert "[!] " + flag in loud.kernel_table()
 
 
 def test_cluster_fields_round_trip_and_old_estimates_load():

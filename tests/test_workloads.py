@@ -105,15 +105,20 @@ def test_llama70b_does_not_fit_one_h100(llama70_decode_b1):
     assert not memory.fits
     # weights 2·70,553,706,496 B + KV 129 tokens · 327,680 B + the activation peak (one
     # row of logits, 128,256·2 B, beside one hidden state, 8192·2 B: 272,896 B) against
-    # 80 GiB = 85,899,345,920 B: 55,250,610,688 B (55.25 GB) missing
+    # 80 GiB = 85,899,345,920 B: 55,250,610,688 B (51.46 GiB) missing
     assert memory.kv_cache_bytes == 129 * 327_680
     assert memory.activations_peak_bytes == 128_256 * 2 + 8192 * 2 == 272_896
     assert memory.capacity_bytes == 80 * 2**30
     missing = 2 * LLAMA70_PARAMS + 129 * 327_680 + 272_896 - 80 * 2**30
     assert memory.missing_bytes == missing == 55_250_610_688
-    shown = re.search(r"does NOT fit: ([\d.]+) GB missing", llama70_decode_b1.summary())
-    assert shown and float(shown[1]) == 55.25
+    shown = re.search(r"does NOT fit: ([\d.]+) GiB missing", llama70_decode_b1.summary())
+    assert shown and float(shown[1]) == 51.46
     assert memory.max_batch == 0
+    # no batch fits: the weights alone, 141,107,412,992 B = 131.42 GiB, are 51.42 GiB too many
+    assert (
+        "no decode batch fits: the weights alone (131.42 GiB) do not fit in 80.00 GiB: "
+        "51.42 GiB short"
+    ) in llama70_decode_b1.summary()
 
 
 def test_kv_bytes_follow_num_key_value_heads(meta_lm):

@@ -14,9 +14,11 @@ from torchroof.api import (
     meta_copy,
     trace,
     trace_model,
+    trace_module,
     trace_workload,
 )
 from torchroof.capture import Capture, OpBudgetExceeded, op_budget
+from torchroof.compare import Comparison, Sweep, compare, sweep
 from torchroof.options import PricingOptions, Workload
 from torchroof.pipeline import estimate_trace
 from torchroof.records import OpRecord, TensorMeta
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Capture",
+    "Comparison",
     "Estimate",
     "KernelEstimate",
     "LayerRow",
@@ -34,14 +37,18 @@ __all__ = [
     "OpRecord",
     "PipelineTrace",
     "PricingOptions",
+    "Sweep",
     "TensorMeta",
     "Trace",
     "Workload",
+    "compare",
     "estimate",
     "estimate_trace",
     "meta_copy",
     "op_budget",
+    "sweep",
     "trace",
     "trace_model",
+    "trace_module",
     "trace_workload",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -20,17 +21,30 @@ from torchroof import pp_step, records
 from torchroof.capture import Capture, OpBudgetExceeded, op_budget
 from torchroof.errors import OptionError, WorkloadError, first_line
 from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models import build_model, check_layers, check_positions, load_config
+from torchroof.models import (
+    build_model,
+    check_layers,
+    check_new_positions,
+    check_positions,
+    load_config,
+    position_limit,
+)
 from torchroof.options import (
     DEFAULT_PP_SCHEDULE,
+    DEFAULT_SEQ,
     DEFAULT_VIRTUAL_STAGES,
+    PRICING_KNOBS,
+    WORKLOAD_KNOBS,
     PricingOptions,
     Workload,
     split_knobs,
 )
 from torchroof.pipeline import estimate_trace, resolve_hardware
 from torchroof.pp_schedule import SPLIT_BACKWARD, action_order, stages_per_rank
+from torchroof.progress import current as current_progress
+from torchroof.progress import reporting
 from torchroof.quantize import check_hardware
+from torchroof.quiet import quiet_trace
 from torchroof.report import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
@@ -47,6 +61,17 @@ class Trace(records.Trace):
         """Price every op and time it with the roofline on ``hardware`` (name, alias, path
         or HardwareSpec). Options are the fields of :class:`torchroof.options.PricingOptions`."""
         return estimate_trace(self, hardware, **options)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Trace:
+        """:meth:`torchroof.records.Trace.from_dict`, and the recorded tokens checked
+        against what the recorded workload's regime processes (an edited count is refused)."""
+        from torchroof.trace_checks import recorded_tokens_problem
+
+        trace = super().from_dict(data)
+        if problem := recorded_tokens_problem(trace.facts):
+            raise records.TraceFileError([problem])
+        return trace
 
     @classmethod
     def of(cls, trace: records.Trace) -> Trace:
@@ -118,7 +143,59 @@ def estimate(
     hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
     workload: Workload | None = None,
     pricing: PricingOptions | None = None,
-    **knobs: Any,
+    inputs: Sequence[Any] | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    progress: bool = False,
+    # -- the fields of torchroof.options.Workload (None: the field's default) -------------
+    batch: int | None = None,
+    seq: int | None = None,
+    context: int | None = None,
+    cache: str | None = None,
+    optimizer: str | None = None,
+    precision: str | None = None,
+    checkpointing: bool | None = None,
+    mla: str | None = None,
+    dtype: str | None = None,
+    quant: str | None = None,
+    kv_dtype: str | None = None,
+    allow_beyond_max_positions: bool | None = None,
+    max_ops: int | None = None,
+    tp: int | None = None,
+    sequence_parallel: bool | None = None,
+    fsdp: int | None = None,
+    dp: int | None = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    reshard_after_forward: bool | None = None,
+    microbatches: int | None = None,
+    pp: int | None = None,
+    pp_schedule: str | None = None,
+    virtual_stages: int | None = None,
+    pp_split: str | None = None,
+    defer_gradient_sync: bool | None = None,
+    # -- the fields of torchroof.options.PricingOptions (None: the field's default) -------
+    fusion: str | None = None,
+    epilogue: bool | None = None,
+    dequantise_in_gemm: bool | None = None,
+    loss: str | None = None,
+    attention: str | None = None,
+    on_chip_budget_bytes: int | None = None,
+    allow_tf32: bool | None = None,
+    overlap: bool | None = None,
+    overlap_communication: bool | None = None,
+    routing_imbalance: float | None = None,
+    compute_efficiency: float | None = None,
+    bandwidth_efficiency: float | None = None,
+    launch_overhead_s: float | None = None,
+    mode: str | None = None,
+    on_chip: bool | None = None,
+    waves: bool | None = None,
+    latency_shelf: bool | None = None,
+    achievable: bool | None = None,
+    launch: bool | None = None,
+    softmax_pipes: bool | None = None,
+    gemm_tile: str | None = None,
+    **unknown: Any,  # a misspelt knob: an OptionError that lists every knob
 ) -> Estimate:
     """Estimate one step of ``model`` on ``hardware``.
 
@@ -129,21 +206,39 @@ def estimate(
     ``context`` tokens) or ``train`` (forward, loss, backward, optimizer step); left out,
     the workload's, else prefill.
 
+    A plain ``nn.Module`` (no transformers config) takes ``inputs``: ``prefill`` runs
+    ``module(*inputs)``; ``train`` runs it, takes ``loss_fn(output)`` as the loss (default:
+    the output if it is a scalar, else its ``.sum()``), backward and the ``optimizer``'s step.
+
     Every other keyword is a field of :class:`torchroof.options.Workload` (``batch``,
     ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
     ``mla``, ``dtype``; across GPUs ``tp``, ``fsdp``, ``dp``, ``microbatches``, ...) or of
-    :class:`torchroof.options.PricingOptions` (``fusion``, …), or pass the objects. A
-    module keeps its own dtype unless ``dtype`` or ``precision`` is given; a config is
-    built in ``dtype`` (bf16). A step across GPUs is rank 0 of the real parallel program,
-    priced on a cluster (``hardware="dgx-h100"``).
+    :class:`torchroof.options.PricingOptions` (``fusion``, …), or pass the objects; one
+    left out (None) keeps the object's value, else the field's default (``seq``: 4096, or
+    the model's maximum positions if shorter; ``precision``: mixed). A module keeps its own
+    dtype unless ``dtype`` or ``precision`` is given, or it trains (a training step computes
+    in its precision: mixed is bf16); a config is built in ``dtype`` (bf16). A step across
+    GPUs is rank 0 of the real parallel program, priced on a cluster (``hardware="dgx-h100"``).
+    ``progress=True`` shows each stage (building, tracing the forward and backward passes,
+    pricing, fusing) and its time on stderr; silent otherwise.
     """
+    given = locals()
+    knobs = {k: given[k] for k in (*WORKLOAD_KNOBS, *PRICING_KNOBS) if given.get(k) is not None}
+    knobs.pop("regime", None)  # the positional argument
+    split_knobs(unknown)  # any name here is not a knob: the error lists them
     workload_knobs, pricing_knobs = split_knobs(knobs)
     spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
     quant = workload_knobs.get("quant", workload.quant if workload else "none")
     check_quant_hardware(quant, spec)  # before tracing
-    trace = trace_model(model, regime, workload=workload, **workload_knobs)
-    return estimate_trace(trace, cluster or spec, pricing)
+    with reporting(progress):  # progress=True: each stage on stderr as it runs
+        if inputs is not None or loss_fn is not None:
+            trace = trace_module(
+                model, inputs, regime, workload=workload, loss_fn=loss_fn, **workload_knobs
+            )
+        else:
+            trace = trace_model(model, regime, workload=workload, **workload_knobs)
+        return estimate_trace(trace, cluster or spec, pricing)
 
 
 def check_quant_hardware(
@@ -161,9 +256,15 @@ class ModelTraceError(ValueError):
 
 
 def trace_model(
-    model: Any, regime: str | None = None, *, workload: Workload | None = None, **knobs: Any
+    model: Any,
+    regime: str | None = None,
+    *,
+    workload: Workload | None = None,
+    progress: bool = False,
+    **knobs: Any,
 ) -> Trace | PipelineTrace:
-    """The trace :func:`estimate` prices: ``workload``, or its fields as keywords."""
+    """The trace :func:`estimate` prices: ``workload``, or its fields as keywords;
+    ``progress=True`` shows each stage on stderr as it runs."""
     workload_knobs, pricing_knobs = split_knobs(knobs)
     if pricing_knobs:
         raise OptionError(
@@ -174,7 +275,91 @@ def trace_model(
     if regime is not None:
         workload_knobs["regime"] = regime
     workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
-    return trace_workload(model, workload, cast_module=cast)
+    cast = cast or _trains(workload)  # a training step computes in its precision
+    with reporting(progress):
+        return trace_workload(model, workload, cast_module=cast)
+
+
+def _trains(workload: Workload) -> bool:
+    """The step trains: a module is cast to its precision's compute dtype (mixed: bf16)."""
+    return regime(workload.regime).trains
+
+
+def trace_module(
+    model: torch.nn.Module,
+    inputs: Sequence[Any] | torch.Tensor | None,
+    regime: str | None = None,
+    *,
+    workload: Workload | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    **knobs: Any,
+) -> Trace:
+    """One step of a plain ``nn.Module`` on the ``inputs`` given (tensors on any device:
+    meta copies are run, as the module is): ``prefill`` runs ``module(*inputs)``;
+    ``train`` the forward, ``loss_fn(output)`` (default: the output if it is a scalar, else
+    its ``.sum()``), backward and the ``optimizer``'s step in ``precision``
+    (:func:`torchroof.workloads.module_step.trace_module_step`); decode is refused. One GPU
+    only; the module keeps its dtype unless ``dtype`` or ``precision`` is given or it
+    trains (in its precision's compute dtype: mixed, the default, is bf16)."""
+    from torchroof.workloads.module_step import trace_module_step
+
+    if not isinstance(model, torch.nn.Module):
+        raise WorkloadError(
+            f"inputs= and loss_fn= drive a plain nn.Module; {type(model).__name__} is not one "
+            "(a config or a shipped name makes its own inputs)"
+        )
+    if inputs is None:
+        raise WorkloadError(
+            f"{type(model).__name__}: give the inputs its forward takes, inputs=(x,)"
+        )
+    workload_knobs, pricing_knobs = split_knobs(knobs)
+    if pricing_knobs:
+        raise OptionError(
+            f"{', '.join(sorted(pricing_knobs))} choose how a trace is priced: pass them to "
+            "estimate() or estimate_trace()"
+        )
+    cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
+    if regime is not None:
+        workload_knobs["regime"] = regime
+    workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
+    cast = cast or _trains(workload)  # a training step computes in its precision
+    label = type(model).__name__
+    if workload.parallel_plan.world > 1 or workload.microbatches > 1 or workload.quant != "none":
+        raise WorkloadError(
+            f"{label}: a plain nn.Module is traced as one step on one GPU (no tp, fsdp, dp, "
+            "cp, pp, ep, micro-batches or quant); a transformers model takes them"
+        )
+    module = meta_copy(model)
+    if cast:
+        module = module.to(compute_dtype(workload))
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+
+    def on_meta(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        kind = dtype if cast and dtype is not None and x.is_floating_point() else x.dtype
+        return torch.empty_like(x, device="meta", dtype=kind)
+
+    args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    try:
+        with op_budget(max_ops=workload.max_ops), quiet_trace(), current_progress().ending():
+            trace = trace_module_step(module, [on_meta(x) for x in args], workload, loss_fn)
+    except (WorkloadError, OpBudgetExceeded):
+        raise
+    except Exception as error:  # noqa: BLE001 - the module's own code failed on meta
+        raise ModelTraceError(
+            f"{label} could not be traced for {workload.regime}: {first_line(error)}"
+        ) from error
+    trace.facts.model = label
+    if _trains(workload):
+        loss = "loss_fn(output)" if loss_fn is not None else "the output (summed unless a scalar)"
+        trace.facts.build_note = (
+            f"{label} is a plain nn.Module, trained on the inputs given: forward, loss = "
+            f"{loss}, backward and the {workload.optimizer} step, {workload.precision} precision"
+        )
+    else:
+        trace.facts.build_note = f"{label} is a plain nn.Module: its forward on the inputs given"
+    return Trace.of(trace)
 
 
 def trace_workload(
@@ -185,12 +370,53 @@ def trace_workload(
     pipeline stage (:func:`trace_pipeline`)."""
     if workload.pp > 1:
         return trace_pipeline(model, workload, cast_module)
+    workload, note = resolve_seq(model, workload)
     module, label, beyond = _build(model, workload, cast_module)
     trace = _run(module, workload)
     trace.facts.model = label
+    trace.facts.defaults = note
     if beyond:
         trace.facts.positions = beyond
     return Trace.of(trace)
+
+
+def config_of(model: Any) -> Any:
+    """The model's transformers config (None for a module without one)."""
+    if isinstance(model, torch.nn.Module):
+        return getattr(model, "config", None)
+    return load_config(model)
+
+
+def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
+    """``workload`` with ``seq`` given, and the line that says why when the model chose it.
+
+    ``seq`` left out (None) is :data:`~torchroof.options.DEFAULT_SEQ` (4096), or, where that
+    is longer than the model's maximum positions (GPT-2's 1024, any 2k-context config),
+    the longest the model takes: ``seq`` for prefill and train, a decode's cache
+    (``context`` left out follows ``seq``); the summary says so (``seq: 1024, the model's
+    maximum positions ...``). An explicit ``seq`` (or ``context``) is left as given, and
+    refused past the maximum as before."""
+    if workload.seq is not None:
+        return workload, ""
+    full = replace(workload, seq=DEFAULT_SEQ)
+    config = config_of(model)
+    limit = position_limit(config) if config is not None else None
+    step = regime(workload.regime)
+    # the step's own new tokens need positions too (decode writes its token at ``context``)
+    over = step.positions(full) + step.new_positions - limit[1] if limit else 0
+    if over <= 0 or DEFAULT_SEQ - over < 1:
+        return full, ""
+    fitted = replace(workload, seq=DEFAULT_SEQ - over)
+    if step.positions(fitted) + step.new_positions > limit[1]:  # not set by seq
+        return full, ""
+    # decode: the cache's context (left out, it follows seq) is what the limit bounds
+    longer = replace(fitted, context=fitted.context + 1)
+    name = "context" if step.positions(longer) != step.positions(fitted) else "seq"
+    new = f", less {step.new_positions} for the step's new token" if step.new_positions else ""
+    return fitted, (
+        f"{name}: {getattr(fitted, name)}, the model's maximum positions ({limit[0]}="
+        f"{limit[1]}{new}; the default {DEFAULT_SEQ} is longer)"
+    )
 
 
 def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.Module, str, str]:
@@ -202,9 +428,10 @@ def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.
         if config is None:
             raise WorkloadError(
                 f"{label} is not a transformers model: the {workload.regime} regime drives a "
-                "model's forward with input_ids, labels and a KV cache; trace any other module "
-                "by hand: `with torchroof.trace() as t: model(x).sum().backward(); opt.step()` "
-                "then `t.estimate(...)` (README, 'A step traced by hand')"
+                "model's forward with input_ids, labels and a KV cache; give a plain module "
+                "its inputs, torchroof.estimate(module, 'prefill' or 'train', inputs=(x,)), "
+                "or trace it by hand: `with torchroof.trace() as t: model(x).sum().backward(); "
+                "opt.step()` then `t.estimate(...)` (README, 'A step traced by hand')"
             )
     else:
         label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
@@ -215,19 +442,22 @@ def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.
         check_plan(config, workload, name=label)
         length = regime(workload.regime).positions(workload)
         allow = workload.allow_beyond_max_positions
-        beyond = check_positions(config, length, allow, name=label)
-    if isinstance(model, torch.nn.Module):
-        module = meta_copy(model)
-        if cast_module:
-            module = module.to(compute_dtype(workload))
-    else:
-        module = build_model(config, compute_dtype(workload))
+        beyond = check_positions(config, length, allow, name=label) or check_new_positions(
+            config, length, regime(workload.regime).new_positions, name=label
+        )
+    with current_progress().stage("building the model on the meta device"), quiet_trace():
+        if isinstance(model, torch.nn.Module):
+            module = meta_copy(model)
+            if cast_module:
+                module = module.to(compute_dtype(workload))
+        else:
+            module = build_model(config, compute_dtype(workload))
     return module, label, beyond or ""
 
 
 def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
-    try:
-        with op_budget(max_ops=workload.max_ops):
+    try:  # other libraries' notes on what torchroof does are not the user's concern
+        with op_budget(max_ops=workload.max_ops), quiet_trace(), current_progress().ending():
             return run_workload(module, workload)
     except (WorkloadError, OpBudgetExceeded):
         raise
@@ -252,6 +482,7 @@ def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) ->
     if not trains:
         order = {rank: [a for a in listed if a.kind == "F"] for rank, listed in order.items()}
     count = workload.pp * stages_per_rank(schedule, workload.virtual_stages)
+    workload, note = resolve_seq(model, workload)
     stage_workload = replace(  # one stage, one micro-batch: the pipeline is laid out here
         workload,
         pp=1,
@@ -272,7 +503,7 @@ def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) ->
         module = reference if not traces else _build(model, stage_workload, cast_module)[0]
         make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
         traces[split.index] = _run(module, stage_workload)
-    facts = replace(traces[0].facts, model=label, positions=beyond, pipeline={})
+    facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline={})
     facts.workload = workload.to_dict()
     tokens = regime(workload.regime).tokens(workload)
     facts.tokens = tokens if trains else tokens * workload.microbatches

@@ -76,7 +76,7 @@ class Calibration:
             + fig(max(self.cache_bytes, 1), "last-level cache reported by the system"),
             "compute_units = " + fig(max(self.compute_units, 1), "cores / multiprocessors"),
             "sfu_flops_per_s = "
-            + fig(self.vector_flops_per_s / 4, "1/4 of measured elementwise (seed 000)", True),
+            + fig(self.vector_flops_per_s / 4, "1/4 of measured elementwise (assumed)", True),
         ]
         if self.launch_overhead_s > 0:  # realistic mode charges it to every kernel
             launch = "one 1-element add, call to completion, median"

@@ -32,11 +32,24 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from torchroof import routing
-from torchroof.limits import DEFAULT_MAX_ITEM_ANSWERS, DEFAULT_MAX_OPS  # why: see there
+from torchroof import progress, routing
+from torchroof.limits import (  # why: see there
+    DEFAULT_MAX_ITEM_ANSWERS,
+    DEFAULT_MAX_OPS,
+    ITEM_ANSWERS_PER_TRACE_FACTOR,
+)
 from torchroof.records import Assumption, OpRecord, Phase, Role, TensorMeta, TensorRef, Trace
 
 aten = torch.ops.aten
+
+# what the progress line says while ops of each phase are recorded (a recompute of a
+# checkpointed layer is part of the backward pass: it runs inside it, layer by layer)
+_PHASE_PROGRESS = {
+    "forward": "tracing the forward pass",
+    "backward": "tracing the backward pass",
+    "recompute": "tracing the backward pass",
+    "optimizer": "tracing the optimizer step",
+}
 
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _CLONE = aten.clone.default
@@ -164,6 +177,7 @@ class Capture:
         )
         self.op_count = 0  # every aten op seen, recorded or not
         self._items_here = 0  # .item() answers since the module stack last changed
+        self._items_total = 0  # .item() answers in the whole trace (outside optimizer steps)
         self._window: collections.deque[Any] = collections.deque(maxlen=_WINDOW)
         self._module_types: dict[str, str] = {}  # module path -> class name
         self._suppress = 0
@@ -189,6 +203,8 @@ class Capture:
         self._function = _FunctionHook(self)
         self.means = routing.Means()  # balanced-routing answers for nonzero / tolist
         self._handles: list[Any] = []
+        self._progress = progress.current()
+        self._shown_phase = ""  # the stage the progress reporter was last told about
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -210,6 +226,9 @@ class Capture:
             handle.remove()
         self._handles = []
         self._storages.clear()  # releases the weak references that pin storage addresses
+        if self._shown_phase:
+            self._progress.end(failed=exc[0] is not None)
+            self._shown_phase = ""
 
     # -- module tracking ----------------------------------------------------------------
     def _enter_module(self, module: torch.nn.Module, _inputs: Any) -> None:
@@ -271,7 +290,19 @@ class Capture:
         return self._seq_modules[at] if at >= 0 else ""
 
     # -- optimizer and backward phases --------------------------------------------------
-    def _enter_optimizer(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _enter_optimizer(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        defaults = getattr(optimizer, "defaults", {}) or {}
+        if defaults.get("fused") and any(
+            p.is_meta for group in optimizer.param_groups for p in group["params"]
+        ):
+            from torchroof.errors import WorkloadError
+
+            raise WorkloadError(
+                f"torch.optim.{type(optimizer).__name__}(fused=True) cannot step meta "
+                "parameters (the fused kernel needs a real device); create it with "
+                "fused=False: torchroof prices the step as the one fused kernel a "
+                "fused optimizer launches either way"
+            )
         self._optimizer_depth += 1
         self._items_here = 0
 
@@ -298,6 +329,19 @@ class Capture:
         if self._optimizer_depth:
             return
         self._items_here += 1
+        self._items_total += 1
+        if self._items_total > self.max_item_answers * ITEM_ANSWERS_PER_TRACE_FACTOR:
+            # a loop whose body calls a submodule resets the per-call count every
+            # iteration: the whole trace's answers bound it too
+            self._over_budget(
+                f"{self.max_item_answers * ITEM_ANSWERS_PER_TRACE_FACTOR:,} Tensor.item() "
+                f"answers in this trace (max_item_answers={self.max_item_answers:,} per "
+                f"module call, {ITEM_ANSWERS_PER_TRACE_FACTOR}x that per trace; "
+                f"{self.op_count:,} aten ops so far)",
+                "raise max_item_answers if this many is real: "
+                "torchroof.trace(max_item_answers=...), or "
+                "torchroof.capture.op_budget(max_item_answers=...)",
+            )
         if self._items_here > self.max_item_answers:
             self._over_budget(
                 f"{self.max_item_answers:,} Tensor.item() answers in one module call, no "
@@ -455,7 +499,16 @@ class Capture:
         args.update(scalars)
         op = OpRecord(len(self.trace.ops), name, tuple(inputs), outputs, args, module, phase, True)
         self.trace.ops.append(op)
+        self._note_progress(phase)
         return op
+
+    def _note_progress(self, phase: str) -> None:
+        """One more op of ``phase`` recorded: a new progress stage when the phase changed."""
+        shown = _PHASE_PROGRESS.get(phase, f"tracing the {phase} phase")
+        if shown != self._shown_phase:
+            self._shown_phase = shown
+            self._progress.begin(shown, unit="ops")
+        self._progress.advance()
 
     def synthetic_meta(self, shape: Iterable[int], dtype: torch.dtype) -> TensorMeta:
         """A tensor the modelled kernel would produce but the captured run did not."""
@@ -488,6 +541,7 @@ class Capture:
         phase, module, _node = context or self.context()
         op = OpRecord(len(self.trace.ops), name, tuple(inputs), outputs, named, module, phase)
         self.trace.ops.append(op)
+        self._note_progress(phase)
         return op
 
     def _convert(self, value: Any, inputs: list[TensorMeta]) -> Any:

@@ -30,9 +30,18 @@ from torchroof.hardware import (
     is_cluster,
 )
 from torchroof.models import DEFAULT_MODEL, UnknownModelError, shipped_models
-from torchroof.options import REGIMES, PricingOptions, Workload, add_flags, from_flags
+from torchroof.options import (
+    REGIMES,
+    PricingOptions,
+    Workload,
+    add_flags,
+    flag_group,
+    from_flags,
+)
 from torchroof.pipeline import estimate_trace
 from torchroof.pp_step import NOT_SAVED
+from torchroof.progress import current as current_progress
+from torchroof.progress import reporting
 from torchroof.render_files import SWEEP_OUTPUTS, output_format, sweep_output, write, write_sweep
 from torchroof.workloads import regime
 
@@ -68,42 +77,55 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    est = commands.add_parser("estimate", help="per-layer time budget of a model step")
+    est = commands.add_parser(
+        "estimate",
+        help="per-layer time budget of a model step",
+        usage="%(prog)s [model] [options]",
+    )
     est.add_argument(
         "model",
         nargs="?",
         default=DEFAULT_MODEL,
         help=f"shipped config name, config.json or model dir (default {DEFAULT_MODEL})",
     )
-    est.add_argument(
+    step = flag_group(est, "workload")
+    step.add_argument(
         "--hardware",
         default=DEFAULT_HARDWARE,
-        help=f"accelerator name, alias or TOML path (default {DEFAULT_HARDWARE})",
+        help=f"accelerator or cluster name, alias or TOML path (default {DEFAULT_HARDWARE})",
     )
+    step.add_argument("--from-trace", metavar="PATH", help="re-estimate a saved trace JSON")
     add_flags(est, Workload)
-    est.add_argument(
+    add_flags(est, PricingOptions, fusion=_FUSION_PAIR)
+    shown = flag_group(est, "output")
+    shown.add_argument(
         "--depth",
         type=_positive_int,
         default=None,
         help="group rows by the first N module-path components (default: blocks)",
     )
-    est.add_argument(
+    shown.add_argument(
         "--all-layers",
         action="store_true",
         help="one row per block even when consecutive blocks are identical",
     )
-    est.add_argument("--kernels", type=int, default=10, help="also list the N slowest kernels")
-    add_flags(est, PricingOptions, fusion=_FUSION_PAIR)
-    est.add_argument("--from-trace", metavar="PATH", help="re-estimate a saved trace JSON")
-    est.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
-    est.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
-    est.add_argument("--csv", metavar="PATH", help="write one row per kernel as CSV")
-    est.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png, .svg or .pdf)")
-    est.add_argument("--plot-layers", metavar="PATH", help="per-layer time (.png/.svg/.pdf)")
-    est.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
-    est.add_argument("--html", metavar="PATH", help="the interactive report, one offline file")
+    shown.add_argument(
+        "--kernels", type=int, default=10, help="also list the N slowest kernels (default 10)"
+    )
+    shown.add_argument("--save-trace", metavar="PATH", help="write the trace as JSON")
+    shown.add_argument("--json", metavar="PATH", help="write the estimate as JSON")
+    shown.add_argument("--csv", metavar="PATH", help="write one row per kernel as CSV")
+    shown.add_argument("--plot-roofline", metavar="PATH", help="roofline plot (.png/.svg/.pdf)")
+    shown.add_argument("--plot-layers", metavar="PATH", help="per-layer time (.png/.svg/.pdf)")
+    shown.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
+    shown.add_argument("--html", metavar="PATH", help="the interactive report, one offline file")
+    _add_quiet(est)
 
-    cmp = commands.add_parser("compare", help="variants side by side (--vary KEY=V1,V2,...)")
+    cmp = commands.add_parser(
+        "compare",
+        help="variants side by side (--vary KEY=V1,V2,...)",
+        usage="%(prog)s [model] --vary KEY=V1,V2 [options]",
+    )
     _workload_args(cmp)
     cmp.add_argument(
         "--vary",
@@ -114,8 +136,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("--layers", action="store_true", help="also per-layer deltas vs the first")
     cmp.add_argument("--html", metavar="PATH", help="the variants side by side, interactive")
+    _add_quiet(cmp)
 
-    swp = commands.add_parser("sweep", help="step time and tokens/s against batch/context/seq")
+    swp = commands.add_parser(
+        "sweep",
+        help="step time and tokens/s against batch/context/seq",
+        usage="%(prog)s [model] [--over KEY] [--values V1,V2,...] [options]",
+    )
     _workload_args(swp)
     swp.add_argument("--over", choices=SWEEP_KEYS, default="batch")
     swp.add_argument(
@@ -124,11 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     swp.add_argument("--csv", metavar="PATH")
     swp.add_argument("--plot", metavar="PATH", help="curve (.png, .svg or .pdf)")
     swp.add_argument("--html", metavar="PATH", help="the curves and every point, interactive")
+    _add_quiet(swp)
 
     cal = commands.add_parser("calibrate", help="measure this device's ceilings -> TOML")
     cal.add_argument("--device", default="cpu", help="cpu or cuda")
     cal.add_argument("-o", "--output", default=None, help="TOML path (default: print it)")
     cal.add_argument("--name", default=None, help="spec name (default: <device>-measured)")
+    _add_quiet(cal)
 
     val = commands.add_parser("validate", help="predicted vs measured for a real step")
     val.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -169,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         "--hidden", type=_positive_int, default=None, help="override hidden_size (CPU default 512)"
     )
     val.add_argument("--json", metavar="PATH")
+    _add_quiet(val)
 
     zoo = commands.add_parser("zoo", help="trace every causal-LM architecture in transformers")
     zoo.add_argument("--regimes", default="prefill,decode,train")
@@ -178,24 +208,30 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs", type=_positive_int, default=os.cpu_count() or 1, help="worker processes"
     )
     zoo.add_argument("--table", action="store_true", help="print every row as a table")
+    _add_quiet(zoo)
 
-    roof = commands.add_parser("roofline", help="the seed's roofline explorer (Lab 1)")
+    roof = commands.add_parser(
+        "roofline", help="roofline explorer: attainable FLOP/s at an intensity, at any boundary"
+    )
     roof.add_argument("--hardware", default=DEFAULT_HARDWARE)
     roof.add_argument("--dtype", default="bf16")
     point = roof.add_mutually_exclusive_group(required=True)
     point.add_argument("--intensity", type=float, help="FLOP per byte crossing the boundary")
-    point.add_argument("--preset", help="a kernel from the seed (--preset list names them)")
+    point.add_argument("--preset", help="a common kernel's intensity (--preset list names them)")
     roof.add_argument(
         "--boundary",
         default="hbm",
-        help="registers, smem, l2, hbm, nvlink, pcie, network or <cluster>:<link> (Table 4)",
+        help="the boundary its bytes cross: registers, smem, l2, hbm, nvlink, pcie, network or "
+        "<cluster>:<link> (default hbm)",
     )
     roof.add_argument(
         "--pipe", default=None, help="ceiling: a dtype's tensor core, fp32-fma, fp32-no-fma, sfu"
     )
     roof.add_argument("--plot", metavar="PATH", help="the roofline with the point (.png, .svg)")
 
-    gemm = commands.add_parser("gemm", help="the seed's GEMM workbench (Lab 2)")
+    gemm = commands.add_parser(
+        "gemm", help="GEMM workbench: a tiled matmul's intensity and bound at each memory level"
+    )
     gemm.add_argument("m", type=_positive_int)
     gemm.add_argument("n", type=_positive_int)
     gemm.add_argument("k", type=_positive_int)
@@ -212,7 +248,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     gemm.add_argument("--plot", metavar="PATH", help="the GEMM at every boundary (.png, .svg)")
 
-    fuse = commands.add_parser("fusion-bench", help="the seed's fusion bench (Lab 3)")
+    fuse = commands.add_parser(
+        "fusion-bench", help="fusion bench: an elementwise chain, its kernel boundaries toggled"
+    )
     fuse.add_argument("--tokens", type=_positive_int, default=65536)
     fuse.add_argument("--d-model", type=_positive_int, default=8192)
     fuse.add_argument("--dtype", default="bf16")
@@ -224,7 +262,9 @@ def _parser() -> argparse.ArgumentParser:
         "(1 = written to HBM); 'split' = 11111, 'fused' = 00000",
     )
 
-    lab = commands.add_parser("lab", help="the seed's IO bounds: flash attention, chunked CE")
+    lab = commands.add_parser(
+        "lab", help="IO bounds: flash attention's and chunked cross-entropy's bytes"
+    )
     labs = lab.add_subparsers(dest="lab", parser_class=_Parser, required=True)
     flash = labs.add_parser("flash", help="naive / tiled / compulsory attention intensity")
     flash.add_argument("--seq", type=_positive_int, default=4096)
@@ -250,9 +290,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="do not show progress (by default each stage and its time goes to stderr)",
+    )
+
+
 def _workload_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    parser.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"shipped config name, config.json or model dir (default {DEFAULT_MODEL})",
+    )
+    flag_group(parser, "workload").add_argument(
+        "--hardware",
+        default=DEFAULT_HARDWARE,
+        help=f"accelerator or cluster name, alias or TOML path (default {DEFAULT_HARDWARE})",
+    )
     add_flags(parser, Workload)
     add_flags(parser, PricingOptions)
 
@@ -278,6 +335,11 @@ def _compare(args: argparse.Namespace) -> None:
         key, sep, values = item.partition("=")
         if not sep or not values:
             raise ValueError(f"--vary takes KEY=V1,V2,..., got {item!r}")
+        if key.strip() in vary:
+            raise ValueError(
+                f"--vary {key.strip()} is given twice; give all its values in one: "
+                f"--vary {key.strip()}=V1,V2,..."
+            )
         vary[key.strip()] = [parse_value(key.strip(), v) for v in values.split(",") if v.strip()]
     result = compare(args.model, vary, **_base_settings(args))
     print(f"torchroof compare: {args.model} {args.regime}")
@@ -304,7 +366,7 @@ def _sweep(args: argparse.Namespace) -> None:
     result = sweep(args.model, args.over, values, **base)
     print(f"torchroof sweep: {args.model} {args.regime} over {args.over}")
     print(result.table())
-    workload = Workload(**from_flags(args, Workload))
+    workload = Workload(**result.points[0].estimate.workload)  # as traced (seq resolved)
     for line in regime(args.regime).sweep_summary(result, args.over, workload):
         print(line)
     for kind, path in outputs:
@@ -315,7 +377,7 @@ def _sweep(args: argparse.Namespace) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     from torchroof.calibrate import calibrate
 
-    result = calibrate(args.device, progress=lambda m: print(f"calibrate: {m}", file=sys.stderr))
+    result = calibrate(args.device, progress=lambda m: current_progress().begin(f"measuring {m}"))
     text = result.to_toml(args.name or f"{args.device.replace(':', '-')}-measured")
     print("\n".join(result.lines()))
     if args.output:
@@ -377,7 +439,7 @@ def _roofline(args: argparse.Namespace) -> None:
 
     if args.preset == "list":
         for name, preset in PRESETS.items():
-            print(f"{name}: {preset.arithmetic} (seed 000 {preset.seed})")
+            print(f"{name}: {preset.arithmetic} ({preset.seed})")
         return
     _check_plot(args.plot)
     reading = roofline_point(
@@ -452,6 +514,14 @@ def _workload_label(model: str, w: Workload) -> str:
 def _writable(*paths: str | None) -> None:
     """Refuse an output path that cannot be written before any work is done (a bad path
     used to fail after the whole table had printed)."""
+    named = [path for path in paths if path]
+    resolved = [Path(path).resolve() for path in named]
+    for n, path in enumerate(resolved):
+        if path in resolved[:n]:
+            raise ValueError(
+                f"two outputs to one path, {named[n]}: the second would overwrite the first; "
+                "give each output its own path"
+            )
     for path in paths:
         if not path:
             continue
@@ -483,12 +553,47 @@ def _estimate_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(kind, path) for kind, path in flags if path]
 
 
+def _check_pricing(args: argparse.Namespace) -> None:
+    """Build each pricing policy --fusion names and resolve --hardware, so a knob out of
+    range or an unknown accelerator is refused before the model is traced."""
+    from torchroof.pipeline import resolve_hardware
+
+    policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
+    if not 1 <= len(policies) <= 2:
+        raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
+    pricing = from_flags(args, PricingOptions)
+    for policy in policies:
+        PricingOptions(**{**pricing, "fusion": policy})
+    resolve_hardware(args.hardware)
+
+
+def _refuse_workload_flags(args: argparse.Namespace) -> None:
+    """--from-trace prices the step the trace recorded: a MODEL argument or a workload flag
+    (--batch, --regime, --quant, --tp, ...) would be silently ignored, so it is refused."""
+    from dataclasses import fields
+
+    given = [
+        "--" + f.name.replace("_", "-")
+        for f in fields(Workload)
+        if hasattr(args, f.name) and getattr(args, f.name) != f.default
+    ]
+    if args.model != DEFAULT_MODEL:
+        given.insert(0, f"the model {args.model!r}")
+    if given:
+        raise OptionError(
+            f"--from-trace: a trace's workload is fixed when it is traced; {', '.join(given)} "
+            "cannot change it (trace again without --from-trace)"
+        )
+
+
 def _estimate(args: argparse.Namespace) -> None:
     outputs = _estimate_outputs(args)
     _writable(args.save_trace, *(path for _, path in outputs))
     for kind, path in outputs:
         output_format(path, kind)  # a plot named .jpg fails before any work
+    _check_pricing(args)  # a bad pricing knob or hardware fails before any tracing
     if args.from_trace:
+        _refuse_workload_flags(args)
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
     else:
@@ -498,7 +603,8 @@ def _estimate(args: argparse.Namespace) -> None:
             raise OptionError(NOT_SAVED)
         trace = trace_workload(args.model, workload)
         trace.facts.dtype = workload.dtype
-        label = _workload_label(args.model, workload)
+        # the workload as traced: seq left out is resolved against the model's maximum
+        label = _workload_label(args.model, Workload(**trace.facts.workload))
     if args.save_trace:
         trace.save(args.save_trace)
         _wrote("the trace", args.save_trace)
@@ -600,7 +706,10 @@ def _print_boundaries(spec: HardwareSpec) -> None:
         rows.append(
             [boundary.name, approx + shown, f"{boundary.ridge(peak):,.0f}", held, boundary.limits]
         )
-    print(f"Boundaries (seed 000 Table 4; ridge = pi_{dtype} / beta; ~ approximate aggregate):")
+    print(
+        f"Memory boundaries, innermost first (ridge = pi_{dtype} / beta; "
+        "~ an approximate aggregate):"
+    )
     print(
         tabulate(
             rows,
@@ -709,8 +818,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    try:
-        handlers[args.command](args)
+    try:  # long commands show their progress on stderr unless --quiet
+        with reporting(not getattr(args, "quiet", True)):
+            handlers[args.command](args)
     except (
         UnknownHardwareError,
         UnknownModelError,

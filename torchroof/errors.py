@@ -5,8 +5,11 @@ from __future__ import annotations
 
 def first_line(error: BaseException) -> str:
     """``Type: first line of the message`` for one-line error reports."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+    text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    head = text[0] if text else ""
+    if head.endswith(":") and len(text) > 1:  # "... for validator 'x':" then the reason
+        head = f"{head} {text[1]}"
+    return f"{type(error).__name__}: {head}"[:300]
 
 
 class OptionError(ValueError):

@@ -108,72 +108,84 @@ class KernelPreset:
 _SEED_GEMM = 4096
 PRESETS: dict[str, KernelPreset] = {
     # the GEMV of batch-1 decode: M = 1, I = 2N/(s(1 + N)) -> 2/s
-    "decode-gemv": KernelPreset(2, 1, 0, "M = 1: 2N/(s(1+N)) -> 2/s", "Table 2: 1.0"),
+    "decode-gemv": KernelPreset(2, 1, 0, "M = 1: 2N/(s(1+N)) -> 2/s", "bf16: 1.0 FLOP/B"),
     "decode-gemm-b64": KernelPreset(
-        2 * 64 * 8192, 2 * 64 + 8192, 0, "2Md/(s(2M+d)), M = 64, d = 8192", "Table 2: 63"
+        2 * 64 * 8192, 2 * 64 + 8192, 0, "2Md/(s(2M+d)), M = 64, d = 8192", "bf16: 63 FLOP/B"
     ),
     "prefill-gemm-32k": KernelPreset(
-        2 * 32768 * 8192, 2 * 32768 + 8192, 0, "2Md/(s(2M+d)), M = 32768, d = 8192", "Table 2: 3641"
+        2 * 32768 * 8192,
+        2 * 32768 + 8192,
+        0,
+        "2Md/(s(2M+d)), M = 32768, d = 8192",
+        "bf16: 3641 FLOP/B",
     ),
-    "residual-add": KernelPreset(1, 3, 0, "x + y -> z: 1 FLOP / (3 tensors x s)", "Table 3: 0.17"),
+    "residual-add": KernelPreset(
+        1, 3, 0, "x + y -> z: 1 FLOP / (3 tensors x s)", "bf16: 0.17 FLOP/B"
+    ),
     "adam": KernelPreset(
-        12, 0, 30, "12 FLOP / 30 B (fp32 master, grad, m, v; bf16 param)", "Table 3: 0.40"
+        12, 0, 30, "12 FLOP / 30 B (fp32 master, grad, m, v; bf16 param)", "bf16: 0.40 FLOP/B"
     ),
-    "swiglu": KernelPreset(6, 3, 0, "~6 FLOP / (3 tensors x s)", "Table 3: 1.00"),
-    "rmsnorm": KernelPreset(5, 2, 0, "~5 FLOP / (2 tensors x s)", "Table 3: 1.25"),
+    "swiglu": KernelPreset(6, 3, 0, "~6 FLOP / (3 tensors x s)", "bf16: 1.00 FLOP/B"),
+    "rmsnorm": KernelPreset(5, 2, 0, "~5 FLOP / (2 tensors x s)", "bf16: 1.25 FLOP/B"),
     "softmax": KernelPreset(
-        6, 2, 0, "online, one pass: ~6 FLOP / (2 tensors x s)", "Table 3: 1.50"
+        6, 2, 0, "online, one pass: ~6 FLOP / (2 tensors x s)", "bf16: 1.50 FLOP/B"
     ),
-    "layernorm": KernelPreset(9, 2, 0, "mean + var: ~9 FLOP / (2 tensors x s)", "Table 3: 2.25"),
-    "gelu": KernelPreset(12, 2, 0, "tanh form: ~12 FLOP / (2 tensors x s)", "Table 3: 3.00"),
+    "layernorm": KernelPreset(
+        9, 2, 0, "mean + var: ~9 FLOP / (2 tensors x s)", "bf16: 2.25 FLOP/B"
+    ),
+    "gelu": KernelPreset(12, 2, 0, "tanh form: ~12 FLOP / (2 tensors x s)", "bf16: 3.00 FLOP/B"),
     "fused-norm-swiglu-residual": KernelPreset(
-        12, 2, 0, "~12 FLOP / (2 tensors x s)", "Table 3: 3.00"
+        12, 2, 0, "~12 FLOP / (2 tensors x s)", "bf16: 3.00 FLOP/B"
     ),
     "cross-entropy": KernelPreset(
         6,
         0,
         16,
         "6 FLOP / 16 B: fp32 logits read, softmax written, read, grad written",
-        "'logits crisis': 0.38",
+        "bf16: 0.38 FLOP/B",
     ),
-    "decode-attention": KernelPreset(4, 2, 0, "4Nd / (2sNd) = 2/s per head", "'Attention III': 1"),
+    "decode-attention": KernelPreset(4, 2, 0, "4Nd / (2sNd) = 2/s per head", "bf16: 1 FLOP/B"),
     "decode-attention-gqa8": KernelPreset(
         4 * 8,
         2,
         0,
         "g = h/h_kv = 8 heads share the K/V bytes: 2g/s",
-        "'Attention III', Llama-3-70B: 8",
+        "bf16: 8 FLOP/B, Llama-3-70B",
     ),
-    "naive-attention": KernelPreset(128, 1, 0, "Nd/(s(N+d)) -> d/s, d = 128", "'Attention': 64"),
+    "naive-attention": KernelPreset(128, 1, 0, "Nd/(s(N+d)) -> d/s, d = 128", "bf16: 64 FLOP/B"),
     "flash-attention-tiled": KernelPreset(
-        2 * 128, 1, 0, "4N^2 d/(s(2Nd + 2N^2 d/B_r)) -> 2B_r/s, B_r = 128", "'FlashAttention': 128"
+        2 * 128, 1, 0, "4N^2 d/(s(2Nd + 2N^2 d/B_r)) -> 2B_r/s, B_r = 128", "bf16: 128 FLOP/B"
     ),
     "flash-attention-compulsory": KernelPreset(
         4 * 2048**2 * 128,
         4 * 2048 * 128,
         0,
         "4N^2 d/(4sNd) = N/s, N = 2048",
-        "'FlashAttention': 1024",
+        "bf16: 1024 FLOP/B",
     ),
     "gemm-4096-compulsory": KernelPreset(
-        2 * _SEED_GEMM**3, 3 * _SEED_GEMM**2, 0, "2n^3/(3sn^2) = 2n/(3s), n = 4096", "'GEMM': 1365"
+        2 * _SEED_GEMM**3,
+        3 * _SEED_GEMM**2,
+        0,
+        "2n^3/(3sn^2) = 2n/(3s), n = 4096",
+        "bf16: 1365 FLOP/B",
     ),
     "gemm-tiled-128x128": KernelPreset(
-        2, 2 / 128, 0, "2/(s(1/T_m + 1/T_n)) -> T/s", "'GEMM II': 64"
+        2, 2 / 128, 0, "2/(s(1/T_m + 1/T_n)) -> T/s", "bf16: 64 FLOP/B"
     ),
     "gemm-tiled-256x128": KernelPreset(
         2,
         1 / 256 + 1 / 128,
         0,
         "2/(s(1/256 + 1/128)), the L2 boundary's I",
-        "'hierarchical roofline': ~85",
+        "bf16: ~85 FLOP/B",
     ),
     "lm-head": KernelPreset(
         2 * 8192 * 4096 * 100_000,
         8192 * 4096 + 4096 * 100_000 + 8192 * 100_000,
         0,
         "2 N_t d V / (s(N_t d + dV + N_t V)), N_t = 8192, d = 4096, V = 100k",
-        "'logits crisis': 2660",
+        "bf16: 2660 FLOP/B",
     ),
 }
 
@@ -305,7 +317,7 @@ class RooflineReading:
         ]
         if self.preset:
             p = PRESETS[self.preset]
-            out.append(f"preset {self.preset}: {p.arithmetic} (seed 000 {p.seed})")
+            out.append(f"preset {self.preset}: {p.arithmetic} ({p.seed})")
         out += [
             f"pipe: {self.pipe or self.dtype} at {self.peak_flops_per_s / 1e12:.2f} TFLOP/s; "
             f"boundary: {_rate(self.bandwidth_bytes_per_s)}{approx}",
@@ -628,8 +640,8 @@ class GemmReading:
             f"{100 * self.fraction_of_peak:.1f}% of peak",
             f"tile fit: ({tm} + {tn}) x {min(tm, tn)} x {s} B inputs + {tm} x {tn} x 4 B "
             f"accumulator = {self.tile_bytes / 1024:.0f} KiB against "
-            f"{self.local_budget_bytes / 1024:.0f} KiB: {fit} (seed 004; it sets the CTAs per SM)",
-            "hierarchical roofline (seed 000): level, I, ridge, cap",
+            f"{self.local_budget_bytes / 1024:.0f} KiB: {fit} (it sets the CTAs per SM)",
+            "hierarchical roofline (one roof per memory level): level, I, ridge, cap",
         ]
         for r in self.hierarchy():
             intensity = r.intensity(self.flops)

@@ -79,7 +79,7 @@ def roofline_lab_plot(reading: RooflineReading, path: str | Path) -> Path:
     ax.minorticks_off()  # many decades: the minor ticks cost more than they show
     ax.set_xlabel("arithmetic intensity (FLOP / byte crossing the boundary)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"{spec.display_name}: boundaries and pipes (seed 000 Lab 1, Table 4)")
+    ax.set_title(f"{spec.display_name}: boundaries and pipes (the hierarchical roofline)")
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(True, alpha=0.2)
     return save_figure(fig, path, dpi=120)

@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from torchroof import progress
 from torchroof.column_reductions import split_column_reductions
 from torchroof.counters import Cost, OpKind, cost_of, kind_of
 from torchroof.counters.attention import materialized_attention_cost
@@ -718,7 +719,10 @@ def build_kernels(
     """Group a trace's ops into the kernels a runtime would launch under ``options``."""
     options = options or PricingOptions()
     ops = list(ops)
-    costs = [pricer(op) if pricer else price(op, options.attention) for op in ops]
+    report = progress.current()
+    report.begin(f"pricing {len(ops):,} ops", total=len(ops), unit="ops")
+    costs = [pricer(op) if pricer else price(op, options.attention) for op in report.track(ops)]
+    report.begin("fusing ops into kernels" if options.fusion == "fused" else "one kernel per op")
     uncounted = Counter(op.name for op, c in zip(ops, costs, strict=True) if not c.counted)
     coverage = Coverage(len(ops), dict(uncounted))
     if options.fusion == "fused":

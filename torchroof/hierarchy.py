@@ -289,6 +289,9 @@ def choose_tile(
                 body = max(body, levels.by_level()[level] / rate)
         if best is None or body < best[0] * (1 - 1e-9):
             best = (body, tile)
+    # none fits the part's shared memory with its stages (fp32 operands on a 100 KiB SM): a
+    # real kernel runs the smallest tile with fewer stages, which costs the same traffic; an
+    # implausibly small figure is warned about when the hardware file is read
     return best[1] if best is not None else GemmTile(*GEMM_TILES[-1])
 
 

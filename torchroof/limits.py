@@ -24,3 +24,18 @@ DEFAULT_MAX_OPS = 10_000_000
 # counter per parameter (Adafactor: 2 answers per parameter, 2,274 for Llama-3.1-405B)
 # is bounded by the parameters, and ``max_ops`` still bounds it.
 DEFAULT_MAX_ITEM_ANSWERS = 10_000
+# Decoder layers a config may ask for: refused above this before anything is built (a
+# million layers held ~8 GB of meta modules before any output). The deepest shipped or zoo
+# config has 126 (Llama-3.1-405B); 1,024 leaves 8x over it.
+DEFAULT_MAX_LAYERS = 1_024
+# Ranks one step may span (tp x dp x fsdp x cp x pp): rank 0 is traced, but torch's
+# init_device_mesh walks every sub-group of every mesh dimension (world / size of each).
+# torchroof.parallel creates only rank 0's groups, yet the walk stays linear in the world:
+# ~1.3 s per 10,000 ranks (tp=2 x dp=100,000: 13 s). The largest published runs use ~100k
+# GPUs; 2**17 = 131,072 covers them and bounds the walk at ~15 s.
+MAX_WORLD_SIZE = 2**17
+# ... and in a whole trace, this many times ``max_item_answers`` (outside optimizer steps):
+# a ``while`` loop whose body calls a submodule enters and leaves a module every iteration,
+# which resets the per-call count (it grew to 3.6 GB in 180 s); a real step answers a few
+# per layer (a few hundred for the deepest models), so 2 x 10,000 stops only runaways.
+ITEM_ANSWERS_PER_TRACE_FACTOR = 2

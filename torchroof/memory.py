@@ -195,26 +195,46 @@ class MemoryFootprint:
             return 0
         return int(free // per_sequence) if per_sequence else 0
 
-    def line(self) -> str:
-        gb = 1e9
-        parts = [f"weights {self.weights_bytes / gb:.2f} GB"]
-        if self.gradients_bytes:
-            parts.append(f"gradients {self.gradients_bytes / gb:.2f} GB")
-        if self.optimizer_state_bytes:
-            parts.append(f"optimizer state {self.optimizer_state_bytes / gb:.2f} GB")
-        if self.kv_cache_bytes:
-            parts.append(f"KV cache {self.kv_cache_bytes / gb:.2f} GB")
-        if self.layer_buffers_bytes:
-            parts.append(f"unsharded layer buffers {self.layer_buffers_bytes / gb:.2f} GB")
-        parts.append(f"activations (peak) {self.activations_peak_bytes / gb:.2f} GB")
-        verdict = "fits" if self.fits else f"does NOT fit: {self.missing_bytes / gb:.2f} GB missing"
+    @property
+    def fixed_bytes(self) -> int:
+        """The bytes that do not grow with the batch: weights, gradients, optimizer state and
+        FSDP's unsharded layer buffers."""
         return (
-            f"memory: {self.total_bytes / gb:.2f} GB of {self.capacity_bytes / gb:.2f} GB "
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_state_bytes
+            + self.layer_buffers_bytes
+        )
+
+    def line(self) -> str:
+        """The footprint against the capacity, in GiB as vendors quote capacities (an H100's
+        80 GB are 80 GiB)."""
+        parts = [f"weights {gib(self.weights_bytes)}"]
+        if self.gradients_bytes:
+            parts.append(f"gradients {gib(self.gradients_bytes)}")
+        if self.optimizer_state_bytes:
+            parts.append(f"optimizer state {gib(self.optimizer_state_bytes)}")
+        if self.kv_cache_bytes:
+            parts.append(f"KV cache {gib(self.kv_cache_bytes)}")
+        if self.layer_buffers_bytes:
+            parts.append(f"unsharded layer buffers {gib(self.layer_buffers_bytes)}")
+        parts.append(f"activations (peak) {gib(self.activations_peak_bytes)}")
+        verdict = "fits" if self.fits else f"does NOT fit: {gib(self.missing_bytes)} missing"
+        return (
+            f"memory: {gib(self.total_bytes)} of {gib(self.capacity_bytes)} "
             f"({', '.join(parts)}) -> {verdict}"
         )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+GIB = 2**30
+
+
+def gib(size: float) -> str:
+    """Bytes as GiB, labelled: ``74.51 GiB``."""
+    return f"{size / GIB:.2f} GiB"
 
 
 def footprint(

@@ -94,7 +94,7 @@ def load_config(source: Any) -> Any:
         return source
     try:
         return _read_config(source)
-    except (UnknownModelError, FileNotFoundError):
+    except (UnknownModelError, FileNotFoundError, ModelBuildError):
         raise
     except Exception as error:  # noqa: BLE001 - a config transformers rejects: one line
         raise ModelBuildError(f"invalid model config {source}: {first_line(error)}") from error
@@ -107,10 +107,31 @@ def _read_config(source: Any) -> Any:
     path = Path(text)
     if path.is_dir() or (path.suffix == ".json" and path.is_file()):
         folder = path if path.is_dir() else path.parent
+        file = folder / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no config.json in {folder}")
+        data = json.loads(file.read_text())
+        if not isinstance(data, dict):
+            raise ModelBuildError(
+                f"invalid model config {file}: a JSON {type(data).__name__}, not an object"
+            )
+        if "model_type" not in data:
+            raise ModelBuildError(f'invalid model config {file}: no "model_type"')
+        check_config_dict(data, str(file))  # before transformers builds anything
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        if "auto_map" in data and data["model_type"] not in CONFIG_MAPPING_NAMES:
+            raise ModelBuildError(
+                f"invalid model config {file}: model_type {data['model_type']!r} is not one "
+                "transformers knows, and its auto_map names the directory's own Python code, "
+                "which torchroof never runs (trust_remote_code=False)"
+            )
         if path.is_file() and path.name != "config.json":
-            data = json.loads(path.read_text())
+            data.pop("auto_map", None)  # never the file's own code
             return AutoConfig.for_model(data.pop("model_type"), **data)
-        return AutoConfig.from_pretrained(folder, local_files_only=True)
+        # Never the directory's own code: a config whose model_type transformers does not
+        # know and that names a Python file (auto_map) is refused, never run or prompted.
+        return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     data = {k: v for k, v in shipped_config_dict(text).items() if not k.startswith("_")}
     return AutoConfig.for_model(data.pop("model_type"), **data)
 
@@ -160,7 +181,7 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
                 model = model_cls._from_config(sub_config, dtype=dtype)
             else:
                 try:
-                    model = auto.from_config(config, dtype=dtype)
+                    model = auto.from_config(config, dtype=dtype, trust_remote_code=False)
                 except ImportError as missing:
                     # A multimodal model whose vision or audio tower needs a package that is
                     # not installed (Gemma 3n: timm): the language model alone, from its
@@ -168,7 +189,9 @@ def build_model(config: Any, dtype: str | torch.dtype = "bf16") -> torch.nn.Modu
                     text = config.get_text_config(decoder=True)
                     if text is config:
                         raise
-                    model = model_class(text).from_config(text, dtype=dtype)
+                    model = model_class(text).from_config(
+                        text, dtype=dtype, trust_remote_code=False
+                    )
                     model.torchroof_build_note = (
                         f"built text-only as {type(model).__name__} (the full "
                         f"{type(config).__name__} model needs {first_line(missing)[:120]})"
@@ -310,27 +333,135 @@ def check_positions(
             f"maximum, {field}={maximum:,} (from its config); use at most {maximum:,} "
             f"positions, or price it anyway with {ALLOW_BEYOND_HINT}"
         )
+    return (
+        f"{length:,} positions exceed {label}'s {field}={maximum:,} (allowed beyond the "
+        f"maximum): {_beyond_consequence(config)}"
+    )
+
+
+def _beyond_consequence(config: Any) -> str:
+    """What positions past the model's maximum mean: rotary ones cost the same, a learned
+    position table has no row for them."""
     fields = _stored_fields(config)
     if any(fields.get(f) is not None for f in _ROTARY_FIELDS):
-        consequence = (
+        return (
             "rotary positions past the trained range cost the same; the quality they give "
             "is not modelled"
         )
-    else:
-        consequence = (
-            "the model has no position embedding past that, so a real run fails there; "
-            "priced as if the table were longer"
-        )
     return (
-        f"{length:,} positions exceed {label}'s {field}={maximum:,} (allowed beyond the "
-        f"maximum): {consequence}"
+        "the model has no position embedding past that, so a real run fails there; "
+        "priced as if the table were longer"
     )
+
+
+def check_new_positions(
+    config: Any, length: int, added: int, *, name: str | None = None
+) -> str | None:
+    """The note for a step within the maximum whose own new tokens go past it: decode at
+    ``context`` equal to the maximum writes its token at position ``context``, one past the
+    last the model has. Priced (the cache is the model's full window), never silently: the
+    note says a real run needs ``length + added`` positions. None when there is no limit,
+    the step is already beyond it (:func:`check_positions` spoke), or its tokens fit."""
+    limit = position_limit(config)
+    if limit is None or added <= 0 or length > limit[1] or length + added <= limit[1]:
+        return None
+    field, maximum = limit
+    return (
+        f"the step's new token sits at position {length:,}, past {_model_label(config, name)}'s "
+        f"{field}={maximum:,} (positions 0 to {maximum - 1:,}): a real run needs "
+        f"{length + added:,} positions; {_beyond_consequence(config)}"
+    )
+
+
+# Sizes every config that stores them needs at least 1 of (a vocabulary or an MLP of 0 is
+# priced as a step without them, silently).
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "n_embd",
+    "n_head",
+    "d_model",
+)
+# Families whose head dimension is hidden_size / num_attention_heads unless head_dim is set.
+_HEAD_DIM_FROM_HIDDEN = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "gpt2",
+)
+
+
+def config_problems(fields: dict[str, Any], model_type: str = "") -> list[str]:
+    """What makes a config unusable, from its stored fields: a size below 1, more layers
+    than :data:`torchroof.limits.DEFAULT_MAX_LAYERS`, a hidden size that its heads do not
+    divide, K/V heads that do not divide the heads."""
+    from torchroof.limits import DEFAULT_MAX_LAYERS
+
+    problems = []
+    for name in SIZE_FIELDS + LAYER_FIELDS:
+        value = fields.get(name)
+        if value is None or isinstance(value, (list, tuple, dict)):  # per layer or per part
+            continue
+        if not _is_count(value):
+            problems.append(f"{name}={value!r} is not an integer")
+        elif value < 1 and name not in LAYER_FIELDS:  # no layers: check_layers says so
+            problems.append(f"{name}={value} (at least 1 is needed)")
+        elif name in LAYER_FIELDS and value > DEFAULT_MAX_LAYERS:
+            problems.append(
+                f"{name}={value:,} is above the layer budget of {DEFAULT_MAX_LAYERS:,} "
+                "(torchroof.limits.DEFAULT_MAX_LAYERS; the deepest real model has 126)"
+            )
+    if problems:
+        return problems
+    heads = fields.get("num_attention_heads") or fields.get("n_head")
+    hidden = fields.get("hidden_size") or fields.get("n_embd")
+    kv = fields.get("num_key_value_heads")
+    if (
+        model_type in _HEAD_DIM_FROM_HIDDEN
+        and fields.get("head_dim") is None
+        and _is_count(heads)
+        and _is_count(hidden)
+        and hidden % heads
+    ):
+        problems.append(
+            f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+            "(set head_dim, or a hidden size the heads divide)"
+        )
+    head_dim = fields.get("head_dim")
+    if model_type in _HEAD_DIM_FROM_HIDDEN and _is_count(head_dim) and head_dim < 1:
+        problems.append(f"head_dim={head_dim} (at least 1 is needed)")
+    if _is_count(heads) and _is_count(kv) and (kv > heads or heads % kv):
+        problems.append(
+            f"num_key_value_heads={kv} does not divide num_attention_heads={heads} "
+            "(each K/V head serves a whole group of query heads)"
+        )
+    return problems
+
+
+def check_config_dict(data: dict[str, Any], where: str) -> None:
+    """A config file's fields checked before transformers builds a config from them."""
+    problems = config_problems(data, str(data.get("model_type", "")))
+    if problems:
+        raise ModelBuildError(f"invalid model config {where}: " + "; ".join(problems))
 
 
 def check_layers(config: Any, *, name: str | None = None) -> None:
     """Refuse a config with 0 (or fewer) layers: the step would price embeddings and head
-    alone, as if they were the model."""
+    alone, as if they were the model; and one :func:`config_problems` finds unusable."""
     fields = _stored_fields(config)
+    problems = config_problems(fields, str(getattr(config, "model_type", "") or ""))
+    if problems:
+        raise ModelBuildError(
+            f"invalid model config {_model_label(config, name)}: " + "; ".join(problems)
+        )
     for field in LAYER_FIELDS:
         value = fields.get(field)
         if _is_count(value) and value < 1:

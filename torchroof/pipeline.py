@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchroof import optimizer_step, pp_step
+from torchroof import optimizer_step, pp_step, progress
 from torchroof.counters import Cost, kind_of
 from torchroof.counters.collectives import collective_kind, group_size, message_bytes
 from torchroof.counters.tensors import read_tensors, unique_bytes, written_tensors
@@ -39,6 +39,7 @@ from torchroof.records import OpRecord, Trace, dtype_itemsize
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.roofline import KernelTime, time_kernel
 from torchroof.schedule import schedule, tasks_of
+from torchroof.trace_checks import RULE_ERRORS, check_cluster_fits, unpriceable_op
 
 ACTIVATIONS = "activations"
 
@@ -150,7 +151,7 @@ def estimate_trace(
             "priced: pass them to estimate() or trace_model()"
         )
     pricing = replace(pricing or PricingOptions(), **pricing_knobs)
-    with _no_gc():
+    with _no_gc(), progress.current().ending():
         if isinstance(trace, PipelineTrace):  # one trace per distinct stage + the schedule
             spec, cluster = resolve_hardware(hardware)
             return pp_step.price(
@@ -159,7 +160,15 @@ def estimate_trace(
                 cluster,
                 int(spec.hbm_capacity_bytes.value),
             )
-        return _estimate_trace(trace, hardware, pricing)
+        try:
+            return _estimate_trace(trace, hardware, pricing)
+        except OptionError:
+            raise
+        except RULE_ERRORS as e:
+            named = unpriceable_op(trace)  # the op a rule could not read, if one is to blame
+            if named is None:
+                raise
+            raise named from e
 
 
 @contextlib.contextmanager
@@ -179,6 +188,8 @@ def _estimate_trace(
     trace: Trace, hardware: str | Path | HardwareSpec | ClusterSpec, pricing: PricingOptions
 ) -> Estimate:
     spec, cluster = resolve_hardware(hardware)
+    if cluster is not None:
+        check_cluster_fits(trace.facts.workload, cluster)
     if pricing.routing_imbalance != 1.0 and int(trace.facts.workload.get("ep", 1) or 1) <= 1:
         raise OptionError(
             f"routing_imbalance={pricing.routing_imbalance:g} prices the busiest of the ep "
@@ -193,11 +204,13 @@ def _estimate_trace(
     fused = pricing.fusion == "fused"
     ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
     kernels, coverage = build_kernels(ops, pricing, roles)
+    report = progress.current()
+    report.begin(f"timing {len(kernels):,} kernels on the {spec.display_name}", len(kernels))
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
     unpriced: list[int] = []  # group sizes of collectives that need a cluster to be timed
     collectives = 0
-    for index, kernel in enumerate(kernels):
+    for index, kernel in enumerate(report.track(kernels)):
         cost = kernel.cost
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
@@ -213,6 +226,7 @@ def _estimate_trace(
         raise ClusterRequiredError(_needs_cluster(len(unpriced), max(unpriced), spec))
     step_time_s = None
     if collectives:
+        report.begin("scheduling compute and communication on their two streams")
         timed, step_time_s = _scheduled(timed, kernels, pricing)
     if tensor_flops:
         reference_dtype = max(tensor_flops, key=tensor_flops.__getitem__)

@@ -35,8 +35,6 @@ does not fit the recipe's scale groups (named in the report).
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +43,7 @@ import torch
 
 from torchroof.errors import WorkloadError
 from torchroof.hardware import UnsupportedDtypeError
+from torchroof.quiet import quiet_imports as narrow_quiet_imports
 
 KV_DTYPES = ("model", "fp8", "int8")
 KV_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
@@ -235,15 +234,10 @@ class Quantised:
 @contextlib.contextmanager
 def quiet_imports() -> Iterator[None]:
     """torchao logs at import about the CUDA extensions a CPU build cannot load, and torch
-    about the enums it registers; neither concerns a trace on meta."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
+    about the enums it registers; neither concerns a trace on meta. Only those lines are
+    dropped (:func:`torchroof.quiet.quiet_imports`); any other warning or log line shows."""
+    with narrow_quiet_imports():
+        yield
 
 
 def float8_training(model: torch.nn.Module, recipe: str) -> None:

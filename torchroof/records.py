@@ -30,6 +30,9 @@ recorded (``op_count``) and checked on load. 1: no count; still read, with every
 the count (see :meth:`Trace.from_dict`)."""
 OLDEST_TRACE_FORMAT_VERSION = 1
 PROBLEMS_LISTED = 5  # problems a TraceFileError message lists before "and N more"
+MAX_TENSOR_ELEMENTS = 2**53  # elements one saved tensor may hold (exact in a float)
+_TRACE_REGIMES = ("prefill", "decode", "train")  # the regimes a saved step can be from
+_PARALLEL_DEGREES = ("tp", "fsdp", "ep", "cp")  # a degree > 1 records collectives
 
 
 class TraceFileError(ValueError):
@@ -284,6 +287,7 @@ class StepFacts:
     model: str = ""  # the model as it was named (a shipped name, a path, a class)
     build_note: str = ""  # how the model was built when not as asked (its text part only)
     positions: str = ""  # set when positions beyond the model's maximum were allowed
+    defaults: str = ""  # a default the model changed (seq: GPT-2's 1024 for 4096)
     workload: dict[str, Any] = field(default_factory=dict)  # the Workload's fields
     tokens: int = 0  # tokens the step processes (decode: one per sequence)
     cache: str = ""  # the cache an inference step used: static, dynamic, model, none, ...
@@ -476,7 +480,95 @@ def _trace_problems(data: Any) -> list[str]:
             problems += _op_problems(position, op, previous)
             if isinstance(op, dict) and _is_int(op.get("i")):
                 previous = op["i"]
+        if not problems:  # capture numbers its ops 0, 1, 2, ...: a gap is ops deleted
+            gap = next((n for n, op in enumerate(ops) if op["i"] != n), None)
+            if gap is not None:
+                problems.append(
+                    f'ops[{gap}] ({ops[gap]["op"]}): "i" is {ops[gap]["i"]}, not {gap}: ops '
+                    f"{gap}-{ops[gap]['i'] - 1} are missing (deleted from the file?)"
+                )
     problems += _table_problems(data)
+    if not problems:
+        problems += _facts_against_ops(data)
+    return problems
+
+
+def _facts_against_ops(data: dict[str, Any]) -> list[str]:
+    """The metadata checked against itself and against the ops it describes, so an edited
+    file is refused rather than priced as a step it is not: the workload's regime and
+    counts, the tokens (the batch for decode, batch x seq (x microbatches) otherwise, and
+    no more than the ops embed), parallel degrees above 1 (a single-GPU trace records no
+    collective), and each role's bytes against the storages its ops touch."""
+    facts, ops = data["metadata"], data["ops"]
+    workload = facts.get("workload", {})
+    problems: list[str] = []
+    if not workload:
+        return problems
+    regime = workload.get("regime")
+    if regime is not None and regime not in _TRACE_REGIMES:
+        problems.append(
+            f'"metadata"."workload"."regime" is {_show(regime)}, not one of {list(_TRACE_REGIMES)}'
+        )
+    counts = ("batch", "seq", "context", "microbatches", "tp", "dp", "fsdp", "ep", "cp", "pp")
+    bad = False
+    for name in counts:
+        value = workload.get(name)
+        if value is not None and (not _is_int(value) or value < 1):
+            problems.append(
+                f'"metadata"."workload"."{name}" is {_show(value)}, not a positive integer'
+            )
+            bad = True
+    if problems or bad:
+        return problems
+    tokens = facts.get("tokens", 0)
+    # the tokens a regime's step processes are the regime's to say: checked against the
+    # workload by torchroof.trace_checks.recorded_tokens_problem when a trace is read
+    if tokens and regime in _TRACE_REGIMES and workload.get("pp", 1) == 1:
+        embedded = sum(
+            math.prod(op["in"][1][0]) if len(op["in"]) > 1 else 0
+            for op in ops
+            if op["op"].startswith("aten.embedding.") and op["phase"] == "forward"
+        )
+        scale = workload.get("cp", 1) * workload.get("tp", 1) * workload.get("microbatches", 1)
+        if embedded and tokens > embedded * scale:
+            problems.append(
+                f'"metadata"."tokens" is {tokens:,}, but the ops embed {embedded:,} tokens'
+            )
+    collectives = any("c10d" in op["op"] for op in ops)
+    for name in _PARALLEL_DEGREES:
+        degree = workload.get(name, 1)
+        if degree > 1 and not collectives and workload.get("pp", 1) == 1:
+            problems.append(
+                f'"metadata"."workload"."{name}" is {degree}, but the ops hold no collective: '
+                "the trace is of one GPU"
+            )
+    problems += _role_bytes_against_ops(data)
+    return problems
+
+
+def _role_bytes_against_ops(data: dict[str, Any]) -> list[str]:
+    """``role_bytes`` of weights and KV cache against the extent of their storages in the
+    ops (with room for storages no op reads: a few times the bytes seen, plus 1 MiB)."""
+    roles = {int(k): v for k, v in data["roles"].items()}
+    seen: dict[int, int] = {}
+    for op in data["ops"]:
+        for shape, stride, dtype, storage, offset in op["in"] + op["out"]:
+            if storage not in roles or not all(shape):
+                continue
+            steps = zip(shape, stride, strict=True)
+            extent = offset + 1 + sum((s - 1) * abs(st) for s, st in steps)
+            seen[storage] = max(seen.get(storage, 0), extent * dtype_itemsize(dtype))
+    touched: dict[str, int] = {}
+    for storage, size in seen.items():
+        touched[roles[storage]] = touched.get(roles[storage], 0) + size
+    problems = []
+    for role in ("weights", "kv_cache"):
+        held = data["role_bytes"].get(role, 0)
+        if held > 4 * touched.get(role, 0) + 2**20:
+            problems.append(
+                f'"role_bytes"."{role}" is {held:,} bytes, but the ops touch '
+                f"{touched.get(role, 0):,} bytes of {role}"
+            )
     return problems
 
 
@@ -571,6 +663,105 @@ def _op_problems(position: int, op: Any, previous: int) -> list[str]:
             count = len(inputs) if isinstance(inputs, list) else 0
             for key, value in args.items():
                 problems += [f"{where} args.{key}: {p}" for p in _arg_problems(value, count)]
+            if not problems:
+                problems += [f"{where}: {p}" for p in _rule_problems(op)]
+    return problems
+
+
+# The tensor arguments the cost rules of the ops below read, with the rank each must have
+# (a rule reads their shapes, so a saved op without them, or of another rank, cannot be
+# priced: it is refused naming the op and the argument).
+_OPERAND_RANKS: dict[str, dict[str, int]] = {
+    "aten.mm": {"self": 2, "mat2": 2},
+    "aten._int_mm": {"self": 2, "mat2": 2},
+    "aten._scaled_mm": {"self": 2, "mat2": 2},
+    "aten.addmm": {"mat1": 2, "mat2": 2},
+    "aten._addmm_activation": {"mat1": 2, "mat2": 2},
+    "aten.bmm": {"self": 3, "mat2": 3},
+    "aten.baddbmm": {"batch1": 3, "batch2": 3},
+    "aten.addbmm": {"batch1": 3, "batch2": 3},
+    "aten.mv": {"self": 2, "vec": 1},
+    "aten.addmv": {"mat": 2, "vec": 1},
+    **{  # (..., heads, length, head_dim): at least 3-d (a caller's [B, L, D] is one head)
+        f"aten._scaled_dot_product_{kind}{suffix}": {"query": 3, "key": 3, "value": 3}
+        for kind in (
+            "flash_attention",
+            "efficient_attention",
+            "cudnn_attention",
+            "flash_attention_for_cpu",
+        )
+        for suffix in ("", "_backward")
+    },
+    **{
+        f"aten._{kind}_attention_{part}": {"query": 4, "key": 4, "value": 4}
+        for kind in ("flash", "efficient")
+        for part in ("forward", "backward")
+    },
+}
+# the ops above whose operands may have more leading (batch) dimensions than their rank
+_LEADING_DIMS_ALLOWED = {
+    packet for packet in _OPERAND_RANKS if packet.startswith("aten._scaled_dot_product_")
+}
+# the inner dimensions of a product (argument, dim) pairs that must agree
+_INNER_DIMS: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
+    "aten.mm": (("self", 1), ("mat2", 0)),
+    "aten.addmm": (("mat1", 1), ("mat2", 0)),
+    "aten.bmm": (("self", 2), ("mat2", 1)),
+    "aten.baddbmm": (("batch1", 2), ("batch2", 1)),
+}
+
+
+def _referenced(value: Any, found: set[int]) -> set[int]:
+    if isinstance(value, dict) and "$t" in value:
+        found.add(value["$t"])
+    elif isinstance(value, list):
+        for item in value:
+            _referenced(item, found)
+    return found
+
+
+def _rule_problems(op: dict[str, Any]) -> list[str]:
+    """An op that passes the structure check but that its cost rule cannot read: an input
+    no argument refers to (arguments emptied or edited), an operand a rule reads missing,
+    of the wrong rank, or whose inner dimension does not match its partner's."""
+    inputs, args = op["in"], op["args"]
+    if not isinstance(inputs, list):
+        return []
+    found: set[int] = set()
+    for value in args.values():
+        _referenced(value, found)
+    unused = [n for n in range(len(inputs)) if n not in found]
+    if unused:
+        return [
+            f"input {unused[0]} is referenced by no argument (args {_show(sorted(args))}; "
+            "arguments emptied or edited)"
+        ]
+    packet = op["op"].rpartition(".")[0]
+    problems: list[str] = []
+    shapes: dict[str, list[int]] = {}
+    for name, rank in _OPERAND_RANKS.get(packet, {}).items():
+        ref = args.get(name)
+        if not (isinstance(ref, dict) and _is_int(ref.get("$t"))):
+            problems.append(f"argument {name!r} (a {rank}-d tensor its rule reads) is missing")
+            continue
+        tensor = inputs[ref["$t"]]
+        shape = tensor[0] if isinstance(tensor, list) and tensor else []
+        leading = packet in _LEADING_DIMS_ALLOWED
+        if not isinstance(shape, list) or len(shape) < rank or (len(shape) > rank and not leading):
+            needs = f"at least {rank}-d" if leading else f"{rank}-d"
+            problems.append(
+                f"argument {name!r} has shape {_show(shape)}: {len(shape)}-d, "
+                f"its rule needs {needs}"
+            )
+        else:
+            shapes[name] = shape
+    inner = _INNER_DIMS.get(packet)
+    if inner and not problems:
+        (a, i), (b, j) = inner
+        if shapes[a][i] != shapes[b][j]:
+            problems.append(
+                f"inner dimensions differ: {a} {_show(shapes[a])} and {b} {_show(shapes[b])}"
+            )
     return problems
 
 
@@ -588,6 +779,13 @@ def _tensor_problems(data: Any) -> list[str]:
         problems.append(f"stride {_show(stride)} is not a list of integers")
     if shape_ok and stride_ok and len(shape) != len(stride):
         problems.append(f"shape {_show(shape)} and stride {_show(stride)} differ in length")
+    if shape_ok and math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        problems.append(
+            f"shape {_show(shape)} holds more than {MAX_TENSOR_ELEMENTS:.0e} elements "
+            "(no device holds such a tensor)"
+        )
+    if stride_ok and any(abs(s) > MAX_TENSOR_ELEMENTS for s in stride):
+        problems.append(f"stride {_show(stride)} is beyond any tensor's")
     if not isinstance(dtype, str) or not _known_dtype(dtype):
         problems.append(f"unknown dtype {_show(dtype)}")
     if not _is_int(storage):

@@ -37,7 +37,7 @@ from torchroof.hardware import (
 )
 from torchroof.options import Workload
 from torchroof.records import layer_key, stack_key
-from torchroof.render_text import members
+from torchroof.render_text import members, row_label
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
@@ -153,7 +153,9 @@ def _rows_with_kernels(
     plain = est.rows(depth)
     out = []
     cursor = 0
-    for row in est.rows(depth, collapse=collapse):
+    rows = est.rows(depth, collapse=collapse)
+    names = [row.name for row in rows]
+    for row in rows:
         count = _repeat_count(row) if collapse else 1
         blocks = plain[cursor : cursor + count]
         cursor += count
@@ -161,6 +163,7 @@ def _rows_with_kernels(
         out.append(
             {
                 "name": row.name,
+                "label": row_label(est, row.name, names, depth),  # what the table shows
                 "blocks": count,
                 "kernels": kernels,
                 "first": by_row[blocks[0].name],

@@ -15,7 +15,9 @@ from tabulate import tabulate
 
 from torchroof import analysis
 from torchroof.analysis import communication, network_intensity
-from torchroof.records import PHASES, TOP_LEVEL
+from torchroof.memory import GIB
+from torchroof.options import Workload
+from torchroof.records import PHASES, TOP_LEVEL, layer_key
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
@@ -74,6 +76,41 @@ def estimate_label(est: Estimate) -> str:
     return " ".join(parts)
 
 
+# What a row that is not a module of its own holds, told by the ops its kernels run: the
+# first labels whose ops appear (position ids only when nothing else does).
+_ROW_CONTENTS = (
+    ("the loss", lambda op: any(w in op for w in ("nll_loss", "log_softmax", "cross_entropy"))),
+    ("rotary embedding", lambda op: op in ("cos", "sin")),
+    ("attention mask", lambda op: op in ("le", "lt", "ge", "gt", "eq", "masked_fill", "tril")),
+    ("collectives", lambda op: op.startswith("c10d.") or op.startswith("_c10d_functional.")),
+)
+
+
+def row_label(est: Estimate, name: str, names: Sequence[str], depth: int | None = None) -> str:
+    """A row as the tables name it: a module's path, except the row of ops outside any
+    module and the row of a module's own ops beside its sub-modules' rows (``model``), which
+    say what they hold: ``outside any module: the loss``, ``model (rotary embedding)``."""
+    top = name == TOP_LEVEL
+    if not top and not any(other.startswith(name + ".") for other in names):
+        return name
+    ops = [
+        op if op.startswith(("c10d.", "_c10d_functional.")) else op.split(".")[1]
+        for k in est.kernels
+        if layer_key(k.module, k.phase, depth) == name
+        for op in k.ops
+    ]
+    found = [label for label, test in _ROW_CONTENTS if any(test(op) for op in ops)]
+    if not found and "arange" in ops:
+        found = ["position ids"]
+    if not found:
+        own = list(dict.fromkeys(op for op in ops if not op.startswith("c10d")))[:3]
+        found = [f"own ops: {', '.join(own)}"] if own else []
+    what = ", ".join(found)
+    if top:
+        return f"outside any module: {what}" if what else "ops outside any module"
+    return f"{name} ({what})" if what else name
+
+
 def layer_table(
     est: Estimate, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
 ) -> str:
@@ -100,9 +137,11 @@ def layer_table(
     total = sum(k.time_s for k in est.kernels) or 1.0
     peak = est.reference_peak_flops_per_s
     body = []
-    for row in est.rows(depth, collapse=collapse):
+    rows = est.rows(depth, collapse=collapse)
+    names = [row.name for row in rows]
+    for row in rows:
         line: list[Any] = [
-            row.name,
+            row_label(est, row.name, names, depth),
             row.kernels,
             f"{row.flops / 1e9:.3f}",
             f"{row.bytes / 1e6:.2f}",
@@ -129,8 +168,10 @@ def layer_table(
         _step_intensity(est),
         _ms(est.time_s if est.pipeline is None else analysis.kernels_span_s(est)),
     ]
-    if split:
-        footer += [_ms(est.phase_time_s(p)) for p in phases]
+    if split:  # on the compute stream when collectives overlap: they add up to the step
+        footer += [
+            _ms(compute_stream_s(est, p) if communicates else est.phase_time_s(p)) for p in phases
+        ]
     if communicates:
         footer.append(_ms(communication(est).exposed_s))
     footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
@@ -162,6 +203,51 @@ def binds(kernel: KernelEstimate) -> str:
         text += f", {kernel.waves} wave{'s' if kernel.waves != 1 else ''}"
         text += f" {100 * kernel.wave_efficiency:.0f}%"
     return text
+
+
+def kernel_module(kernel: KernelEstimate) -> str:
+    """The module a kernel ran in, or what ran it outside any module."""
+    if kernel.module:
+        return kernel.module
+    return "(optimizer step)" if kernel.phase == "optimizer" else "(outside any module)"
+
+
+def realistic(est: Estimate) -> bool:
+    """Did the realistic mode time the estimate (else the pure roofline)?"""
+    return est.options.get("mode", "roofline") == "realistic"
+
+
+def mode_name(est: Estimate) -> str:
+    return "realistic" if realistic(est) else "pure roofline"
+
+
+def verdict(kernel: KernelEstimate, realistic_mode: bool) -> str:
+    """The one term that set the kernel's time in the mode that timed it: a collective's
+    link (``network (nvlink)``); in the pure roofline compute or hbm, its only two terms; in
+    the realistic mode the term that bound it (compute, hbm, l2, smem, registers, latency)."""
+    if kernel.bound == "network":
+        return _bound(kernel)
+    if realistic_mode and kernel.boundary:
+        return kernel.boundary
+    return "compute" if kernel.bound == "compute" else "hbm"
+
+
+def tile_waves(kernel: KernelEstimate) -> str:
+    """A tiled kernel's threadblock tile and, past one wave or under 75% busy, its waves
+    over the SMs and their occupancy: ``256x128, 4 waves 97%``; empty for other kernels."""
+    text = kernel.tile
+    if kernel.waves and (kernel.waves > 1 or kernel.wave_efficiency < 0.75):
+        text += (", " if text else "") + _count(kernel.waves, "wave")
+        text += f" {100 * kernel.wave_efficiency:.0f}%"
+    return text
+
+
+def spill_risks(est: Estimate) -> list[KernelEstimate]:
+    """Fused kernels past the on-chip budget whose verdict a spill could change: compute-bound
+    ones (spilled live state is extra memory traffic, which a kernel already bound by memory
+    only adds to; the estimate charges no spill, so the flag changes no time)."""
+    mode = realistic(est)
+    return [k for k in est.kernels if k.flags and verdict(k, mode) == "compute"]
 
 
 def timing_lines(est: Estimate) -> list[str]:
@@ -197,9 +283,12 @@ def timing_lines(est: Estimate) -> list[str]:
         )
     elif ranked:
         lines.append(
-            "hierarchical verdict (seed 000 Table 4; the pure time charges only compute and "
-            "HBM): kernels bound at "
-            + ", ".join(f"{name} {counts[name]} ({_ms(by_boundary[name])} ms)" for name in ranked)
+            "hierarchical verdict, the memory level that would bind each kernel with the "
+            "on-chip roofs (the pure roofline charges only compute and HBM): "
+            + ", ".join(
+                f"{name} {_count(counts[name], 'kernel')} ({_ms(by_boundary[name])} ms)"
+                for name in ranked
+            )
         )
     return lines
 
@@ -207,24 +296,26 @@ def timing_lines(est: Estimate) -> list[str]:
 def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
     """The ``top`` kernels by time, with a fused kernel's member ops and its first warning."""
     ranked = sorted(est.kernels, key=lambda k: k.time_s, reverse=True)[:top]
+    mode = realistic(est)
+    risks = {k.index for k in spill_risks(est)}
     body = [
         [
             k.index,
             k.name.removeprefix("aten."),
-            k.module or TOP_LEVEL,
+            kernel_module(k),
             k.phase,
             f"{k.flops / 1e9:.3f}",
             f"{k.bytes / 1e6:.2f}",
             _intensity(k.intensity),
             f"{k.time_s * 1e6:.1f}",
-            _bound(k),
-            binds(k),
-            members(k.ops) + (" [!] " + k.flags[0] if k.flags else ""),
+            verdict(k, mode),
+            tile_waves(k),
+            members(k.ops) + (" [!] " + k.flags[0] if k.index in risks else ""),
         ]
         for k in ranked
     ]
-    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us", "bound", "binds"]
-    headers.append("members")
+    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us"]
+    headers += [f"bound ({mode_name(est)})", "tile / waves", "members"]
     return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
@@ -268,7 +359,7 @@ def comparison_table(
         y_time, y_bytes, y_kernels = _row_figures(theirs.get(name))
         body.append(
             [
-                name,
+                row_label(first if name in mine else second, name, names, depth),
                 _ms(x_time),
                 _ms(y_time),
                 _ratio(x_time, y_time),
@@ -318,12 +409,12 @@ def summary(est: Estimate) -> str:
         f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
         f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
     ]
+    if est.facts.defaults:  # a default the model changed: "seq: 1024, the model's maximum ..."
+        lines.append(est.facts.defaults)
     if est.pipeline is not None:
         lines += pipeline_lines(est)
-    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
-    if len(phases) > 1:
-        which = "by phase" if est.pipeline is None else "the kernels listed, by phase"
-        lines.append(f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases))
+    lines += global_batch_lines(est)
+    lines += phase_lines(est)
     if est.step_time_s is not None and any(k.communication for k in est.kernels):
         lines += communication_lines(est)
     lines += timing_lines(est)
@@ -364,15 +455,70 @@ def summary(est: Estimate) -> str:
         lines.append(est.memory.line())
         if step is not None:
             lines += step.memory_summary(est)
-    flagged = [k for k in est.kernels if k.flags]
+    flagged = spill_risks(est)
     if flagged:
+        one = len(flagged) == 1
         lines.append(
-            f"on-chip pressure: {len(flagged)} fused kernels exceed the on-chip budget "
-            f"(e.g. #{flagged[0].index} {flagged[0].module}: {flagged[0].flags[0]})"
+            f"on-chip pressure: {_count(len(flagged), 'compute-bound fused kernel')} "
+            f"{'exceeds' if one else 'exceed'} the on-chip budget; a spill would add memory "
+            f"traffic the estimate does not charge (e.g. #{flagged[0].index} "
+            f"{kernel_module(flagged[0])}: {flagged[0].flags[0]})"
         )
     lines.append(coverage_line(est))
     lines += [f"assumption: {a}" for a in est.assumptions]
     return "\n".join(lines)
+
+
+def global_batch_lines(est: Estimate) -> list[str]:
+    """Under data parallelism or micro-batches, the batch the whole step processes: --batch
+    is per rank (tp and cp ranks share their sequences) and per micro-batch."""
+    w = est.workload
+    dp, fsdp, micro = (int(w.get(key) or 1) for key in ("dp", "fsdp", "microbatches"))
+    if dp * fsdp * micro == 1 or not w.get("regime"):
+        return []
+    batch = int(w.get("batch") or 1)
+    step = regime(w["regime"])
+    one = Workload(regime=step.name, batch=1, seq=w.get("seq"), context=w.get("context"))
+    per_sequence = step.tokens(one)  # prefill and train: seq; decode: its one new token
+    sequences = batch * dp * fsdp * micro
+    parts = [f"batch {batch} per rank"]
+    parts += [f"{name} {size}" for name, size in (("dp", dp), ("fsdp", fsdp)) if size > 1]
+    if micro > 1:
+        parts.append(_count(micro, "micro-batch"))
+    new = " new" if step.new_positions else ""
+    return [
+        f"global batch: {_count(sequences, 'sequence')} x {_count(per_sequence, 'token')}{new} "
+        f"= {sequences * per_sequence:,} tokens per step ({' x '.join(parts)})"
+    ]
+
+
+def compute_stream_s(est: Estimate, phase: str) -> float:
+    """A phase's time on the compute stream: its compute kernels' time plus the part of its
+    collectives the compute stream waited on (torchroof.schedule)."""
+    return analysis.added(  # left to right, as the HTML page adds them
+        k.exposed_s if k.communication else k.time_s for k in est.kernels if k.phase == phase
+    )
+
+
+def phase_lines(est: Estimate) -> list[str]:
+    """The step's time by phase. When collectives run on the communication stream, each
+    phase is its compute-stream time: its compute kernels and the part of its collectives
+    the compute stream waited on, so the phases add up to the step."""
+    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
+    if len(phases) <= 1:
+        return []
+    which = "by phase" if est.pipeline is None else "the kernels listed, by phase"
+    streams = est.step_time_s is not None and any(k.communication for k in est.kernels)
+    if not streams:
+        return [f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases)]
+    times = {p: compute_stream_s(est, p) for p in phases}
+    hidden = communication(est).hidden_s
+    return [
+        f"{which}, on the compute stream (collectives counted where it waited on them; "
+        f"{_ms(hidden)} ms more ran hidden on the communication stream): "
+        + ", ".join(f"{p} {_ms(times[p])} ms" for p in phases)
+        + f" = {_ms(sum(times.values()))} ms"
+    ]
 
 
 def _count(n: int, noun: str) -> str:
@@ -410,7 +556,7 @@ def pipeline_lines(est: Estimate) -> list[str]:
             f"steady state (successive steps' micro-batches keep every stage busy, as a "
             f"serving pipeline runs): {_ms(steady)} ms per step{rate}"
         )
-    headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GB"]
+    headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GiB"]
     rows = [
         [
             r.stage,
@@ -421,7 +567,7 @@ def pipeline_lines(est: Estimate) -> list[str]:
             + (f" (I {_ms(r.input_s)} + W {_ms(r.weight_s)})" if r.weight_s else ""),
             _ms(r.after_s),
             r.in_flight,
-            f"{r.memory_bytes / 1e9:.2f}" + ("" if r.fits else " (does NOT fit)"),
+            f"{r.memory_bytes / GIB:.2f}" + ("" if r.fits else " (does NOT fit)"),
         ]
         for r in p.stages
     ]
@@ -503,10 +649,10 @@ def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
     add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
     memories = [e.memory for e in ests]
     if all(memories):
-        add("memory GB", [f"{m.total_bytes / 1e9:.2f}" for m in memories])
+        add("memory GiB", [f"{m.total_bytes / GIB:.2f}" for m in memories])
         add(
             "fits",
-            ["yes" if m.fits else f"no (-{m.missing_bytes / 1e9:.1f} GB)" for m in memories],
+            ["yes" if m.fits else f"no (-{m.missing_bytes / GIB:.1f} GiB)" for m in memories],
         )
     headers = ["", *(v.label for v in comparison.variants)]
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
@@ -542,7 +688,7 @@ def sweep_table(sweep: Sweep) -> str:
             f"{100 * r['mfu']:.1f}",
             f"{r['weight_bytes'] / 1e9:.2f}",
             f"{r['kv_bytes'] / 1e9:.2f}",
-            f"{r['memory_bytes'] / 1e9:.1f}",
+            f"{r['memory_bytes'] / GIB:.1f}",
             "yes" if r["fits"] else "no",
         ]
         for r in data
@@ -555,7 +701,7 @@ def sweep_table(sweep: Sweep) -> str:
         "MFU %",
         "weights GB",
         "KV GB",
-        "memory GB",
+        "memory GiB",
         "fits",
     ]
     return tabulate(rows, headers=headers, disable_numparse=True)

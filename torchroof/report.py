@@ -11,12 +11,12 @@ and roofline time; rows sum as if kernels ran back to back.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchroof import analysis
+from torchroof.estimate_checks import EstimateFileError, estimate_problems
 from torchroof.memory import MemoryFootprint
 from torchroof.pp_schedule import PipelineStep
 from torchroof.records import PHASES, StepFacts, block_index, layer_key, stack_key
@@ -222,16 +222,6 @@ class LayerRow:
         return f"network ({max(self.link_s, key=self.link_s.__getitem__)})"
 
 
-def added(seconds: Iterable[float]) -> float:
-    """Times added left to right, one rounding per kernel: what the HTML page adds in
-    JavaScript (torchroof/html/report.js), to the last bit; ``sum()`` compensates its
-    rounding from Python 3.12 on and would differ in the last digits."""
-    total = 0.0
-    for value in seconds:
-        total += value
-    return total
-
-
 def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
     """Merge runs of consecutive identical blocks (``model.layers.0`` ... ``.31`` with equal
     kernels, FLOPs and bytes) into one summed row named ``model.layers.0-31 (x32)``."""
@@ -317,7 +307,7 @@ class Estimate:
         (torchroof.schedule), else the kernels' times summed (they run back to back)."""
         if self.step_time_s is not None:
             return self.step_time_s
-        return added(k.time_s for k in self.kernels)
+        return analysis.added(k.time_s for k in self.kernels)
 
     @property
     def flops(self) -> int:
@@ -328,7 +318,7 @@ class Estimate:
         return sum(k.bytes for k in self.kernels)
 
     def phase_time_s(self, phase: str) -> float:
-        return added(k.time_s for k in self.kernels if k.phase == phase)
+        return analysis.added(k.time_s for k in self.kernels if k.phase == phase)
 
     def traffic(self) -> dict[str, int]:
         """HBM bytes by category (weights, activations, kv_cache, gradients,
@@ -497,6 +487,8 @@ class Estimate:
             raise ValueError("not a torchroof estimate (missing format marker)")
         if data.get("version") not in READABLE_FORMAT_VERSIONS:
             raise ValueError(f"estimate format version {data.get('version')} is not supported")
+        if problems := estimate_problems(data, KernelEstimate):
+            raise EstimateFileError(problems)
         return cls(
             hardware=data["hardware"],
             hardware_display=data["hardware_display"],
@@ -526,9 +518,25 @@ class Estimate:
     def from_json(cls, source: str | Path) -> Estimate:
         """Read an estimate from a JSON file path or a JSON string."""
         text = str(source)
+        where = "estimate"
         if not text.lstrip().startswith("{"):
-            text = Path(source).read_text()
-        return cls.from_dict(json.loads(text))
+            where = f"estimate {source}"
+            try:
+                text = Path(source).read_text()
+            except OSError as error:
+                raise ValueError(f"{where}: cannot read it: {error.strerror or error}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"{where}: not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a torchroof estimate (not a JSON object)")
+        try:
+            return cls.from_dict(data)
+        except EstimateFileError as error:
+            raise EstimateFileError(error.problems, where) from None
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     def to_csv(self, path: str | Path) -> None:
         """One row per kernel (:func:`torchroof.render_files.write_csv`)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torchroof.counters import Cost
+from torchroof.errors import OptionError
 from torchroof.hardware import Figure, HardwareSpec
 from torchroof.hierarchy import (
     GemmTile,
@@ -88,6 +89,14 @@ def kernel_levels(
         fixed = parse_gemm_tile(options.gemm_tile)
         if fixed:
             tile = GemmTile(*fixed)
+            needed = tile.smem_bytes(shape.itemsize)
+            if needed > hardware.shared_memory_bytes_per_sm.value:
+                raise OptionError(
+                    f"gemm_tile={options.gemm_tile}: its operand stages need {needed:,} bytes "
+                    f"of shared memory, and {hardware.name} has "
+                    f"{hardware.shared_memory_bytes_per_sm.value:,.0f} per SM; choose a "
+                    "smaller tile or auto"
+                )
         else:
             rates = (peak_flops_per_s, bandwidth_bytes_per_s)
             tile = choose_tile(shape, cost.bytes, hardware, *rates, out_itemsize)

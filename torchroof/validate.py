@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchroof import progress
 from torchroof.api import trace
 from torchroof.calibrate import Calibration, calibrate
 from torchroof.diagnosis import LABELS, QUESTIONS, Diagnosis, MachineFigures, diagnose
@@ -36,6 +37,7 @@ from torchroof.hardware.spec import parse as parse_spec
 from torchroof.hardware.toml_checks import HardwareSpecError, read_toml
 from torchroof.options import TIMING_MODES, Workload
 from torchroof.pipeline import estimate_trace
+from torchroof.quiet import drop_native_lines, quiet_imports, quiet_trace
 from torchroof.records import layer_key
 from torchroof.report import Estimate, KernelEstimate
 from torchroof.workloads import regime as find_regime
@@ -309,8 +311,8 @@ class Validation:
         counts = Counter(d.label for d in diagnosed)
         if counts:
             lines.append(
-                f"diagnosis ({self.mode} vs measured; seed 000's questions in order, the first "
-                "that explains): "
+                f"diagnosis ({self.mode} vs measured; the diagnostic questions in order, the "
+                "first that explains): "
                 + ", ".join(f"{counts[label]} {label}" for label in LABELS if counts[label])
             )
             unknown = {
@@ -373,7 +375,7 @@ def _smallest_kernel_s(device: str, count: int = 100) -> float:
 
     one = torch.ones(1, device=device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
-    with profile(activities=activities) as prof:
+    with drop_native_lines(), profile(activities=activities) as prof:  # kineto's start/stop
         for _ in range(count):
             torch.mul(one, one)
         if device.startswith("cuda"):
@@ -435,7 +437,7 @@ def _build(model: str, overrides: dict[str, Any], device: str, dtype: torch.dtyp
         if hasattr(config, key) or key == "head_dim":
             setattr(config, key, value)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False).to(device)
 
 
 def _median_of_all(values: Sequence[float | None]) -> float | None:
@@ -513,7 +515,8 @@ def validate(
     restores them): on a CPU other work shares, fewer threads than cores avoid the stalls
     of a parallel region waiting for a descheduled thread.
     """
-    with _torch_threads(threads):
+    # transformers' and torchao's notes on what torchroof does are not the user's concern
+    with _torch_threads(threads), quiet_imports(), quiet_trace(), progress.current().ending():
         result = _validate(
             model,
             regime,
@@ -571,6 +574,8 @@ def _validate(
     fixed = get(hardware) if hardware is not None else None
     overrides = dict(CPU_OVERRIDES if device == "cpu" else {}) | dict(overrides or {})
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    report = progress.current()
+    report.begin(f"building the model with real weights on {device}")
     net = _build(model, overrides, device, dtype)
     workload = Workload(regime, batch=batch, seq=seq)  # decode: a cache of seq tokens
     # warm-up, the traced step, and per repeat: one step to re-warm after the calibration,
@@ -578,6 +583,7 @@ def _validate(
     steps = warmup + 1 + repeats * (iterations + 2)
     step = find_regime(regime).real_step(net, workload, device, steps)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    report.begin(f"warming up ({warmup} steps)")
     for _ in range(warmup):
         step()
     sync()
@@ -588,9 +594,11 @@ def _validate(
     def calibrate_once() -> Calibration | None:
         if fixed is not None:
             return None
+        report.begin(f"measuring the {device}'s ceilings")
         return calibrate(device, **SHORT_CALIBRATION.get(device.split(":")[0], {}))
 
     def time_step() -> tuple[float, list[Any], float]:
+        report.begin(f"timing {iterations} step{'s' if iterations > 1 else ''} and profiling one")
         step()  # the calibration's arrays evicted the model from the caches
         sync()
         walls = []
@@ -599,7 +607,7 @@ def _validate(
             step()
             sync()
             walls.append(time.perf_counter() - start)
-        with profile(activities=activities) as prof:
+        with drop_native_lines(), profile(activities=activities) as prof:  # kineto's start/stop
             step()
             sync()
         return statistics.median(walls), list(prof.events()), _smallest_kernel_s(device)
@@ -609,6 +617,7 @@ def _validate(
     name = f"{device.replace(':', '-')}-measured"
     machines: list[MachineFigures] = []
     estimates: list[dict[str, Estimate]] = []
+    report.begin(f"predicting the step {'once' if fixed else f'for each of {repeats} repeats'}")
     for calibration, (_, _, smallest_s) in runs:
         if calibration is None and estimates:  # a fixed file: one prediction for every repeat
             machines.append(replace(machines[-1], smallest_kernel_s=smallest_s))
@@ -617,12 +626,13 @@ def _validate(
         spec = fixed if calibration is None else _spec_of(calibration, name)
         machine = _machine(spec, calibration, launch_overhead_s, smallest_s)
         machines.append(machine)
-        estimates.append(
-            {
-                m: estimate_trace(recorded, machine.spec, fusion="eager", mode=m)
-                for m in TIMING_MODES
-            }
-        )
+        with progress.silenced():  # one stage for every repeat's pricing
+            estimates.append(
+                {
+                    m: estimate_trace(recorded, machine.spec, fusion="eager", mode=m)
+                    for m in TIMING_MODES
+                }
+            )
     done = [
         Repeat(wall, {m: est[m].time_s for m in TIMING_MODES}, calibration)
         for (calibration, (wall, _, _)), est in zip(runs, estimates, strict=True)

@@ -18,9 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from torchroof import progress as progress_report
 from torchroof.errors import first_line
 from torchroof.options import Workload
 from torchroof.pipeline import estimate_trace
+from torchroof.quiet import quiet_imports, quiet_trace
 from torchroof.workloads import regime as find_regime
 from torchroof.workloads import run_workload
 
@@ -28,7 +30,9 @@ from torchroof.workloads import run_workload
 ZOO_WORKLOADS = {
     "prefill": Workload("prefill", batch=1, seq=32),
     "decode": Workload("decode", batch=1, context=32),
-    "train": Workload("train", batch=1, seq=32),
+    # bf16 throughout, as examples/zoo.json was written (the zoo asks whether a model
+    # traces and is fully priced, which the precision does not change)
+    "train": Workload("train", batch=1, seq=32, precision="bf16"),
 }
 
 
@@ -68,8 +72,8 @@ def run_one(architecture: str, regime: str) -> ZooRow:
 
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), quiet_imports(), quiet_trace():
+            warnings.simplefilter("ignore")  # no user code runs here, only shipped models
             config = default_config(architecture)
             model = build_model(config, "bf16")
             trace = run_workload(model, zoo_workload(config, regime))
@@ -110,10 +114,14 @@ def run_zoo(
     """Rows in architecture order; ``jobs`` worker processes trace architectures in
     parallel (each architecture's regimes stay in one process)."""
     names = list(archs or architectures())
+    report = progress_report.current()
     if jobs <= 1:
         rows = []
-        for arch in names:
-            for row in run_architecture(arch, regimes):
+        for index, arch in enumerate(names, 1):
+            report.point(index, len(names), arch, noun="architecture")
+            with progress_report.silenced():  # one line per architecture, not per stage
+                traced = run_architecture(arch, regimes)
+            for row in traced:
                 rows.append(row)
                 progress(row)
         return rows
@@ -124,7 +132,8 @@ def run_zoo(
     results: dict[str, list[ZooRow]] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = {arch: pool.submit(_run_in_worker, arch, tuple(regimes)) for arch in names}
-        for arch in names:
+        for index, arch in enumerate(names, 1):
+            report.point(index, len(names), arch, noun="architecture")
             results[arch] = futures[arch].result()
             for row in results[arch]:
                 progress(row)

@@ -34,6 +34,7 @@
   const ms = (s) => (s * 1e3).toFixed(3);
   const us = (s) => (s * 1e6).toFixed(2);
   const gb = (b) => (b / 1e9).toFixed(3);
+  const gib = (b) => (b / 2 ** 30).toFixed(2); // capacities, as vendors quote them (80 GB = 80 GiB)
   const gflop = (w) => (w / 1e9).toFixed(2);
   const pct = (x) => (100 * x).toFixed(1);
   const thousands = (x) => x.toLocaleString("en-US", { maximumFractionDigits: 1, minimumFractionDigits: 1 });
@@ -193,9 +194,12 @@
     for (let i = 0; i < priced.time.length; i++) {
       const phase = est.kernels.phase[i];
       kernelSum += priced.time[i];
-      byPhase[phase] = (byPhase[phase] || 0) + priced.time[i];
+      // render_text.compute_stream_s: with collectives on their own stream, a phase is its
+      // time on the compute stream (a collective counts the part the compute stream waited on)
+      const onCommunication = est.communicates && est.kernels.stream[i] === "communication";
+      byPhase[phase] = (byPhase[phase] || 0) + (onCommunication ? priced.exposed[i] : priced.time[i]);
       if (priced.bound[i] === "memory") memoryBound += priced.time[i];
-      if (est.communicates && est.kernels.stream[i] === "communication") {
+      if (onCommunication) {
         communication += priced.time[i];
         exposed += priced.exposed[i];
       }
@@ -266,7 +270,7 @@
     const app = document.getElementById("app");
     app.append(el("h1", { text: DATA.title }));
     app.append(
-      el("p", { class: "lede", text: "T = max(W/π, Q/β) per kernel (seed 000). Switch the accelerator or move a slider: every kernel is re-priced from its W and Q in this page, with torchroof's rule." }),
+      el("p", { class: "lede", text: "T = max(W/π, Q/β) per kernel: the roofline model (Williams, Waterman and Patterson, 2009). Switch the accelerator or move a slider: every kernel is re-priced from its W and Q in this page, with torchroof's rule." }),
     );
     app.append(controls());
     app.append(el("p", { id: "pricing-note", class: "note" }));
@@ -317,7 +321,8 @@
     add("accelerator", f.display + (est.cluster ? ` in ${est.cluster}` : ""), "summary-accelerator");
     add("step time", `${ms(f.step)} ms`, "step-time");
     const phases = PHASES.filter((p) => f.byPhase[p] > 0);
-    const byPhase = est.pipelined ? "the kernels listed (one micro-batch each), by phase" : "by phase";
+    let byPhase = est.pipelined ? "the kernels listed (one micro-batch each), by phase" : "by phase";
+    if (est.communicates) byPhase += ", on the compute stream";
     if (phases.length > 1) add(byPhase, phases.map((p) => `${p} ${ms(f.byPhase[p])} ms`).join(", "));
     if (est.communicates) add("communication", `${ms(f.exposedCommunication)} ms exposed, ${ms(f.hiddenCommunication)} ms hidden`, "communication");
     if (f.tokensPerS && est.gpus > 1) {
@@ -327,8 +332,8 @@
     add("MFU", `${pct(f.mfu)}%`, "mfu");
     add("time memory-bound", `${(100 * f.memoryBoundShare).toFixed(0)}%`);
     if (est.memory_bytes !== null && f.capacity !== null) {
-      const verdict = f.fits ? "fits" : `does NOT fit: ${((est.memory_bytes - f.capacity) / 1e9).toFixed(2)} GB missing`;
-      add("memory", `${(est.memory_bytes / 1e9).toFixed(2)} GB of ${(f.capacity / 1e9).toFixed(2)} GB: ${verdict}`, "memory-fit");
+      const verdict = f.fits ? "fits" : `does NOT fit: ${gib(est.memory_bytes - f.capacity)} GiB missing`;
+      add("memory", `${gib(est.memory_bytes)} GiB of ${gib(f.capacity)} GiB: ${verdict}`, "memory-fit");
     }
     if (est.batching && f.ridgeBatch) add("B* (weight GEMMs reach the ridge)", f.ridgeBatch.toFixed(0));
     if (est.batching && est.kv_crossover_batch) add("KV reads overtake weight reads at batch", est.kv_crossover_batch.toFixed(0));
@@ -365,7 +370,7 @@
 
   function renderLayers(est, f) {
     const rows = est.rows.map((row) => ({ row, ...rowFigures(est, row, f) }));
-    const names = rows.map((r) => r.row.name).reverse();
+    const names = rows.map((r) => r.row.label || r.row.name).reverse();
     const phaseTraces = PHASES.filter((p) => rows.some((r) => r.phase[p])).map((p) => ({
       type: "bar", orientation: "h", name: p, y: names, marker: { color: COLOURS[p] },
       x: rows.map((r) => (r.phase[p] || 0) * 1e3).reverse(),
@@ -392,7 +397,7 @@
     rows.forEach((r, position) => {
       const open = expanded.has(position);
       const tr = el("tr", { class: `layer-row${open ? " open" : ""}`, "data-row": String(position) },
-        el("td", { text: `${open ? "▾" : "▸"} ${r.row.name}` }),
+        el("td", { text: `${open ? "▾" : "▸"} ${r.row.label || r.row.name}` }),
         el("td", { text: String(r.row.kernels.length) }),
         el("td", { text: gflop(r.flops) }),
         el("td", { text: gb(r.bytes) }),
@@ -457,7 +462,7 @@
       g.x.push(intensity);
       g.y.push(k.flops[i] / f.time[i] / 1e12);
       g.size.push(Math.max(5, Math.min(18, 4 + Math.sqrt((f.time[i] / f.step) * 4000))));
-      g.text.push(`${k.name[i]}${k.ops[i] ? ` (${k.ops[i]})` : ""}<br>module: ${k.module[i] || "(top level)"}<br>W ${gflop(k.flops[i])} GFLOP, Q ${(k.bytes[i] / 1e6).toFixed(3)} MB<br>time ${us(f.time[i])} µs, ${f.bound[i]}-bound${k.tile[i] ? `, tile ${k.tile[i]}` : ""}`);
+      g.text.push(`${k.name[i]}${k.ops[i] ? ` (${k.ops[i]})` : ""}<br>module: ${k.module[i] || "(outside any module)"}<br>W ${gflop(k.flops[i])} GFLOP, Q ${(k.bytes[i] / 1e6).toFixed(3)} MB<br>time ${us(f.time[i])} µs, ${f.bound[i]}-bound${k.tile[i] ? `, tile ${k.tile[i]}` : ""}`);
     }
     const traces = Object.entries(groups).map(([label, g]) => ({
       type: "scatter", mode: "markers", name: label, x: g.x, y: g.y, text: g.text,
@@ -503,7 +508,7 @@
       const t = tracks[track] || (tracks[track] = { base: [], x: [], text: [] });
       t.base.push(f.start[i] * 1e3);
       t.x.push(f.time[i] * 1e3);
-      t.text.push(`#${i} ${k.name[i]}<br>${k.module[i] || "(top level)"}<br>${us(f.time[i])} µs, ${f.bound[i]}`);
+      t.text.push(`#${i} ${k.name[i]}<br>${k.module[i] || "(outside any module)"}<br>${us(f.time[i])} µs, ${f.bound[i]}`);
     }
     const order = [...PHASES, "communication"].filter((t) => tracks[t]);
     const traces = order.map((track) => ({
@@ -531,7 +536,7 @@
     table.append(el("tr", {}, ...["variant", "accelerator", "GPUs", "step time (ms)", "tokens/s per GPU", "MFU", "exposed comm (ms)", "memory"].map((h) => el("th", { text: h }))));
     DATA.estimates.forEach((est, i) => {
       const f = all[i];
-      const memory = est.memory_bytes === null || f.capacity === null ? "" : `${(est.memory_bytes / 1e9).toFixed(2)} / ${(f.capacity / 1e9).toFixed(2)} GB${f.fits ? "" : " (does NOT fit)"}`;
+      const memory = est.memory_bytes === null || f.capacity === null ? "" : `${gib(est.memory_bytes)} / ${gib(f.capacity)} GiB${f.fits ? "" : " (does NOT fit)"}`;
       table.append(el("tr", { class: "variant-row" },
         el("td", { text: est.label }), el("td", { text: f.display + (f.note ? " (as estimated)" : "") }),
         el("td", { text: String(est.gpus) }),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchroof.analysis import decode_analysis
+from torchroof.memory import gib
 from torchroof.models import model_dtype
 from torchroof.records import Trace
 from torchroof.workloads.inference import inference_step, kv_label
@@ -57,6 +58,17 @@ def summary(est: Any) -> list[str]:
 
 
 def memory_summary(est: Any) -> list[str]:
+    """The largest batch that fits, or, where the weights (and what else does not grow with
+    the batch) alone do not fit, that and by how much."""
+    memory = est.memory
+    if memory is not None and memory.fixed_bytes >= memory.capacity_bytes:
+        fixed_only = memory.fixed_bytes == memory.weights_bytes
+        what = "the weights alone" if fixed_only else "the weights and FSDP's buffers alone"
+        short = memory.fixed_bytes - memory.capacity_bytes
+        return [
+            f"no decode batch fits: {what} ({gib(memory.fixed_bytes)}) do not fit in "
+            f"{gib(memory.capacity_bytes)}: {gib(short)} short"
+        ]
     decode = decode_analysis(est)
     return [f"largest decode batch that fits at context {decode.context}: {decode.max_batch}"]
 
@@ -91,9 +103,11 @@ REGIME = Regime(
     help="one token for each of B sequences against a cache of context tokens",
     trace=trace_decode,
     tokens=lambda w: w.batch,
-    # the cache holds ``context`` tokens, the model's maximum (the seed's 70B at 8192); the
-    # step's one new token is not counted against it
+    # the cache holds ``context`` tokens, at most the model's maximum; the step's one new
+    # token, at index ``context``, may go one past it (priced, with a note saying so)
     positions=lambda w: w.context,
+    new_positions=1,
+    knobs=("cache", "mla"),  # the cache it decodes against; latent attention's form
     compute_dtype=lambda w: model_dtype(w.dtype),
     label=label,
     real_step=real_step,

@@ -50,6 +50,7 @@ REGIME = Regime(
     help="B x seq tokens through the model, writing the KV cache",
     trace=trace_prefill,
     tokens=lambda w: w.batch * w.seq,
+    knobs=("cache",),  # the cache it writes
     positions=lambda w: w.seq,
     compute_dtype=lambda w: model_dtype(w.dtype),
     label=label,

@@ -7,18 +7,20 @@ check, ``compare --vary regime=...`` and the report read it from here.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
+from torchroof import progress
 from torchroof.errors import WorkloadError
 from torchroof.quantize import ABSORBED_MLA_WIDE, quantize_model
 from torchroof.records import Trace
-from torchroof.workloads.parallel_step import parallel_program
+from torchroof.workloads.parallel_step import describe, parallel_program
 from torchroof.workloads.pipeline_stages import record_stage
-from torchroof.workloads.spec import TARGET, Regime
+from torchroof.workloads.spec import DEFAULT_SEQ, TARGET, Regime
 
 if TYPE_CHECKING:
     from torchroof.options import Workload
@@ -50,6 +52,8 @@ def run_workload(
 ) -> Trace:
     """Trace one step of ``workload`` on ``models`` (on meta): one module, or modules keyed by
     the roles the regime runs (``{"target": ..., "draft": ...}``)."""
+    if workload.seq is None:  # left out, with no model config to shorten it against
+        workload = dataclasses.replace(workload, seq=DEFAULT_SEQ)
     step = regime(workload.regime)
     given = {TARGET: models} if isinstance(models, torch.nn.Module) else dict(models)
     missing = [role for role in step.roles if role not in given]
@@ -62,8 +66,14 @@ def run_workload(
     # absorbed latent attention reads kv_b_proj's weight directly (torchroof/mla.py)
     absorbs = step.name == "decode" and workload.mla == "absorbed"
     wide = ABSORBED_MLA_WIDE if absorbs else ()
+    report = progress.current()
+    if workload.quant != "none":
+        report.begin(f"applying the {workload.quant} quantisation recipe")
     quantised = quantize_model(given[TARGET], workload.quant, step.trains, workload.ep, wide)
     # rank 0 of the plan; on one GPU the model as it is
+    plan = describe(workload.parallel_plan)
+    if plan:  # ends when the first traced op begins the next stage
+        report.begin(f"setting up rank 0 of {plan}")
     with parallel_program(given[TARGET], workload, step.trains):
         trace = step.trace(given, workload)
     record_stage(given[TARGET], trace)

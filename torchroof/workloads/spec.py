@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from torchroof.options import Workload
 
 TARGET = "target"  # the model every regime runs; a regime may name others (a draft model)
+# seq left out: this, or the model's maximum positions where that is shorter (GPT-2's 1024),
+# resolved when the model's config is known (torchroof.api.resolve_seq)
+DEFAULT_SEQ = 4096
 
 
 def no_lines(*_: Any) -> list[str]:
@@ -34,6 +37,9 @@ class Regime:
     is built in; ``label``: the one-line description the CLI prints; ``summary`` (of an
     Estimate: lines after its throughput), ``memory_summary`` (after its memory line) and
     ``sweep_summary`` (of a sweep over one knob): what the regime adds to the report;
+    ``new_positions``: positions the step's own new tokens take past ``positions`` (decode:
+    its one token, at index ``context``); ``knobs``: the workload knobs that only some
+    steps read (``cache``, ``mla``) and this one does;
     ``real_step``: the same step on a real device, for ``torchroof validate``; ``trains``:
     the model runs in train mode; ``batching``: the step's batch is the serving batch, so B*
     and the KV crossover (seed 000 "The batch that pays for the weights") describe it.
@@ -53,3 +59,5 @@ class Regime:
     memory_summary: Callable[[Any], list[str]] = no_lines
     sweep_summary: Callable[[Any, str, Workload], list[str]] = no_lines
     batching: bool = False
+    new_positions: int = 0
+    knobs: tuple[str, ...] = ()

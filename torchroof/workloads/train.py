@@ -20,6 +20,7 @@ from torchroof.counters.optimizers import (
 )
 from torchroof.errors import WorkloadError
 from torchroof.models import model_dtype
+from torchroof.progress import silenced
 from torchroof.records import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
@@ -239,7 +240,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
         if workload.precision != "mixed":
             for p in params:
                 p.grad = torch.empty_like(p)
-        with Capture():  # warm-up step: allocates state; answers .item() on meta
+        with silenced(), Capture():  # warm-up step: allocates state; answers .item() on meta
             opt.step()
         for p in params:
             p.grad = None
@@ -261,17 +262,23 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
             with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
                 stage_backward(model, _loss(model, ids), capture)
+            # a micro-batch whose reduction is deferred leaves its gradients unsharded
+            # where FSDP accumulates them (none on the parameters): they join the fp32 ones
+            # after the last micro-batch's reduction
+            deferred = workload.defer_gradient_sync and not last
             if workload.precision == "mixed":
                 # bf16 gradients are accumulated into the fp32 main gradients the optimizer
                 # reads (Megatron-style), once per micro-batch; they are transient, so only
                 # the fp32 ones are held.
-                with capture.phase("backward", "gradient accumulation"), torch.no_grad():
-                    grads = _local_grads(params)
-                    capture.mark(grads, "gradients", count_bytes=False)
-                    torch._foreach_add_(state.grads, grads)
+                if not deferred:
+                    with capture.phase("backward", "gradient accumulation"), torch.no_grad():
+                        grads = _local_grads(params)
+                        capture.mark(grads, "gradients", count_bytes=False)
+                        torch._foreach_add_(state.grads, grads)
                 per_microbatch(model, capture)  # a pipeline stage: each micro-batch's
-                for p in params:
-                    p.grad = None
+                if not deferred:
+                    for p in params:
+                        p.grad = None
         if workload.precision == "mixed":
             grads = state.grads
         else:
@@ -279,6 +286,57 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             with capture.phase("backward", "gradient layout"), torch.no_grad():
                 grads = _local_grads(params)
             capture.mark(grads, "gradients", count_bytes=False)  # a redistributed copy
+        if opt is None:
+            _fused_step(capture, state, grads, workload)
+        else:
+            _traced_step(capture, state, workload, opt)
+    trace.facts.optimizer = workload.optimizer
+    trace.facts.precision = workload.precision
+    trace.facts.parameters = sum(p.numel() for p in params)
+    return trace
+
+
+def train_module(
+    module: torch.nn.Module, loss: Callable[[], torch.Tensor], workload: Workload
+) -> Trace:
+    """A training step of a plain module (no transformers config, one GPU): ``loss()`` (its
+    forward on the caller's inputs and the loss), the real autograd backward, and the
+    workload's optimizer step over the module's trainable parameters in ``precision``,
+    priced as :func:`trace_train` prices a causal LM's (one micro-batch)."""
+    if workload.checkpointing:
+        raise WorkloadError("activation checkpointing needs a transformers model")
+    module.train()
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise WorkloadError(f"{type(module).__name__} has no trainable parameters to train")
+    names, params = [n for n, _ in named], [p for _, p in named]
+    mixed = workload.precision == "mixed"
+    state = _allocate_state(params, workload)
+    opt = None
+    if workload.optimizer in TRACED_OPTIMIZERS:
+        opt = _make_torch_optimizer(workload, state, names)
+        if not mixed:
+            for p in params:
+                p.grad = torch.empty_like(p)
+        with silenced(), Capture():  # warm-up step: allocates state; answers .item() on meta
+            opt.step()
+        for p in params:
+            p.grad = None
+    capture = Capture()
+    with capture as trace:
+        capture.mark(state.masters, "optimizer_state" if mixed else "weights")
+        capture.mark(state.states, "optimizer_state")
+        capture.mark(state.grads, "gradients")
+        if opt is not None:
+            held = opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt)
+            capture.mark(held, "optimizer_state")
+        loss().backward()  # forward and backward phases are told apart by capture
+        grads = [p.grad for p in params if p.grad is not None]
+        capture.mark(grads, "gradients", count_bytes=not mixed)
+        if mixed:  # the bf16 gradients accumulated into the fp32 ones the optimizer reads
+            with capture.phase("backward", "gradient accumulation"), torch.no_grad():
+                torch._foreach_add_(state.grads, grads)
+            grads = state.grads
         if opt is None:
             _fused_step(capture, state, grads, workload)
         else:
@@ -359,6 +417,22 @@ def label(model: str, w: Workload) -> str:
     return label + plan_label(w)
 
 
+PRECISION_LINES = {
+    "mixed": "mixed (bf16 compute, fp32 master weights, gradients and optimizer state)",
+    "bf16": "bf16 throughout (weights, gradients and optimizer state)",
+    "fp16": "fp16 throughout (weights, gradients and optimizer state)",
+    "fp32": "fp32 throughout (weights, gradients and optimizer state)",
+}
+
+
+def summary(est: Any) -> list[str]:
+    """Which precision priced the step (the default is mixed)."""
+    precision = est.facts.precision or est.workload.get("precision", "")
+    if not precision:
+        return []
+    return [f"precision: {PRECISION_LINES.get(precision, precision)}"]
+
+
 def real_step(
     model: torch.nn.Module, workload: Workload, device: str, steps: int
 ) -> Callable[[], None]:
@@ -385,4 +459,5 @@ REGIME = Regime(
     label=label,
     real_step=real_step,
     trains=True,
+    summary=summary,
 )
