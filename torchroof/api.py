@@ -265,6 +265,18 @@ def trace_model(
 ) -> Trace | PipelineTrace:
     """The trace :func:`estimate` prices: ``workload``, or its fields as keywords;
     ``progress=True`` shows each stage on stderr as it runs."""
+    workload, cast = _traced_workload(regime, workload, knobs)
+    with reporting(progress):
+        return trace_workload(model, workload, cast_module=cast)
+
+
+def _traced_workload(
+    step: str | None, workload: Workload | None, knobs: dict[str, Any]
+) -> tuple[Workload, bool]:
+    """(the workload to trace, whether a module is cast to its compute dtype) from a
+    regime, a workload and its fields as keywords; pricing knobs are refused here. A module
+    is cast when a workload, ``dtype`` or ``precision`` is given, or the step trains (in its
+    precision's compute dtype: mixed, the default, is bf16)."""
     workload_knobs, pricing_knobs = split_knobs(knobs)
     if pricing_knobs:
         raise OptionError(
@@ -272,17 +284,10 @@ def trace_model(
             "traced: pass them to estimate() or estimate_trace()"
         )
     cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
-    if regime is not None:
-        workload_knobs["regime"] = regime
+    if step is not None:
+        workload_knobs["regime"] = step
     workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
-    cast = cast or _trains(workload)  # a training step computes in its precision
-    with reporting(progress):
-        return trace_workload(model, workload, cast_module=cast)
-
-
-def _trains(workload: Workload) -> bool:
-    """The step trains: a module is cast to its precision's compute dtype (mixed: bf16)."""
-    return regime(workload.regime).trains
+    return workload, cast or workload.trains
 
 
 def trace_module(
@@ -312,17 +317,7 @@ def trace_module(
         raise WorkloadError(
             f"{type(model).__name__}: give the inputs its forward takes, inputs=(x,)"
         )
-    workload_knobs, pricing_knobs = split_knobs(knobs)
-    if pricing_knobs:
-        raise OptionError(
-            f"{', '.join(sorted(pricing_knobs))} choose how a trace is priced: pass them to "
-            "estimate() or estimate_trace()"
-        )
-    cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
-    if regime is not None:
-        workload_knobs["regime"] = regime
-    workload = replace(workload, **workload_knobs) if workload else Workload(**workload_knobs)
-    cast = cast or _trains(workload)  # a training step computes in its precision
+    workload, cast = _traced_workload(regime, workload, knobs)
     label = type(model).__name__
     if workload.parallel_plan.world > 1 or workload.microbatches > 1 or workload.quant != "none":
         raise WorkloadError(
@@ -351,7 +346,7 @@ def trace_module(
             f"{label} could not be traced for {workload.regime}: {first_line(error)}"
         ) from error
     trace.facts.model = label
-    if _trains(workload):
+    if workload.trains:
         loss = "loss_fn(output)" if loss_fn is not None else "the output (summed unless a scalar)"
         trace.facts.build_note = (
             f"{label} is a plain nn.Module, trained on the inputs given: forward, loss = "

@@ -454,6 +454,11 @@ class Workload:
         )
 
     @property
+    def trains(self) -> bool:
+        """The step trains (forward, loss, backward, optimizer step): its regime says."""
+        return regime(self.regime).trains
+
+    @property
     def tokens(self) -> int:
         """Tokens processed by the step (decode: one per sequence). With ``seq`` left out,
         those of :data:`DEFAULT_SEQ`, before a model shorter than that shortens it
