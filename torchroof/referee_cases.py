@@ -222,7 +222,10 @@ def _decoder_layers(layer_class: Any, config: Any, count: int = 1) -> Callable[.
 
 
 def _llama(count: int = 1) -> Callable[..., Built]:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from torchroof.quiet import quiet_imports
+
+    with quiet_imports():  # transformers' modeling imports torchao, which logs at import
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     return _decoder_layers(LlamaDecoderLayer, _llama_config(), count)
 
