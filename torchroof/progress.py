@@ -56,12 +56,8 @@ class Reporter:
     def stage(self, what: str, total: int | None = None, unit: str = "") -> Iterator[None]:
         """Report the block as one stage; a stage begun inside it ends with it."""
         self.begin(what, total, unit)
-        try:
+        with self.ending():
             yield
-        except BaseException:
-            self.end(failed=True)
-            raise
-        self.end()
 
     @contextlib.contextmanager
     def ending(self) -> Iterator[None]:
