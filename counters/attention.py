@@ -13,7 +13,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import unique_bytes
 
-from torchroof.records import OpRecord, TensorMeta
+from torchroof.records.trace import OpRecord, TensorMeta
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 seed 000 "The next wall": a collective does no arithmetic; its cost is bytes, twice over.
 Across HBM a rank reads what it sends and writes what it receives (Q, priced here as for
 any op, unit ``network``); across the link it sends ``wire_bytes(op)`` = message size S x
-the nccl-tests bus factor of its kind and group size (torchroof.network.bus_factor, where
+the nccl-tests bus factor of its kind and group size (torchroof.timing.network.bus_factor, where
 S and each factor are defined once). The group's size and global ranks are recorded by
 capture on every collective (``group_size``, ``group_ranks``).
 
@@ -21,8 +21,8 @@ from torchroof.counters.cost import ZERO, Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import compute_dtype, distinct, refs_of, tensor_key
 
-from torchroof.network import bus_factor
-from torchroof.records import OpRecord, TensorMeta
+from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.timing.network import bus_factor
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class CollectiveSchema:
     the full input of a reduce-scatter, the buffer of the others).
     """
 
-    kind: str  # a torchroof.network.COLLECTIVE_KINDS entry
+    kind: str  # a torchroof.timing.network.COLLECTIVE_KINDS entry
     sends: tuple[str, ...]
     receives: tuple[str, ...] | None
     message: Literal["sends", "receives"]
@@ -157,7 +157,7 @@ def _nbytes(tensors: list[TensorMeta]) -> int:
 
 
 def collective_kind(op: OpRecord) -> str:
-    """The collective ``op`` runs, as torchroof.network names it (``"all_reduce"``)."""
+    """The collective ``op`` runs, as torchroof.timing.network names it (``"all_reduce"``)."""
     return _sides(op)[2]
 
 
@@ -182,7 +182,7 @@ def group_size(op: OpRecord) -> int:
 def wire_bytes(op: OpRecord) -> int:
     """Bytes one rank sends on the wire: S x bus_factor(kind, group size) (nccl-tests bus
     bandwidth definition; ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
-    (n-1)/n, torchroof.network.bus_factor)."""
+    (n-1)/n, torchroof.timing.network.bus_factor)."""
     _, _, kind, message = _sides(op)
     return round(message * bus_factor(kind, group_size(op)))
 
@@ -217,7 +217,7 @@ def collective_sync(op: OpRecord) -> Cost:
 
 # -- FSDP2's own copies around its collectives ------------------------------------------------
 # torch.distributed.fsdp registers these as ops of its own (``fsdp::``); FSDP2 runs the first
-# two on its collective streams (torchroof.schedule). Each moves every byte once.
+# two on its collective streams (torchroof.timing.streams). Each moves every byte once.
 FSDP_COPIES = ("fsdp.all_gather_copy_in", "fsdp.chunk_cat", "fsdp.split_with_sizes_copy")
 
 

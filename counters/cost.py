@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from torchroof.records import TensorMeta
+    from torchroof.records.trace import TensorMeta
 
 Unit = Literal["tensor", "vector", "sfu", "none", "network"]
 """Which ceiling an op can reach (DESIGN rule 4): tensor cores for matmul-class ops, the

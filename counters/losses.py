@@ -10,7 +10,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import aten_packets, register, register_per_element
 from torchroof.counters.tensors import distinct, read_tensors, unique_bytes, written_tensors
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 
 @register("aten.nll_loss_forward", kind="loss")

@@ -17,7 +17,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import compute_dtype, io_bytes
 
-from torchroof.records import OpRecord, TensorMeta
+from torchroof.records.trace import OpRecord, TensorMeta
 
 
 def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:

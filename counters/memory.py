@@ -17,7 +17,7 @@ from torchroof.counters.tensors import (
     written_tensors,
 )
 
-from torchroof.records import OpRecord, TensorMeta
+from torchroof.records.trace import OpRecord, TensorMeta
 
 VIEW_OPS = (
     "view",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torchroof.counters.registry import register_per_element
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 # FLOPs per element of the normalised input, per kind (counters/registry.py OP_KINDS).
 # Norms over the last dimension: per-row statistics, from which a compiled backward
@@ -19,7 +19,7 @@ ROW_NORM_FLOPS: dict[str, int] = {
     "native_layer_norm": 9,  # Table 3: LayerNorm (mean + var) ~9
 }
 # Their backward: recompute x̂ (2), g·w (1), two row sums (2), combine (4), dweight/dbias (3);
-# the weight and bias gradients are column reductions (torchroof/column_reductions.py).
+# the weight and bias gradients are column reductions (torchroof/kernels/column_reductions.py).
 ROW_NORM_BACKWARD_FLOPS: dict[str, int] = {
     "_fused_rms_norm_backward": 9,
     "native_layer_norm_backward": 13,

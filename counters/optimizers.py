@@ -11,7 +11,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import aten_packets, register
 from torchroof.counters.tensors import distinct, unique_bytes
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 # FLOPs per parameter element.
 ADAM_FLOPS = 12  # seed 000: "30 bytes moved to perform about 12 FLOPs"
@@ -76,7 +76,7 @@ def fused_optimizer_step(op: OpRecord) -> Cost:
     and fp32 block scales, 4 + 4 + 1 + 1 read, 4 + 1 + 1 + 2 written = 18 B/param plus
     2·4·2/256 B of scales (seed 000 §16: "8-bit Adam about 16 B" without the bf16 copy).
 
-    A traced ``torch.optim`` step priced this way (torchroof.optimizer_step) may also pass
+    A traced ``torch.optim`` step priced this way (torchroof.kernels.optimizer_step) may also pass
     ``inputs`` (other tensors read once: a learning-rate tensor) and ``flops`` (the total of
     the ops it replaces) instead of ``flops_per_element``."""
     params, grads = op.tensors("params"), op.tensors("grads")

@@ -17,7 +17,7 @@ from torchroof.counters.tensors import (
     written_tensors,
 )
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 VECTOR: Unit = "vector"
 SFU: Unit = "sfu"

@@ -1,4 +1,4 @@
-"""Packed low-bit GEMMs and NVFP4's activation quantiser (torchroof/packed_weights.py).
+"""Packed low-bit GEMMs and NVFP4's activation quantiser (torchroof/quant/packed_weights.py).
 
 seed 000 "GEMM from first principles": W = 2MNK and Q_compulsory reads every operand once;
 a packed operand is read at its stored width (its ``nbytes``: half a byte per 4-bit code,
@@ -28,7 +28,7 @@ from torchroof.counters.matmul import reached_bytes
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import io_bytes
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 FP4_DTYPE = "float4_e2m1fn_x2"  # hardware/spec.py maps it to the "fp4" tensor peak
 
@@ -96,7 +96,7 @@ def packed_grouped_mm(op: OpRecord) -> Cost:
         *((t, t.nbytes) for t in op.inputs if t not in (x, codes, scales)),
     )
     out = op.outputs[0]
-    dtype = str(op.arg("gemm_dtype") or x.dtype)  # recorded by torchroof/packed_experts.py
+    dtype = str(op.arg("gemm_dtype") or x.dtype)  # recorded by torchroof/quant/packed_experts.py
     return Cost(
         2 * rows * n * k,
         sum(b for _, b in reads),

@@ -12,7 +12,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register, register_per_element
 from torchroof.counters.tensors import compute_dtype, io_bytes
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 # FLOPs per input element for one-pass reductions and scans, per kind (counters/registry.py
 # OP_KINDS). Sum and mean: over leading dimensions a column reduction.
@@ -133,7 +133,7 @@ def topk(op: OpRecord) -> Cost:
     kind="column_reduction",
 )
 def column_reduction(op: OpRecord) -> Cost:
-    """A column reduction as Inductor splits it (torchroof/column_reductions.py): reads its
+    """A column reduction as Inductor splits it (torchroof/kernels/column_reductions.py): reads its
     inputs once, writes its outputs (fp32 partials, or the reduced columns); W is the
     reduction's own, carried in ``flops``."""
     read, written = io_bytes(op)

@@ -19,7 +19,7 @@ import torch
 from torchroof.counters.cost import ZERO, Cost, Unit
 from torchroof.counters.tensors import compute_dtype, io_bytes, is_view_schema, read_tensors
 
-from torchroof.records import OpRecord
+from torchroof.records.trace import OpRecord
 
 Rule = Callable[[OpRecord], Cost]
 
@@ -55,7 +55,7 @@ OP_KINDS: dict[OpKind, str] = {
     "pointwise": "elementwise arithmetic, activations and their backward, in-place forms, "
     "fills (add, mul, silu, gelu, pow, where, fill_): fused with the ops it shares data "
     "with; a compiled backward rebuilds a cheap forward pointwise tensor instead of reading "
-    "it (torchroof/recompute.py); an optimizer step's elementwise update",
+    "it (torchroof/kernels/recompute.py); an optimizer step's elementwise update",
     "cast": "a dtype conversion (_to_copy): fused and rebuilt like pointwise (an fp32 "
     "upcast is never saved); the cross-entropy chain of loss='chunked' walks through it; "
     "elementwise in an optimizer step",
@@ -78,7 +78,7 @@ OP_KINDS: dict[OpKind, str] = {
     "its producers and consumers; its output is saved, never rebuilt",
     "sum": "sum and mean: a reduction; over leading dimensions that keep the last one (a "
     "bias gradient) a column reduction, split as Inductor splits it "
-    "(torchroof/column_reductions.py)",
+    "(torchroof/kernels/column_reductions.py)",
     "softmax": "softmax and log-softmax forward: fused; rebuilt from its input and two fp32 "
     "row statistics (max, log-sum-exp) that its kernel writes instead of the output",
     "norm": "a norm over the last dimension (layer norm, RMS norm) forward: fused; its "

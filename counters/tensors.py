@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchroof.records import OpRecord, TensorMeta, TensorRef
+from torchroof.records.trace import OpRecord, TensorMeta, TensorRef
 
 
 def tensor_key(t: TensorMeta) -> tuple[Any, ...]:

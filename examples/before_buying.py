@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchroof.compare import compare
+from torchroof.report.compare import compare
 
 CANDIDATES = ["h100-sxm", "h200-sxm", "b200", "mi300x", "a100-sxm", "l40s"]
 

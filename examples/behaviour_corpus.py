@@ -122,7 +122,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "llama-prefill": estimate_case(L, "prefill", batch=4, seq=1024),
     "llama-prefill-eager": estimate_case(L, "prefill", batch=4, seq=1024, fusion="eager"),
     "llama-decode": estimate_case(L, "decode", batch=16, context=2048),
-    "llama-decode-dynamic-cache": estimate_case(L, "decode", batch=4, context=1024, cache="dynamic"),
+    "llama-decode-dynamic-cache": estimate_case(
+        L, "decode", batch=4, context=1024, cache="dynamic"
+    ),
     "llama-train": estimate_case(L, "train", batch=2, seq=512),
     "llama-train-fp32": estimate_case(L, "train", batch=2, seq=256, precision="fp32"),
     "llama-train-checkpointing": estimate_case(L, "train", batch=2, seq=512, checkpointing=True),
@@ -131,7 +133,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "llama-train-muon": estimate_case(L, "train", batch=2, seq=256, optimizer="muon"),
     "llama-train-chunked-loss": estimate_case(L, "train", batch=2, seq=512, loss="chunked"),
     "llama-prefill-math-attention": estimate_case(L, "prefill", batch=2, seq=512, attention="math"),
-    "llama-prefill-fp16-a100": estimate_case(L, "prefill", batch=2, seq=512, dtype="fp16", hardware="a100-sxm"),
+    "llama-prefill-fp16-a100": estimate_case(
+        L, "prefill", batch=2, seq=512, dtype="fp16", hardware="a100-sxm"
+    ),
     "llama-prefill-mi300x": estimate_case(L, "prefill", batch=2, seq=512, hardware="mi300x"),
     "llama-decode-b200": estimate_case(L, "decode", batch=32, context=4096, hardware="b200"),
     # timing modes
@@ -140,37 +144,71 @@ CASES: dict[str, Callable[[], Any]] = {
     "llama-train-realistic": estimate_case(L, "train", batch=2, seq=512, mode="realistic"),
     # quantisation recipes and KV-cache dtypes
     "llama-prefill-fp8": estimate_case(L, "prefill", batch=4, seq=1024, quant="fp8"),
-    "llama-prefill-fp8-rowwise": estimate_case(L, "prefill", batch=4, seq=1024, quant="fp8-rowwise"),
-    "llama-decode-int8-weight": estimate_case(L, "decode", batch=8, context=2048, quant="int8-weight"),
-    "llama-decode-int4-weight": estimate_case(L, "decode", batch=8, context=2048, quant="int4-weight"),
-    "llama-decode-fp8-weight": estimate_case(L, "decode", batch=8, context=2048, quant="fp8-weight"),
-    "llama-decode-mxfp4-b200": estimate_case(L, "decode", batch=8, context=2048, quant="mxfp4-weight", hardware="b200"),
-    "llama-prefill-nvfp4-b200": estimate_case(L, "prefill", batch=2, seq=1024, quant="nvfp4", hardware="b200"),
+    "llama-prefill-fp8-rowwise": estimate_case(
+        L, "prefill", batch=4, seq=1024, quant="fp8-rowwise"
+    ),
+    "llama-decode-int8-weight": estimate_case(
+        L, "decode", batch=8, context=2048, quant="int8-weight"
+    ),
+    "llama-decode-int4-weight": estimate_case(
+        L, "decode", batch=8, context=2048, quant="int4-weight"
+    ),
+    "llama-decode-fp8-weight": estimate_case(
+        L, "decode", batch=8, context=2048, quant="fp8-weight"
+    ),
+    "llama-decode-mxfp4-b200": estimate_case(
+        L, "decode", batch=8, context=2048, quant="mxfp4-weight", hardware="b200"
+    ),
+    "llama-prefill-nvfp4-b200": estimate_case(
+        L, "prefill", batch=2, seq=1024, quant="nvfp4", hardware="b200"
+    ),
     "llama-decode-kv-fp8": estimate_case(L, "decode", batch=16, context=4096, kv_dtype="fp8"),
     "llama-train-fp8": estimate_case(L, "train", batch=2, seq=512, quant="fp8"),
     # experts and latent attention
     "mixtral-prefill": estimate_case(M, "prefill", batch=2, seq=1024),
     "mixtral-decode": estimate_case(M, "decode", batch=16, context=2048),
-    "mixtral-train-ep2-imbalance": estimate_case(M, "train", batch=2, seq=512, ep=2, fsdp=2, routing_imbalance=1.5, hardware="dgx-h100"),
+    "mixtral-train-ep2-imbalance": estimate_case(
+        M, "train", batch=2, seq=512, ep=2, fsdp=2, routing_imbalance=1.5, hardware="dgx-h100"
+    ),
     "deepseek-decode-absorbed": estimate_case(D, "decode", batch=8, context=2048, mla="absorbed"),
     "deepseek-decode-expanded": estimate_case(D, "decode", batch=8, context=2048, mla="expanded"),
     "deepseek-prefill": estimate_case(D, "prefill", batch=2, seq=1024),
     # every parallel strategy, priced on a cluster
     "llama-train-tp2": estimate_case(L, "train", batch=2, seq=512, tp=2, hardware="dgx-h100"),
-    "llama-train-tp2-sp": estimate_case(L, "train", batch=2, seq=512, tp=2, sequence_parallel=True, hardware="dgx-h100"),
+    "llama-train-tp2-sp": estimate_case(
+        L, "train", batch=2, seq=512, tp=2, sequence_parallel=True, hardware="dgx-h100"
+    ),
     "llama-train-fsdp4": estimate_case(L, "train", batch=2, seq=512, fsdp=4, hardware="dgx-h100"),
-    "llama-train-hsdp": estimate_case(L, "train", batch=2, seq=512, fsdp=2, dp=2, hardware="dgx-h100"),
+    "llama-train-hsdp": estimate_case(
+        L, "train", batch=2, seq=512, fsdp=2, dp=2, hardware="dgx-h100"
+    ),
     "llama-train-cp2": estimate_case(L, "train", batch=1, seq=2048, cp=2, hardware="dgx-h100"),
     "llama-prefill-tp2": estimate_case(L, "prefill", batch=4, seq=1024, tp=2, hardware="dgx-h100"),
-    "llama-decode-tp2": estimate_case(L, "decode", batch=16, context=2048, tp=2, hardware="dgx-h100"),
-    "mixtral-train-ep2": estimate_case(M, "train", batch=2, seq=512, ep=2, fsdp=2, hardware="dgx-h100"),
-    "llama-train-pp2-1f1b": estimate_case(L, "train", batch=4, seq=256, pp=2, microbatches=4, pp_schedule="1f1b", hardware="dgx-h100"),
-    "llama-train-pp2-gpipe": estimate_case(L, "train", batch=4, seq=256, pp=2, microbatches=4, pp_schedule="gpipe", hardware="dgx-h100"),
-    "llama-train-fsdp2-microbatches": estimate_case(L, "train", batch=4, seq=256, fsdp=2, microbatches=2, hardware="dgx-h100"),
-    "llama-train-tp2-fsdp2-realistic": estimate_case(L, "train", batch=2, seq=512, tp=2, fsdp=2, mode="realistic", hardware="dgx-h100"),
+    "llama-decode-tp2": estimate_case(
+        L, "decode", batch=16, context=2048, tp=2, hardware="dgx-h100"
+    ),
+    "mixtral-train-ep2": estimate_case(
+        M, "train", batch=2, seq=512, ep=2, fsdp=2, hardware="dgx-h100"
+    ),
+    "llama-train-pp2-1f1b": estimate_case(
+        L, "train", batch=4, seq=256, pp=2, microbatches=4, pp_schedule="1f1b", hardware="dgx-h100"
+    ),
+    "llama-train-pp2-gpipe": estimate_case(
+        L, "train", batch=4, seq=256, pp=2, microbatches=4, pp_schedule="gpipe", hardware="dgx-h100"
+    ),
+    "llama-train-fsdp2-microbatches": estimate_case(
+        L, "train", batch=4, seq=256, fsdp=2, microbatches=2, hardware="dgx-h100"
+    ),
+    "llama-train-tp2-fsdp2-realistic": estimate_case(
+        L, "train", batch=2, seq=512, tp=2, fsdp=2, mode="realistic", hardware="dgx-h100"
+    ),
     # compare and sweep
-    "llama-compare-fusion": compare_case(L, "prefill", {"fusion": ["eager", "fused"]}, batch=2, seq=512),
-    "llama-compare-hardware": compare_case(L, "decode", {"hardware": ["h100-sxm", "a100-sxm"]}, batch=8, context=1024),
+    "llama-compare-fusion": compare_case(
+        L, "prefill", {"fusion": ["eager", "fused"]}, batch=2, seq=512
+    ),
+    "llama-compare-hardware": compare_case(
+        L, "decode", {"hardware": ["h100-sxm", "a100-sxm"]}, batch=8, context=1024
+    ),
     "llama-sweep-batch": sweep_case(L, "decode", "batch", [1, 8, 64], context=1024),
     "llama-sweep-seq": sweep_case(L, "prefill", "seq", [256, 1024], batch=1),
 }
@@ -246,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     for d in differ:
         print(f"differs: {d}")
-    print(f"{len(rendered) - len({d.rsplit('.', 1)[0] for d in differ})} of {len(rendered)} cases identical")
+    same = len(rendered) - len({d.rsplit(".", 1)[0] for d in differ})
+    print(f"{same} of {len(rendered)} cases identical")
     return 1 if differ else 0
 
 

@@ -25,7 +25,7 @@ def _child(tool: str, model_name: str, seq: int, regime: str) -> None:
     import torch
     import transformers.masking_utils as masking
 
-    from torchroof.models import build_model, load_config
+    from torchroof.models.sources import build_model, load_config
 
     # HF asks `.item()` whether position ids are packed; FlopCounterMode cannot answer it on
     # meta, so both tools are given the same "not packed" answer up front (no extra mode).

@@ -13,7 +13,8 @@ the median over the repeats with its range. The test suite keeps the determinist
     python examples/benchmark_validate_cpu.py --hardware my-cpu.toml   # fixed ceilings
     python examples/benchmark_validate_cpu.py --json validation.json
 
-``--size tiny`` is ``torchroof.validate.TINY_OVERRIDES`` (2 layers, d = 256); ``--size cpu``
+``--size tiny`` is ``torchroof.validation.validate.TINY_OVERRIDES`` (2 layers, d = 256); ``--size
+cpu``
 is validate's default CPU model (4 layers, d = 512), the README table's size. Every repeat
 times the median of ``--iterations`` steps and profiles one more for the per-kernel view.
 Both predictions are shown: the pure roofline (a floor) and the realistic mode (adds the
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from torchroof.validate import CPU_OVERRIDES, TINY_OVERRIDES, validate
+from torchroof.validation.validate import CPU_OVERRIDES, TINY_OVERRIDES, validate
 
 SIZES = {"tiny": TINY_OVERRIDES, "cpu": CPU_OVERRIDES}
 REGIMES = ("prefill", "decode", "train")

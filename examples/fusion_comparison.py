@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torchroof
-from torchroof.options import Workload
+from torchroof.config.options import Workload
 
 
 def main() -> None:

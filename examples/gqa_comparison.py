@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchroof.compare import compare
+from torchroof.report.compare import compare
 
 
 def main() -> None:

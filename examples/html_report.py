@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torchroof
-from torchroof.browser import console_errors, open_chromium
+from torchroof.render.browser import console_errors, open_chromium
 
 HERE = Path(__file__).parent
 

@@ -1,8 +1,10 @@
 """Inductor as referee: which kernels would torch.compile launch on a GPU, vs the fused policy?
 
-For each reference case (torchroof/referee_cases.py) this compiles the module with Inductor
+For each reference case (torchroof/validation/referee_cases.py) this compiles the module with
+Inductor
 on the CPU under its GPU scheduling rules and stops before code generation
-(torchroof/referee.py), then traces the same module on meta and groups it with torchroof's
+(torchroof/validation/referee.py), then traces the same module on meta and groups it with
+torchroof's
 ``fused`` policy. Bytes are HBM bytes read + written, summed over kernels.
 
     python examples/inductor_reference.py                  # all cases, print the table
@@ -25,8 +27,8 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from torchroof.referee import GPU_RULE_GAPS, InductorKernel, inductor_kernels, summary
-from torchroof.referee_cases import CASES, Case, torchroof_fused
+from torchroof.validation.referee import GPU_RULE_GAPS, InductorKernel, inductor_kernels, summary
+from torchroof.validation.referee_cases import CASES, Case, torchroof_fused
 
 JSON_PATH = Path(__file__).with_name("inductor_reference.json")
 MB = 1e6

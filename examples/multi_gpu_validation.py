@@ -22,7 +22,7 @@ Conventions:
   recomputation under activation checkpointing) / (step time x the GPU's dense bf16 peak);
   the sources define theirs as 6N + attention per token, so the two differ by definition.
 - Collective anchors: nccl-tests bus bandwidth = algorithm bandwidth (S / time) x bus factor
-  (torchroof.network.bus_factor); torchroof's figure is collective_time's for the same S,
+  (torchroof.timing.network.bus_factor); torchroof's figure is collective_time's for the same S,
   kind and group on the named cluster.
 """
 
@@ -44,12 +44,12 @@ from tabulate import tabulate
 from torchroof.hardware import get_cluster
 
 import torchroof
-from torchroof.analysis import communication
-from torchroof.models import load_config
-from torchroof.network import bus_factor, collective_time
+from torchroof.models.sources import load_config
 from torchroof.progress import Reporter
 from torchroof.progress import reporter as progress_reporter
-from torchroof.report import Estimate
+from torchroof.report.analysis import communication
+from torchroof.report.estimate import Estimate
+from torchroof.timing.network import bus_factor, collective_time
 
 HERE = Path(__file__).resolve().parent / "validation"
 RUNS_JSON = HERE / "multi_gpu_runs.json"
@@ -323,7 +323,7 @@ class Phase:
     overrides: Mapping[str, Any]
     regime: str
     hardware: str
-    workload: Mapping[str, Any]  # torchroof.options.Workload fields
+    workload: Mapping[str, Any]  # torchroof.config.options.Workload fields
     fusion: str
     weight: float
 
@@ -470,7 +470,7 @@ def request(run: dict[str, Any], choice: Choice) -> Request:
 class StepTimes:
     """Where one priced step's time goes (seconds): compute-stream kernels, communication
     the compute stream waited on (exposed) and communication behind compute (hidden). Step
-    = compute + exposed on the two-stream schedule (torchroof.schedule)."""
+    = compute + exposed on the two-stream schedule (torchroof.timing.streams)."""
 
     step_s: float
     compute_s: float
@@ -672,7 +672,7 @@ def pair_rows(pairs: list[PairPrediction]) -> list[list]:
 
 @dataclass(frozen=True)
 class Anchor:
-    """One measured collective point against torchroof.network.collective_time."""
+    """One measured collective point against torchroof.timing.network.collective_time."""
 
     anchor_id: str
     label: str

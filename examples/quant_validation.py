@@ -43,7 +43,7 @@ from typing import Any
 from torchroof.hardware import get_cluster
 from torchroof.hardware.cluster import UnknownClusterError
 
-from torchroof.models import load_config
+from torchroof.models.sources import load_config
 
 HERE = Path(__file__).resolve().parent
 RUNS_JSON = HERE / "validation" / "quant_runs.json"
@@ -145,7 +145,7 @@ QUANT_TP = (
 )
 MOE_EXPERTS = (
     "gpt-fast's int8 covers the stacked expert weights, and so does torchroof's "
-    "(torchroof/packed_experts.py: one grouped GEMM per projection reads the int8 codes)"
+    "(torchroof/quant/packed_experts.py: one grouped GEMM per projection reads the int8 codes)"
 )
 MOE_TP_BASELINE = (
     "bf16 baseline of a TP 2 pair whose int8 run is refused (quant with tp > 1); a bf16 "

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import torchroof
-from torchroof.plots import layer_plot, roofline_plot
+from torchroof.render.plots import layer_plot, roofline_plot
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import torchroof
-from torchroof.report import Estimate
+from torchroof.report.estimate import Estimate
 
 HERE = Path(__file__).resolve().parent
 RUNS_JSON = HERE / "validation" / "single_gpu_runs.json"

@@ -9,7 +9,8 @@ step so every row's columns compare: the pure roofline (a floor: no launch, no w
 the realistic mode, which adds the launch the hardware file lists (the calibrated file's is
 the one measured here) and, where the file has SMs and on-chip rates, waves, on-chip roofs,
 the latency shelf and the achievable fractions. A model step's ratio is the median of its
-repeats' ratios (torchroof.validate). Results go to examples/validation/<device>.json (and
+repeats' ratios (torchroof.validation.validate). Results go to examples/validation/<device>.json
+(and
 the measured TOML beside it).
 
     python examples/validate_gpu.py --device cuda --hardware h200-sxm
@@ -31,9 +32,9 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 import torchroof
-from torchroof.calibrate import calibrate, time_op
-from torchroof.options import TIMING_MODES
-from torchroof.validate import TINY_OVERRIDES, validate
+from torchroof.config.options import TIMING_MODES
+from torchroof.validation.calibrate import calibrate, time_op
+from torchroof.validation.validate import TINY_OVERRIDES, validate
 
 OUT = Path(__file__).resolve().parent / "validation"
 

@@ -85,8 +85,8 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "compute_units": (False, True, "SMs or CUs"),
     # seed 000 Table 4 and "The third regime: latency": the on-chip boundaries (aggregate,
     # approximate), the memory latency, the per-kernel launch cost and the achievable
-    # fractions of peak that torchroof's realistic mode reads (torchroof/roofline.py,
-    # torchroof/hierarchy.py)
+    # fractions of peak that torchroof's realistic mode reads (torchroof/timing/roofline.py,
+    # torchroof/timing/hierarchy.py)
     "l2_bytes_per_s": (False, False, "B/s"),
     "shared_memory_bytes_per_s": (False, False, "B/s"),
     "register_bytes_per_s": (False, False, "B/s"),

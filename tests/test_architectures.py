@@ -8,8 +8,8 @@ from conftest import TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
-from torchroof.models import build_model
-from torchroof.options import Workload, WorkloadError
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.models.sources import build_model
 from torchroof.workloads import kv_bytes_per_token, run_workload
 
 
@@ -109,8 +109,8 @@ def test_absorbed_mla_decode_equals_transformers_expanded_attention():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from torchroof.capture import Capture
-    from torchroof.mla import absorbed_mla
+    from torchroof.capture.mode import Capture
+    from torchroof.models.mla import absorbed_mla
 
     torch.manual_seed(0)
     config = AutoConfig.for_model("deepseek_v3", **{**TINY_MLA, "first_k_dense_replace": 2})
@@ -175,7 +175,7 @@ def test_absorbed_mla_reads_each_up_projection_once_whatever_the_batch():
 
 
 def test_sparse_attention_indexers_keep_the_expanded_path():
-    from torchroof.completions import default_config
+    from torchroof.models.completions import default_config
 
     est = torchroof.estimate(default_config("deepseek_v32"), "decode", context=64)
     assert "mla" not in est.metadata  # DSA's top-k indexer is not absorbed (not modelled)

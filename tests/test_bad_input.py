@@ -6,7 +6,7 @@ warning naming the figure and the unit it looks typed in, or a correct number; n
 traceback, never a hang, and nothing run from a model directory.
 
 Cases are refused before tracing or use a 2-layer Llama of d = 128 (tests/conftest.py's
-SMALL); the CLI is called in process (``torchroof.cli.main``) except where a real process
+SMALL); the CLI is called in process (``torchroof.cli.main.main``) except where a real process
 matters (the security case and one end-to-end exit code).
 """
 
@@ -28,13 +28,13 @@ from torchroof.hardware import HardwareFigureWarning, available, available_clust
 from torchroof.hardware.cluster import load_cluster_file
 
 import torchroof
-from torchroof.capture import OpBudgetExceeded
-from torchroof.cli import main
-from torchroof.errors import OptionError, WorkloadError
-from torchroof.models import load_config
-from torchroof.records import OpRecord, TensorMeta, Trace, TraceFileError
-from torchroof.report import Estimate
-from torchroof.trace_checks import unpriceable_op
+from torchroof.capture.mode import OpBudgetExceeded
+from torchroof.cli.main import main
+from torchroof.config.errors import OptionError, WorkloadError
+from torchroof.models.sources import load_config
+from torchroof.pricing.trace_checks import unpriceable_op
+from torchroof.records.trace import OpRecord, TensorMeta, Trace, TraceFileError
+from torchroof.report.estimate import Estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -510,7 +510,7 @@ def test_an_op_its_rule_cannot_read_is_named_when_built_in_memory():
     bad = TensorMeta((2, 3, 4), (12, 4, 1), "float32", 1, 0)
     other = TensorMeta((4, 5), (5, 1), "float32", 2, 0)
     out = TensorMeta((2, 5), (5, 1), "float32", 3, 0)
-    from torchroof.records import TensorRef
+    from torchroof.records.trace import TensorRef
 
     op = OpRecord(
         0,

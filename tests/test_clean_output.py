@@ -78,8 +78,8 @@ def test_importing_torchao_through_torchroof_prints_nothing():
     # torchao logs "Failed to load ..._C_cutlass_90a.abi3.so" / "_C_mxfp8" without its CUDA
     # extensions, and torch's pytree "Enum subclass ... register_constant()" W-lines
     code = """
-import torchroof.quantize
-from torchroof.quantize import quiet_imports
+import torchroof.quant.recipes
+from torchroof.quant.recipes import quiet_imports
 with quiet_imports():
     import torchao.quantization
     import torchao.float8

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from torchroof.cli import main
+from torchroof.cli.main import main
 
 
 def test_estimate_prints_budget_and_writes_json(tmp_path, capsys):

@@ -204,7 +204,7 @@ def test_a_user_cluster_of_user_accelerators(tmp_path):
 
 
 def test_cli_prints_a_cluster_and_its_ridges(capsys):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     assert main(["hardware", "dgx-h100"]) == 0
     printed = capsys.readouterr().out
@@ -218,7 +218,7 @@ def test_cli_prints_a_cluster_and_its_ridges(capsys):
 
 
 def test_cli_unknown_name_is_one_line_naming_clusters(capsys):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     assert main(["hardware", "dgx-h1000"]) == 2
     err = capsys.readouterr().err
@@ -226,7 +226,7 @@ def test_cli_unknown_name_is_one_line_naming_clusters(capsys):
 
 
 def test_cli_reads_a_user_cluster_file(tmp_path, capsys):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     _write(tmp_path, USER_ACCELERATOR, "my-gpu.toml")
     path = _write(tmp_path, USER_CLUSTER, "my-box.toml")

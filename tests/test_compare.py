@@ -7,9 +7,9 @@ import re
 import pytest
 
 import torchroof
-from torchroof.cli import main
-from torchroof.compare import compare, parse_value, sweep
-from torchroof.explore import gemm_workbench, roofline_point
+from torchroof.cli.main import main
+from torchroof.labs.explore import gemm_workbench, roofline_point
+from torchroof.report.compare import compare, parse_value, sweep
 
 
 def test_gqa_comparison_kv_bytes_differ_by_exactly_eight():
@@ -85,7 +85,7 @@ def test_roofline_explorer_rmsnorm_example():
 
 def test_plots_are_valid_images(tmp_path, meta_lm):
     pytest.importorskip("matplotlib")
-    from torchroof.plots import layer_plot, roofline_plot, sweep_plot
+    from torchroof.render.plots import layer_plot, roofline_plot, sweep_plot
 
     est = torchroof.estimate(meta_lm("llama"), "train", batch=2, seq=64)
     png = roofline_plot(est, tmp_path / "roofline.png")
@@ -100,7 +100,7 @@ def test_plots_are_valid_images(tmp_path, meta_lm):
 
 
 def test_timeline_is_a_chrome_trace(tmp_path, meta_lm):
-    from torchroof.timeline import write_chrome_trace
+    from torchroof.render.chrome_trace import write_chrome_trace
 
     est = torchroof.estimate(meta_lm("llama"), "train", batch=1, seq=32)
     path = tmp_path / "timeline.json"

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.fusion import build_kernels
-from torchroof.options import PricingOptions
+from torchroof.config.options import PricingOptions
+from torchroof.kernels.fusion import build_kernels
 
 
 def _meta(*shape, dtype=torch.float32, grad=False):
@@ -156,7 +156,7 @@ def test_fusion_crosses_the_seam_between_blocks(meta_lm):
 
 
 def test_split_factor_follows_inductor_outer_reduction_heuristic():
-    from torchroof.column_reductions import mix_order, split_factor
+    from torchroof.kernels.column_reductions import mix_order, split_factor
 
     # 512 x 512: rows·cols = 262,144 < 32·132·2048 elements, split size 32 rows per thread
     # -> S = ceil(512 / (4·32)) = 4 (Inductor's partial buffer: 4 x 512 fp32 = 8,192 B)

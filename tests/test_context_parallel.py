@@ -1,6 +1,6 @@
 """Context parallel (issue 13 item 2): ``cp`` ranks split each sequence, and attention runs
 as torch's own load-balanced ring attention (``torch.distributed.tensor.experimental``'s
-context-parallel dispatcher, torchroof.parallel.apply_context_parallel); one rank's local
+context-parallel dispatcher, torchroof.parallel.program.apply_context_parallel); one rank's local
 ops and its K/V exchange are recorded, the exchange as collectives on the cp group.
 
 The model is conftest.PARALLEL_LLAMA: 2 layers, d = 256, 4 heads of 64 (2 KV heads), MLP
@@ -22,10 +22,8 @@ from torchroof.hardware.cluster import get_cluster
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
 import torchroof
-from torchroof import analysis
-from torchroof.network import collective_time
-from torchroof.options import Workload, WorkloadError
-from torchroof.parallel import (
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.parallel.program import (
     CONTEXT_PARALLEL_ATTENTION,
     ContextParallelError,
     ParallelPlan,
@@ -33,7 +31,9 @@ from torchroof.parallel import (
     build_mesh,
     fake_process_group,
 )
-from torchroof.records import OpRecord, Trace
+from torchroof.records.trace import OpRecord, Trace
+from torchroof.report import analysis
+from torchroof.timing.network import collective_time
 
 B, T = 2, 64
 H, H_KV, HEAD = 4, 2, 64

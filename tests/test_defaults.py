@@ -1,6 +1,6 @@
 """Defaults and names a user expects ("First contact", section 4): ``seq`` follows the
 model's maximum positions, training defaults to mixed precision, the Python API mirrors the
-CLI (``torchroof.compare`` / ``torchroof.sweep``, ``estimate``'s keywords listed), a plain
+CLI (``torchroof.report.compare`` / ``torchroof.sweep``, ``estimate``'s keywords listed), a plain
 ``nn.Module`` traces on the inputs given, and compare / sweep refuse a bad variant before
 anything is traced."""
 
@@ -16,10 +16,10 @@ import torch
 from conftest import SMALL
 
 import torchroof
-from torchroof.cli import _parser, main
-from torchroof.errors import WorkloadError
-from torchroof.models import PositionLimitError, load_config
-from torchroof.options import DEFAULT_SEQ, PricingOptions, Workload
+from torchroof.cli.main import _parser, main
+from torchroof.config.errors import WorkloadError
+from torchroof.config.options import DEFAULT_SEQ, PricingOptions, Workload
+from torchroof.models.sources import PositionLimitError, load_config
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=512)
 
@@ -144,9 +144,9 @@ def test_estimate_lists_every_knob_by_name():
 
 
 def test_compare_and_sweep_are_top_level_with_the_cli_names():
-    module = importlib.import_module("torchroof.compare")
-    assert torchroof.compare is module.compare and torchroof.sweep is module.sweep
-    compare_names = list(inspect.signature(torchroof.compare).parameters)
+    module = importlib.import_module("torchroof.report.compare")
+    assert torchroof.report.compare is module.compare and torchroof.sweep is module.sweep
+    compare_names = list(inspect.signature(torchroof.report.compare).parameters)
     assert compare_names[:3] == ["model", "vary", "hardware"]
     sweep_names = list(inspect.signature(torchroof.sweep).parameters)
     assert sweep_names[:4] == ["model", "over", "values", "hardware"]
@@ -202,7 +202,7 @@ def test_a_plain_module_refuses_decode_and_names_the_inputs_way():
 
 @pytest.fixture
 def no_tracing(monkeypatch):
-    module = importlib.import_module("torchroof.compare")
+    module = importlib.import_module("torchroof.report.compare")
 
     def traced(*_, **__):
         raise AssertionError("traced before every variant was checked")

@@ -1,6 +1,6 @@
 """Expert parallelism: rank 0 of transformers' all-to-all dispatch (AllToAllEP) on a fake
-process group, traced on meta under balanced routing (torchroof.expert_parallel,
-torchroof.routing)."""
+process group, traced on meta under balanced routing (torchroof.parallel.expert,
+torchroof.capture.routing)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,17 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import LlamaConfig, MixtralConfig
 
 import torchroof
-from torchroof.errors import OptionError, WorkloadError
-from torchroof.expert_parallel import apply_expert_parallel, expert_mesh, without_expert_rules
-from torchroof.models import build_model
-from torchroof.options import PricingOptions, Workload
-from torchroof.parallel import ParallelPlan, apply_tensor_parallel, build_mesh, fake_process_group
-from torchroof.records import OpRecord, Trace
+from torchroof.config.errors import OptionError, WorkloadError
+from torchroof.config.options import PricingOptions, Workload
+from torchroof.models.sources import build_model
+from torchroof.parallel.expert import apply_expert_parallel, expert_mesh, without_expert_rules
+from torchroof.parallel.program import (
+    ParallelPlan,
+    apply_tensor_parallel,
+    build_mesh,
+    fake_process_group,
+)
+from torchroof.records.trace import OpRecord, Trace
 
 # A tiny Mixtral: d = 64, 8 experts of FFN 128 (gate-up 64 -> 256, down 128 -> 64), top-2,
 # 2 layers, 4 heads of 16 (2 KV heads), vocab 128.

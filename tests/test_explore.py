@@ -6,10 +6,10 @@ import re
 import pytest
 from torchroof.hardware import get
 
-from torchroof.cli import main
-from torchroof.explore import PRESETS, boundaries, find_pipe, gemm_workbench, roofline_point
-from torchroof.fusion_bench import fusion_bench, parse_boundaries
-from torchroof.io_bounds import attention_bounds, chunked_cross_entropy
+from torchroof.cli.main import main
+from torchroof.labs.explore import PRESETS, boundaries, find_pipe, gemm_workbench, roofline_point
+from torchroof.labs.fusion_bench import fusion_bench, parse_boundaries
+from torchroof.labs.io_bounds import attention_bounds, chunked_cross_entropy
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BF16_PEAK = 989.4e12  # H100 SXM dense bf16
@@ -320,8 +320,8 @@ def test_flash_attention_tiled_bound():
     assert b.intensity("compulsory") == 2048  # N/s
     assert b.intensity("naive") == pytest.approx(nd / (2 * (4096 + 128)))  # 62.1
     # hierarchy.attention_levels counts the same bytes at L2 (B_r = 128)
-    from torchroof.hierarchy import attention_levels
-    from torchroof.kernel_shape import KernelShape
+    from torchroof.timing.hierarchy import attention_levels
+    from torchroof.timing.kernel_shape import KernelShape
 
     shape = KernelShape("attention", 2, batch=1, m=4096, n=4096, k=128)
     assert attention_levels(shape, b.compulsory_bytes, get("h100")).l2 == b.tiled_bytes

@@ -8,10 +8,10 @@ from torchroof.counters import OP_KINDS, cost_of, kind_of, registered_packets
 from torchroof.counters.norms import NORM_FLOPS
 
 import torchroof
-from torchroof import optimizer_step, recompute
-from torchroof.fusion import FUSED_KINDS, build_kernels
-from torchroof.options import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
-from torchroof.recompute import recomputable_tensors
+from torchroof.config.options import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
+from torchroof.kernels import optimizer_step, recompute
+from torchroof.kernels.fusion import FUSED_KINDS, build_kernels
+from torchroof.kernels.recompute import recomputable_tensors
 
 
 def _meta(*shape, dtype=torch.bfloat16, grad=False):

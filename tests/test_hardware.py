@@ -378,7 +378,7 @@ def test_the_readme_documents_every_key_and_its_example_loads(tmp_path):
 
 
 def test_the_hardware_listing_is_the_readme_table(capsys):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     assert main(["hardware"]) == 0
     printed = capsys.readouterr().out
@@ -389,7 +389,7 @@ def test_the_hardware_listing_is_the_readme_table(capsys):
 
 @pytest.mark.parametrize("command", [["estimate", "gpt2"], ["gemm", "64", "64", "64"]])
 def test_cli_answers_a_bad_hardware_file_in_one_line(tmp_path, capsys, command):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     path = _write(tmp_path, BAD_THREE)
     assert main([*command, "--hardware", str(path)]) == 2
@@ -401,8 +401,8 @@ def test_cli_answers_a_bad_hardware_file_in_one_line(tmp_path, capsys, command):
 
 
 def test_gemm_tile_fit_uses_the_hardwares_shared_memory(tmp_path, capsys):
-    from torchroof.cli import main
-    from torchroof.explore import gemm_workbench
+    from torchroof.cli.main import main
+    from torchroof.labs.explore import gemm_workbench
 
     # two bf16 128 x 128 input tiles, 2 x 128 * 128 * 2 B = 64 KiB, plus a 128 x 128 fp32
     # accumulator, 128 * 128 * 4 B = 64 KiB: 128 KiB
@@ -441,7 +441,7 @@ def test_gemm_tile_fit_uses_the_hardwares_shared_memory(tmp_path, capsys):
 
 
 def test_gemm_on_a_spec_without_shared_memory_says_what_to_add(tmp_path, capsys):
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     text = "\n".join(
         line for line in H100_TEXT.splitlines() if not line.startswith("shared_memory")

@@ -11,8 +11,10 @@ from torchroof.counters import Cost
 from torchroof.hardware import boundary_table, get
 
 import torchroof
-from torchroof.errors import OptionError
-from torchroof.hierarchy import (
+from torchroof.config.errors import OptionError
+from torchroof.config.options import PricingOptions
+from torchroof.render.text import binds, timing_lines
+from torchroof.timing.hierarchy import (
     GemmTile,
     Levels,
     attention_levels,
@@ -22,10 +24,8 @@ from torchroof.hierarchy import (
     split_k,
     waves,
 )
-from torchroof.kernel_shape import KernelShape
-from torchroof.options import PricingOptions
-from torchroof.render_text import binds, timing_lines
-from torchroof.roofline import time_kernel
+from torchroof.timing.kernel_shape import KernelShape
+from torchroof.timing.roofline import time_kernel
 
 H100 = get("h100-sxm")
 PEAK = H100.tensor_peak("bf16")  # 989.4e12
@@ -148,7 +148,7 @@ def test_latency_shelf_sits_under_the_diagonal():
 
 
 def _estimate_kernel(t):
-    from torchroof.report import KernelEstimate
+    from torchroof.report.estimate import KernelEstimate
 
     return KernelEstimate(
         index=0,

@@ -15,16 +15,16 @@ pytest.importorskip("plotly", reason="the HTML report needs plotly (pip install 
 from torchroof.hardware import available, get
 
 from torchroof.api import trace_model
-from torchroof.cli import main
-from torchroof.pipeline import estimate_trace
-from torchroof.render_html import (
+from torchroof.cli.main import main
+from torchroof.pricing.price import estimate_trace
+from torchroof.render.html import (
     REPORT_FORMAT,
     accelerators,
     estimate_data,
     peak_key,
     why_not_repriced,
 )
-from torchroof.report import Estimate
+from torchroof.report.estimate import Estimate
 
 
 def page_json(page: str) -> dict:
@@ -178,12 +178,12 @@ def test_estimate_compare_and_sweep_write_html_from_the_command_line(tmp_path, c
 
 
 def test_a_bad_html_path_fails_before_any_tracing(tmp_path, capsys, monkeypatch):
-    import torchroof.cli
+    import torchroof.cli.main
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("traced before checking the output path")
 
-    monkeypatch.setattr(torchroof.cli, "trace_workload", no_tracing)
+    monkeypatch.setattr(torchroof.cli.main, "trace_workload", no_tracing)
     assert main(["estimate", "gpt2", "--seq", "8", "--html", str(tmp_path / "r.txt")]) == 2
     assert "a .html file" in capsys.readouterr().err
     missing = tmp_path / "no" / "r.html"

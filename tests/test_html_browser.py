@@ -18,9 +18,9 @@ pytest.importorskip("plotly", reason="the HTML report needs plotly (pip install 
 from torchroof.hardware import available, get_cluster
 
 from torchroof.api import trace_model
-from torchroof.browser import console_errors, open_chromium
-from torchroof.compare import Sweep, SweepPoint
-from torchroof.pipeline import estimate_trace
+from torchroof.pricing.price import estimate_trace
+from torchroof.render.browser import console_errors, open_chromium
+from torchroof.report.compare import Sweep, SweepPoint
 
 # A Llama large enough that a step takes milliseconds, so the printed ms digits differ
 # between accelerators (the trace is on meta: nothing is allocated).
@@ -203,7 +203,7 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
     model = meta_causal_lm("llama", **MID_LLAMA)
     from selenium.webdriver.common.by import By
 
-    from torchroof import analysis
+    from torchroof.report import analysis
 
     trace = trace_model(model, regime="train", seq=512, fsdp=2, tp=2)
     cluster = get_cluster("dgx-h100")
@@ -270,7 +270,7 @@ def test_a_comparison_is_repriced_variant_by_variant(browser, prefill_trace, tmp
     prices every variant on the one chosen, each from its own kernels."""
     from selenium.webdriver.common.by import By
 
-    from torchroof.compare import Comparison, Variant
+    from torchroof.report.compare import Comparison, Variant
 
     variants = [
         Variant(f"hardware={name}", {"hardware": name}, estimate_trace(prefill_trace, name))

@@ -1,8 +1,16 @@
-"""The package's import graph has no cycle and no module reaches into another's privates.
+"""The package's layering: each folder imports only the folders below it, no import cycle,
+and no module reaching into another's private names.
 
-DESIGN "Target layout": each box imports only boxes below it. The graph is read from the
-source (every ``import`` statement, including those inside functions, which are edges all
-the same once they run); ``if TYPE_CHECKING:`` blocks are left out, as they never run.
+The order is the order data flows (the developer guide's layout page): the leaves
+(``config``, ``records``, ``hardware`` and the two utilities ``progress`` and ``quiet``)
+import nothing of torchroof, not even under ``TYPE_CHECKING``; ``counters`` reads only
+``records``; then capture, quantisation, models, parallel programs, workloads, kernels,
+timing, the report's data, pricing, pipeline parallelism (it traces and prices whole
+stages, so it sits above pricing), rendering, the public API, the labs and validation,
+and the command line on top. The graph is read from the source: every ``import``
+statement, including those inside functions (edges all the same once they run);
+``if TYPE_CHECKING:`` blocks are left out of the cycle check, as they never run, but not
+out of the leaves' check.
 """
 
 from __future__ import annotations
@@ -10,6 +18,8 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 import torchroof
 
@@ -39,7 +49,7 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return [n for n in ast.walk(tree) if id(n) not in skipped]
 
 
-def import_graph() -> tuple[dict[str, set[str]], list[str]]:
+def import_graph(type_checking: bool = False) -> tuple[dict[str, set[str]], list[str]]:
     """(module -> the package modules it imports, private names imported across modules).
 
     ``from torchroof import routing`` is an edge to ``torchroof.routing``, not to the
@@ -49,7 +59,8 @@ def import_graph() -> tuple[dict[str, set[str]], list[str]]:
     private: list[str] = []
     for name, path in modules.items():
         aliases: dict[str, str] = {}  # local name -> imported package module
-        for node in _runtime_nodes(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in list(ast.walk(tree)) if type_checking else _runtime_nodes(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchroof"):
                 for alias in node.names:
                     target = f"{node.module}.{alias.name}"
@@ -110,7 +121,7 @@ def test_find_cycle_sees_a_two_module_loop():
 
 def test_the_package_has_no_import_cycle():
     edges, _ = import_graph()
-    assert "torchroof.pipeline" in edges  # the walk found the package at all
+    assert "torchroof.pricing.price" in edges  # the walk found the package at all
     assert find_cycle(edges) == []
 
 
@@ -119,10 +130,91 @@ def test_no_module_imports_another_modules_private_names():
     assert private == []
 
 
-def test_pipeline_is_the_stage_only():
-    """The model-level entry points live in torchroof.api; the pricing stage imports no
-    capture, workload or model-building module."""
-    edges, _ = import_graph()
-    above = {"torchroof.api", "torchroof.capture", "torchroof.workloads", "torchroof.models"}
-    assert not edges["torchroof.pipeline"] & above
-    assert "torchroof.pipeline" in edges["torchroof.api"]
+# bottom first: a module may import modules of its own room or of any lower rank
+LAYERS: list[tuple[str, ...]] = [
+    (
+        "torchroof.config",
+        "torchroof.records",
+        "torchroof.hardware",
+        "torchroof.progress",
+        "torchroof.quiet",
+    ),
+    ("torchroof.counters",),
+    ("torchroof.capture",),
+    ("torchroof.quant",),
+    ("torchroof.models",),
+    ("torchroof.parallel",),
+    ("torchroof.workloads",),
+    ("torchroof.kernels",),
+    ("torchroof.timing",),
+    ("torchroof.report",),
+    ("torchroof.pricing",),
+    ("torchroof.parallel.pipeline",),
+    ("torchroof.render",),
+    ("torchroof.api", "torchroof.studies"),
+    ("torchroof.labs", "torchroof.validation"),
+    ("torchroof.cli",),
+    ("torchroof", "torchroof.__main__"),
+]
+LEAVES = set(LAYERS[0])
+RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def room(module: str) -> str:
+    """The longest entry of LAYERS that is ``module`` or a package above it."""
+    best = ""
+    for candidate in RANK:
+        if (module == candidate or module.startswith(candidate + ".")) and len(candidate) > len(
+            best
+        ):
+            best = candidate
+    assert best, f"{module} is in no layer: add its folder to LAYERS"
+    return best
+
+
+MODULES = _modules()
+EDGES, _ = import_graph(type_checking=True)
+
+
+def test_every_module_has_a_layer():
+    assert len(MODULES) > 60
+    for module in MODULES:
+        room(module)  # fails when a new folder is in no layer
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_room_above_its_own(module):
+    own = room(module)
+    wrong = []
+    for target in sorted(EDGES.get(module, ())):
+        there = room(target)
+        if there == own or own.startswith(there + ".") or there.startswith(own + "."):
+            continue  # its own room, the package it lives in, or a folder inside it
+        if RANK[there] >= RANK[own]:
+            wrong.append(f"{target} ({there}, rank {RANK[there]})")
+    assert not wrong, f"{module} ({own}, rank {RANK[own]}) imports upward: {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if room(m) in LEAVES))
+def test_leaves_import_nothing_of_torchroof_outside_themselves(module):
+    own = room(module)
+    outside = sorted(t for t in EDGES.get(module, ()) if room(t) != own)
+    assert not outside, f"{module} is a leaf but imports {outside}"
+
+
+def test_counters_read_only_records():
+    for module in MODULES:
+        if room(module) == "torchroof.counters":
+            others = {room(t) for t in EDGES.get(module, ())} - {"torchroof.counters"}
+            assert others <= {"torchroof.records"}, (module, others)
+
+
+def test_the_rank_table_orders_the_stages():
+    # records is a leaf (rank 0); pricing builds the report's Estimate, so it is above it;
+    # pipeline parallelism prices whole stages, so it is above pricing, though inside parallel/
+    assert RANK[room("torchroof.records.trace")] == 0
+    assert RANK[room("torchroof.pricing.price")] > RANK[room("torchroof.report.estimate")]
+    assert room("torchroof.parallel.pipeline.price") == "torchroof.parallel.pipeline"
+    assert (
+        RANK["torchroof.parallel.pipeline"] > RANK["torchroof.pricing"] > RANK["torchroof.parallel"]
+    )

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.capture import (
+from torchroof.capture.mode import (
     DEFAULT_MAX_ITEM_ANSWERS,
     DEFAULT_MAX_OPS,
     Capture,
     OpBudgetExceeded,
     op_budget,
 )
-from torchroof.models import (
+from torchroof.models.sources import (
     LayerCountError,
     PositionLimitError,
     check_layers,
@@ -276,7 +276,7 @@ def test_a_config_without_layers_is_refused(model_type, field, value):
 
 
 def test_every_shipped_config_has_layers():
-    from torchroof.models import shipped_models
+    from torchroof.models.sources import shipped_models
 
     for name in shipped_models():
         check_layers(load_config(name))
@@ -285,7 +285,7 @@ def test_every_shipped_config_has_layers():
 def test_a_plain_module_is_told_how_to_trace_a_step_by_hand():
     import torch
 
-    from torchroof.options import WorkloadError
+    from torchroof.config.options import WorkloadError
 
     with pytest.raises(WorkloadError) as error:
         torchroof.estimate(torch.nn.Sequential(torch.nn.Linear(8, 8)), "train", seq=8)

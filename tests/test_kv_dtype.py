@@ -10,9 +10,9 @@ from conftest import SMALL, TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
-from torchroof.errors import WorkloadError
-from torchroof.models import build_model
-from torchroof.options import Workload
+from torchroof.config.errors import WorkloadError
+from torchroof.config.options import Workload
+from torchroof.models.sources import build_model
 from torchroof.workloads import kv_bytes_per_token, regime
 
 # Llama-3-8B (shipped config): 32 layers, 8 KV heads of 128 dims, 32 query heads, bf16.

@@ -29,7 +29,7 @@ from torchroof.counters.optimizers import ADAM_8BIT_FLOPS
 from transformers import LlamaConfig
 
 import torchroof
-from torchroof.report import Estimate, KernelEstimate
+from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.workloads.train import FUSED_OPTIMIZERS, OPTIMIZERS
 
 FUSED = "torchroof.fused_optimizer_step.default"

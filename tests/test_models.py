@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.models import load_config, shipped_models
+from torchroof.models.sources import load_config, shipped_models
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))

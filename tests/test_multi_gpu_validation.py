@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import load_example
 
-from torchroof.report import Estimate, KernelEstimate
+from torchroof.report.estimate import Estimate, KernelEstimate
 
 mgv = load_example("multi_gpu_validation")
 DATA = mgv.load_data()
@@ -199,8 +199,8 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
 
 def test_context_parallel_refusals_are_what_torchroof_refuses():
     """A refused run with CP > 1 names why in torchroof's terms: its CP with FSDP or DP is
-    refused by torchroof.options.Workload today (a reason to revisit once it is not)."""
-    from torchroof.options import Workload, WorkloadError
+    refused by torchroof.config.options.Workload today (a reason to revisit once it is not)."""
+    from torchroof.config.options import Workload, WorkloadError
 
     cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
     assert len(cp_rows) == 6

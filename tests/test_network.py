@@ -3,7 +3,7 @@
 import pytest
 from torchroof.hardware import get_cluster
 
-from torchroof.network import COLLECTIVE_KINDS, bus_factor, collective_time
+from torchroof.timing.network import COLLECTIVE_KINDS, bus_factor, collective_time
 
 GIB = 2**30
 H100 = get_cluster("dgx-h100")

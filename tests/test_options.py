@@ -1,4 +1,4 @@
-"""One place for every knob (torchroof/options.py): the API, the CLI and compare read the
+"""One place for every knob (torchroof/config/options.py): the API, the CLI and compare read the
 same two dataclasses, so a knob cannot drift between them."""
 
 import json
@@ -7,9 +7,9 @@ from dataclasses import fields
 import pytest
 
 import torchroof
-from torchroof.cli import _parser, main
-from torchroof.compare import compare
-from torchroof.options import OptionError, PricingOptions, Workload
+from torchroof.cli.main import _parser, main
+from torchroof.config.options import OptionError, PricingOptions, Workload
+from torchroof.report.compare import compare
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=512)
 
@@ -36,7 +36,7 @@ def test_flag_units_and_booleans_follow_the_fields():
         ["estimate", "--launch-overhead-us", "4", "--no-overlap", "--tf32", "--checkpointing"]
     )
     assert args.launch_overhead_s == 4  # in the flag's microseconds until converted
-    from torchroof.options import from_flags
+    from torchroof.config.options import from_flags
 
     pricing = PricingOptions(**from_flags(args, PricingOptions))
     assert pricing.launch_overhead_s == pytest.approx(4e-6)

@@ -1,4 +1,4 @@
-"""Packed low-bit linear layers (torchroof/packed_weights.py) and their cost rules
+"""Packed low-bit linear layers (torchroof/quant/packed_weights.py) and their cost rules
 (counters/quantized.py): seed 000 "GEMM from first principles" (W = 2MNK, Q compulsory, a
 packed operand read at its stored width) and Table 1 (the fp4 peak on Blackwell only)."""
 
@@ -11,7 +11,7 @@ from torchroof.hardware import UnsupportedDtypeError
 
 import torchroof
 from torchroof.api import meta_copy
-from torchroof.packed_weights import (
+from torchroof.quant.packed_weights import (
     PACKED_QUANTS,
     apply_packed_weights,
     dequantize_int4,

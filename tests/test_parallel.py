@@ -20,7 +20,7 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
-from torchroof.parallel import (
+from torchroof.parallel.program import (
     ParallelPlan,
     apply_fsdp,
     apply_tensor_parallel,
@@ -28,7 +28,7 @@ from torchroof.parallel import (
     fake_parameters,
     fake_process_group,
 )
-from torchroof.records import OpRecord, TensorMeta, TensorRef, Trace
+from torchroof.records.trace import OpRecord, TensorMeta, TensorRef, Trace
 
 CONFIG = PARALLEL_LLAMA
 B, T, D, V = 2, 16, 256, 1024

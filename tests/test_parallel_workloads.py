@@ -19,9 +19,9 @@ from torchroof.hardware.cluster import get_cluster
 from transformers import GPT2Config, LlamaConfig
 
 import torchroof
-from torchroof.memory import MemoryFootprint, footprint
-from torchroof.options import Workload, WorkloadError
-from torchroof.records import OpRecord, Trace
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.records.trace import OpRecord, Trace
+from torchroof.report.memory import MemoryFootprint, footprint
 
 CONFIG = PARALLEL_LLAMA
 B, T, D, V = 2, 16, 256, 1024
@@ -328,7 +328,7 @@ def test_the_footprint_line_names_the_unsharded_layers():
 
 
 def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
-    from torchroof.compare import compare
+    from torchroof.report.compare import compare
 
     result = compare(
         _config(), {"tp": [1, 2]}, regime="decode", batch=B, context=T, hardware="dgx-h100"
@@ -347,7 +347,7 @@ def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
 
 
 def test_a_sweep_over_fsdp_is_a_sweep_over_gpu_counts():
-    from torchroof.compare import SWEEP_KEYS, sweep
+    from torchroof.report.compare import SWEEP_KEYS, sweep
 
     assert {"batch", "seq", "context", "tp", "fsdp", "dp", "microbatches"} <= set(SWEEP_KEYS)
     result = sweep(_config(), "fsdp", [2, 4], regime="train", batch=B, seq=T, hardware="dgx-h100")

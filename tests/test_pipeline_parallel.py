@@ -8,12 +8,12 @@ import torch
 from transformers import LlamaConfig
 
 import torchroof
-from torchroof.errors import WorkloadError
-from torchroof.models import build_model
-from torchroof.options import Workload
-from torchroof.pp_schedule import Action, action_order, simulate
+from torchroof.config.errors import WorkloadError
+from torchroof.config.options import Workload
+from torchroof.models.sources import build_model
+from torchroof.parallel.pipeline.schedule import Action, action_order, simulate
+from torchroof.parallel.pipeline.stages import make_stage, split_layers
 from torchroof.workloads import run_workload
-from torchroof.workloads.pipeline_stages import make_stage, split_layers
 
 
 def times(forward: float, backward: float, per_stage: dict[int, float] | None = None):
@@ -136,7 +136,7 @@ def test_step_time_and_throughput_come_from_the_schedule(pipelined: torchroof.Es
     assert pipelined.time_s == pytest.approx(step.step_time_s)
     assert step.step_time_s > step.pipeline_s  # the optimizer runs after the drain
     # one replica spans the 4 stages: tokens/s per GPU = 8 x 128 tokens / step / 4 GPUs
-    from torchroof import analysis
+    from torchroof.report import analysis
 
     expected = 8 * 128 / pipelined.time_s / 4
     assert analysis.tokens_per_s_per_gpu(pipelined) == pytest.approx(expected)
@@ -183,7 +183,7 @@ def test_a_pipelined_estimate_round_trips_through_json(pipelined: torchroof.Esti
 
 
 def test_the_chrome_trace_lays_out_every_rank(pipelined: torchroof.Estimate) -> None:
-    from torchroof.timeline import chrome_trace
+    from torchroof.render.chrome_trace import chrome_trace
 
     events = chrome_trace(pipelined)["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X" and e["pid"] >= 100]
@@ -216,7 +216,7 @@ def test_a_serving_pipeline_caches_every_micro_batch() -> None:
 
 
 def test_saving_a_pipelined_trace_is_refused_before_tracing(tmp_path) -> None:
-    from torchroof.cli import main
+    from torchroof.cli.main import main
 
     code = main(["estimate", "llama-3-8b", "--pp", "2", "--save-trace", str(tmp_path / "t.json")])
     assert code == 2
@@ -282,7 +282,7 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
     # tp 2 x dp 2: the replicas' all-reduce carries gradients, so a pipeline runs it once,
     # after a stage's last backward; the tensor-parallel all-reduces carry activations and
     # run in every micro-batch's forward and backward.
-    from torchroof.pp_step import once_per_step, stage_actions
+    from torchroof.parallel.pipeline.price import once_per_step, stage_actions
 
     trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, tp=2, dp=2)
     stage = trace.traces[1]
@@ -311,7 +311,7 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
 def test_mixed_precision_accumulates_every_micro_batch() -> None:
     # the bf16 -> fp32 gradient accumulation follows every micro-batch's backward: the
     # stage's backward mark lies past it, so it is charged m times, not once.
-    from torchroof.pp_step import BACKWARD_END
+    from torchroof.parallel.pipeline.price import BACKWARD_END
 
     trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, precision="mixed")
     for stage in trace.traces.values():
@@ -321,7 +321,7 @@ def test_mixed_precision_accumulates_every_micro_batch() -> None:
 
 
 def test_routing_imbalance_needs_experts_sharded_over_ranks() -> None:
-    from torchroof.errors import OptionError
+    from torchroof.config.errors import OptionError
 
     with pytest.raises(OptionError, match="ep=1"):
         torchroof.estimate(TINY, "prefill", hardware="dgx-h100", seq=128, routing_imbalance=1.5)

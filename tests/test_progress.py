@@ -12,7 +12,7 @@ from conftest import SMALL
 
 import torchroof
 from torchroof import progress
-from torchroof.cli import main
+from torchroof.cli.main import main
 
 # "torchroof: tracing the forward pass (123 ops) ... 0.4 s", "torchroof: point 2 of 3: batch=2"
 STAGE = re.compile(r"^torchroof: ( {2})?[a-z][^\n]* \.\.\. (\d+\.\d s|\d+ min \d\d s)$")

@@ -12,8 +12,8 @@ import transformers
 from conftest import load_example
 
 from torchroof import hardware
-from torchroof.models import load_config
-from torchroof.options import Workload, WorkloadError
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.models.sources import load_config
 
 qv = load_example("quant_validation")
 RUNS = {run["id"]: run for run in qv.load_runs()}

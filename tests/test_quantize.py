@@ -11,12 +11,13 @@ from conftest import PARALLEL_LLAMA
 from torchroof.hardware import UnsupportedDtypeError, get
 
 import torchroof
-from torchroof.errors import WorkloadError
-from torchroof.fusion import build_kernels
-from torchroof.options import PricingOptions, Workload
-from torchroof.quantize import QUANTS, RECIPES, float8_training, quantize_model
+from torchroof.config.errors import WorkloadError
+from torchroof.config.options import PricingOptions, Workload
+from torchroof.kernels.fusion import build_kernels
+from torchroof.quant.recipes import QUANTS, RECIPES, float8_training, quantize_model
 
-# Llama-3-8B (torchroof/configs/llama-3-8b.json): d = 4096, 32 layers, 32 query and 8 KV heads
+# Llama-3-8B (torchroof/models/configs/llama-3-8b.json): d = 4096, 32 layers, 32 query and 8 KV
+# heads
 # of 128, MLP 14336, vocabulary 128256.
 # Decoder linear parameters per layer: q 4096·4096 + k 1024·4096 + v 1024·4096 + o 4096·4096
 # + gate, up, down 3 · 14336·4096 = 41,943,040 + 176,160,768 = 218,103,808; x 32 layers:
@@ -216,7 +217,7 @@ def test_a_saved_quantised_trace_is_refused_on_a_part_without_the_format(tmp_pat
 
 
 def test_compare_varies_the_recipe_in_one_table(meta_lm):
-    from torchroof.compare import compare
+    from torchroof.report.compare import compare
 
     result = compare(
         meta_lm("llama", **PARALLEL_LLAMA),
@@ -259,7 +260,7 @@ def test_layers_that_do_not_fit_the_groups_keep_the_model_dtype_and_are_named():
 def test_latent_attention_decodes_with_a_serving_recipe(meta_lm):
     """Absorbed MLA reads kv_b_proj's weight directly, so the recipes leave it wide; the
     other projections are quantised (DeepSeek-V3's shapes, 2 layers)."""
-    from torchroof.models import load_config
+    from torchroof.models.sources import load_config
 
     config = load_config("deepseek-v3")
     config.num_hidden_layers, config.first_k_dense_replace = 2, 1
@@ -274,8 +275,8 @@ def test_latent_attention_decodes_with_a_serving_recipe(meta_lm):
 def test_compare_refuses_a_recipe_the_part_cannot_run_before_tracing(monkeypatch, meta_lm):
     import importlib
 
-    # the module: torchroof.compare, the attribute, is the function
-    compare_module = importlib.import_module("torchroof.compare")
+    # the module: torchroof.report.compare, the attribute, is the function
+    compare_module = importlib.import_module("torchroof.report.compare")
 
     def no_tracing(*_, **__):
         raise AssertionError("traced before the hardware was checked")
@@ -310,7 +311,7 @@ def test_moe_experts_are_packed_and_read_at_their_stored_width():
 
 
 def test_experts_sharded_by_ep_keep_their_dtype_and_say_so(meta_lm):
-    from torchroof.models import load_config
+    from torchroof.models.sources import load_config
 
     config = load_config("mixtral-8x7b")
     config.num_hidden_layers = 1
@@ -346,7 +347,7 @@ def test_routers_and_directly_read_weights_stay_wide(meta_lm):
 
 
 def test_the_packed_grouped_gemm_refuses_a_mismatched_input():
-    from torchroof.packed_experts import _pack
+    from torchroof.quant.packed_experts import _pack
 
     weight = torch.empty(8, 256, 512, device="meta", dtype=torch.bfloat16)  # [E, out, in]
     packed = _pack(weight, "int8-weight", transposed=False)

@@ -1,4 +1,4 @@
-"""The Inductor referee (torchroof/referee.py) and torchroof's fused policy against it.
+"""The Inductor referee (torchroof/validation/referee.py) and torchroof's fused policy against it.
 
 (a) the harness on kernels whose bytes are derived by hand; (b) one reference case compiled
 live still gives the checked-in examples/inductor_reference.json; (c) torchroof's fused
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchroof.referee import GPU_RULE_GAPS, inductor_kernels, summary
-from torchroof.referee_cases import CASES, case, torchroof_fused
+from torchroof.validation.referee import GPU_RULE_GAPS, inductor_kernels, summary
+from torchroof.validation.referee_cases import CASES, case, torchroof_fused
 
 REFERENCE = Path(__file__).parents[1] / "examples" / "inductor_reference.json"
 BYTES_TOLERANCE = 0.02  # torchroof within 2% of Inductor's bytes (and the same kernel count)

@@ -14,8 +14,8 @@ import torch
 from conftest import meta_causal_lm
 
 import torchroof
-from torchroof.capture import Capture
-from torchroof.options import Workload, WorkloadError
+from torchroof.capture.mode import Capture
+from torchroof.config.options import Workload, WorkloadError
 from torchroof.workloads import REGIMES, TARGET, Regime, regime, run_workload
 from torchroof.workloads.registry import REGIME_MODULES
 from torchroof.workloads.spec import no_lines

@@ -1,5 +1,5 @@
 """The estimate: per-layer rows, totals, MFU, JSON / CSV round trips; its analysis
-(torchroof.analysis) and the one writer (torchroof.render_files.write)."""
+(torchroof.report.analysis) and the one writer (torchroof.render.files.write)."""
 
 import csv
 import dataclasses
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import torchroof
-from torchroof import analysis
-from torchroof.memory import MemoryFootprint
-from torchroof.records import StepFacts
-from torchroof.render_files import CSV_COLUMNS, sweep_output, write
-from torchroof.report import Estimate, KernelEstimate, collapse_repeats, layer_key
+from torchroof.records.trace import StepFacts
+from torchroof.render.files import CSV_COLUMNS, sweep_output, write
+from torchroof.report import analysis
+from torchroof.report.estimate import Estimate, KernelEstimate, collapse_repeats, layer_key
+from torchroof.report.memory import MemoryFootprint
 
 
 @pytest.fixture
@@ -397,7 +397,7 @@ def test_sweep_outputs_by_suffix_or_kind():
 
 
 def test_a_layer_bound_by_the_network_names_its_link():
-    from torchroof.report import LayerRow
+    from torchroof.report.estimate import LayerRow
 
     # 3 ms of collectives (2 on NVLink, 1 across nodes) against 1 ms of compute: the
     # network binds, and NVLink carries most of it

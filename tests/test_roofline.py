@@ -4,8 +4,8 @@ import pytest
 from torchroof.counters import Cost
 from torchroof.hardware import get
 
-from torchroof.options import PricingOptions
-from torchroof.roofline import time_kernel
+from torchroof.config.options import PricingOptions
+from torchroof.timing.roofline import time_kernel
 
 H100 = get("h100")
 

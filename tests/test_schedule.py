@@ -1,5 +1,5 @@
 """Collectives priced at the network boundary and laid on two streams (issue 13 items 3 and
-4): torchroof.pipeline.time_collective, torchroof.schedule, the estimate's communication
+4): torchroof.pricing.price.time_collective, torchroof.timing.streams, the estimate's communication
 figures. Every start and end below is derived by hand beside its assertion; durations are
 binary fractions (0.5, 1.5, ...) so the sums are exact.
 """
@@ -15,8 +15,7 @@ from torchroof.hardware.cluster import CLUSTER_DIR
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
-from torchroof.analysis import communication, network_intensity
-from torchroof.parallel import (
+from torchroof.parallel.program import (
     ParallelPlan,
     apply_fsdp,
     apply_tensor_parallel,
@@ -24,9 +23,10 @@ from torchroof.parallel import (
     fake_parameters,
     fake_process_group,
 )
-from torchroof.pipeline import ClusterRequiredError, estimate_trace, resolve_hardware
-from torchroof.records import OpRecord, TensorMeta, TensorRef, Trace
-from torchroof.schedule import COMMUNICATION, Task, schedule
+from torchroof.pricing.price import ClusterRequiredError, estimate_trace, resolve_hardware
+from torchroof.records.trace import OpRecord, TensorMeta, TensorRef, Trace
+from torchroof.report.analysis import communication, network_intensity
+from torchroof.timing.streams import COMMUNICATION, Task, schedule
 
 # dgx-h100.toml: NVLink 4 at 450 GB/s line rate, 0.8222 of it reached by a ring, 480 GB/s
 # NVLS all-reduce bus bandwidth, alpha 25.6 us.
@@ -195,7 +195,7 @@ def test_an_all_reduce_read_at_once_blocks_the_next_matmul():
 
 
 def test_the_chrome_trace_lays_kernels_where_the_schedule_put_them():
-    from torchroof.timeline import chrome_trace
+    from torchroof.render.chrome_trace import chrome_trace
 
     est = estimate_trace(_tp_trace(list(range(8))), "dgx-h100", fusion="eager")
     first, reduce, second = est.kernels

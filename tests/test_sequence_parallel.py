@@ -19,14 +19,14 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import Gemma2Config, LlamaConfig
 
 import torchroof
-from torchroof.options import Workload, WorkloadError
-from torchroof.parallel import (
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.parallel.program import (
     ParallelPlan,
     apply_sequence_parallel,
     build_mesh,
     fake_process_group,
 )
-from torchroof.records import OpRecord, Trace
+from torchroof.records.trace import OpRecord, Trace
 from torchroof.workloads.registry import regime
 
 B, T, D, V, TP = 2, 16, 256, 1024, 2

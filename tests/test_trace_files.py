@@ -15,8 +15,8 @@ from conftest import meta_causal_lm
 
 import torchroof
 from torchroof import Trace
-from torchroof.cli import main
-from torchroof.records import TRACE_FORMAT_VERSION, TraceFileError
+from torchroof.cli.main import main
+from torchroof.records.trace import TRACE_FORMAT_VERSION, TraceFileError
 
 STRING_SHAPE = re.compile(
     r"ops\[(?P<pos>\d+)\] \((?P<name>[^)]+)\) (?P<side>in|out)\[(?P<n>\d+)\]: "

@@ -19,9 +19,9 @@ import pytest
 from torchroof.hardware import Figure, get
 
 from torchroof import KernelEstimate
-from torchroof.calibrate import Calibration, calibrate
-from torchroof.diagnosis import NEEDS_COUNTERS, QUESTIONS, MachineFigures, diagnose
-from torchroof.validate import (
+from torchroof.validation.calibrate import Calibration, calibrate
+from torchroof.validation.diagnosis import NEEDS_COUNTERS, QUESTIONS, MachineFigures, diagnose
+from torchroof.validation.validate import (
     SHORT_CALIBRATION,
     TINY_OVERRIDES,
     KernelComparison,
@@ -485,7 +485,7 @@ def test_validate_predicts_each_repeat_with_its_own_calibration(monkeypatch):
         asked.append((device, sizes))
         return replace(MATMUL_ONLY, matmul_flops_per_s={"fp32": next(rates)})
 
-    monkeypatch.setattr("torchroof.validate.calibrate", short_calibration)
+    monkeypatch.setattr("torchroof.validation.validate.calibrate", short_calibration)
     result = validate(
         "llama-3-8b",
         "prefill",

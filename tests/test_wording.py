@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from torchroof.cli import _parser, main
+from torchroof.cli.main import _parser, main
 
 SHORTHAND = re.compile(r"seed|Table \d|Lab \d|issue \d|§", re.IGNORECASE)
 
@@ -128,7 +128,7 @@ def test_train_rows_say_what_they_hold(tiny, capsys):
 
 
 def test_decode_where_the_weights_alone_do_not_fit():
-    from torchroof.memory import MemoryFootprint
+    from torchroof.report.memory import MemoryFootprint
     from torchroof.workloads.decode import memory_summary
 
     gib = 2**30

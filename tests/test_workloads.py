@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.models import ModelBuildError, UnknownModelError, build_model, load_config
-from torchroof.options import Workload, WorkloadError
+from torchroof.config.options import Workload, WorkloadError
+from torchroof.models.sources import ModelBuildError, UnknownModelError, build_model, load_config
 from torchroof.workloads import kv_bytes_per_token
 
 

@@ -4,7 +4,7 @@ depth on meta, trace every regime with every op priced. A regression in any of t
 
 import pytest
 
-from torchroof.zoo import run_one, summary
+from torchroof.validation.zoo import run_one, summary
 
 DIVERSE = [
     # dense decoders (MHA, GQA, parallel blocks, ALiBi, soft-capping)

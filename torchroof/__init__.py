@@ -17,12 +17,12 @@ from torchroof.api import (
     trace_module,
     trace_workload,
 )
-from torchroof.capture import Capture, OpBudgetExceeded, op_budget
-from torchroof.compare import Comparison, Sweep, compare, sweep
-from torchroof.options import PricingOptions, Workload
-from torchroof.pipeline import estimate_trace
-from torchroof.records import OpRecord, TensorMeta
-from torchroof.report import Estimate, KernelEstimate, LayerRow
+from torchroof.capture.mode import Capture, OpBudgetExceeded, op_budget
+from torchroof.config.options import PricingOptions, Workload
+from torchroof.pricing.price import estimate_trace
+from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.report.compare import Comparison, Sweep, compare, sweep
+from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
 
 __version__ = "0.1.0"
 

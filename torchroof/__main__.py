@@ -1,3 +1,3 @@
-from torchroof.cli import main
+from torchroof.cli.main import main
 
 raise SystemExit(main())

@@ -17,19 +17,9 @@ from typing import Any
 
 import torch
 
-from torchroof import pp_step, records
-from torchroof.capture import Capture, OpBudgetExceeded, op_budget
-from torchroof.errors import OptionError, WorkloadError, first_line
-from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models import (
-    build_model,
-    check_layers,
-    check_new_positions,
-    check_positions,
-    load_config,
-    position_limit,
-)
-from torchroof.options import (
+from torchroof.capture.mode import Capture, OpBudgetExceeded, op_budget
+from torchroof.config.errors import OptionError, WorkloadError, first_line
+from torchroof.config.options import (
     DEFAULT_PP_SCHEDULE,
     DEFAULT_SEQ,
     DEFAULT_VIRTUAL_STAGES,
@@ -39,34 +29,46 @@ from torchroof.options import (
     Workload,
     split_knobs,
 )
-from torchroof.pipeline import estimate_trace, resolve_hardware
-from torchroof.pp_schedule import SPLIT_BACKWARD, action_order, stages_per_rank
+from torchroof.hardware import ClusterSpec, HardwareSpec
+from torchroof.models.sources import (
+    build_model,
+    check_layers,
+    check_new_positions,
+    check_positions,
+    load_config,
+    position_limit,
+)
+from torchroof.parallel.pipeline import price as pp_step
+from torchroof.parallel.pipeline.schedule import SPLIT_BACKWARD, action_order, stages_per_rank
+from torchroof.parallel.pipeline.stages import decoder_layers, make_stage, split_layers, stage_key
+from torchroof.pricing.price import estimate_trace, resolve_hardware
 from torchroof.progress import current as current_progress
 from torchroof.progress import reporting
-from torchroof.quantize import check_hardware
+from torchroof.quant.recipes import check_hardware
 from torchroof.quiet import quiet_trace
-from torchroof.report import Estimate
+from torchroof.records import trace as records
+from torchroof.report.estimate import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
-from torchroof.workloads.pipeline_stages import decoder_layers, make_stage, split_layers, stage_key
 
 
 class Trace(records.Trace):
-    """A :class:`torchroof.records.Trace` that prices itself: what ``with trace() as t``,
+    """A :class:`torchroof.records.trace.Trace` that prices itself: what ``with trace() as t``,
     :func:`trace_model` and ``Trace.load`` give a user."""
 
     def estimate(
         self, hardware: str | Path | HardwareSpec = "h100-sxm", **options: Any
     ) -> Estimate:
         """Price every op and time it with the roofline on ``hardware`` (name, alias, path
-        or HardwareSpec). Options are the fields of :class:`torchroof.options.PricingOptions`."""
+        or HardwareSpec). Options are the fields of
+        :class:`torchroof.config.options.PricingOptions`."""
         return estimate_trace(self, hardware, **options)
 
     @classmethod
     def from_dict(cls, data: Any) -> Trace:
-        """:meth:`torchroof.records.Trace.from_dict`, and the recorded tokens checked
+        """:meth:`torchroof.records.trace.Trace.from_dict`, and the recorded tokens checked
         against what the recorded workload's regime processes (an edited count is refused)."""
-        from torchroof.trace_checks import recorded_tokens_problem
+        from torchroof.pricing.trace_checks import recorded_tokens_problem
 
         trace = super().from_dict(data)
         if problem := recorded_tokens_problem(trace.facts):
@@ -82,7 +84,8 @@ class Trace(records.Trace):
 
 
 class PipelineTrace(pp_step.PipelineTrace):
-    """A pipelined step's traces (:class:`torchroof.pp_step.PipelineTrace`) that price
+    """A pipelined step's traces (:class:`torchroof.parallel.pipeline.price.PipelineTrace`) that
+    price
     themselves, as :class:`Trace` does: what :func:`trace_model` gives for ``pp`` > 1."""
 
     def estimate(
@@ -108,7 +111,7 @@ def trace(
     ``flash_attention=False`` records SDPA as the ops the current device decomposes it into
     (on meta and CPU: the math path with an N×N score tensor).
 
-    ``max_ops`` (default :data:`torchroof.limits.DEFAULT_MAX_OPS`, 10M) bounds the aten ops
+    ``max_ops`` (default :data:`torchroof.config.limits.DEFAULT_MAX_OPS`, 10M) bounds the aten ops
     the block may run, recorded or not; ``max_item_answers`` (default 10,000) the meta
     ``.item()`` answers in one module call. Past either, :class:`OpBudgetExceeded` names the
     module and the ops of the loop: on meta, a ``while`` loop on a tensor's value never ends.
@@ -146,7 +149,7 @@ def estimate(
     inputs: Sequence[Any] | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     progress: bool = False,
-    # -- the fields of torchroof.options.Workload (None: the field's default) -------------
+    # -- the fields of torchroof.config.options.Workload (None: the field's default) -------------
     batch: int | None = None,
     seq: int | None = None,
     context: int | None = None,
@@ -173,7 +176,7 @@ def estimate(
     virtual_stages: int | None = None,
     pp_split: str | None = None,
     defer_gradient_sync: bool | None = None,
-    # -- the fields of torchroof.options.PricingOptions (None: the field's default) -------
+    # -- the fields of torchroof.config.options.PricingOptions (None: the field's default) -------
     fusion: str | None = None,
     epilogue: bool | None = None,
     dequantise_in_gemm: bool | None = None,
@@ -210,10 +213,10 @@ def estimate(
     ``module(*inputs)``; ``train`` runs it, takes ``loss_fn(output)`` as the loss (default:
     the output if it is a scalar, else its ``.sum()``), backward and the ``optimizer``'s step.
 
-    Every other keyword is a field of :class:`torchroof.options.Workload` (``batch``,
+    Every other keyword is a field of :class:`torchroof.config.options.Workload` (``batch``,
     ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
     ``mla``, ``dtype``; across GPUs ``tp``, ``fsdp``, ``dp``, ``microbatches``, ...) or of
-    :class:`torchroof.options.PricingOptions` (``fusion``, …), or pass the objects; one
+    :class:`torchroof.config.options.PricingOptions` (``fusion``, …), or pass the objects; one
     left out (None) keeps the object's value, else the field's default (``seq``: 4096, or
     the model's maximum positions if shorter; ``precision``: mixed). A module keeps its own
     dtype unless ``dtype`` or ``precision`` is given, or it trains (a training step computes
@@ -385,7 +388,7 @@ def config_of(model: Any) -> Any:
 def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
     """``workload`` with ``seq`` given, and the line that says why when the model chose it.
 
-    ``seq`` left out (None) is :data:`~torchroof.options.DEFAULT_SEQ` (4096), or, where that
+    ``seq`` left out (None) is :data:`~torchroof.config.options.DEFAULT_SEQ` (4096), or, where that
     is longer than the model's maximum positions (GPT-2's 1024, any 2k-context config),
     the longest the model takes: ``seq`` for prefill and train, a decode's cache
     (``context`` left out follows ``seq``); the summary says so (``seq: 1024, the model's
@@ -466,7 +469,7 @@ def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
 def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) -> PipelineTrace:
     """A pipelined step (issue 14): torch's action order for ``pp_schedule`` (an inference
     step runs the forwards of GPipe's), the decoder layers split into pp · stages-per-rank
-    stages (:func:`torchroof.workloads.pipeline_stages.split_layers`), and each distinct
+    stages (:func:`torchroof.parallel.pipeline.stages.split_layers`), and each distinct
     stage traced once as rank 0 of its own program (tp, fsdp, dp), one micro-batch."""
     trains = regime(workload.regime).trains
     schedule = workload.pp_schedule if trains else "gpipe"

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.analysis import decode_analysis
-from torchroof.memory import gib
-from torchroof.models import model_dtype
-from torchroof.records import Trace
+from torchroof.models.sources import model_dtype
+from torchroof.records.trace import Trace
+from torchroof.report.analysis import decode_analysis
+from torchroof.report.memory import gib
 from torchroof.workloads.inference import inference_step, kv_label
 from torchroof.workloads.inputs import kv_shape
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 
 def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> Trace:

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from torchroof.capture import Capture
-from torchroof.kv_quant import is_kv_storage, quantise
+from torchroof.capture.mode import Capture
+from torchroof.parallel.pipeline.stages import owned_layers
+from torchroof.quant.kv_cache import is_kv_storage, quantise
 from torchroof.workloads.inputs import kv_shape, model_param_dtype, text_config
-from torchroof.workloads.pipeline_stages import owned_layers
 
 
 def build_kv_cache(

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchroof.capture import Capture, OpBudgetExceeded
-from torchroof.errors import WorkloadError, first_line
-from torchroof.kv_quant import narrow_dtype
-from torchroof.mla import absorbed_mla, dequantised_latents, mla_layers
-from torchroof.records import Trace
+from torchroof.capture.mode import Capture, OpBudgetExceeded
+from torchroof.config.errors import WorkloadError, first_line
+from torchroof.models.mla import absorbed_mla, dequantised_latents, mla_layers
+from torchroof.quant.kv_cache import narrow_dtype
+from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import (
     attention_only_static_cache,
     build_kv_cache,
@@ -36,7 +36,7 @@ from torchroof.workloads.inputs import (
 )
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 CACHES = ("static", "dynamic")
 # How a decode step runs multi-head latent attention: over the latent with the

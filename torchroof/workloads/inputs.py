@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from torchroof.capture import local_shard
-from torchroof.errors import WorkloadError
-from torchroof.kv_quant import narrow_dtype
-from torchroof.mla import mla_layers
-from torchroof.parallel import KV_HEADS_PER_RANK
+from torchroof.capture.mode import local_shard
+from torchroof.config.errors import WorkloadError
+from torchroof.models.mla import mla_layers
+from torchroof.parallel.program import KV_HEADS_PER_RANK
+from torchroof.quant.kv_cache import narrow_dtype
 
 
 # -- inference ------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ def text_config(model: torch.nn.Module) -> Any:
 
 def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(KV heads, head dim) from the config, the KV heads one rank holds when the model is
-    tensor-parallel (:func:`torchroof.parallel.apply_tensor_parallel` records them); a
+    tensor-parallel (:func:`torchroof.parallel.program.apply_tensor_parallel` records them); a
     clear error when the config lacks them."""
     text = text_config(model)
     heads = getattr(text, "num_attention_heads", None)

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.capture import Capture
-from torchroof.errors import WorkloadError
-from torchroof.records import Trace
+from torchroof.capture.mode import Capture
+from torchroof.config.errors import WorkloadError
+from torchroof.records.trace import Trace
 from torchroof.workloads.train import train_module
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 # The regimes a plain module runs, and why decode is not one of them.
 MODULE_REGIMES = ("prefill", "train")

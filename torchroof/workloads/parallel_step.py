@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.errors import WorkloadError
-from torchroof.expert_parallel import (
+from torchroof.config.errors import WorkloadError
+from torchroof.parallel.expert import (
     apply_expert_parallel,
     expert_mesh,
     shard_experts,
     without_expert_rules,
 )
-from torchroof.parallel import (
+from torchroof.parallel.pipeline.stages import SEQUENCE_MESH
+from torchroof.parallel.program import (
     ContextParallelError,
     ParallelPlan,
     apply_context_parallel,
@@ -39,10 +40,9 @@ from torchroof.parallel import (
     fake_parameters,
     fake_process_group,
 )
-from torchroof.workloads.pipeline_stages import SEQUENCE_MESH
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 
 def shards_data(plan: ParallelPlan) -> bool:
@@ -121,9 +121,9 @@ def parallel_program(
     refuses meta parameters), so inputs are made on the device of the model's parameters
     (:func:`torchroof.workloads.inputs.input_device`). A one-rank plan leaves the model
     alone. With ``cp`` ranks each forward runs on its load-balanced T/cp tokens and
-    attention is torch's ring attention (:func:`torchroof.parallel.apply_context_parallel`).
+    attention is torch's ring attention (:func:`torchroof.parallel.program.apply_context_parallel`).
     With ``ep`` ranks the routed experts are sharded over groups of ep consecutive ranks
-    and reached by all-to-all (:func:`torchroof.expert_parallel.apply_expert_parallel`;
+    and reached by all-to-all (:func:`torchroof.parallel.expert.apply_expert_parallel`;
     the tensor-parallel plan then leaves the experts alone); a training step's FSDP shards
     each experts module over the ranks holding the same experts first, as transformers
     does. An inference step (``trains`` False) shards nothing over dp: each rank holds

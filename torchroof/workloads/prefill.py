@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchroof.models import model_dtype
-from torchroof.records import Trace
+from torchroof.models.sources import model_dtype
+from torchroof.records.trace import Trace
 from torchroof.workloads.inference import inference_step, kv_label
 from torchroof.workloads.inputs import random_ids
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 
 def trace_prefill(models: Mapping[str, torch.nn.Module], workload: Workload) -> Trace:

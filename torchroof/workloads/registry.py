@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchroof import progress
-from torchroof.errors import WorkloadError
-from torchroof.quantize import ABSORBED_MLA_WIDE, quantize_model
-from torchroof.records import Trace
+from torchroof.config.errors import WorkloadError
+from torchroof.parallel.pipeline.stages import record_stage
+from torchroof.quant.recipes import ABSORBED_MLA_WIDE, quantize_model
+from torchroof.records.trace import Trace
 from torchroof.workloads.parallel_step import describe, parallel_program
-from torchroof.workloads.pipeline_stages import record_stage
 from torchroof.workloads.spec import DEFAULT_SEQ, TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 REGIME_MODULES: dict[str, str] = {
     "prefill": "torchroof.workloads.prefill",
@@ -63,7 +63,7 @@ def run_workload(
             f"the {step.name} regime runs the models {', '.join(step.roles)}; "
             f"given {', '.join(given) or 'none'}"
         )
-    # absorbed latent attention reads kv_b_proj's weight directly (torchroof/mla.py)
+    # absorbed latent attention reads kv_b_proj's weight directly (torchroof/models/mla.py)
     absorbs = step.name == "decode" and workload.mla == "absorbed"
     wide = ABSORBED_MLA_WIDE if absorbs else ()
     report = progress.current()

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.records import Trace
+from torchroof.records.trace import Trace
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 TARGET = "target"  # the model every regime runs; a regime may name others (a draft model)
 # seq left out: this, or the model's maximum positions where that is shorter (GPT-2's 1024),

@@ -11,25 +11,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchroof.capture import Capture, local_shard
+from torchroof.capture.mode import Capture, local_shard
+from torchroof.config.errors import WorkloadError
 from torchroof.counters.optimizers import (
     ADAM_8BIT_FLOPS,
     ADAM_FLOPS,
     SGD_FLOPS,
     SGD_MOMENTUM_FLOPS,
 )
-from torchroof.errors import WorkloadError
-from torchroof.models import model_dtype
+from torchroof.models.sources import model_dtype
+from torchroof.parallel.pipeline.stages import per_microbatch, stage_backward
 from torchroof.progress import silenced
-from torchroof.records import Trace
+from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
 from torchroof.workloads.parallel_step import loss_context, plan_label
-from torchroof.workloads.pipeline_stages import per_microbatch, stage_backward
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.options import Workload
+    from torchroof.config.options import Workload
 
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
 # torchao 0.18 AdamW8bit defaults (torchao/optim/adam.py, subclass_8bit.py).

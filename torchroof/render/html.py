@@ -1,0 +1,400 @@
+"""The estimate as one interactive, self-contained HTML page: the summary, the per-layer
+budget (stacked by phase and by traffic kind, repeated blocks collapsed, each row expanding
+into its kernels), the roofline with every kernel, the predicted-kernel timeline, compare's
+variants and a sweep's curves side by side, the assumptions and the coverage line.
+
+seed 000's labs are interactive: the page is too. Every shipped accelerator is embedded with
+the ceilings this estimate's kernels need, and switching to one (or moving the efficiency
+sliders) re-prices every kernel in the page from its stored W and Q with the pure roofline
+T = max(W/pi, Q/beta) + launch (torchroof.timing.roofline.time_kernel), a collective as
+max(Q/beta, its network time) (torchroof.pricing.price.time_collective), and re-lays the
+two-stream schedule from the waits each kernel keeps (torchroof.timing.streams.waits) — the same
+rules, in the same floating-point order, so the page's totals are Python's to the last digit.
+
+The page inlines plotly.js (about 4.8 MB, the ``html`` extra) and its data: no CDN, no
+server, it opens offline. NB: a step the page cannot re-price (realistic mode's on-chip
+effects, a pipelined step, a routing imbalance, a schedule saved before format 3) keeps its
+Python numbers, and the page says why its switch is off.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchroof.config.options import Workload
+from torchroof.hardware import (
+    HardwareSpec,
+    UnknownHardwareError,
+    UnsupportedDtypeError,
+    available,
+    get,
+    spec_dtype,
+)
+from torchroof.records.trace import layer_key, stack_key
+from torchroof.render.text import members, row_label
+from torchroof.report import analysis
+from torchroof.workloads import regime
+
+if TYPE_CHECKING:
+    from torchroof.report.compare import Comparison, Sweep
+    from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
+
+REPORT_FORMAT = "torchroof-report"
+REPORT_VERSION = 1
+PIPES = ("tensor", "vector", "sfu")  # units with a FLOP/s ceiling; any other unit has none
+HTML_EXTRA = "pip install 'torchroof[html]' (plotly bundles the page's charting library)"
+
+
+def plotly_js() -> str:
+    """plotly.js, minified, as the plotly package ships it (inlined into every page)."""
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(f"the HTML report needs plotly: {HTML_EXTRA}") from error
+    return get_plotlyjs()
+
+
+def peak_key(unit: str, dtype: str, allow_tf32: bool) -> str:
+    """The name of the ceiling a kernel on ``unit`` in ``dtype`` is timed against; only an
+    fp32 matmul's ceiling depends on ``allow_tf32`` (HardwareSpec.tensor_peak)."""
+    fp32_matmul = unit == "tensor" and spec_dtype(dtype or "bf16") == "fp32"
+    return f"{unit}|{dtype}" + ("|tf32" if allow_tf32 and fp32_matmul else "")
+
+
+def _reference_key(est: Estimate) -> str:
+    """The ceiling MFU is measured against: the dominant matmul dtype's tensor peak, or the
+    fp32 vector peak when no kernel runs on the tensor cores (pipeline._estimate_trace)."""
+    if any(k.unit == "tensor" for k in est.kernels):
+        return peak_key("tensor", est.reference_dtype, bool(est.options.get("allow_tf32")))
+    return "vector|fp32"
+
+
+def _peak(spec: HardwareSpec, key: str) -> float:
+    unit, dtype, *tf32 = key.split("|")
+    return spec.peak(unit, dtype, allow_tf32=bool(tf32))
+
+
+def _specs(names: list[str]) -> list[HardwareSpec]:
+    """Every shipped accelerator, then any other the estimates were priced on (a user's
+    TOML, a calibrated CPU) that still resolves by its name."""
+    specs = available()
+    known = {spec.name for spec in specs}
+    for name in names:
+        if name in known:
+            continue
+        try:
+            specs.append(get(name))
+        except (UnknownHardwareError, OSError, ValueError):
+            continue  # its own numbers stay on the page ("as estimated"); no re-pricing on it
+        known.add(name)
+    return specs
+
+
+def accelerators(keys: set[str], names: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every shipped accelerator (and those of ``names``) with the ceilings ``keys`` name,
+    its HBM bandwidth and capacity; a ceiling the part lacks (fp8 on an A100) is null with
+    the reason in ``unsupported``."""
+    table = []
+    for spec in _specs(list(names)):
+        peaks: dict[str, float | None] = {}
+        unsupported: dict[str, str] = {}
+        for key in sorted(keys):
+            try:
+                peaks[key] = _peak(spec, key)
+            except UnsupportedDtypeError as error:
+                peaks[key] = None
+                unsupported[key] = str(error)
+        table.append(
+            {
+                "name": spec.name,
+                "display": spec.display_name,
+                "hbm_bytes_per_s": spec.hbm_bytes_per_s.value,
+                "capacity_bytes": spec.hbm_capacity_bytes.value,
+                "peaks": peaks,
+                "unsupported": unsupported,
+            }
+        )
+    return table
+
+
+def why_not_repriced(est: Estimate) -> str:
+    """Why the page cannot re-price ``est`` from its kernels' W and Q ('' when it can)."""
+    if est.options.get("mode", "roofline") != "roofline":
+        return (
+            "realistic mode's tiles, waves and latency shelves are priced in Python: run "
+            "torchroof estimate --mode realistic --hardware NAME for another accelerator"
+        )
+    if est.pipeline is not None:
+        return (
+            "a pipelined step is priced per stage and laid on its schedule in Python: run "
+            "torchroof estimate --hardware NAME (or a cluster) for another accelerator"
+        )
+    if float(est.options.get("routing_imbalance", 1.0)) != 1.0:
+        return "the busiest expert rank (routing_imbalance) is re-priced in Python only"
+    if est.step_time_s is not None and any(k.waits_on is None for k in est.kernels):
+        return "this estimate was saved before format 3 and lacks its schedule's waits"
+    return ""
+
+
+def _rows_with_kernels(
+    est: Estimate, depth: int | None = None, collapse: bool = True
+) -> list[dict[str, Any]]:
+    """The per-layer rows as the text table groups them (``depth``, ``collapse``: runs of
+    identical blocks summed, report.collapse_repeats), each with the indices of its kernels
+    and of the first block's kernels (what a row expands to)."""
+    by_row: dict[str, list[int]] = {}
+    for position, kernel in enumerate(est.kernels):
+        by_row.setdefault(layer_key(kernel.module, kernel.phase, depth), []).append(position)
+    plain = est.rows(depth)
+    out = []
+    cursor = 0
+    rows = est.rows(depth, collapse=collapse)
+    names = [row.name for row in rows]
+    for row in rows:
+        count = _repeat_count(row) if collapse else 1
+        blocks = plain[cursor : cursor + count]
+        cursor += count
+        kernels = [i for block in blocks for i in by_row[block.name]]
+        out.append(
+            {
+                "name": row.name,
+                "label": row_label(est, row.name, names, depth),  # what the table shows
+                "blocks": count,
+                "kernels": kernels,
+                "first": by_row[blocks[0].name],
+                "traffic": _traffic(row, [est.kernels[i] for i in kernels]),
+            }
+        )
+    return out
+
+
+def _repeat_count(row: LayerRow) -> int:
+    """N of a collapsed ``name (xN)`` row, 1 for any other."""
+    name = row.name
+    if name.endswith(")") and " (x" in name:
+        return int(name.rsplit(" (x", 1)[1][:-1])
+    return 1
+
+
+def _traffic(row: LayerRow, kernels: list[KernelEstimate]) -> dict[str, int]:
+    """The row's HBM bytes by category, and the bytes its collectives send over the links
+    (``network``) when it has any."""
+    traffic = {category: size for category, size in row.traffic.items() if size}
+    sent = sum(k.wire_bytes for k in kernels)
+    return {**traffic, "network": sent} if sent else traffic
+
+
+def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
+    """Rows with each stack of blocks summed (report.merge_stacks), as kernel indices: how
+    two variants line up whatever their kernels."""
+    by_name: dict[str, list[int]] = {}
+    for position, kernel in enumerate(est.kernels):
+        stack = stack_key(layer_key(kernel.module, kernel.phase, depth))
+        by_name.setdefault(stack, []).append(position)
+    return [
+        {"name": row.name, "kernels": by_name[row.name.split(" (x")[0]]}
+        for row in est.stack_rows(depth)
+    ]
+
+
+def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
+    """The kernels column by column (a page of 10,000 kernels stays a few MB)."""
+    allow_tf32 = bool(est.options.get("allow_tf32"))
+    index = {key: i for i, key in enumerate(keys)}
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "name", "ops", "module", "phase", "flops", "bytes", "unit", "peak", "time_s",
+            "bound", "boundary", "tile", "link", "network_s", "stream", "start_s",
+            "waits_on", "wire_bytes", "overhead_s", "exposed_s",
+        )
+    }  # fmt: skip
+    for k in est.kernels:
+        columns["name"].append(k.name.removeprefix("aten."))
+        columns["ops"].append(members(k.ops))
+        columns["module"].append(k.module)
+        columns["phase"].append(k.phase)
+        columns["flops"].append(k.flops)
+        columns["bytes"].append(k.bytes)
+        columns["unit"].append(k.unit)
+        columns["peak"].append(index.get(peak_key(k.unit, k.dtype, allow_tf32), -1))
+        columns["time_s"].append(k.time_s)
+        columns["bound"].append(k.bound)
+        columns["boundary"].append(k.boundary)
+        columns["tile"].append(k.tile)
+        columns["link"].append(k.link)
+        columns["network_s"].append(k.network_s)
+        columns["stream"].append("communication" if k.communication else "compute")
+        columns["start_s"].append(k.start_s)
+        columns["waits_on"].append(list(k.waits_on or ()))
+        columns["wire_bytes"].append(k.wire_bytes)
+        columns["overhead_s"].append(k.overhead_s)
+        columns["exposed_s"].append(k.exposed_s)
+    return columns
+
+
+def _keys(est: Estimate) -> list[str]:
+    allow_tf32 = bool(est.options.get("allow_tf32"))
+    keys = {peak_key(k.unit, k.dtype, allow_tf32) for k in est.kernels if k.unit in PIPES}
+    return sorted(keys | {_reference_key(est)})
+
+
+def estimate_data(
+    est: Estimate, label: str = "", depth: int | None = None, collapse: bool = True
+) -> dict[str, Any]:
+    """One estimate as the page holds it: its kernels (W, Q, ceiling, Python's time and
+    schedule), rows (grouped as ``Estimate.rows(depth, collapse)``), figures and text
+    (summary, coverage, assumptions)."""
+    keys = _keys(est)
+    world, shared = analysis.ranks(est)
+    workload = est.workload
+    step = regime(workload["regime"]) if workload.get("regime") else None
+    options = est.options
+    return {
+        "label": label or est.label,
+        "hardware": est.hardware,
+        "hardware_display": est.hardware_display,
+        "cluster": est.cluster,
+        "regime": workload.get("regime", ""),
+        "mode": options.get("mode", "roofline"),
+        "compute_efficiency": float(options.get("compute_efficiency", 1.0)),
+        "bandwidth_efficiency": float(options.get("bandwidth_efficiency", 1.0)),
+        "overlap": bool(options.get("overlap", True)),
+        "overlap_communication": bool(options.get("overlap_communication", True)),
+        "launch_overhead_s": float(options.get("launch_overhead_s", 0.0)),
+        "why_not_repriced": why_not_repriced(est),
+        "keys": keys,
+        "reference_key": _reference_key(est),
+        "reference_dtype": est.reference_dtype,
+        "reference_peak_flops_per_s": est.reference_peak_flops_per_s,
+        "hbm_bytes_per_s": est.hbm_bytes_per_s,
+        "capacity_bytes": est.memory.capacity_bytes if est.memory else None,
+        "time_s": est.time_s,
+        "scheduled": est.step_time_s is not None and est.pipeline is None,
+        "communicates": est.step_time_s is not None and any(k.communication for k in est.kernels),
+        "pipelined": est.pipeline is not None,
+        "gpus": world,  # in the step; ``shared``: GPUs sharing one replica's tokens
+        "shared": shared,
+        "flops": est.pipeline.rank_flops if est.pipeline is not None else est.flops,
+        "tokens": est.facts.tokens,
+        "batch": int(workload.get("batch", 1) or 1),
+        "weight_intensity": analysis.weight_gemm_intensity(est) or None,  # B* = b·ridge / it
+        "kv_crossover_batch": _finite(est.kv_crossover_batch),
+        "batching": step is not None and step.batching,
+        "memory_bytes": est.memory.total_bytes if est.memory else None,
+        "memory_line": est.memory.line() if est.memory else "",
+        "summary": est.summary(),
+        "coverage": est.coverage_line(),
+        "assumptions": list(est.assumptions),
+        "rows": _rows_with_kernels(est, depth, collapse),
+        "stacks": _stacks(est, depth),
+        "kernels": _kernels(est, keys),
+    }
+
+
+def _finite(value: float) -> float | None:
+    return value if value != float("inf") else None
+
+
+def page_data(
+    kind: str,
+    title: str,
+    estimates: list[tuple[str, Estimate]],
+    sweep: dict[str, Any] | None = None,
+    depth: int | None = None,
+    collapse: bool = True,
+) -> dict[str, Any]:
+    """What one page embeds: its estimates, every shipped accelerator with the ceilings
+    they need, and (a sweep) the swept key and values."""
+    views = [estimate_data(est, label, depth, collapse) for label, est in estimates]
+    keys = {key for view in views for key in view["keys"]}
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "kind": kind,
+        "title": title,
+        "estimates": views,
+        "accelerators": accelerators(keys, [est.hardware for _, est in estimates]),
+        "sweep": sweep,
+    }
+
+
+def render_page(data: dict[str, Any]) -> str:
+    """The page: plotly.js, the report's script and style, and ``data`` as JSON, inlined."""
+    assets = resources.files("torchroof.render") / "assets"
+    script = (assets / "report.js").read_text(encoding="utf-8")
+    style = (assets / "report.css").read_text(encoding="utf-8")
+    # No markup characters in the inlined JSON: "</script>" would end its element early and
+    # "<!--<script" would keep it from ending (a module name or label may hold either)
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(data['title'])}</title>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<style>\n{style}\n</style>\n"
+        f"<script>\n{plotly_js()}\n</script>\n"
+        "</head>\n<body>\n"
+        '<div id="app"></div>\n'
+        f'<script type="application/json" id="torchroof-data">{payload}</script>\n'
+        f"<script>\n{script}\n</script>\n"
+        "</body>\n</html>\n"
+    )
+
+
+def describe(est: Estimate) -> str:
+    """What was estimated, in a line: the regime's own label (its sizes, dtype and parallel
+    plan) and how it was priced (``llama-3-8b prefill, batch 1 x 4096 tokens, bf16 on
+    h100-sxm fused``); a step traced by hand has only the latter."""
+    workload = est.workload
+    step = regime(workload["regime"]) if workload.get("regime") else None
+    if step is None:
+        return est.label
+    try:
+        what = step.label(est.facts.model or "model", Workload(**workload))
+    except TypeError:  # a workload saved by another version: its fields differ
+        what = f"{est.facts.model} {step.name}"
+    return f"{what} on {est.label}"
+
+
+def _write(text: str, path: str | Path | None) -> str:
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def estimate_html(
+    est: Estimate,
+    path: str | Path | None = None,
+    title: str = "",
+    depth: int | None = None,
+    collapse: bool = True,
+) -> str:
+    """One estimate's page (``Estimate.to_html``), its layer rows grouped as the text
+    table's (``depth``, ``collapse``); written to ``path`` when given."""
+    title = title or f"torchroof: {describe(est)}"
+    data = page_data("estimate", title, [("", est)], depth=depth, collapse=collapse)
+    return _write(render_page(data), path)
+
+
+def comparison_html(comparison: Comparison, path: str | Path | None = None, title: str = "") -> str:
+    """compare's variants side by side, each expandable into its full report."""
+    estimates = [(v.label, v.estimate) for v in comparison.variants]
+    title = title or f"torchroof compare: {describe(estimates[0][1])}; " + ", ".join(
+        label for label, _ in estimates
+    )
+    return _write(render_page(page_data("comparison", title, estimates)), path)
+
+
+def sweep_html(sweep: Sweep, path: str | Path | None = None, title: str = "") -> str:
+    """A sweep's curves (step time and tokens/s, bytes by kind) with B* and the KV
+    crossover marked when it is over batch, and every point's report."""
+    estimates = [(f"{sweep.key}={p.value}", p.estimate) for p in sweep.points]
+    title = title or f"torchroof sweep over {sweep.key}: {describe(estimates[0][1])}"
+    info = {"key": sweep.key, "values": [p.value for p in sweep.points]}
+    return _write(render_page(page_data("sweep", title, estimates, info)), path)

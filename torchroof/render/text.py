@@ -1,0 +1,707 @@
+"""The estimate as text: the per-layer budget, the slowest kernels, two estimates side by
+side, the summary and its coverage line; compare's variant and sweep tables.
+
+seed 000 Lab 4 "the transformer layer budget": every row with its W, Q, intensity and
+roofline time; rows sum as if kernels ran back to back. Figures are kept in SI units until
+here, where they become ms, MB and GFLOP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+from torchroof.config.options import Workload
+from torchroof.records.trace import PHASES, TOP_LEVEL, layer_key
+from torchroof.report import analysis
+from torchroof.report.analysis import communication, network_intensity
+from torchroof.report.memory import GIB
+from torchroof.workloads import regime
+
+if TYPE_CHECKING:
+    from torchroof.report.compare import Comparison, Sweep
+    from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
+
+# Byte categories, in the order reports show them, and their column labels.
+CATEGORIES = ("weights", "activations", "kv_cache", "gradients", "optimizer_state")
+CATEGORY_LABELS = {
+    "weights": "weights",
+    "activations": "activations",
+    "kv_cache": "KV",
+    "gradients": "grads",
+    "optimizer_state": "opt state",
+}
+
+
+# The realistic mode's switchable effects (torchroof.timing.roofline), as PricingOptions names.
+REALISTIC_EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch", "softmax_pipes")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _intensity(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value:.2f}"
+
+
+def _ratio(before: float, after: float) -> str:
+    return f"{before / after:.2f}x" if after else "-"
+
+
+def members(ops: tuple[str, ...], limit: int = 6) -> str:
+    """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
+    if len(ops) == 1:
+        return ""
+    names = [op.split(".")[1] for op in ops]
+    more = f" +{len(names) - limit}" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _step_intensity(est: Estimate) -> str:
+    return _intensity(est.flops / est.bytes if est.bytes else float("inf"))
+
+
+def estimate_label(est: Estimate) -> str:
+    """Short name of how an estimate was made (hardware or cluster, and kernel policies)."""
+    parts = [est.cluster or est.hardware, str(est.options.get("fusion", "eager"))]
+    for key, default in (("loss", "materialized"), ("attention", "flash")):
+        value = est.options.get(key, default)
+        if value != default:
+            parts.append(f"{key}={value}")
+    if est.options.get("epilogue"):
+        parts.append("epilogue")
+    return " ".join(parts)
+
+
+# What a row that is not a module of its own holds, told by the ops its kernels run: the
+# first labels whose ops appear (position ids only when nothing else does).
+_ROW_CONTENTS = (
+    ("the loss", lambda op: any(w in op for w in ("nll_loss", "log_softmax", "cross_entropy"))),
+    ("rotary embedding", lambda op: op in ("cos", "sin")),
+    ("attention mask", lambda op: op in ("le", "lt", "ge", "gt", "eq", "masked_fill", "tril")),
+    ("collectives", lambda op: op.startswith("c10d.") or op.startswith("_c10d_functional.")),
+)
+
+
+def row_label(est: Estimate, name: str, names: Sequence[str], depth: int | None = None) -> str:
+    """A row as the tables name it: a module's path, except the row of ops outside any
+    module and the row of a module's own ops beside its sub-modules' rows (``model``), which
+    say what they hold: ``outside any module: the loss``, ``model (rotary embedding)``."""
+    top = name == TOP_LEVEL
+    if not top and not any(other.startswith(name + ".") for other in names):
+        return name
+    ops = [
+        op if op.startswith(("c10d.", "_c10d_functional.")) else op.split(".")[1]
+        for k in est.kernels
+        if layer_key(k.module, k.phase, depth) == name
+        for op in k.ops
+    ]
+    found = [label for label, test in _ROW_CONTENTS if any(test(op) for op in ops)]
+    if not found and "arange" in ops:
+        found = ["position ids"]
+    if not found:
+        own = list(dict.fromkeys(op for op in ops if not op.startswith("c10d")))[:3]
+        found = [f"own ops: {', '.join(own)}"] if own else []
+    what = ", ".join(found)
+    if top:
+        return f"outside any module: {what}" if what else "ops outside any module"
+    return f"{name} ({what})" if what else name
+
+
+def layer_table(
+    est: Estimate, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
+) -> str:
+    """The per-layer time budget (seed 000 Lab 4), a column per phase when the step has more
+    than one, per byte category when it moves more than one, and the communication the
+    compute stream waited on when the step communicates (torchroof.timing.streams); ``collapse``
+    sums runs of identical consecutive blocks into one row."""
+    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
+    split = len(phases) > 1
+    step_traffic = est.traffic()
+    categories = [c for c in CATEGORIES if step_traffic.get(c)]
+    communicates = est.step_time_s is not None
+    headers = ["layer", "kernels", "GFLOP", "MB", "FLOP/B", "time ms"]
+    if split:
+        headers += [f"{p} ms" for p in phases]
+    if communicates:
+        headers.append("exposed comm ms")
+    if len(categories) > 1:
+        headers += [f"{CATEGORY_LABELS[c]} MB" for c in categories]
+    else:
+        categories = []
+    headers += ["share %", "MFU %", "mem-bound %", "bound"]
+    # shares of the kernels' summed time (the step's own, without communication overlap)
+    total = sum(k.time_s for k in est.kernels) or 1.0
+    peak = est.reference_peak_flops_per_s
+    body = []
+    rows = est.rows(depth, collapse=collapse)
+    names = [row.name for row in rows]
+    for row in rows:
+        line: list[Any] = [
+            row_label(est, row.name, names, depth),
+            row.kernels,
+            f"{row.flops / 1e9:.3f}",
+            f"{row.bytes / 1e6:.2f}",
+            _intensity(row.intensity),
+            _ms(row.time_s),
+        ]
+        if split:
+            line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
+        if communicates:
+            line.append(_ms(row.exposed_communication_s))
+        line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
+        line += [
+            f"{100 * row.time_s / total:.1f}",
+            f"{100 * row.mfu(peak):.1f}" if row.time_s else "-",
+            f"{100 * row.memory_bound_share:.0f}" if row.time_s else "-",
+            row.boundary,
+        ]
+        body.append(line)
+    footer: list[Any] = [
+        "total",
+        len(est.kernels),
+        f"{est.flops / 1e9:.3f}",
+        f"{est.bytes / 1e6:.2f}",
+        _step_intensity(est),
+        _ms(est.time_s if est.pipeline is None else analysis.kernels_span_s(est)),
+    ]
+    if split:  # on the compute stream when collectives overlap: they add up to the step
+        footer += [
+            _ms(compute_stream_s(est, p) if communicates else est.phase_time_s(p)) for p in phases
+        ]
+    if communicates:
+        footer.append(_ms(communication(est).exposed_s))
+    footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
+    footer += [
+        "100.0",
+        f"{100 * est.mfu:.1f}",
+        f"{100 * est.memory_bound_share:.0f}",
+        "memory" if est.memory_bound_share >= 0.5 else "compute",
+    ]
+    body.append(footer)
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _bound(kernel: KernelEstimate) -> str:
+    """The bound, naming the boundary for a collective (seed 000: "name the boundary every
+    time you name the bound"): ``network (nvlink)``."""
+    return f"network ({kernel.link})" if kernel.bound == "network" else kernel.bound
+
+
+def binds(kernel: KernelEstimate) -> str:
+    """Which term of the hierarchical bound binds (seed 000 "name the boundary every time you
+    name the bound"), with a GEMM's tile and, past one wave, its waves and their occupancy:
+    ``l2 256x128, 4 waves 97%``."""
+    parts = [kernel.boundary or "-"]
+    if kernel.tile:
+        parts.append(kernel.tile)
+    text = " ".join(parts)
+    if kernel.waves > 1 or kernel.wave_efficiency < 0.75:
+        text += f", {kernel.waves} wave{'s' if kernel.waves != 1 else ''}"
+        text += f" {100 * kernel.wave_efficiency:.0f}%"
+    return text
+
+
+def kernel_module(kernel: KernelEstimate) -> str:
+    """The module a kernel ran in, or what ran it outside any module."""
+    if kernel.module:
+        return kernel.module
+    return "(optimizer step)" if kernel.phase == "optimizer" else "(outside any module)"
+
+
+def realistic(est: Estimate) -> bool:
+    """Did the realistic mode time the estimate (else the pure roofline)?"""
+    return est.options.get("mode", "roofline") == "realistic"
+
+
+def mode_name(est: Estimate) -> str:
+    return "realistic" if realistic(est) else "pure roofline"
+
+
+def verdict(kernel: KernelEstimate, realistic_mode: bool) -> str:
+    """The one term that set the kernel's time in the mode that timed it: a collective's
+    link (``network (nvlink)``); in the pure roofline compute or hbm, its only two terms; in
+    the realistic mode the term that bound it (compute, hbm, l2, smem, registers, latency)."""
+    if kernel.bound == "network":
+        return _bound(kernel)
+    if realistic_mode and kernel.boundary:
+        return kernel.boundary
+    return "compute" if kernel.bound == "compute" else "hbm"
+
+
+def tile_waves(kernel: KernelEstimate) -> str:
+    """A tiled kernel's threadblock tile and, past one wave or under 75% busy, its waves
+    over the SMs and their occupancy: ``256x128, 4 waves 97%``; empty for other kernels."""
+    text = kernel.tile
+    if kernel.waves and (kernel.waves > 1 or kernel.wave_efficiency < 0.75):
+        text += (", " if text else "") + _count(kernel.waves, "wave")
+        text += f" {100 * kernel.wave_efficiency:.0f}%"
+    return text
+
+
+def spill_risks(est: Estimate) -> list[KernelEstimate]:
+    """Fused kernels past the on-chip budget whose verdict a spill could change: compute-bound
+    ones (spilled live state is extra memory traffic, which a kernel already bound by memory
+    only adds to; the estimate charges no spill, so the flag changes no time)."""
+    mode = realistic(est)
+    return [k for k in est.kernels if k.flags and verdict(k, mode) == "compute"]
+
+
+def timing_lines(est: Estimate) -> list[str]:
+    """Which mode made the numbers, and the step's time by the boundary that binds each
+    kernel (seed 000 "The hierarchical roofline")."""
+    options = est.options
+    if options.get("mode", "roofline") == "realistic":
+        effects = [e for e in REALISTIC_EFFECTS if options.get(e, True)]
+        off = [e for e in REALISTIC_EFFECTS if not options.get(e, True)]
+        line = "timing: realistic mode (" + (", ".join(effects) or "no effects") + ")"
+        if off:
+            line += "; off: " + ", ".join(off)
+        overhead = sum(k.overhead_s for k in est.kernels)
+        if overhead:
+            line += f"; launches {_ms(overhead)} ms"
+    else:
+        line = (
+            "timing: pure roofline T = max(W/pi, Q/beta), a lower bound "
+            "(--mode realistic: on-chip roofs, waves, latency, achievable rates, launches, softmax)"
+        )
+    by_boundary: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for k in est.kernels:
+        if k.boundary and not k.communication:
+            by_boundary[k.boundary] = by_boundary.get(k.boundary, 0.0) + k.time_s
+            counts[k.boundary] = counts.get(k.boundary, 0) + 1
+    lines = [line]
+    ranked = sorted(by_boundary, key=lambda name: -by_boundary[name])
+    if ranked and options.get("mode", "roofline") == "realistic":
+        lines.append(
+            "kernel time by the term that binds it: "
+            + ", ".join(f"{name} {_ms(by_boundary[name])} ms" for name in ranked)
+        )
+    elif ranked:
+        lines.append(
+            "hierarchical verdict, the memory level that would bind each kernel with the "
+            "on-chip roofs (the pure roofline charges only compute and HBM): "
+            + ", ".join(
+                f"{name} {_count(counts[name], 'kernel')} ({_ms(by_boundary[name])} ms)"
+                for name in ranked
+            )
+        )
+    return lines
+
+
+def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
+    """The ``top`` kernels by time, with a fused kernel's member ops and its first warning."""
+    ranked = sorted(est.kernels, key=lambda k: k.time_s, reverse=True)[:top]
+    mode = realistic(est)
+    risks = {k.index for k in spill_risks(est)}
+    body = [
+        [
+            k.index,
+            k.name.removeprefix("aten."),
+            kernel_module(k),
+            k.phase,
+            f"{k.flops / 1e9:.3f}",
+            f"{k.bytes / 1e6:.2f}",
+            _intensity(k.intensity),
+            f"{k.time_s * 1e6:.1f}",
+            verdict(k, mode),
+            tile_waves(k),
+            members(k.ops) + (" [!] " + k.flags[0] if k.index in risks else ""),
+        ]
+        for k in ranked
+    ]
+    headers = ["#", "op", "module", "phase", "GFLOP", "MB", "FLOP/B", "time us"]
+    headers += [f"bound ({mode_name(est)})", "tile / waves", "members"]
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _row_figures(row: LayerRow | None) -> tuple[float, int, int]:
+    """(time, bytes, kernels) of a row; zeros for a layer the other estimate lacks."""
+    return (row.time_s, row.bytes, row.kernels) if row is not None else (0.0, 0, 0)
+
+
+def comparison_table(
+    first: Estimate,
+    second: Estimate,
+    depth: int | None = None,
+    collapse: bool = True,
+    tablefmt: str = "simple",
+) -> str:
+    """Per-layer time and bytes of two estimates side by side, with the speed-up
+    (``first`` / ``second``), in the spirit of seed 000's fusion bench (Lab 3). With
+    ``collapse`` every numbered block of a stack is one row, so the two line up whatever
+    their kernels."""
+
+    def by_name(est: Estimate) -> dict[str, LayerRow]:
+        rows = est.stack_rows(depth) if collapse else est.rows(depth)
+        return {row.name: row for row in rows}
+
+    mine, theirs = by_name(first), by_name(second)
+    names = list(mine) + [n for n in theirs if n not in mine]
+    a, b = first.label, second.label
+    headers = [
+        "layer",
+        f"{a} ms",
+        f"{b} ms",
+        "speed-up",
+        f"{a} MB",
+        f"{b} MB",
+        f"{a} kernels",
+        f"{b} kernels",
+    ]
+    body = []
+    for name in names:
+        x_time, x_bytes, x_kernels = _row_figures(mine.get(name))
+        y_time, y_bytes, y_kernels = _row_figures(theirs.get(name))
+        body.append(
+            [
+                row_label(first if name in mine else second, name, names, depth),
+                _ms(x_time),
+                _ms(y_time),
+                _ratio(x_time, y_time),
+                f"{x_bytes / 1e6:.2f}",
+                f"{y_bytes / 1e6:.2f}",
+                x_kernels,
+                y_kernels,
+            ]
+        )
+    body.append(
+        [
+            "total",
+            _ms(first.time_s),
+            _ms(second.time_s),
+            _ratio(first.time_s, second.time_s),
+            f"{first.bytes / 1e6:.2f}",
+            f"{second.bytes / 1e6:.2f}",
+            len(first.kernels),
+            len(second.kernels),
+        ]
+    )
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def coverage_line(est: Estimate) -> str:
+    """How many ops the trace held and which had no rule (DESIGN rule 1: every op is
+    accounted, an op without a rule is charged its input+output bytes and named here)."""
+    if not est.uncounted:
+        return f"coverage: {est.op_count} ops, all priced by a rule"
+    names = ", ".join(f"{n} x{c}" for n, c in sorted(est.uncounted.items()))
+    count = sum(est.uncounted.values())
+    return (
+        f"coverage: {est.op_count} ops, {count} without a rule "
+        f"(charged their input+output bytes only): {names}"
+    )
+
+
+def summary(est: Estimate) -> str:
+    """The step in a few lines: hardware (and cluster), time (by phase), communication
+    (exposed, hidden, by link, network intensity) when the step has collectives, work and
+    traffic, MFU, bytes by category, throughput, the decode figures, memory fit, on-chip
+    pressure, coverage and every assumption the estimate rests on."""
+    cluster = f" in cluster {est.cluster} (one rank priced)" if est.cluster else ""
+    lines = [
+        f"hardware: {est.hardware_display} ({est.hardware}){cluster}, "
+        f"HBM {est.hbm_bytes_per_s / 1e12:.2f} TB/s, "
+        f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
+        f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
+    ]
+    if est.facts.defaults:  # a default the model changed: "seq: 1024, the model's maximum ..."
+        lines.append(est.facts.defaults)
+    if est.pipeline is not None:
+        lines += pipeline_lines(est)
+    lines += global_batch_lines(est)
+    lines += phase_lines(est)
+    if est.step_time_s is not None and any(k.communication for k in est.kernels):
+        lines += communication_lines(est)
+    lines += timing_lines(est)
+    lines += [
+        f"work: {est.flops / 1e12:.3f} TFLOP, traffic: {est.bytes / 1e9:.3f} GB, "
+        f"intensity {_step_intensity(est)} FLOP/B",
+        f"MFU: {100 * est.mfu:.1f}%, time memory-bound: {100 * est.memory_bound_share:.0f}%",
+    ]
+    traffic = est.traffic()
+    if traffic:
+        lines.append(
+            "traffic: "
+            + ", ".join(
+                f"{CATEGORY_LABELS[c]} {traffic[c] / 1e9:.3f} GB"
+                for c in CATEGORIES
+                if c in traffic
+            )
+        )
+    if est.tokens_per_s:
+        world, shared = analysis.ranks(est)
+        if world > 1:
+            replica = (
+                f"{est.tokens_per_s:,.1f} per replica of {shared} GPUs, "
+                if 1 < shared < world
+                else ""
+            )
+            lines.append(
+                f"throughput: {analysis.tokens_per_s_per_gpu(est):,.1f} tokens/s per GPU, "
+                f"{replica}{analysis.cluster_tokens_per_s(est):,.1f} tokens/s over the "
+                f"{world} GPUs"
+            )
+        else:
+            lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
+    step = regime(est.workload["regime"]) if est.workload.get("regime") else None
+    if step is not None:
+        lines += step.summary(est)
+    if est.memory is not None:
+        lines.append(est.memory.line())
+        if step is not None:
+            lines += step.memory_summary(est)
+    flagged = spill_risks(est)
+    if flagged:
+        one = len(flagged) == 1
+        lines.append(
+            f"on-chip pressure: {_count(len(flagged), 'compute-bound fused kernel')} "
+            f"{'exceeds' if one else 'exceed'} the on-chip budget; a spill would add memory "
+            f"traffic the estimate does not charge (e.g. #{flagged[0].index} "
+            f"{kernel_module(flagged[0])}: {flagged[0].flags[0]})"
+        )
+    lines.append(coverage_line(est))
+    lines += [f"assumption: {a}" for a in est.assumptions]
+    return "\n".join(lines)
+
+
+def global_batch_lines(est: Estimate) -> list[str]:
+    """Under data parallelism or micro-batches, the batch the whole step processes: --batch
+    is per rank (tp and cp ranks share their sequences) and per micro-batch."""
+    w = est.workload
+    dp, fsdp, micro = (int(w.get(key) or 1) for key in ("dp", "fsdp", "microbatches"))
+    if dp * fsdp * micro == 1 or not w.get("regime"):
+        return []
+    batch = int(w.get("batch") or 1)
+    step = regime(w["regime"])
+    one = Workload(regime=step.name, batch=1, seq=w.get("seq"), context=w.get("context"))
+    per_sequence = step.tokens(one)  # prefill and train: seq; decode: its one new token
+    sequences = batch * dp * fsdp * micro
+    parts = [f"batch {batch} per rank"]
+    parts += [f"{name} {size}" for name, size in (("dp", dp), ("fsdp", fsdp)) if size > 1]
+    if micro > 1:
+        parts.append(_count(micro, "micro-batch"))
+    new = " new" if step.new_positions else ""
+    return [
+        f"global batch: {_count(sequences, 'sequence')} x {_count(per_sequence, 'token')}{new} "
+        f"= {sequences * per_sequence:,} tokens per step ({' x '.join(parts)})"
+    ]
+
+
+def compute_stream_s(est: Estimate, phase: str) -> float:
+    """A phase's time on the compute stream: its compute kernels' time plus the part of its
+    collectives the compute stream waited on (torchroof.timing.streams)."""
+    return analysis.added(  # left to right, as the HTML page adds them
+        k.exposed_s if k.communication else k.time_s for k in est.kernels if k.phase == phase
+    )
+
+
+def phase_lines(est: Estimate) -> list[str]:
+    """The step's time by phase. When collectives run on the communication stream, each
+    phase is its compute-stream time: its compute kernels and the part of its collectives
+    the compute stream waited on, so the phases add up to the step."""
+    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
+    if len(phases) <= 1:
+        return []
+    which = "by phase" if est.pipeline is None else "the kernels listed, by phase"
+    streams = est.step_time_s is not None and any(k.communication for k in est.kernels)
+    if not streams:
+        return [f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases)]
+    times = {p: compute_stream_s(est, p) for p in phases}
+    hidden = communication(est).hidden_s
+    return [
+        f"{which}, on the compute stream (collectives counted where it waited on them; "
+        f"{_ms(hidden)} ms more ran hidden on the communication stream): "
+        + ", ".join(f"{p} {_ms(times[p])} ms" for p in phases)
+        + f" = {_ms(sum(times.values()))} ms"
+    ]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
+
+
+def pipeline_lines(est: Estimate) -> list[str]:
+    """A pipelined step (issue 14): the schedule, its bubble, the slowest rank and why, the
+    activations' trip between stages, and one row per stage (per micro-batch times, the
+    micro-batches in flight, memory)."""
+    p = est.pipeline
+    assert p is not None
+    per_rank = len(p.stages) // p.pp
+    layout = f"{p.pp} ranks" + (f" x {per_rank} stages each" if per_rank > 1 else "")
+    kind = "" if p.trains else " (forward only)"
+    lines = [
+        f"pipeline: {p.schedule}{kind} over {layout}, {_count(p.microbatches, 'micro-batch')}: the "
+        f"ranks idle {100 * p.bubble_share:.1f}% of the pipeline's {_ms(p.pipeline_s)} ms "
+        "(its bubble)",
+        f"slowest: {p.slowest_reason}",
+        f"between stages: {p.stages[0].activation_bytes / 1e6:.2f} MB per micro-batch, "
+        f"send/recv {p.transfer_s * 1e6:.1f} us over {p.transfer_link} at the slowest boundary",
+    ]
+    if not p.trains:
+        through = p.latency_s
+        lines.append(
+            f"one micro-batch of {est.workload.get('batch', 1)} through every stage: "
+            f"{_ms(through)} ms (a decode step's time per output token, a prefill's time to "
+            "first token); every micro-batch's sequences keep K/V on every stage"
+        )
+        tokens = est.facts.tokens
+        steady = p.steady_state_s
+        rate = f", {tokens / steady:,.1f} tokens/s per replica" if tokens and steady else ""
+        lines.append(
+            f"steady state (successive steps' micro-batches keep every stage busy, as a "
+            f"serving pipeline runs): {_ms(steady)} ms per step{rate}"
+        )
+    headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GiB"]
+    rows = [
+        [
+            r.stage,
+            r.rank,
+            r.layers + (f" (as {r.traced_as})" if r.traced_as != r.stage else ""),
+            _ms(r.forward_s),
+            _ms(r.backward_s)
+            + (f" (I {_ms(r.input_s)} + W {_ms(r.weight_s)})" if r.weight_s else ""),
+            _ms(r.after_s),
+            r.in_flight,
+            f"{r.memory_bytes / GIB:.2f}" + ("" if r.fits else " (does NOT fit)"),
+        ]
+        for r in p.stages
+    ]
+    lines.append(tabulate(rows, headers=headers, disable_numparse=True))
+    return lines
+
+
+def communication_lines(est: Estimate) -> list[str]:
+    """The step's communication (torchroof.timing.streams): its time on the communication stream,
+    the part the compute stream waited on (exposed, as a share of the step) and the part
+    hidden behind compute, the collectives' time by link; then each link's network
+    intensity against its ridge (seed 000 "The next wall": hides iff I_net >= pi/beta)."""
+    comm = communication(est)
+    links = ", ".join(f"{link} {_ms(s)} ms" for link, s in comm.by_link_s.items())
+    copies = f", FSDP copies {_ms(comm.copies_s)} ms" if comm.copies_s else ""
+    lines = [
+        f"communication: {_ms(comm.time_s)} ms on the communication stream, "
+        f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the "
+        f"{'step' if est.pipeline is None else 'kernels listed'}), "
+        f"hidden behind compute: {_ms(comm.hidden_s)} ms; links: {links}{copies}"
+        + (
+            f"; alpha (per-collective latency, no bandwidth buys it back) "
+            f"{_ms(comm.latency_s)} ms of it"
+            if comm.latency_s
+            else ""
+        )
+    ]
+    intensity = network_intensity(est)
+    if intensity:
+        above = "above: at peak the math outlasts the link's bytes, if they overlap"
+        below = "below: the link binds unless hidden"
+        lines.append(
+            "network intensity (step FLOPs per byte a rank sends): "
+            + ", ".join(
+                f"{link} {li.intensity:,.0f} FLOP/B vs ridge {li.ridge:,.0f} "
+                f"({above if li.hides else below})"
+                for link, li in intensity.items()
+            )
+        )
+    return lines
+
+
+def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
+    """A column per variant: time, throughput, MFU, traffic by category, memory, fit, and
+    each figure's ratio to the first variant where it matters."""
+    ests = [v.estimate for v in comparison.variants]
+    first = ests[0]
+    rows: list[list[Any]] = []
+
+    def add(name: str, values: Sequence[str]) -> None:
+        rows.append([name, *values])
+
+    add("step time ms", [f"{e.time_s * 1e3:.3f}" for e in ests])
+    add("  vs first", [f"{e.time_s / first.time_s:.3f}x" for e in ests])
+    add("tokens/s", [f"{e.tokens_per_s:,.1f}" for e in ests])
+    gpus = [analysis.ranks(e)[0] for e in ests]
+    if any(n > 1 for n in gpus):
+        add("GPUs", [str(n) for n in gpus])
+        add("tokens/s per GPU", [f"{analysis.tokens_per_s_per_gpu(e):,.1f}" for e in ests])
+        exposed = [communication(e).exposed_s for e in ests]
+        add("exposed comm ms", [f"{x * 1e3:.3f}" for x in exposed])
+    if any(e.pipeline is not None for e in ests):
+        steps = [e.pipeline for e in ests]
+        add("pipeline", [f"{p.schedule} x {p.microbatches}" if p else "-" for p in steps])
+        add("bubble %", [f"{100 * p.bubble_share:.1f}" if p else "-" for p in steps])
+        add("slowest rank", [str(p.slowest_rank) if p else "-" for p in steps])
+    add("MFU %", [f"{100 * e.mfu:.1f}" for e in ests])
+    add("memory-bound time %", [f"{100 * e.memory_bound_share:.0f}" for e in ests])
+    traffic = [e.traffic() for e in ests]
+    for category in CATEGORIES:
+        if not any(t.get(category) for t in traffic):
+            continue
+        label = CATEGORY_LABELS[category]
+        add(f"{label} GB", [f"{t.get(category, 0) / 1e9:.3f}" for t in traffic])
+        base = traffic[0].get(category, 0)
+        ratios = [f"{t.get(category, 0) / base:.3f}x" for t in traffic] if base else []
+        if any(r != "1.000x" for r in ratios):
+            add(f"  {label} vs first", ratios)
+    add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
+    memories = [e.memory for e in ests]
+    if all(memories):
+        add("memory GiB", [f"{m.total_bytes / GIB:.2f}" for m in memories])
+        add(
+            "fits",
+            ["yes" if m.fits else f"no (-{m.missing_bytes / GIB:.1f} GiB)" for m in memories],
+        )
+    headers = ["", *(v.label for v in comparison.variants)]
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def layer_deltas(comparison: Comparison, depth: int | None = None) -> str:
+    """Per-layer time of every variant against the first, one table each."""
+    first = comparison.variants[0].estimate
+    return "\n\n".join(
+        comparison_table(first, v.estimate, depth=depth) for v in comparison.variants[1:]
+    )
+
+
+def sweep_table(sweep: Sweep) -> str:
+    """A row per swept value: step time, tokens/s, MFU, weight and KV traffic, memory, fit;
+    with GPUs, tokens/s per GPU and exposed communication when a step spans GPUs."""
+    data = sweep.rows()
+    spans = any(r["gpus"] > 1 for r in data)
+    rows = [
+        [
+            r[sweep.key],
+            f"{r['step_time_s'] * 1e3:.3f}",
+            f"{r['tokens_per_s']:,.1f}",
+            *(
+                [
+                    str(r["gpus"]),
+                    f"{r['tokens_per_s_per_gpu']:,.1f}",
+                    f"{r['exposed_communication_s'] * 1e3:.3f}",
+                ]
+                if spans
+                else []
+            ),
+            f"{100 * r['mfu']:.1f}",
+            f"{r['weight_bytes'] / 1e9:.2f}",
+            f"{r['kv_bytes'] / 1e9:.2f}",
+            f"{r['memory_bytes'] / GIB:.1f}",
+            "yes" if r["fits"] else "no",
+        ]
+        for r in data
+    ]
+    headers = [
+        sweep.key,
+        "step ms",
+        "tokens/s",
+        *(["GPUs", "tokens/s per GPU", "exposed comm ms"] if spans else []),
+        "MFU %",
+        "weights GB",
+        "KV GB",
+        "memory GiB",
+        "fits",
+    ]
+    return tabulate(rows, headers=headers, disable_numparse=True)

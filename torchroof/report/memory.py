@@ -1,0 +1,260 @@
+"""Memory footprint of a traced step: weights, gradients, optimizer state, KV cache, and
+the peak of live activations from tensor lifetimes in the trace; compared with capacity.
+A parallel step's footprint is its traced rank's (issue 13 item 5)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torchroof.counters import kind_of
+from torchroof.records.trace import TensorMeta, Trace
+
+
+def storage_extent_bytes(t: TensorMeta) -> int:
+    """Bytes of storage a tensor view reaches: (offset + last element + 1) · itemsize."""
+    if t.numel == 0:
+        return 0
+    last = sum((size - 1) * step for size, step in zip(t.shape, t.stride, strict=True))
+    return (t.offset + last + 1) * t.itemsize
+
+
+# FSDP2's own ops (torch.distributed.fsdp._fully_shard._fsdp_collectives): the copy of a
+# unit's shards into the all-gather buffer, the copy out of it into each parameter's
+# unsharded storage, and the copy of the unsharded gradients into the reduce-scatter input.
+ALL_GATHER_COPY_IN = "fsdp.all_gather_copy_in"
+ALL_GATHER_COPY_OUT = "fsdp.split_with_sizes_copy"
+REDUCE_SCATTER_COPY_IN = "fsdp.chunk_cat"
+_NO_DATA_KINDS = ("view", "metadata")  # counters' kinds of ops that touch no element
+
+
+def unsharded_layer_buffers(trace: Trace) -> set[int]:
+    """Storages of FSDP2's unsharded layer buffers (issue 13 item 5): the all-gather buffers,
+    the unsharded parameters they are copied out to, the unsharded gradients and the
+    reduce-scatter inputs they are copied into. Their size follows the layer, not the batch."""
+    found: set[int] = set()
+    for op in trace.ops:
+        packet = op.packet
+        if packet == ALL_GATHER_COPY_IN:
+            tensors = [*op.outputs, *op.tensors("all_gather_output")]
+        elif packet == ALL_GATHER_COPY_OUT:
+            tensors = [*op.tensors("out"), *op.tensors("all_gather_output")]
+        elif packet == REDUCE_SCATTER_COPY_IN:
+            tensors = [*op.tensors("out"), *op.tensors("tensors")]
+        else:
+            continue
+        found.update(t.storage for t in tensors)
+    return found
+
+
+@dataclass(frozen=True)
+class TransientPeak:
+    """The largest sum of transient storages alive at once, and how much of it is FSDP's
+    unsharded layer buffers (batch-independent) rather than activations."""
+
+    total_bytes: int
+    layer_buffers_bytes: int = 0
+
+    @property
+    def activations_bytes(self) -> int:
+        return self.total_bytes - self.layer_buffers_bytes
+
+
+def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> TransientPeak:
+    """Largest sum of transient storages (activations, FSDP's unsharded layer buffers)
+    alive at once.
+
+    A storage is born at the first op that writes it and dies after the last op that
+    touches it; storages with a role (weights, gradients, optimizer state, KV cache) and
+    inputs that existed before the trace are not transient. FSDP2 frees a parameter's
+    unsharded storage after use (``resize_(0)``, which no op records) and all-gathers into
+    the same storage again later (the backward, the next micro-batch): a copy-out into a
+    storage used since its birth starts a new life of it. NB: sizes are the largest extent
+    any view reached, a lower bound on the allocation; allocator rounding and
+    fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
+    reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
+    """
+    roles = trace.roles if roles is None else roles
+    born, dies, size, buffers = _lifetimes(trace, roles)
+    delta: dict[int, list[int]] = {}
+    for key, start in born.items():
+        in_buffers = key[0] in buffers
+        for index, sign in ((start, 1), (dies[key] + 1, -1)):
+            change = delta.setdefault(index, [0, 0])
+            change[0] += sign * size[key]
+            change[1] += sign * size[key] * in_buffers
+    live = [0, 0]
+    peak = TransientPeak(0, 0)
+    for index in sorted(delta):
+        live = [live[0] + delta[index][0], live[1] + delta[index][1]]
+        if live[0] > peak.total_bytes:
+            peak = TransientPeak(live[0], live[1])
+    return peak
+
+
+Life = tuple[int, int]  # (storage, which life of it)
+
+
+def _lifetimes(
+    trace: Trace, roles: dict[int, str]
+) -> tuple[dict[Life, int], dict[Life, int], dict[Life, int], set[int]]:
+    """(birth op, death op, bytes) of every transient storage life, and FSDP's unsharded
+    layer buffers (see :func:`transient_peak`)."""
+    buffers = unsharded_layer_buffers(trace)
+    life: dict[int, int] = {}  # storage -> its current life (FSDP storages live several)
+    size: dict[tuple[int, int], int] = {}
+    born: dict[tuple[int, int], int] = {}
+    dies: dict[tuple[int, int], int] = {}
+    for op in trace.ops:
+        if op.packet == ALL_GATHER_COPY_OUT:
+            for t in op.tensors("out"):
+                key = (t.storage, life.get(t.storage, 0))
+                if key in born and dies[key] > born[key]:  # used since: freed, now refilled
+                    life[t.storage] = key[1] + 1
+                    new = (t.storage, key[1] + 1)
+                    born[new], dies[new], size[new] = op.index, op.index, size[key]
+        # FSDP2 re-views and queries its unsharded parameters while their storage is
+        # freed: only an op that reads or writes a buffer's data keeps it alive.
+        keeps_buffers = kind_of(op.packet) not in _NO_DATA_KINDS
+        for t in op.outputs:
+            if t.storage in roles:
+                continue
+            key = (t.storage, life.get(t.storage, 0))
+            if key not in born:
+                born[key] = dies[key] = op.index
+            size[key] = max(size.get(key, 0), storage_extent_bytes(t))
+            if keeps_buffers or t.storage not in buffers:
+                dies[key] = op.index
+        for t in op.inputs:
+            key = (t.storage, life.get(t.storage, 0))
+            if key in born:
+                size[key] = max(size[key], storage_extent_bytes(t))
+                if keeps_buffers or t.storage not in buffers:
+                    dies[key] = op.index
+    return born, dies, size, buffers
+
+
+def saved_bytes(trace: Trace, index: int, roles: dict[int, str] | None = None) -> int:
+    """Bytes of transient storages (activations) born by op ``index`` and used after it:
+    what a forward ending there keeps for its backward (issue 14: each micro-batch a
+    pipeline stage holds in flight keeps this much)."""
+    roles = trace.roles if roles is None else roles
+    born, dies, size, _ = _lifetimes(trace, roles)
+    return sum(size[key] for key, start in born.items() if start < index <= dies[key])
+
+
+@dataclass(frozen=True)
+class MemoryFootprint:
+    """What must sit in one device's memory for the step, against its capacity.
+
+    For a parallel step (issue 13 item 5) every figure is rank 0's: its parameter,
+    gradient and optimizer-state shards (the gradients held across micro-batches are the
+    gradient-accumulation buffers), its KV heads, its activations (per TP shard), and
+    ``layer_buffers_bytes``, FSDP's unsharded parameters and gradients in flight at the
+    transient peak (``activations_peak_bytes`` is the rest of that peak)."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    kv_cache_bytes: int
+    activations_peak_bytes: int
+    capacity_bytes: int
+    batch: int = 1
+    layer_buffers_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_state_bytes
+            + self.kv_cache_bytes
+            + self.activations_peak_bytes
+            + self.layer_buffers_bytes
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def missing_bytes(self) -> int:
+        """How much more memory the step needs than the device has (0 when it fits)."""
+        return max(0, self.total_bytes - self.capacity_bytes)
+
+    @property
+    def max_batch(self) -> int:
+        """Largest batch (per rank, per micro-batch) whose per-sequence bytes (KV cache +
+        activations, which scale with batch) fit beside the batch-independent ones
+        (weights, gradients, optimizer state, FSDP's unsharded layer buffers)."""
+        fixed = self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes
+        fixed += self.layer_buffers_bytes
+        per_sequence = (self.kv_cache_bytes + self.activations_peak_bytes) / self.batch
+        free = self.capacity_bytes - fixed
+        if free <= 0:
+            return 0
+        return int(free // per_sequence) if per_sequence else 0
+
+    @property
+    def fixed_bytes(self) -> int:
+        """The bytes that do not grow with the batch: weights, gradients, optimizer state and
+        FSDP's unsharded layer buffers."""
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_state_bytes
+            + self.layer_buffers_bytes
+        )
+
+    def line(self) -> str:
+        """The footprint against the capacity, in GiB as vendors quote capacities (an H100's
+        80 GB are 80 GiB)."""
+        parts = [f"weights {gib(self.weights_bytes)}"]
+        if self.gradients_bytes:
+            parts.append(f"gradients {gib(self.gradients_bytes)}")
+        if self.optimizer_state_bytes:
+            parts.append(f"optimizer state {gib(self.optimizer_state_bytes)}")
+        if self.kv_cache_bytes:
+            parts.append(f"KV cache {gib(self.kv_cache_bytes)}")
+        if self.layer_buffers_bytes:
+            parts.append(f"unsharded layer buffers {gib(self.layer_buffers_bytes)}")
+        parts.append(f"activations (peak) {gib(self.activations_peak_bytes)}")
+        verdict = "fits" if self.fits else f"does NOT fit: {gib(self.missing_bytes)} missing"
+        return (
+            f"memory: {gib(self.total_bytes)} of {gib(self.capacity_bytes)} "
+            f"({', '.join(parts)}) -> {verdict}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+GIB = 2**30
+
+
+def gib(size: float) -> str:
+    """Bytes as GiB, labelled: ``74.51 GiB``."""
+    return f"{size / GIB:.2f} GiB"
+
+
+def footprint(
+    trace: Trace,
+    capacity_bytes: float,
+    batch: int = 1,
+    roles: dict[int, str] | None = None,
+    role_bytes: dict[str, int] | None = None,
+) -> MemoryFootprint:
+    """The step's footprint; ``roles`` and ``role_bytes`` replace the trace's own labels
+    (pipeline adds what it reads from the optimizer phase of a step traced by hand)."""
+    role = trace.role_bytes if role_bytes is None else role_bytes
+    peak = transient_peak(trace, roles)
+    return MemoryFootprint(
+        weights_bytes=role.get("weights", 0),
+        gradients_bytes=role.get("gradients", 0),
+        optimizer_state_bytes=role.get("optimizer_state", 0),
+        kv_cache_bytes=role.get("kv_cache", 0),
+        activations_peak_bytes=peak.activations_bytes,
+        capacity_bytes=int(capacity_bytes),
+        batch=batch,
+        layer_buffers_bytes=peak.layer_buffers_bytes,
+    )

@@ -1,0 +1,183 @@
+"""Timing of one kernel on one accelerator: the pure roofline, or the realistic mode.
+
+seed 000 "Deriving the roofline": T = max(W/pi, Q/beta) when memory traffic and arithmetic
+overlap; the no-overlap model T = W/pi + Q/beta (seed 000 §5) is an option. pi is the
+ceiling the kernel's unit and dtype can reach (DESIGN rule 4), beta the HBM bandwidth. This
+pure roofline is the default: a floor.
+
+Whatever the mode, the kernel's hierarchical verdict is named (seed 000 "The hierarchical
+roofline": the smallest of pi, beta_l·I_l over the levels binds; ``boundary``). The realistic
+mode (``PricingOptions.mode = "realistic"``) adds what seed 000 "What the model still cannot
+see" lists, each separately switchable: the on-chip roofs (``on_chip``), wave quantisation
+(``waves``), the latency shelf of too little in flight (``latency_shelf``), the achievable
+fractions of peak (``achievable``), the launch (``launch``) and, from "pi is the top of a
+stack", a fused attention kernel's softmax on the SFU and vector pipes (``softmax_pipes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from torchroof.config.errors import OptionError
+from torchroof.config.options import PricingOptions, parse_gemm_tile
+from torchroof.counters import Cost
+from torchroof.hardware import Figure, HardwareSpec
+from torchroof.timing.hierarchy import (
+    GemmTile,
+    Levels,
+    attention_levels,
+    choose_tile,
+    effective_bandwidth,
+    gemm_levels,
+    in_flight_bytes,
+    level_rates,
+    softmax_seconds,
+    stream_levels,
+    waves,
+)
+from torchroof.timing.kernel_shape import KernelShape
+
+Bound = Literal["compute", "memory"]
+# A memory-bound kernel is called latency-bound when too little in flight costs it more
+# than a tenth of the bandwidth (a few CTAs short of every SM is still "hbm").
+LATENCY_LABEL_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Both lower bounds of one kernel, the time taken, and which pipe binds."""
+
+    peak_flops_per_s: float  # the ceiling used for W (after efficiency)
+    bandwidth_bytes_per_s: float  # the ceiling used for Q (after efficiency, and in realistic
+    # mode the achievable fraction and the latency shelf)
+    compute_s: float  # W / pi (realistic: stretched by the waves)
+    memory_s: float  # Q / beta
+    time_s: float
+    bound: Bound
+    boundary: str = ""  # compute / hbm / l2 / smem / registers / latency: which term binds
+    level_bytes: dict[str, float] | None = None  # bytes at each boundary (hierarchy)
+    tile: str = ""  # a GEMM's threadblock tile
+    waves: int = 0
+    wave_efficiency: float = 1.0
+    in_flight_bytes: float = 0.0
+    overhead_s: float = 0.0  # launch overhead inside time_s
+
+
+def _fraction(figure: Figure | None) -> float:
+    """An achievable fraction the hardware file lists, else 1."""
+    return figure.value if figure is not None else 1.0
+
+
+def kernel_levels(
+    shape: KernelShape | None,
+    cost: Cost,
+    hardware: HardwareSpec,
+    options: PricingOptions,
+    peak_flops_per_s: float,
+    bandwidth_bytes_per_s: float,
+    out_itemsize: int,
+) -> Levels | None:
+    """The kernel's bytes at every boundary, its grid and (GEMMs) its tile; None for a part
+    whose file lists no SMs and no shared memory (a calibrated CPU: no tiles, no waves)."""
+    if shape is None or cost.unit not in ("tensor", "vector", "sfu"):
+        return None
+    if hardware.compute_units is None or hardware.shared_memory_bytes_per_sm is None:
+        return None
+    if shape.kind == "gemm":
+        fixed = parse_gemm_tile(options.gemm_tile)
+        if fixed:
+            tile = GemmTile(*fixed)
+            needed = tile.smem_bytes(shape.itemsize)
+            if needed > hardware.shared_memory_bytes_per_sm.value:
+                raise OptionError(
+                    f"gemm_tile={options.gemm_tile}: its operand stages need {needed:,} bytes "
+                    f"of shared memory, and {hardware.name} has "
+                    f"{hardware.shared_memory_bytes_per_sm.value:,.0f} per SM; choose a "
+                    "smaller tile or auto"
+                )
+        else:
+            rates = (peak_flops_per_s, bandwidth_bytes_per_s)
+            tile = choose_tile(shape, cost.bytes, hardware, *rates, out_itemsize)
+        return gemm_levels(shape, cost.bytes, tile, hardware, out_itemsize)
+    if shape.kind == "attention":
+        return attention_levels(shape, cost.bytes, hardware)
+    return stream_levels(shape, cost.bytes)
+
+
+def time_kernel(
+    cost: Cost,
+    hardware: HardwareSpec,
+    options: PricingOptions,
+    shape: KernelShape | None = None,
+    out_itemsize: int = 2,
+) -> KernelTime:
+    """T = max(W/pi, Q/beta) (or the sum without overlap), plus launch overhead; in
+    realistic mode, the switched-on effects on top (module docstring)."""
+    realistic = options.mode == "realistic"
+    peak = hardware.peak(cost.unit, cost.dtype, allow_tf32=options.allow_tf32)
+    peak *= options.compute_efficiency
+    bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
+    if realistic and options.achievable:
+        bandwidth *= _fraction(hardware.achievable_hbm_fraction)
+        if cost.unit == "tensor":
+            peak *= _fraction(hardware.achievable_tensor_fraction)
+    levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
+    compute_s = cost.flops / peak if cost.flops else 0.0
+    attention = shape is not None and shape.kind == "attention"
+    if realistic and options.softmax_pipes and attention and levels is not None:
+        compute_s += softmax_seconds(shape, hardware)
+    wave = waves(levels, hardware) if levels is not None else None
+    tiled = shape is not None and shape.kind in ("gemm", "attention")
+    if realistic and options.waves and wave is not None and tiled and compute_s:
+        compute_s /= wave.efficiency
+    in_flight = float(cost.bytes)
+    effective = bandwidth
+    hbm_bytes = float(cost.bytes)
+    if levels is not None:
+        in_flight = in_flight_bytes(levels, hardware, bandwidth)
+        if realistic and options.latency_shelf:
+            effective = effective_bandwidth(in_flight, hardware, bandwidth)
+        if realistic:  # split-K's fp32 partial sums reach HBM too
+            hbm_bytes = levels.hbm
+    memory_s = hbm_bytes / effective
+    on_chip: dict[str, float] = {}
+    if levels is not None:
+        by_level = levels.by_level()
+        on_chip = {
+            level: by_level[level] / rate
+            for level, rate in level_rates(hardware).items()
+            if level in by_level
+        }
+    timed_on_chip = on_chip if realistic and options.on_chip else {}
+    slowest_memory = max([memory_s, *timed_on_chip.values()])
+    body = max(compute_s, slowest_memory) if options.overlap else compute_s + slowest_memory
+    # ``boundary``: in realistic mode the term that set the time; in the pure mode the
+    # hierarchical verdict (seed 000: the smallest of pi, beta_l·I_l binds), which the pure
+    # time does not charge
+    terms = {"compute": compute_s, "hbm": memory_s, **(timed_on_chip if realistic else on_chip)}
+    boundary = max(terms, key=terms.__getitem__) if cost.flops or cost.bytes else ""
+    if boundary == "hbm" and effective < LATENCY_LABEL_SHARE * bandwidth:
+        boundary = "latency"
+    # the verdict at the HBM boundary (seed 000: a GEMM is compute-bound at HBM and L2-bound
+    # on chip, both true); ``boundary`` names the term that binds the time
+    bound: Bound = "compute" if compute_s > memory_s else "memory"
+    overhead = options.launch_overhead_s
+    if realistic and options.launch and hardware.launch_overhead_s is not None:
+        overhead += hardware.launch_overhead_s.value
+    return KernelTime(
+        peak,
+        effective,
+        compute_s,
+        memory_s,
+        body + overhead,
+        bound,
+        boundary=boundary,
+        level_bytes=levels.by_level() if levels is not None else None,
+        tile=levels.tile if levels is not None else "",
+        waves=wave.count if wave is not None and tiled else 0,
+        wave_efficiency=wave.efficiency if wave is not None and tiled else 1.0,
+        in_flight_bytes=in_flight if math.isfinite(in_flight) else float(cost.bytes),
+        overhead_s=overhead,
+    )
