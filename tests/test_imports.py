@@ -2,10 +2,10 @@
 and no module reaching into another's private names.
 
 The order is the order data flows (the developer guide's layout page): the leaves
-(``config``, ``records``, ``hardware`` and the two utilities ``progress`` and ``quiet``)
-import nothing of torchroof, not even under ``TYPE_CHECKING``; ``counters`` reads only
-``records``; then capture, quantisation, models, parallel programs, workloads, kernels,
-timing, the report's data, pricing, pipeline parallelism (it traces and prices whole
+(``config``, ``hardware`` and the two utilities ``progress`` and ``quiet``) import nothing of
+torchroof, not even under ``TYPE_CHECKING``; ``records`` reads only ``config`` (a step's
+facts hold the Workload it ran); ``counters`` reads only ``records`` and ``config``; then
+capture, quantisation, models, parallel programs, workloads, kernels, timing, the report's data, pricing, pipeline parallelism (it traces and prices whole
 stages, so it sits above pricing), rendering, the public API, the labs and validation,
 and the command line on top. The graph is read from the source: every ``import``
 statement, including those inside functions (edges all the same once they run);
@@ -132,13 +132,8 @@ def test_no_module_imports_another_modules_private_names():
 
 # bottom first: a module may import modules of its own room or of any lower rank
 LAYERS: list[tuple[str, ...]] = [
-    (
-        "torchroof.config",
-        "torchroof.records",
-        "torchroof.hardware",
-        "torchroof.progress",
-        "torchroof.quiet",
-    ),
+    ("torchroof.config", "torchroof.hardware", "torchroof.progress", "torchroof.quiet"),
+    ("torchroof.records",),
     ("torchroof.counters",),
     ("torchroof.capture",),
     ("torchroof.quant",),
@@ -202,17 +197,26 @@ def test_leaves_import_nothing_of_torchroof_outside_themselves(module):
     assert not outside, f"{module} is a leaf but imports {outside}"
 
 
-def test_counters_read_only_records():
+@pytest.mark.parametrize(
+    "folder, may_read",
+    [
+        ("torchroof.records", {"torchroof.config"}),
+        ("torchroof.counters", {"torchroof.records", "torchroof.config"}),
+    ],
+)
+def test_records_and_counters_read_only_what_is_below_them(folder, may_read):
     for module in MODULES:
-        if room(module) == "torchroof.counters":
-            others = {room(t) for t in EDGES.get(module, ())} - {"torchroof.counters"}
-            assert others <= {"torchroof.records"}, (module, others)
+        if room(module) == folder:
+            others = {room(t) for t in EDGES.get(module, ())} - {folder}
+            assert others <= may_read, (module, others)
 
 
 def test_the_rank_table_orders_the_stages():
-    # records is a leaf (rank 0); pricing builds the report's Estimate, so it is above it;
-    # pipeline parallelism prices whole stages, so it is above pricing, though inside parallel/
-    assert RANK[room("torchroof.records.trace")] == 0
+    # config is a leaf (rank 0), records just above; pricing builds the report's Estimate, so
+    # it is above it; pipeline parallelism prices whole stages, so it is above pricing, though
+    # it lives inside parallel/
+    assert RANK[room("torchroof.config.options")] == 0
+    assert RANK[room("torchroof.records.trace")] == 1
     assert RANK[room("torchroof.pricing.price")] > RANK[room("torchroof.report.estimate")]
     assert room("torchroof.parallel.pipeline.price") == "torchroof.parallel.pipeline"
     assert (
