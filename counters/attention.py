@@ -1,6 +1,6 @@
 """Scaled dot-product attention kernels (flash, efficient, cuDNN, CPU flash, math).
 
-seed 000 "Attention from first principles" / "FlashAttention is an IO algorithm":
+Dao et al. 2022 (FlashAttention) and docs/concepts/attention-kv.md:
 W = 4·N²·d per head (QKᵀ and PV, FMA = 2); the fused kernel's compulsory Q reads q, k, v
 once and writes o (and the fp32 log-sum-exp) once; S and P never touch HBM.
 """
@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
-from torchroof.counters.tensors import unique_bytes
+from torchroof.counters.tensors import tensor_arg, unique_bytes
 
-from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class AttentionShape:
 def causal_fraction(q_len: int, kv_len: int, *, aligned_to_end: bool = False) -> float:
     """The exact share of (query, key) pairs a causal mask keeps, for every shape.
 
-    seed 000 "causal masking is not an optimisation here": restricting attention to the
-    lower triangle cuts W (DESIGN rule 7), and the flash kernel skips the blocks the mask
+    Causal masking (Dao 2023, FlashAttention-2): restricting attention to the lower
+    triangle halves W of the attention kernel, and the flash kernel skips the blocks the mask
     removes entirely. Here the pairs are counted exactly, one formula for every shape:
     query row i (0-based) keeps the keys j <= i + offset, that is min(max(i + 1 + offset,
     0), kv_len) of them. offset = 0 is what SDPA's ``is_causal`` means (PyTorch documents
@@ -67,7 +68,7 @@ def causal_fraction(q_len: int, kv_len: int, *, aligned_to_end: bool = False) ->
         keep(n) = n(n + 1)/2 for n <= kv_len, kv_len(kv_len + 1)/2 + (n - kv_len)·kv_len beyond
 
     A square mask (q_len = kv_len = n) keeps n(n + 1)/2 of n² pairs, (n + 1)/(2n): the
-    seed's "halves W" plus the diagonal, 1/(2n) more (N = 4096: 0.5001). One query aligned
+    usual "halves W" plus the diagonal, 1/(2n) more (N = 4096: 0.5001). One query aligned
     to the end (a decode step) keeps every key. NB: the kernel itself computes whole tiles
     on the diagonal, (N/B + 1)/(2N/B) of the pairs for B-row tiles; the count here is the
     pairs the mask keeps, the work no causal kernel can avoid.
@@ -90,7 +91,7 @@ def causal_fraction(q_len: int, kv_len: int, *, aligned_to_end: bool = False) ->
 
 
 def attention_forward_flops(shape: AttentionShape, causal: bool) -> int:
-    """QKᵀ (2·Lq·Lk·d) plus PV (2·Lq·Lk·dv) per head; seed 000: W = 4N²d when dv = d."""
+    """QKᵀ (2·Lq·Lk·d) plus PV (2·Lq·Lk·dv) per head; W = 4N²d when dv = d (Dao et al. 2022)"""
     flops = 2 * shape.batch * shape.heads * shape.pairs * (shape.head_dim + shape.value_dim)
     return round(flops * causal_fraction(shape.q_len, shape.kv_len)) if causal else flops
 
@@ -98,20 +99,20 @@ def attention_forward_flops(shape: AttentionShape, causal: bool) -> int:
 def attention_backward_flops(shape: AttentionShape, causal: bool) -> int:
     """Recompute S (2·Lq·Lk·d), dV (2·Lq·Lk·dv), dP (2·Lq·Lk·dv), dQ and dK (2·Lq·Lk·d each).
 
-    seed 000 "FlashAttention": the backward recomputes S rather than storing it, so W is
-    2.5x the forward for d = dv.
+    FlashAttention's backward recomputes S rather than storing it, so W is 2.5x the forward
+    for d = dv: two matmuls forward, five backward (Dao 2023, FlashAttention-2).
     """
     flops = 2 * shape.batch * shape.heads * shape.pairs * (3 * shape.head_dim + 2 * shape.value_dim)
     return round(flops * causal_fraction(shape.q_len, shape.kv_len)) if causal else flops
 
 
 def score_matrix_bytes(shape: AttentionShape, itemsize: int) -> int:
-    """The naive kernel's S and P round trips: 4 · s · Lq · Lk per head (seed 000)."""
+    """The naive kernel's S and P round trips: 4 · s · Lq · Lk per head (Dao et al. 2022)."""
     return 4 * itemsize * shape.batch * shape.heads * shape.pairs
 
 
 def _qkv(op: OpRecord) -> tuple[TensorMeta, TensorMeta, TensorMeta]:
-    return op.tensor("query"), op.tensor("key"), op.tensor("value")
+    return tensor_arg(op, "query"), tensor_arg(op, "key"), tensor_arg(op, "value")
 
 
 def _bias(op: OpRecord) -> list[TensorMeta]:
@@ -146,7 +147,7 @@ def _fused_attention_cost(op: OpRecord, layout: str, backward: bool) -> Cost:
     kind="attention",
 )
 def sdpa_forward(op: OpRecord) -> Cost:
-    """Fused attention forward (seed 000 "The compulsory bound": Q = 4·s·N·d per head)."""
+    """Fused attention forward (compulsory bytes, Q = 4·s·N·d per head; Dao et al. 2022)."""
     return _fused_attention_cost(op, "bhld", backward=False)
 
 
@@ -159,19 +160,19 @@ def sdpa_forward(op: OpRecord) -> Cost:
     kind="attention",
 )
 def sdpa_backward(op: OpRecord) -> Cost:
-    """Fused attention backward (seed 000 "FlashAttention": S is recomputed, never stored)."""
+    """Fused attention backward (S is recomputed, never stored; Dao et al. 2022)."""
     return _fused_attention_cost(op, "bhld", backward=True)
 
 
 @register("aten._flash_attention_forward", "aten._efficient_attention_forward", kind="attention")
 def flash_forward_blhd(op: OpRecord) -> Cost:
-    """Lower-level flash/efficient forward in (batch, length, heads, dim) layout (seed 000)."""
+    """Lower-level flash/efficient forward in (batch, length, heads, dim) layout."""
     return _fused_attention_cost(op, "blhd", backward=False)
 
 
 @register("aten._flash_attention_backward", "aten._efficient_attention_backward", kind="attention")
 def flash_backward_blhd(op: OpRecord) -> Cost:
-    """Lower-level flash/efficient backward in (batch, length, heads, dim) layout (seed 000)."""
+    """Lower-level flash/efficient backward in (batch, length, heads, dim) layout."""
     return _fused_attention_cost(op, "blhd", backward=True)
 
 
@@ -183,8 +184,8 @@ def flash_backward_blhd(op: OpRecord) -> Cost:
 def sdpa_math(op: OpRecord) -> Cost:
     """Naive attention: S and P are written and read back, four N² round trips per head.
 
-    seed 000: W = 4N²d, Q = 4s(Nd + N²), I -> d/s. The math path computes every pair, so a
-    causal mask saves nothing here.
+    Standard attention (Dao et al. 2022, Algorithm 0): W = 4N²d, Q = 4s(Nd + N²), I -> d/s.
+    The math path computes every pair, so a causal mask saves nothing here.
     """
     return materialized_attention_cost(op)
 
@@ -192,11 +193,11 @@ def sdpa_math(op: OpRecord) -> Cost:
 def materialized_attention_cost(op: OpRecord) -> Cost:
     """The naive kernel chain for a fused attention op: S and P written to HBM and read back.
 
-    seed 000 "Attention from first principles": the forward adds four N² round trips per
+    Standard attention (Dao et al. 2022, Algorithm 0): the forward adds four N² round trips per
     head (write S, read S, write P, read P), W = 4N²d, Q = 4s(Nd + N²), I -> d/s; every
     pair is computed, so a causal mask saves nothing. NB: the backward is taken as six N²
-    passes (read P, write and read dP, write dS, read dS twice for dQ and dK); the seed gives
-    only the forward.
+    passes (read P, write and read dP, write dS, read dS twice for dQ and dK), a count of
+    this project's own.
     """
     q, k, v = _qkv(op)
     backward = "backward" in op.name
@@ -227,8 +228,9 @@ def mla_decode_attention(op: OpRecord) -> Cost:
     latent space, scores against the one cached latent ``c`` (r dims) with its rope key
     (d_r dims) and averages ``c`` itself. W = 2·b·h·Lq·N·(r + d_r) + 2·b·h·Lq·N·r; Q reads
     the queries, the latent and the rope cache once (one "KV head" shared by all heads,
-    seed 000's compulsory bytes) and writes the latent-space output."""
-    query, latent, rope = op.tensor("query"), op.tensor("latent"), op.tensor("rope")
+    the compulsory bytes of docs/concepts/compulsory-bytes.md) and writes the latent-space
+    output."""
+    query, latent, rope = tensor_arg(op, "query"), tensor_arg(op, "latent"), tensor_arg(op, "rope")
     *batch, heads, q_len, _ = query.shape
     b = 1
     for size in batch:

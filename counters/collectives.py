@@ -1,11 +1,12 @@
 """Collectives: W = 0, the HBM bytes each rank reads and writes, and its bytes on the wire.
 
-seed 000 "The next wall": a collective does no arithmetic; its cost is bytes, twice over.
+The roofline at the network boundary (docs/concepts/network-ridges.md): a collective does no
+arithmetic; its cost is bytes, twice over.
 Across HBM a rank reads what it sends and writes what it receives (Q, priced here as for
 any op, unit ``network``); across the link it sends ``wire_bytes(op)`` = message size S x
-the nccl-tests bus factor of its kind and group size (torchroof.timing.network.bus_factor, where
-S and each factor are defined once). The group's size and global ranks are recorded by
-capture on every collective (``group_size``, ``group_ranks``).
+the nccl-tests bus factor of its kind and group size (torchroof.counters.bus.bus_factor; S
+and each factor are defined once in torchroof.timing.network). The group's size and global
+ranks are recorded by capture on every collective (``group_size``, ``group_ranks``).
 
 ``wait_tensor`` and ``_wrap_tensor_autograd`` move nothing: the first marks where a rank
 waits for a collective's result, the second hands the result to autograd.
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torchroof.counters.bus import bus_factor
 from torchroof.counters.cost import ZERO, Cost
 from torchroof.counters.registry import register
 from torchroof.counters.tensors import compute_dtype, distinct, refs_of, tensor_key
 
-from torchroof.records.trace import OpRecord, TensorMeta
-from torchroof.timing.network import bus_factor
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class CollectiveSchema:
     the full input of a reduce-scatter, the buffer of the others).
     """
 
-    kind: str  # a torchroof.timing.network.COLLECTIVE_KINDS entry
+    kind: str  # a torchroof.counters.bus.COLLECTIVE_KINDS entry
     sends: tuple[str, ...]
     receives: tuple[str, ...] | None
     message: Literal["sends", "receives"]
@@ -182,7 +184,7 @@ def group_size(op: OpRecord) -> int:
 def wire_bytes(op: OpRecord) -> int:
     """Bytes one rank sends on the wire: S x bus_factor(kind, group size) (nccl-tests bus
     bandwidth definition; ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
-    (n-1)/n, torchroof.timing.network.bus_factor)."""
+    (n-1)/n, torchroof.counters.bus.bus_factor)."""
     _, _, kind, message = _sides(op)
     return round(message * bus_factor(kind, group_size(op)))
 

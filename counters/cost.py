@@ -1,6 +1,7 @@
 """The cost of one op or kernel: FLOPs (W) and compulsory bytes (Q) across the HBM boundary.
 
-seed 000 "Counting Q honestly": an unqualified Q is the *compulsory* count — every input
+Compulsory bytes (docs/concepts/compulsory-bytes.md; Williams, Waterman & Patterson 2009):
+an unqualified Q is the *compulsory* count — every input
 read once, every output written once.
 """
 
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from torchroof.records.trace import TensorMeta
+    from torchroof.records.tensors import TensorMeta
 
 Unit = Literal["tensor", "vector", "sfu", "none", "network"]
-"""Which ceiling an op can reach (DESIGN rule 4): tensor cores for matmul-class ops, the
+"""Which ceiling an op can reach (the unit follows the op): tensor cores for matmul-class ops, the
 vector units for pointwise and reductions, the SFU for transcendental-only ops, ``none`` for
 pure data movement (its time is Q/beta alone), ``network`` for collectives (W = 0; their
 bytes cross a link, torchroof.counters.collectives.wire_bytes; Q is the HBM side)."""
@@ -23,7 +24,7 @@ bytes cross a link, torchroof.counters.collectives.wire_bytes; Q is the HBM side
 class Cost:
     """Work and traffic of an op; adds like tinygrad's ``Estimates``."""
 
-    flops: int = 0  # floating-point operations, FMA = 2 (DESIGN rule 3)
+    flops: int = 0  # floating-point operations, FMA = 2
     bytes_read: int = 0  # compulsory bytes read across the HBM boundary
     bytes_written: int = 0  # compulsory bytes written across the HBM boundary
     unit: Unit = "none"

@@ -1,6 +1,6 @@
 """Loss kernels. ``cross_entropy`` decomposes into ``_log_softmax`` + ``nll_loss``.
 
-seed 000 "The big-vocabulary logits crisis": the N_t × V logits are read by the
+Large-vocabulary logits (Wijmans et al. 2024, "Cut Your Losses"): the N_t × V logits are read by the
 log-softmax, and its gradient is a full N_t × V write, which is where the traffic lies.
 """
 
@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import aten_packets, register, register_per_element
-from torchroof.counters.tensors import distinct, read_tensors, unique_bytes, written_tensors
+from torchroof.counters.tensors import (
+    distinct,
+    read_tensors,
+    tensor_arg,
+    unique_bytes,
+    written_tensors,
+)
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 
 @register("aten.nll_loss_forward", kind="loss")
 @register(*aten_packets("nll_loss2d_forward"), kind="opaque")  # NB: not modelled as a gather
 def nll_loss(op: OpRecord) -> Cost:
     """Gathers one log-probability per target and sums: reads N values (not N·C), N targets."""
-    log_probs, target = op.tensor("self"), op.tensor("target")
+    log_probs, target = tensor_arg(op, "self"), tensor_arg(op, "target")
     weight = op.tensor("weight")
-    reads = ((log_probs, target.numel * log_probs.itemsize), (target, target.nbytes))
+    reads: tuple[tuple[TensorMeta, int], ...] = (
+        (log_probs, target.numel * log_probs.itemsize),
+        (target, target.nbytes),
+    )
     reads += ((weight, weight.nbytes),) if weight is not None else ()
     read = sum(n for _, n in reads)
     return Cost(
@@ -32,7 +42,7 @@ def nll_loss(op: OpRecord) -> Cost:
 def nll_loss_backward(op: OpRecord) -> Cost:
     """Zero-filled N × C gradient with -w/total at each target: one full write. ``self``
     (the log-probabilities) gives only its shape: its values are not read."""
-    log_probs, target = op.tensor("self"), op.tensor("target")
+    log_probs, target = tensor_arg(op, "self"), tensor_arg(op, "target")
     reads = tuple((t, 0 if t is log_probs else t.nbytes) for t in distinct(read_tensors(op)))
     written = unique_bytes(written_tensors(op))
     read = sum(n for _, n in reads)

@@ -1,6 +1,7 @@
-"""Matmul-class ops: they run on tensor cores at the dtype's peak (DESIGN rule 4).
+"""Matmul-class ops: they run on tensor cores at the dtype's peak (the unit follows the op).
 
-seed 000 "GEMM from first principles": W = 2MNK, Q_compulsory = s(MK + KN + MN).
+W = 2MNK, Q_compulsory = s(MK + KN + MN) (NVIDIA, Matrix Multiplication Background User's
+Guide; docs/concepts/compulsory-bytes.md).
 
 Kinds (counters/registry.py OP_KINDS): the dense GEMMs (mm, addmm, bmm, baddbmm) are
 ``matmul``, which may take an epilogue and lead a fused group; the other tensor-core calls
@@ -15,9 +16,10 @@ import math
 from torch.utils.flop_counter import conv_backward_flop, conv_flop_count
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register
-from torchroof.counters.tensors import compute_dtype, io_bytes
+from torchroof.counters.tensors import compute_dtype, io_bytes, tensor_arg
 
-from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 
 def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:
@@ -29,76 +31,76 @@ def _tensor_cost(op: OpRecord, flops: int, *operands: str) -> Cost:
 @register("aten.mm", kind="matmul")
 @register("aten._int_mm", kind="opaque")
 def mm(op: OpRecord) -> Cost:
-    """C[M,N] = A[M,K] @ B[K,N]: W = 2MNK (seed 000 "GEMM from first principles")."""
-    m, k = op.tensor("self").shape
-    n = op.tensor("mat2").shape[1]
+    """C[M,N] = A[M,K] @ B[K,N]: W = 2MNK (NVIDIA, Matrix Multiplication Background)."""
+    m, k = tensor_arg(op, "self").shape
+    n = tensor_arg(op, "mat2").shape[1]
     return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
 
 
 @register("aten.addmm", "aten._addmm_activation", kind="matmul")
 def addmm(op: OpRecord) -> Cost:
-    """bias + A @ B: 2MNK for the product, MN for the bias epilogue (seed 000 §GEMM)."""
-    m, k = op.tensor("mat1").shape
-    n = op.tensor("mat2").shape[1]
+    """bias + A @ B: 2MNK for the product, MN for the bias epilogue."""
+    m, k = tensor_arg(op, "mat1").shape
+    n = tensor_arg(op, "mat2").shape[1]
     return _tensor_cost(op, 2 * m * n * k + m * n, "mat1", "mat2")
 
 
 @register("aten._scaled_mm", kind="opaque")
 def scaled_mm(op: OpRecord) -> Cost:
-    """fp8 GEMM with per-tensor scales: W = 2MNK on the fp8 tensor cores (seed 000 Table 1)."""
-    m, k = op.tensor("self").shape
-    n = op.tensor("mat2").shape[1]
+    """fp8 GEMM with per-tensor scales: W = 2MNK on the fp8 tensor cores (the fp8 peak)."""
+    m, k = tensor_arg(op, "self").shape
+    n = tensor_arg(op, "mat2").shape[1]
     return _tensor_cost(op, 2 * m * n * k, "self", "mat2")
 
 
 @register("aten.bmm", kind="matmul")
 def bmm(op: OpRecord) -> Cost:
-    """Batched A[B,M,K] @ B[B,K,N]: W = 2·B·M·N·K (seed 000 §GEMM, per batch)."""
-    b, m, k = op.tensor("self").shape
-    n = op.tensor("mat2").shape[2]
+    """Batched A[B,M,K] @ B[B,K,N]: W = 2·B·M·N·K (2MNK per batch)."""
+    b, m, k = tensor_arg(op, "self").shape
+    n = tensor_arg(op, "mat2").shape[2]
     return _tensor_cost(op, 2 * b * m * n * k, "self", "mat2")
 
 
 @register("aten.baddbmm", kind="matmul")
 def baddbmm(op: OpRecord) -> Cost:
-    """bias + batched product: 2·B·M·N·K + B·M·N (seed 000 §GEMM)."""
-    b, m, k = op.tensor("batch1").shape
-    n = op.tensor("batch2").shape[2]
+    """bias + batched product: 2·B·M·N·K + B·M·N."""
+    b, m, k = tensor_arg(op, "batch1").shape
+    n = tensor_arg(op, "batch2").shape[2]
     return _tensor_cost(op, 2 * b * m * n * k + b * m * n, "batch1", "batch2")
 
 
 @register("aten.addbmm", kind="opaque")
 def addbmm(op: OpRecord) -> Cost:
-    """bias + sum over the batch of products: 2·B·M·N·K + M·N (seed 000 §GEMM)."""
-    b, m, k = op.tensor("batch1").shape
-    n = op.tensor("batch2").shape[2]
+    """bias + sum over the batch of products: 2·B·M·N·K + M·N."""
+    b, m, k = tensor_arg(op, "batch1").shape
+    n = tensor_arg(op, "batch2").shape[2]
     return _tensor_cost(op, 2 * b * m * n * k + m * n, "batch1", "batch2")
 
 
 @register("aten.mv", kind="opaque")
 def mv(op: OpRecord) -> Cost:
-    """GEMV A[M,K] @ x[K]: W = 2MK, I -> 2/s (seed 000 "decode is a GEMV")."""
-    m, k = op.tensor("self").shape
+    """GEMV A[M,K] @ x[K]: W = 2MK, I -> 2/s (decode is a GEMV: Pope et al. 2022)."""
+    m, k = tensor_arg(op, "self").shape
     return _tensor_cost(op, 2 * m * k, "self", "vec")
 
 
 @register("aten.addmv", kind="opaque")
 def addmv(op: OpRecord) -> Cost:
-    """bias + GEMV: 2MK + M (seed 000 "decode is a GEMV")."""
-    m, k = op.tensor("mat").shape
+    """bias + GEMV: 2MK + M (decode is a GEMV: Pope et al. 2022)."""
+    m, k = tensor_arg(op, "mat").shape
     return _tensor_cost(op, 2 * m * k + m, "mat", "vec")
 
 
 @register("aten.dot", "aten.vdot", kind="opaque")
 def dot(op: OpRecord) -> Cost:
-    """Inner product of two K-vectors: 2K (FMA = 2, DESIGN rule 3)."""
-    return _tensor_cost(op, 2 * op.tensor("self").numel, "self", "tensor")
+    """Inner product of two K-vectors: 2K (an FMA counts 2 FLOPs)."""
+    return _tensor_cost(op, 2 * tensor_arg(op, "self").numel, "self", "tensor")
 
 
 @register("aten.addr", kind="opaque")
 def addr(op: OpRecord) -> Cost:
     """bias + outer product: M·N multiplies and M·N adds."""
-    n_out = op.tensor("vec1").numel * op.tensor("vec2").numel
+    n_out = tensor_arg(op, "vec1").numel * tensor_arg(op, "vec2").numel
     return _tensor_cost(op, 2 * n_out, "vec1", "vec2")
 
 
@@ -117,7 +119,7 @@ def grouped_mm(op: OpRecord) -> Cost:
     Balanced routing is assumed: M routed rows touch min(G, M) of the G expert matrices, so
     a decode step with fewer routed tokens than experts reads only that many experts.
     """
-    a, b = op.tensor("self"), op.tensor("mat2")
+    a, b = tensor_arg(op, "self"), tensor_arg(op, "mat2")
     out = op.outputs[0].shape
     k = a.shape[-1]
     if len(a.shape) == 2 and len(b.shape) == 2:
@@ -140,7 +142,7 @@ def grouped_mm(op: OpRecord) -> Cost:
 @register("aten.convolution", "aten._convolution", kind="opaque")
 def convolution(op: OpRecord) -> Cost:
     """Convolution: 2 FLOPs per MAC, counted by ``torch.utils.flop_counter.conv_flop_count``."""
-    x, w = op.tensor("input"), op.tensor("weight")
+    x, w = tensor_arg(op, "input"), tensor_arg(op, "weight")
     transposed = bool(op.arg("transposed", False))
     flops = conv_flop_count(list(x.shape), list(w.shape), list(op.outputs[0].shape), transposed)
     if op.tensor("bias") is not None:
@@ -151,12 +153,14 @@ def convolution(op: OpRecord) -> Cost:
 @register("aten.convolution_backward", kind="opaque")
 def convolution_backward(op: OpRecord) -> Cost:
     """Input and weight gradients per ``output_mask``, counted by torch's own formula."""
-    grad, x, w = op.tensor("grad_output"), op.tensor("input"), op.tensor("weight")
+    grad, x, w = tensor_arg(op, "grad_output"), tensor_arg(op, "input"), tensor_arg(op, "weight")
     mask = list(op.arg("output_mask", [True, True, True]))
     transposed = bool(op.arg("transposed", False))
     # Each output of the op is present only where the mask asks for it.
     shapes = [list(x.shape), list(w.shape), None]
-    flops = conv_backward_flop(
+    # register_flop_formula's wrapper takes out_val and passes it on as out_shape; its typing
+    # keeps the undecorated signature, which names out_shape
+    flops = conv_backward_flop(  # type: ignore[call-arg]
         list(grad.shape),
         list(x.shape),
         list(w.shape),
@@ -181,9 +185,9 @@ def triangular_solve(op: OpRecord) -> Cost:
     right-hand-side column (half of a dense product's 2n², FMA = 2); blocked TRSM runs on the
     tensor cores. Gated delta-rule attention (Qwen3-Next) solves one per chunk."""
     if op.packet == "aten.triangular_solve":  # (self = B, A)
-        a, b, operand = op.tensor("A"), op.tensor("self"), "A"
+        a, b, operand = tensor_arg(op, "A"), tensor_arg(op, "self"), "A"
     else:  # linalg_solve_triangular(self = A, B)
-        a, b, operand = op.tensor("self"), op.tensor("B"), "self"
+        a, b, operand = tensor_arg(op, "self"), tensor_arg(op, "B"), "self"
     n = a.shape[-1]
     columns = b.numel // n  # every right-hand side, over the batch
     return _tensor_cost(op, n * n * columns, operand)

@@ -1,6 +1,6 @@
 """Data movement: views, creation, concatenation, padding, indexing, embedding, dropout.
 
-DESIGN rule 2: views cost nothing; copies cost their bytes. Gathers read the gathered
+Views cost nothing; copies cost their bytes. Gathers read the gathered
 elements (not the whole source) and scatters write the scattered ones (compulsory Q).
 """
 
@@ -13,11 +13,13 @@ from torchroof.counters.tensors import (
     compute_dtype,
     distinct,
     io_bytes,
+    tensor_arg,
     unique_bytes,
     written_tensors,
 )
 
-from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 VIEW_OPS = (
     "view",
@@ -100,7 +102,7 @@ METADATA_OPS = (
 
 @register(*aten_packets(*VIEW_OPS), kind="view")
 def view(op: OpRecord) -> Cost:
-    """Views alias their input: no kernel, no bytes (DESIGN rule 2)."""
+    """Views alias their input: no kernel, no bytes."""
     return ZERO
 
 
@@ -263,7 +265,7 @@ def scatter(op: OpRecord) -> Cost:
 
     The out-of-place form copies ``self`` first (read + write of the whole tensor).
     """
-    target = op.tensor("self")
+    target = tensor_arg(op, "self")
     values = op.tensor("values") or op.tensor("src") or op.tensor("source")
     touched = values.numel * target.itemsize if values is not None else target.nbytes
     accumulate = bool(op.arg("accumulate", False)) or "add" in op.packet or "reduce" in op.packet
@@ -297,7 +299,7 @@ def view_backward(op: OpRecord) -> Cost:
 @register("aten.embedding", kind="opaque")  # NB: a row gather, not modelled as fusing
 def embedding(op: OpRecord) -> Cost:
     """Row gather: reads the indices and at most one weight row per index, writes the rows."""
-    weight, indices = op.tensor("weight"), op.tensor("indices")
+    weight, indices = tensor_arg(op, "weight"), tensor_arg(op, "indices")
     rows = min(indices.numel, weight.shape[0])
     row_bytes = weight.nbytes // max(weight.shape[0], 1)
     reads = ((weight, rows * row_bytes), (indices, indices.nbytes))
@@ -319,7 +321,7 @@ def embedding_backward(op: OpRecord) -> Cost:
 @register("aten.native_dropout", kind="dropout")
 def dropout(op: OpRecord) -> Cost:
     """Dropout draws a mask and scales: ~2 FLOP/element; writes y and the bool mask."""
-    x: TensorMeta = op.tensor("input")
+    x: TensorMeta = tensor_arg(op, "input")
     read, written = io_bytes(op)
     return Cost(2 * x.numel, read, written, "vector", x.dtype)
 
@@ -327,6 +329,6 @@ def dropout(op: OpRecord) -> Cost:
 @register("aten.native_dropout_backward", kind="dropout")
 def dropout_backward(op: OpRecord) -> Cost:
     """g · mask · scale: one multiply per element, reads g and the mask."""
-    grad = op.tensor("grad_output")
+    grad = tensor_arg(op, "grad_output")
     read, written = io_bytes(op)
     return Cost(grad.numel, read, written, "vector", grad.dtype)

@@ -1,6 +1,6 @@
 """Normalisation layers, forward and backward.
 
-seed 000 Table 3: RMSNorm ~5 FLOP/element and LayerNorm (mean + var) ~9, each a read of x
+RMSNorm ~5 FLOP/element and LayerNorm (mean + var) ~9, each a read of x
 and a write of y (I = 1.25 and 2.25 in bf16). Backward reads dy, x and the saved statistics
 and writes dx (and dweight, dbias when asked).
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from torchroof.counters.registry import register_per_element
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
 
 # FLOPs per element of the normalised input, per kind (counters/registry.py OP_KINDS).
 # Norms over the last dimension: per-row statistics, from which a compiled backward
 # rebuilds y.
 ROW_NORM_FLOPS: dict[str, int] = {
-    "_fused_rms_norm": 5,  # Table 3: square, sum, rsqrt·x, weight multiply (~5)
-    "native_layer_norm": 9,  # Table 3: LayerNorm (mean + var) ~9
+    "_fused_rms_norm": 5,  # square, sum, rsqrt·x, weight multiply (~5)
+    "native_layer_norm": 9,  # LayerNorm (mean + var) ~9
 }
 # Their backward: recompute x̂ (2), g·w (1), two row sums (2), combine (4), dweight/dbias (3);
 # the weight and bias gradients are column reductions (torchroof/kernels/column_reductions.py).
@@ -45,7 +45,7 @@ def _normalised_numel(op: OpRecord) -> int:
     return op.inputs[0].numel if op.inputs else 0
 
 
-_WHAT = "seed 000 Table 3"
+_WHAT = "the norm counts above"
 register_per_element(
     ROW_NORM_FLOPS, kind="norm", elements=_normalised_numel, what=_WHAT, in_place=False
 )

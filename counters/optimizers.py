@@ -1,6 +1,7 @@
 """Fused optimizer kernels (what ``torch.optim`` runs with ``fused=True`` on a GPU).
 
-seed 000 "Optimizers as memory workloads": Adam reads param, grad, m, v and writes param,
+Optimizers as memory workloads (docs/concepts/optimizer-bytes.md; Adam: Kingma & Ba 2015):
+Adam reads param, grad, m, v and writes param,
 m, v, ~12 FLOPs per parameter; the gradient is written back only when a grad scaler
 unscales it in place.
 """
@@ -11,14 +12,14 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import aten_packets, register
 from torchroof.counters.tensors import distinct, unique_bytes
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
 
 # FLOPs per parameter element.
-ADAM_FLOPS = 12  # seed 000: "30 bytes moved to perform about 12 FLOPs"
+ADAM_FLOPS = 12  # about 12 FLOPs per parameter against 30 bytes moved (fp32 master + bf16)
 SGD_FLOPS = 2  # p -= lr·g (+ weight decay)
 SGD_MOMENTUM_FLOPS = 4  # b = μ·b + g; p -= lr·b
 ADAGRAD_FLOPS = 6  # s += g²; p -= lr·g / (√s + eps)
-# A moment kept as 8-bit codes with one fp32 scale per block (Dettmers et al. 2021, "8-bit
+# A moment kept as 8-bit codes with one fp32 scale per block (Dettmers et al. 2022, "8-bit
 # Optimizers via Block-wise Quantization"; torchao.optim's quant_utils), per element:
 #   dequantise   code -> map value (table lookup) 1, x block scale 1           = 2
 #   requantise   |x| and the block's running max 2, / block max 1,
@@ -47,14 +48,14 @@ def _fused_cost(op: OpRecord, flops_per_element: int, state: tuple[str, ...]) ->
     kind="optimizer",
 )
 def fused_adam(op: OpRecord) -> Cost:
-    """Adam/AdamW: reads p, g, m, v (and max v for AMSGrad), writes p, m, v (seed 000 §16)."""
+    """Adam/AdamW: reads p, g, m, v (and max v for AMSGrad), writes p, m, v (Kingma & Ba 2015)."""
     return _fused_cost(op, ADAM_FLOPS, ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"))
 
 
 @register(*aten_packets("_fused_sgd_", "_fused_sgd"), kind="optimizer")
 def fused_sgd(op: OpRecord) -> Cost:
-    """SGD (momentum buffers when given): seed 000 §16, 14 B/param plain, 22 with momentum
-    under its fp32-master convention."""
+    """SGD (momentum buffers when given): 14 B/param plain, 22 with momentum under the
+    fp32-master convention (Micikevicius et al. 2018; docs/concepts/optimizer-bytes.md)."""
     has_momentum = bool(op.tensors("momentum_buffer_list"))
     flops = SGD_MOMENTUM_FLOPS if has_momentum else SGD_FLOPS
     return _fused_cost(op, flops, ("momentum_buffer_list",))
@@ -68,13 +69,13 @@ def fused_adagrad(op: OpRecord) -> Cost:
 
 @register("torchroof.fused_optimizer_step", kind="optimizer")
 def fused_optimizer_step(op: OpRecord) -> Cost:
-    """The one fused kernel a training runtime launches for the whole update (seed 000 §16):
+    """The one fused kernel a training runtime launches for the whole update:
     reads params, grads and state buffers once; writes params and state once, plus the
     low-precision weight copy (``params_out``) when fp32 masters are kept. AdamW with fp32
     masters and a bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written = 30 B/param. Low-bit
     state is priced by what it stores (each state tensor's nbytes): 8-bit Adam's uint8 codes
     and fp32 block scales, 4 + 4 + 1 + 1 read, 4 + 1 + 1 + 2 written = 18 B/param plus
-    2·4·2/256 B of scales (seed 000 §16: "8-bit Adam about 16 B" without the bf16 copy).
+    2·4·2/256 B of scales (8-bit Adam, Dettmers et al. 2022: about 16 B without the bf16 copy).
 
     A traced ``torch.optim`` step priced this way (torchroof.kernels.optimizer_step) may also pass
     ``inputs`` (other tensors read once: a learning-rate tensor) and ``flops`` (the total of

@@ -1,8 +1,8 @@
 """Elementwise ops, casts and their ``_foreach_`` list forms.
 
-seed 000 "Elementwise operations": I = f / [s·(r + w)] with f FLOPs per element; r and w
-are the tensors read and written (Table 3). Bytes here are the unique bytes of every tensor
-read and written, so a broadcast input is read once.
+Elementwise intensity (docs/concepts/compulsory-bytes.md): I = f / [s·(r + w)] with f FLOPs
+per element; r and w are the tensors read and written. Bytes here are the unique bytes of
+every tensor read and written, so a broadcast input is read once.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from torchroof.counters.tensors import (
     written_tensors,
 )
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
 
 VECTOR: Unit = "vector"
 SFU: Unit = "sfu"
 
 # FLOPs per output element, and the unit that executes them.
 # One FLOP per add, multiply, compare or select; a transcendental (exp, log, tanh, erf,
-# rsqrt, sin, ...) counts one FLOP and, alone in its op, runs on the SFU (seed 000 "pi is the
-# top of a stack"). Composite activations count every step; the seed's Table 3 rows are
-# quoted where it gives them. NB: seed 000 notes these counts are implementation-dependent
-# by 30-50%; it never moves an op across the ridge.
+# rsqrt, sin, ...) counts one FLOP and, alone in its op, runs on the SFU (the special function
+# units, CUDA C++ Programming Guide, "Arithmetic Instructions"). Composite activations count
+# every step. NB: these counts are implementation-dependent by 30-50%; that never moves an
+# op across the ridge.
 POINTWISE_FLOPS: dict[str, tuple[int, Unit]] = {
     # arithmetic
-    "add": (1, VECTOR),  # Table 3: residual add, 1 FLOP / element
+    "add": (1, VECTOR),  # residual add, 1 FLOP / element
     "sub": (1, VECTOR),
     "rsub": (1, VECTOR),
     "mul": (1, VECTOR),
@@ -133,7 +133,7 @@ POINTWISE_FLOPS: dict[str, tuple[int, Unit]] = {
     "hardtanh": (2, VECTOR),
     "hardsigmoid": (3, VECTOR),
     "hardswish": (4, VECTOR),
-    "silu": (5, VECTOR),  # x·sigmoid(x); with the gate product, Table 3's SwiGLU ~6
+    "silu": (5, VECTOR),  # x·sigmoid(x); with the gate product, SwiGLU ~6
     "mish": (7, VECTOR),  # x·tanh(softplus(x))
     "softplus": (4, VECTOR),  # log(1 + exp(x)) with a threshold compare
     "log_sigmoid_forward": (5, VECTOR),
@@ -158,7 +158,7 @@ POINTWISE_FLOPS: dict[str, tuple[int, Unit]] = {
 }
 
 # GELU depends on its ``approximate`` argument: erf form x·½·(1 + erf(x/√2)) is ~5 steps;
-# the tanh form is Table 3's ~12 (seed 000). The backward roughly doubles each.
+# the tanh form is ~12. The backward roughly doubles each.
 GELU_FLOPS = {"none": 5, "tanh": 12}
 GELU_BACKWARD_FLOPS = {"none": 10, "tanh": 20}
 
@@ -182,7 +182,7 @@ def _all_written_numel(op: OpRecord) -> int:
 
 
 register_per_element(
-    POINTWISE_FLOPS, kind="pointwise", elements=_written_numel, what="seed 000 Table 3"
+    POINTWISE_FLOPS, kind="pointwise", elements=_written_numel, what="POINTWISE_FLOPS"
 )
 
 
@@ -194,19 +194,19 @@ def _pointwise_cost(op: OpRecord, flops_per_element: int, unit: Unit) -> Cost:
 
 @register(*_packets("gelu"), kind="pointwise")
 def gelu(op: OpRecord) -> Cost:
-    """GELU, erf or tanh form (seed 000 Table 3: tanh approximation ~12 FLOP/element)."""
+    """GELU, erf or tanh form (tanh approximation ~12 FLOP/element)."""
     return _pointwise_cost(op, GELU_FLOPS[op.arg("approximate", "none")], VECTOR)
 
 
 @register("aten.gelu_backward", kind="pointwise")
 def gelu_backward(op: OpRecord) -> Cost:
-    """GELU derivative times the gradient (seed 000 Table 3, doubled for the derivative)."""
+    """GELU derivative times the gradient (the forward's count, doubled for the derivative)."""
     return _pointwise_cost(op, GELU_BACKWARD_FLOPS[op.arg("approximate", "none")], VECTOR)
 
 
 @register(*_packets("pow"), kind="pointwise")
 def pow_(op: OpRecord) -> Cost:
-    """x**2 is one multiply; other exponents are exp(y·log x) on the SFU (seed 000 §2)."""
+    """x**2 is one multiply; other exponents are exp(y·log x) on the SFU."""
     exponent = op.arg("exponent")
     if exponent == 2:
         return _pointwise_cost(op, POW_SQUARE_FLOPS, VECTOR)
@@ -238,8 +238,8 @@ _COPY_OPS = [
 @register("aten._to_copy", kind="cast")
 @register(*aten_packets(*_COPY_OPS), kind="copy")
 def copy(op: OpRecord) -> Cost:
-    """Casts and copies: 0 FLOPs, read once and written once (seed 000 Table 3: bf16 -> fp32
-    cast moves 6 bytes per element for no arithmetic)."""
+    """Casts and copies: 0 FLOPs, read once and written once (a bf16 -> fp32 cast moves 6
+    bytes per element for no arithmetic)."""
     read, written = io_bytes(op)
     return Cost(0, read, written, "none", compute_dtype(op.inputs))
 
@@ -254,13 +254,13 @@ def copy_(op: OpRecord) -> Cost:
     return Cost(0, sum(n for _, n in reads), unique_bytes(dst), "none", dtype, reads=reads)
 
 
-# _foreach_X over a list: every tensor read and written once (seed 000 Table 3 per element).
+# _foreach_X over a list: every tensor read and written once (the per-element counts above).
 _FOREACH_TABLE = {**POINTWISE_FLOPS, "pow": (POW_GENERAL_FLOPS, SFU), "copy": (0, "none")}
 register_per_element(
     _FOREACH_TABLE,
     kind="foreach",
     elements=_all_written_numel,
-    what="seed 000 Table 3",
+    what="POINTWISE_FLOPS, per tensor",
     prefix="_foreach_",
 )
 

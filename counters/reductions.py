@@ -1,7 +1,8 @@
 """Reductions, scans, softmax and selection (topk, sort).
 
 Each is one pass over its input: read the input once, write the (smaller) output once.
-FLOPs are per *input* element (seed 000 Table 3: softmax ~6 per element, online, one pass).
+FLOPs are per *input* element (softmax ~6 per element, online, one pass: Milakov &
+Gimelshein 2018).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import math
 
 from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register, register_per_element
-from torchroof.counters.tensors import compute_dtype, io_bytes
+from torchroof.counters.tensors import compute_dtype, io_bytes, tensor_arg
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
 
 # FLOPs per input element for one-pass reductions and scans, per kind (counters/registry.py
 # OP_KINDS). Sum and mean: over leading dimensions a column reduction.
@@ -64,7 +65,7 @@ REDUCTION_FLOPS: dict[str, int] = {
     **OWN_KERNEL_REDUCTION_FLOPS,
 }
 
-# Softmax family, per element (seed 000 Table 3: softmax ~6, online one pass):
+# Softmax family, per element (softmax ~6, online one pass):
 SOFTMAX_FLOPS: dict[str, int] = {
     "_softmax": 5,  # max, subtract, exp, sum, divide
     "_safe_softmax": 6,  # + the select that zeroes fully masked rows
@@ -83,8 +84,8 @@ def _processed_numel(op: OpRecord) -> int:
     return sum(t.numel for t in processed)
 
 
-_ONE_PASS = "one pass, seed 000 Table 3"
-_SOFTMAX = "seed 000 Table 3: softmax"
+_ONE_PASS = "one pass"
+_SOFTMAX = "softmax, one online pass"
 register_per_element(SUM_FLOPS, kind="sum", elements=_processed_numel, what=_ONE_PASS)
 register_per_element(
     ROW_REDUCTION_FLOPS, kind="reduction", elements=_processed_numel, what=_ONE_PASS
@@ -99,7 +100,7 @@ register_per_element(
 
 
 def _dim_size(op: OpRecord) -> int:
-    x = op.tensor("self")
+    x = tensor_arg(op, "self")
     if not x.shape:
         return 1
     return x.shape[op.arg("dim", -1)]
@@ -113,7 +114,7 @@ def sort(op: OpRecord) -> Cost:
     """
     read, written = io_bytes(op)
     length = _dim_size(op)
-    flops = op.tensor("self").numel * max(1, math.ceil(math.log2(max(length, 2))))
+    flops = tensor_arg(op, "self").numel * max(1, math.ceil(math.log2(max(length, 2))))
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 
@@ -122,7 +123,7 @@ def topk(op: OpRecord) -> Cost:
     """Top-k along a dim: each element is compared into a k-heap, n·log2(k) compares."""
     read, written = io_bytes(op)
     k = int(op.arg("k"))
-    flops = op.tensor("self").numel * max(1, math.ceil(math.log2(max(k, 2))))
+    flops = tensor_arg(op, "self").numel * max(1, math.ceil(math.log2(max(k, 2))))
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 

@@ -3,7 +3,7 @@
 Like ``torch.utils.flop_counter.register_flop_formula``: one pure rule per packet,
 registered by decorator, a second registration raises. Rules see an ``OpRecord`` (shapes,
 dtypes, non-tensor args), never tensors. An op without a rule is still charged its input
-and output bytes and marked ``counted=False`` (DESIGN rule 1: never a silent zero).
+and output bytes and marked ``counted=False`` (every op is accounted: never a silent zero).
 
 Each registration also declares the op's :data:`OpKind`, the one classification the rest of
 torchroof reads (fusion, column reductions, recompute, the optimizer step): there is no
@@ -19,7 +19,7 @@ import torch
 from torchroof.counters.cost import ZERO, Cost, Unit
 from torchroof.counters.tensors import compute_dtype, io_bytes, is_view_schema, read_tensors
 
-from torchroof.records.trace import OpRecord
+from torchroof.records.ops import OpRecord
 
 Rule = Callable[[OpRecord], Cost]
 
@@ -48,7 +48,7 @@ OpKind = Literal[
     "metadata",
     "opaque",
 ]
-"""What kind of kernel an op is, as the fusion stage (seed 000 "Fusion") sees it; declared
+"""What kind of kernel an op is, as the fusion stage (docs/concepts/fusion.md) sees it; declared
 where its rule is registered. :data:`OP_KINDS` says how each kind is treated."""
 
 OP_KINDS: dict[OpKind, str] = {
@@ -105,7 +105,7 @@ OP_KINDS: dict[OpKind, str] = {
     "its own kernel",
     "collective": "a collective over the network (all-reduce, all-gather, reduce-scatter): "
     "its own kernel, never fused with compute",
-    "view": "an alias of its input (view, transpose, slice): no kernel, no bytes (DESIGN rule 2)",
+    "view": "an alias of its input (view, transpose, slice): no kernel, no bytes",
     "metadata": "allocation, metadata queries, asserts, profiler markers: no kernel; an "
     "allocation (empty_like) then updated in place initialises optimizer state",
     "opaque": "its own kernel, which fusion neither joins nor extends: scans, sorts, GEMVs "
@@ -217,5 +217,5 @@ def cost_of(op: OpRecord) -> Cost:
     if registration is not None:
         return registration.rule(op)
     if is_view_schema(op.name):
-        return ZERO  # DESIGN rule 2: views cost nothing, whatever their namespace
+        return ZERO  # views cost nothing, whatever their namespace
     return uncounted_cost(op)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from torchroof.records.trace import OpRecord, TensorMeta, TensorRef
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta, TensorRef
 
 
 def tensor_key(t: TensorMeta) -> tuple[Any, ...]:
@@ -88,6 +89,13 @@ def inputs_except(op: OpRecord, *names: str) -> list[TensorMeta]:
     skip = {i for name in names for i in refs_of(op.args.get(name))}
     keep = {i for key, v in op.args.items() if key not in names for i in refs_of(v)}
     return [t for i, t in enumerate(op.inputs) if i not in skip or i in keep]
+
+
+def tensor_arg(op: OpRecord, name: str) -> TensorMeta:
+    """The tensor argument ``name`` that ``op``'s schema requires (``OpRecord.tensor``, typed as
+    present). Nothing is checked: a trace that lacks it (a malformed file) fails where the rule
+    reads it, with the AttributeError pricing reports as a rule unable to read its op."""
+    return cast(TensorMeta, op.tensor(name))
 
 
 def read_tensors(op: OpRecord) -> list[TensorMeta]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from torchroof.report.compare import compare
+from torchroof.render import text
+from torchroof.studies import compare
 
 CANDIDATES = ["h100-sxm", "h200-sxm", "b200", "mi300x", "a100-sxm", "l40s"]
 
@@ -22,11 +23,17 @@ def main() -> None:
     vary = {"hardware": CANDIDATES}
     print(f"{args.model} decode, batch {args.batch}, context {args.context}")
     print(
-        compare(args.model, vary, regime="decode", batch=args.batch, context=args.context).table()
+        text.variants_table(
+            compare(args.model, vary, regime="decode", batch=args.batch, context=args.context)
+        )
     )
     print()
     print(f"{args.model} training step, 1 x {args.seq} tokens, AdamW, mixed precision")
-    print(compare(args.model, vary, regime="train", seq=args.seq, precision="mixed").table())
+    print(
+        text.variants_table(
+            compare(args.model, vary, regime="train", seq=args.seq, precision="mixed")
+        )
+    )
 
 
 if __name__ == "__main__":

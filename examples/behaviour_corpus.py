@@ -216,9 +216,11 @@ CASES: dict[str, Callable[[], Any]] = {
 
 def render(result: Any) -> tuple[str, str]:
     """The result as JSON (sorted keys) and as the text a user reads."""
+    from torchroof.render import text as shown
+
     if hasattr(result, "to_dict"):
         data = result.to_dict()
-        text = result.summary() + "\n\n" + result.table() + "\n"
+        text = shown.summary(result) + "\n\n" + shown.layer_table(result) + "\n"
     else:  # a Comparison or a Sweep
         estimates = (
             [v.estimate for v in result.variants]
@@ -226,7 +228,8 @@ def render(result: Any) -> tuple[str, str]:
             else [p.estimate for p in result.points]
         )
         data = {"estimates": [e.to_dict() for e in estimates]}
-        text = result.table() + "\n"
+        table = shown.variants_table if hasattr(result, "variants") else shown.sweep_table
+        text = table(result) + "\n"
     return json.dumps(data, sort_keys=True, indent=1, default=str) + "\n", text
 
 

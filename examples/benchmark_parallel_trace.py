@@ -1,6 +1,6 @@
 """What tracing one rank of a parallel training step costs, against the single-GPU trace.
 
-Issue 13's target: tracing a Llama-3-70B training step at ``fsdp=8, tp=8`` (rank 0 of the
+The target: tracing a Llama-3-70B training step at ``fsdp=8, tp=8`` (rank 0 of the
 real FSDP2 + tensor-parallel program on a fake process group of 64 ranks) costs at most 3x
 tracing the same step on one GPU. Each trace runs in its own process (so the peak RSS is
 its own), interleaved with the other and repeated; medians and their ratio are printed.

@@ -1,4 +1,4 @@
-"""How long a pipelined step takes to estimate (issue 14 target: Llama-3.1-405B training at
+"""How long a pipelined step takes to estimate (the target: Llama-3.1-405B training at
 pp=8, tp=8, fsdp=16 on 1,024 simulated GPUs in under a minute on a 2-core machine), against
 the same model's single-stage step at the same tp and fsdp measured in the same run.
 

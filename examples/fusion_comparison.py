@@ -1,6 +1,6 @@
 """What would a fused runtime buy on this model? Eager vs fused kernels, side by side.
 
-seed 000 Lab 3 ("the fusion bench") on a real model: the same trace priced with one kernel
+The fusion bench on a real model: the same trace priced with one kernel
 per op (PyTorch eager) and with Inductor-style fused elementwise runs; FLOPs are identical,
 only the bytes (and so the time) change.
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 import torchroof
-from torchroof.config.options import Workload
+from torchroof.config import Workload
+from torchroof.render import text
 
 
 def main() -> None:
@@ -29,11 +30,12 @@ def main() -> None:
     eager = trace.estimate(args.hardware, fusion="eager")
     fused = trace.estimate(args.hardware, fusion="fused")
     print(f"{args.model} {args.regime}, 1 x {args.seq} tokens on {args.hardware}")
-    print(eager.compare(fused))
+    print(text.comparison_table(eager, fused))
     print()
     for est in (eager, fused):
         print(
-            f"{est.label:>16}: {est.time_s * 1e3:8.2f} ms, {est.bytes / 1e9:8.2f} GB, "
+            f"{text.estimate_label(est):>16}: {est.time_s * 1e3:8.2f} ms, "
+            f"{est.bytes / 1e9:8.2f} GB, "
             f"{est.flops / 1e12:8.3f} TFLOP, {len(est.kernels)} kernels, "
             f"{100 * est.memory_bound_share:.0f}% of time memory-bound"
         )

@@ -1,7 +1,7 @@
 """GQA, MQA or full multi-head attention: what the KV-head count does to decode.
 
-seed 000 "Attention III" and "The crossover that ends batching": the same Llama-3-70B with
-64 (MHA), 8 (its GQA) and 1 (MQA) KV heads, decoding at 8k context.
+GQA (Ainslie et al. 2023), MQA (Shazeer 2019) and the KV crossover (Pope et al. 2022): the
+same Llama-3-70B with 64 (MHA), 8 (its GQA) and 1 (MQA) KV heads, decoding at 8k context.
 
     python examples/gqa_comparison.py [--batch 16] [--context 8192]
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from torchroof.report.compare import compare
+from torchroof.render import text
+from torchroof.studies import compare
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
         context=args.context,
     )
     print(f"{args.model} decode, batch {args.batch}, context {args.context}, H100 SXM")
-    print(result.table())
+    print(text.variants_table(result))
     for variant in result.variants:
         est = variant.estimate
         print(

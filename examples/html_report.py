@@ -1,4 +1,4 @@
-"""The interactive HTML report (issue 17) and the README's screenshot of it: Llama-3-8B
+"""The interactive HTML report and the README's screenshot of it: Llama-3-8B
 training on an H100 SXM, written as one offline page, opened in headless chromium, then
 switched to another accelerator in the page and checked against Python's estimate there.
 
@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torchroof
+from torchroof.render import html
 from torchroof.render.browser import console_errors, open_chromium
 
 HERE = Path(__file__).parent
@@ -33,7 +34,7 @@ def main() -> None:
     trace = torchroof.trace_model(args.model, regime=args.regime, precision="bf16")
     est = trace.estimate(args.hardware)
     page = Path(args.html or Path(tempfile.mkdtemp()) / "report.html")
-    est.to_html(page)
+    html.estimate_html(est, page)
     print(f"wrote {page} ({page.stat().st_size / 1e6:.1f} MB, {len(est.kernels)} kernels)")
 
     from selenium.webdriver.common.by import By

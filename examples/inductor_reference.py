@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from torchroof.validation.referee import GPU_RULE_GAPS, InductorKernel, inductor_kernels, summary
+from torchroof.validation.gpu_rules import GPU_RULE_GAPS
+from torchroof.validation.referee import InductorKernel, inductor_kernels, summary
 from torchroof.validation.referee_cases import CASES, Case, torchroof_fused
 
 JSON_PATH = Path(__file__).with_name("inductor_reference.json")

@@ -1,5 +1,5 @@
 """Predict published multi-GPU runs with torchroof and set each prediction beside its
-measurement (issue 13 item 9; README "Checked against multi-GPU runs").
+measurement (README "Checked against multi-GPU runs").
 
 The runs and the collective anchors are ``examples/validation/multi_gpu_runs.json`` (sources:
 ``MULTI_GPU_SOURCES.md``). Every run is either mapped to a torchroof request here
@@ -22,7 +22,7 @@ Conventions:
   recomputation under activation checkpointing) / (step time x the GPU's dense bf16 peak);
   the sources define theirs as 6N + attention per token, so the two differ by definition.
 - Collective anchors: nccl-tests bus bandwidth = algorithm bandwidth (S / time) x bus factor
-  (torchroof.timing.network.bus_factor); torchroof's figure is collective_time's for the same S,
+  (torchroof.counters.bus.bus_factor); torchroof's figure is collective_time's for the same S,
   kind and group on the named cluster.
 """
 
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import transformers
 from tabulate import tabulate
+from torchroof.counters.bus import bus_factor
 from torchroof.hardware import get_cluster
 
 import torchroof
@@ -49,11 +50,11 @@ from torchroof.progress import Reporter
 from torchroof.progress import reporter as progress_reporter
 from torchroof.report.analysis import communication
 from torchroof.report.estimate import Estimate
-from torchroof.timing.network import bus_factor, collective_time
+from torchroof.timing.network import collective_time
 
 HERE = Path(__file__).resolve().parent / "validation"
 RUNS_JSON = HERE / "multi_gpu_runs.json"
-PP_EP_RUNS_JSON = HERE / "pp_ep_runs.json"  # runs with pipeline or expert parallel (issue 14)
+PP_EP_RUNS_JSON = HERE / "pp_ep_runs.json"  # runs with pipeline or expert parallel
 PREDICTIONS_JSON = HERE / "multi_gpu_predictions.json"
 GIB = 2**30
 GB = 1e9
@@ -323,7 +324,7 @@ class Phase:
     overrides: Mapping[str, Any]
     regime: str
     hardware: str
-    workload: Mapping[str, Any]  # torchroof.config.options.Workload fields
+    workload: Mapping[str, Any]  # torchroof.config.Workload fields
     fusion: str
     weight: float
 
@@ -1075,7 +1076,19 @@ def main() -> None:
         default="roofline",
         help="timing mode (--write stores the pure roofline's predictions only)",
     )
+    parser.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="write this script's tables, from the checked-in predictions (no pricing), into "
+        "the docs page PAGE (docs/validation/multi-gpu.md)",
+    )
     args = parser.parse_args()
+    if args.markdown:
+        import validation_markdown
+
+        tables = validation_markdown.multi_gpu_tables()
+        validation_markdown.write_page(args.markdown, tables, Path(__file__).name)
+        return
     data = load_data()
     runs = {r["id"]: r for r in data["runs"]}
     check_runs(parser, args, runs, RUNS_JSON)

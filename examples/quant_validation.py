@@ -1,8 +1,8 @@
 """Predict published quantised runs with torchroof and set each prediction, and each
-quantised run's speedup over its unquantised baseline, beside the measurement (issue 15).
+quantised run's speedup over its unquantised baseline, beside the measurement.
 
 The runs are ``examples/validation/quant_runs.json`` (sources: ``MULTI_GPU_SOURCES.md``,
-"Quantised runs (issue 15)"). :func:`choose` maps each run to a torchroof request (the
+"Quantised runs"). :func:`choose` maps each run to a torchroof request (the
 judgement calls, one family of runs at a time) or gives the reason torchroof cannot express
 it. Nothing is fitted. Steps, figures and ratios are those of ``multi_gpu_validation.py``,
 imported from its path.
@@ -601,7 +601,19 @@ def load_runs() -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = mgv.run_parser(__doc__, PREDICTIONS_JSON)
+    parser.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="write this script's tables, from the checked-in predictions (no pricing), into "
+        "the docs page PAGE (docs/validation/quantised.md)",
+    )
     args = parser.parse_args()
+    if args.markdown:
+        import validation_markdown
+
+        tables = validation_markdown.quant_tables()
+        validation_markdown.write_page(args.markdown, tables, Path(__file__).name)
+        return
     runs = load_runs()
     by_id = {r["id"]: r for r in runs}
     mgv.check_runs(parser, args, by_id, RUNS_JSON)

@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
+from torchroof.render import files, text
 
 
 def main() -> None:
@@ -38,13 +39,13 @@ def main() -> None:
     with torch.no_grad(), torchroof.trace() as t:  # records every aten op, allocates nothing
         model(ids)
     est = t.estimate(hardware=args.hardware)  # roofline on the chosen accelerator
-    print(est.table(collapse=True))  # per-layer time budget
+    print(text.layer_table(est, collapse=True))  # per-layer time budget
     print()
-    print(est.summary())
+    print(text.summary(est))
     print()
-    print(est.kernel_table(top=8))
+    print(text.kernel_table(est, top=8))
     if args.json:
-        est.to_json(args.json)
+        files.estimate_json(est, args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The pure roofline against the realistic mode on Llama-3-8B, one effect switched off at a
-time (issue 16; README "Beyond the floor"). Each step is traced once and priced seven times.
+time (README "Beyond the floor"). Each step is traced once and priced seven times.
 
     python examples/realistic_mode.py                  # H100 SXM, ~2 min on 2 cores
     python examples/realistic_mode.py --hardware a100

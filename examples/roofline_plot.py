@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 import torchroof
+from torchroof.render import text
 from torchroof.render.plots import layer_plot, roofline_plot
 
 
@@ -26,7 +27,7 @@ def main() -> None:
     out = Path(args.out)
     print(roofline_plot(est, out / f"{args.model}-train-roofline.png"))
     print(layer_plot(est, out / f"{args.model}-train-layers.png", depth=None))
-    print(est.summary())
+    print(text.summary(est))
 
 
 if __name__ == "__main__":

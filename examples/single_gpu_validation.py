@@ -1,5 +1,5 @@
 """Predict published single-GPU measurements twice — the pure roofline and the realistic mode
-— and set both beside the measurement (issue 16, part 6).
+— and set both beside the measurement.
 
 The runs: ``examples/validation/single_gpu_runs.json`` (kernel benchmarks: GEMMs, attention,
 STREAM-like bandwidth, launch and latency probes; per-GPU model steps: llama.cpp, torchtune)
@@ -7,8 +7,8 @@ and every single-GPU run of ``quant_runs.json`` that ``quant_validation.py`` map
 torchao and TensorRT-LLM decode, prefill and time to first token, quantised or not). A kernel
 run is traced as the op itself on the meta device (``torch.mm``, ``torch._scaled_mm``,
 scaled-dot-product attention, a copy / scale / triad) and priced by the same pipeline as a
-model. Nothing is fitted: the realistic mode reads the hardware files' figures (the seed's
-Table 4 aggregates, 600 ns latency, 85% STREAM fraction, 2 µs launches, or the measured
+model. Nothing is fitted: the realistic mode reads the hardware files' figures (the on-chip
+aggregates, 600 ns latency, 85% STREAM fraction, 2 µs launches, or the measured
 figure a file cites).
 
     python examples/single_gpu_validation.py            # tables and a summary (~4 min)
@@ -516,7 +516,19 @@ def main() -> None:
         action="store_true",
         help=f"print the README's table from {PREDICTIONS_JSON.name}",
     )
+    parser.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="write this script's tables, from the checked-in predictions (no pricing), into "
+        "the docs page PAGE (docs/validation/single-gpu.md)",
+    )
     args = parser.parse_args()
+    if args.markdown:
+        import validation_markdown
+
+        tables = validation_markdown.single_gpu_tables()
+        validation_markdown.write_page(args.markdown, tables, Path(__file__).name)
+        return
     if args.readme:
         print(readme_table(json.loads(PREDICTIONS_JSON.read_text())))
         return

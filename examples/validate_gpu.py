@@ -1,7 +1,7 @@
 """Calibrate an accelerator and set torchroof's predictions beside measured runs on it.
 
-Cases (issue: fidelity, GPU path): (a) GEMMs over the seed's Table 2 shapes, (b) the seed's
-Table 3 elementwise ops at a size far above L2, (c) flash attention at N = 1024 … 16384,
+Cases (the GPU path): (a) GEMMs over the prefill and decode projection shapes, (b) the
+elementwise ops at a size far above L2, (c) flash attention at N = 1024 … 16384,
 (d) a Llama-style model for prefill, decode (batch 1 and 64, context 8192) and a training
 step. Every case is predicted against the ceilings measured here and (on a GPU) against the
 datasheet spec, each in both timing modes, priced the same way for an op and for a model
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 import torchroof
-from torchroof.config.options import TIMING_MODES
+from torchroof.config import TIMING_MODES
 from torchroof.validation.calibrate import calibrate, time_op
 from torchroof.validation.validate import TINY_OVERRIDES, validate
 
@@ -44,12 +44,12 @@ def _cases(device: str, small: bool) -> list[tuple[str, Callable[[], Any]]]:
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     cases: list[tuple[str, Callable[[], Any]]] = []
     d = 1024 if small else 8192
-    for tokens in (32768, 512, 64, 1):  # seed 000 Table 2: a d x d projection
+    for tokens in (32768, 512, 64, 1):  # a d x d projection, prefill down to decode
         m = max(1, tokens // 32) if small else tokens
         x = torch.randn(m, d, device=device, dtype=dtype)
         w = torch.randn(d, d, device=device, dtype=dtype)
         cases.append((f"gemm M={m} d={d}", lambda x=x, w=w: torch.mm(x, w)))
-    n = 2**22 if small else 2**28  # Table 3 at a size far above L2
+    n = 2**22 if small else 2**28  # the elementwise ops at a size far above L2
     a = torch.randn(n // 4096, 4096, device=device, dtype=dtype)
     b = torch.randn_like(a)
     weight = torch.ones(4096, device=device, dtype=dtype)

@@ -1,6 +1,6 @@
 """Cluster spec data model and loader: the links between accelerators, as data.
 
-seed 000 "The next wall": the roofline pointed at the interconnect. I_net = FLOPs per byte
+The roofline pointed at the interconnect (docs/concepts/network-ridges.md). I_net = FLOPs per byte
 crossing a link, and its ridge is pi / beta_link: 2,198 for NVLink 4 (450 GB/s per GPU),
 15,459 for PCIe Gen5 x16 (64 GB/s) and 19,788 for a 400 Gb/s fabric (50 GB/s per GPU) on an
 H100 at its dense bf16 peak.
@@ -151,9 +151,10 @@ class ClusterSpec:
     def link_ridges(self, dtype: str = "bf16", *, allow_tf32: bool = False) -> dict[str, float]:
         """FLOPs per byte crossing each link at which it stops being the bound.
 
-        seed 000 "The next wall": I* = pi / beta with pi the accelerator's dense tensor peak
-        in ``dtype`` and beta the link's line rate per GPU per direction (the seed's figures
-        are line rates; the achieved rate, lower, moves each ridge up by 1 / fraction).
+        The network ridge (docs/concepts/network-ridges.md): I* = pi / beta with pi the
+        accelerator's dense tensor peak in ``dtype`` and beta the link's line rate per GPU
+        per direction (line rates from the vendor datasheets; the achieved rate, lower,
+        moves each ridge up by 1 / fraction).
         """
         peak = self.accelerator.tensor_peak(dtype, allow_tf32=allow_tf32)
         return {key: peak / link.line_bytes_per_s.value for key, link in self.links().items()}
@@ -357,7 +358,7 @@ def get_cluster(name: str | Path | ClusterSpec) -> ClusterSpec:
     return _SHIPPED.find(str(name))
 
 
-# What each kind of link limits (seed 000 Table 4's last column).
+# What each kind of link limits (the parallel strategies that cross it).
 LINK_LIMITS = {
     "nvlink": "TP, intra-node FSDP",
     "xgmi": "TP, intra-node FSDP",
@@ -367,8 +368,9 @@ LINK_LIMITS = {
 
 
 def boundary_table(spec: HardwareSpec) -> dict[str, Boundary]:
-    """seed 000 Table 4 for ``spec``, keyed: its on-device boundaries (``register file``,
-    ``shared memory``, ``L2 cache``, ``HBM``: :meth:`HardwareSpec.boundaries`), then every
+    """Every memory and network boundary of ``spec``, keyed: its on-device boundaries
+    (``register file``, ``shared memory``, ``L2 cache``, ``HBM``:
+    :meth:`HardwareSpec.boundaries`), then every
     link of every shipped cluster of this accelerator as ``<cluster>:<link>`` (``nvlink`` /
     ``xgmi``, ``pcie``, ``network``), line rate per GPU per direction, clusters by name."""
     rows = {boundary.name: boundary for boundary in spec.boundaries()}
@@ -386,7 +388,7 @@ def boundary_table(spec: HardwareSpec) -> dict[str, Boundary]:
 
 def distinct_boundaries(spec: HardwareSpec) -> list[Boundary]:
     """:func:`boundary_table`'s rows with each link once (NVLink 4 is in every H100 cluster):
-    what ``torchroof hardware NAME`` prints and Lab 1 draws."""
+    what ``torchroof hardware NAME`` prints and the roofline explorer draws."""
     seen: set[str] = set()
     rows = []
     for boundary in boundary_table(spec).values():

@@ -1,6 +1,7 @@
 """Hardware spec data model and loader.
 
-seed 000 Table 1: the ridge point I* = pi / beta for the HBM boundary, per datatype.
+The ridge point I* = pi / beta for the HBM boundary, per datatype (Williams, Waterman &
+Patterson 2009, "Roofline"; the peaks from the vendor datasheets).
 Internal units are FLOP/s, bytes/s and bytes; convert only when rendering.
 """
 
@@ -83,7 +84,8 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "shared_memory_bytes_per_sm": (False, True, "bytes"),
     "l2_bytes": (False, True, "bytes"),
     "compute_units": (False, True, "SMs or CUs"),
-    # seed 000 Table 4 and "The third regime: latency": the on-chip boundaries (aggregate,
+    # The hierarchical roofline (Yang, Kurth & Williams 2020) and Little's law (Little 1961;
+    # docs/concepts/littles-law.md): the on-chip boundaries (aggregate,
     # approximate), the memory latency, the per-kernel launch cost and the achievable
     # fractions of peak that torchroof's realistic mode reads (torchroof/timing/roofline.py,
     # torchroof/timing/hierarchy.py)
@@ -176,7 +178,8 @@ def _check_measured(raw: Any, problems: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Boundary:
-    """One memory boundary of seed 000 Table 4: its bandwidth, what it holds, what it limits."""
+    """One memory boundary (docs/concepts/hierarchical-roofline.md): its bandwidth, what it
+    holds, what it limits."""
 
     name: str
     bytes_per_s: float
@@ -191,7 +194,7 @@ class Boundary:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """Ceilings of one accelerator (dense peaks only, DESIGN rule 3)."""
+    """Ceilings of one accelerator (dense peaks only, never the 2:4-sparsity figures)."""
 
     name: str
     display_name: str
@@ -205,11 +208,11 @@ class HardwareSpec:
     l2_bytes: Figure | None = None  # informational: read by nothing yet
     compute_units: Figure | None = None  # informational: SMs (NVIDIA) or CUs (AMD)
     interconnect_bytes_per_s: dict[str, Figure] = field(default_factory=dict)  # informational
-    # seed 000 Table 4: aggregate on-chip bandwidths (approximate: issue width x clock)
+    # aggregate on-chip bandwidths of the hierarchical roofline (approximate: issue width x clock)
     l2_bytes_per_s: Figure | None = None
     shared_memory_bytes_per_s: Figure | None = None
     register_bytes_per_s: Figure | None = None
-    # seed 000 "The third regime: latency" and "Performance diagnosis" (realistic mode)
+    # Little's law (bytes in flight = beta x latency) and launch costs (realistic mode)
     memory_latency_s: Figure | None = None  # HBM load-to-use latency
     launch_overhead_s: Figure | None = None  # one kernel's launch, device side
     achievable_hbm_fraction: Figure | None = None  # STREAM-like bandwidth / hbm_bytes_per_s
@@ -221,7 +224,8 @@ class HardwareSpec:
         """Dense tensor-core FLOP/s for a matmul in ``dtype``.
 
         fp32 matmuls use tf32 tensor cores only when ``allow_tf32``; otherwise they run on
-        the fp32 vector units (DESIGN rule 4; seed 000: the 14.8x cliff on H100).
+        the fp32 vector units (the unit follows the op; on an H100 SXM that is a 14.8x cliff,
+        989.4 / 66.9 TFLOP/s from NVIDIA's datasheet).
         """
         key = spec_dtype(dtype)
         if key == "fp32":
@@ -256,7 +260,7 @@ class HardwareSpec:
         return figure.value
 
     def peak(self, unit: str, dtype: str, *, allow_tf32: bool = False) -> float:
-        """The ceiling an op on ``unit`` in ``dtype`` can reach (DESIGN rule 4)."""
+        """The ceiling an op on ``unit`` in ``dtype`` can reach (the unit follows the op)."""
         if unit == "tensor":
             return self.tensor_peak(dtype or "bf16", allow_tf32=allow_tf32)
         if unit == "vector":
@@ -266,7 +270,7 @@ class HardwareSpec:
         return float("inf")
 
     def ridge(self, dtype: str, *, allow_tf32: bool = False) -> float:
-        """Machine balance I* = pi / beta at the HBM boundary (seed 000 Table 1)."""
+        """Machine balance I* = pi / beta at the HBM boundary (Williams et al. 2009)."""
         return self.tensor_peak(dtype, allow_tf32=allow_tf32) / self.hbm_bytes_per_s.value
 
     def shared_memory_per_sm(self) -> int:
@@ -281,7 +285,7 @@ class HardwareSpec:
         return int(figure.value)
 
     def ceilings(self) -> dict[str, float]:
-        """seed 000 "pi is the top of a stack": each pipe's FLOP/s ceiling, highest first —
+        """Compute ceilings (Williams et al. 2009): each pipe's FLOP/s ceiling, highest first —
         every tensor-core datatype the part has, the fp32 vector units with FMA (two FLOPs
         per instruction) and without (one: half the rate), the fp64 vector units where
         listed, and the SFU."""
@@ -295,7 +299,7 @@ class HardwareSpec:
         return dict(sorted(pipes.items(), key=lambda item: -item[1]))
 
     def boundaries(self) -> list[Boundary]:
-        """seed 000 Table 4: the memory boundaries this file lists, innermost first (register
+        """The hierarchical roofline's memory boundaries this file lists, innermost first (register
         file, shared memory, L2, HBM); on-chip rows are the approximate aggregates."""
         rows = [
             ("register file", self.register_bytes_per_s, None, "MMA operand supply"),

@@ -2,7 +2,7 @@
 share: the figure format, its checks, the error a bad file raises, reading a file, and finding a
 shipped file by name or alias.
 
-DESIGN "Hardware specs are data": a source for every figure, ``approximate = true`` on derived
+Hardware specs are data: a source for every figure, ``approximate = true`` on derived
 ones. A figure is an inline table ``{ value = <number>, source = "<where it came from>",
 approximate = <bool, optional> }``; its value is finite and positive, and where ``whole`` also a
 whole number (bytes, counts). Checks add each problem to a list, so that one error names every
@@ -100,7 +100,7 @@ def parse_figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]
             problems.append(
                 f"{key}.{field_name}: unknown field (a figure has {', '.join(FIGURE_FIELDS)})"
             )
-    value = raw.get("value")
+    value: Any = raw.get("value")  # a TOML value: any type until checked below
     units = f" of {unit}" if unit else ""
     if "value" not in raw:
         problems.append(f"{key}.value: missing (a number{units})")
@@ -116,7 +116,7 @@ def parse_figure(key: str, raw: Any, whole: bool, unit: str, problems: list[str]
         )
     else:
         implausible(key, float(value), unit, problems)
-    source = raw.get("source")
+    source: Any = raw.get("source")
     if "source" not in raw:
         problems.append(f"{key}.source: missing (every figure names where it came from)")
     elif not isinstance(source, str):

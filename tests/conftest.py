@@ -89,7 +89,7 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-# The six families issue 2 names, at a size that traces in well under a second each.
+# Six model families, at a size that traces in well under a second each.
 FAMILY_CONFIGS: dict[str, dict] = {
     "llama": dict(SMALL),
     "mistral": dict(SMALL),

@@ -8,7 +8,7 @@ from conftest import TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
-from torchroof.config.options import Workload, WorkloadError
+from torchroof.config import Workload, WorkloadError
 from torchroof.models.sources import build_model
 from torchroof.workloads import kv_bytes_per_token, run_workload
 

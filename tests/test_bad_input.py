@@ -1,4 +1,4 @@
-"""Every bad input answered ("First contact" §5): a sweep over every surface — each knob, each
+"""Every bad input answered: a sweep over every surface — each knob, each
 file format (trace JSON, estimate JSON, hardware TOML, cluster TOML, config.json), each model
 config field, parallel and quant combinations, output paths and traced code. Each case
 asserts its outcome: a one- or two-line error naming the problem (exit code 2 on the CLI), a
@@ -28,12 +28,16 @@ from torchroof.hardware import HardwareFigureWarning, available, available_clust
 from torchroof.hardware.cluster import load_cluster_file
 
 import torchroof
-from torchroof.capture.mode import OpBudgetExceeded
+from torchroof.capture.budget import OpBudgetExceeded
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError, WorkloadError
 from torchroof.models.sources import load_config
 from torchroof.pricing.trace_checks import unpriceable_op
-from torchroof.records.trace import OpRecord, TensorMeta, Trace, TraceFileError
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
+from torchroof.records.trace import Trace
+from torchroof.records.trace_file import TraceFileError
+from torchroof.render.files import estimate_json
 from torchroof.report.estimate import Estimate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +63,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config.write_text(json.dumps(TINY))
     trace = torchroof.trace_model(str(config), "prefill", seq=16)
     trace.save(root / "prefill.json")
-    torchroof.estimate_trace(trace, "h100-sxm").to_json(root / "estimate.json")
+    estimate_json(torchroof.estimate_trace(trace, "h100-sxm"), root / "estimate.json")
     wide = torchroof.trace_model(str(config), "prefill", seq=16, tp=2, dp=8)
     wide.save(root / "wide.json")
     return {
@@ -510,7 +514,7 @@ def test_an_op_its_rule_cannot_read_is_named_when_built_in_memory():
     bad = TensorMeta((2, 3, 4), (12, 4, 1), "float32", 1, 0)
     other = TensorMeta((4, 5), (5, 1), "float32", 2, 0)
     out = TensorMeta((2, 5), (5, 1), "float32", 3, 0)
-    from torchroof.records.trace import TensorRef
+    from torchroof.records.tensors import TensorRef
 
     op = OpRecord(
         0,

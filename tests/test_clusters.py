@@ -1,4 +1,4 @@
-"""Cluster specs: seed 000 "The next wall" link ridges, lookup, user files, whole-file errors."""
+"""Cluster specs: network link ridges, lookup, user files, whole-file errors."""
 
 import math
 from pathlib import Path
@@ -65,9 +65,9 @@ def _write(folder: Path, text: str, name: str) -> Path:
 
 
 def test_seed_link_ridges_on_an_h100():
-    """seed 000 "The next wall": I* = pi / beta_link at the H100's 989.4 TFLOP/s dense bf16."""
+    """The network ridge: I* = pi / beta_link at the H100's 989.4 TFLOP/s dense bf16."""
     ridges = get_cluster("dgx-h100").link_ridges("bf16")
-    # NVLink 4: 989.4e12 / 450e9 = 2,198.67 (the seed truncates it to 2,198)
+    # NVLink 4: 989.4e12 / 450e9 = 2,198.67 (truncated to 2,198)
     assert ridges["nvlink"] == pytest.approx(989.4e12 / 450e9)
     assert math.floor(ridges["nvlink"]) == 2198
     # PCIe Gen5 x16: 989.4e12 / 64e9 = 15,459.375

@@ -1,5 +1,5 @@
-"""Variants, sweeps, the explorer and GEMM workbench, plots and the timeline (seed 000 Labs
-1-4 on real models)."""
+"""Variants, sweeps, the explorer and GEMM workbench, plots and the timeline (the explorers'
+questions on real models)."""
 
 import json
 import re
@@ -8,8 +8,10 @@ import pytest
 
 import torchroof
 from torchroof.cli.main import main
-from torchroof.labs.explore import gemm_workbench, roofline_point
-from torchroof.report.compare import compare, parse_value, sweep
+from torchroof.labs.explore import roofline_point
+from torchroof.labs.gemm_workbench import gemm_workbench
+from torchroof.render import files, text
+from torchroof.studies import compare, parse_value, sweep
 
 
 def test_gqa_comparison_kv_bytes_differ_by_exactly_eight():
@@ -20,7 +22,7 @@ def test_gqa_comparison_kv_bytes_differ_by_exactly_eight():
     # 2 · 2 B · 80 layers · h_kv · 128 · 8193 tokens: h_kv 64 vs 8
     assert mha.kv_bytes_read == 8 * gqa.kv_bytes_read
     assert gqa.kv_bytes_read == 2 * 2 * 80 * 8 * 128 * 8193 == 2_684_682_240
-    rows = _table_rows(result.table())
+    rows = _table_rows(text.variants_table(result))
     assert rows["header"] == ["num_key_value_heads=64", "num_key_value_heads=8"]
     assert rows["KV vs first"] == ["1.000x", "0.125x"]
 
@@ -33,19 +35,19 @@ def test_decode_batch_sweep_reproduces_ridge_and_crossover(tmp_path):
     # parameters − the 128,256 x 8192 embedding) + its one gathered row (8192 · 2 B) =
     # 139,006,083,072 B; the weight GEMMs' W = 2 · 1 token · 69,501,714,432 matmul
     # parameters (all but the embedding and the 80·2·8192 + 8192 norm weights).
-    # seed 000: B* = s · I* / 2 = 295 for bf16 weights on an H100; exactly, batch · I* /
+    # B* = s · I* / 2 = 295 for bf16 weights on an H100; exactly, batch · I* /
     # (GEMM W / weights read) = 1 · (989.4e12 / 3.35e12) / (139,003,428,864 /
     # 139,006,083,072) = 295.349 (the norm weights and embedding row do no GEMM work)
     assert result.ridge_batch == (989.4e12 / 3.35e12) / (139_003_428_864 / 139_006_083_072)
     assert round(result.ridge_batch, 3) == 295.349
-    # seed 000: KV overtakes weights near 53 at 8k context; exactly, weights read / KV per
+    # KV overtakes weights near 53 at 8k context; exactly, weights read / KV per
     # sequence = 139,006,083,072 / (327,680 B · 8193 tokens) = 51.777
     assert result.kv_crossover_batch == 139_006_083_072 / (327_680 * 8193)
     assert round(result.kv_crossover_batch, 3) == 51.777
     rows = result.rows()
     assert rows[1]["tokens_per_s"] > 20 * rows[0]["tokens_per_s"]  # nearly free until B*
     path = tmp_path / "sweep.csv"
-    result.to_csv(path)
+    files.write_sweep_csv(result, path)
     assert path.read_text().splitlines()[0].startswith("batch,step_time_s,tokens_per_s")
 
 
@@ -65,7 +67,7 @@ def test_gemm_workbench_seed_numbers():
     assert g.modelled_bytes == pytest.approx(
         g.compulsory_bytes + 0.15 * (g.tiled_bytes - g.compulsory_bytes)
     )
-    # seed 004: two bf16 128² tiles (64 KiB) + a 128² fp32 accumulator (64 KiB) do not fit
+    # the fit test: two bf16 128² tiles (64 KiB) + a 128² fp32 accumulator (64 KiB) do not fit
     # a 96 KiB budget
     assert g.tile_bytes == 2 * 128 * 128 * 2 + 128 * 128 * 4 == 131072
     small = gemm_workbench(4096, 4096, 4096, tile=128, local_budget_bytes=96 * 1024)
@@ -74,7 +76,7 @@ def test_gemm_workbench_seed_numbers():
 
 def test_roofline_explorer_rmsnorm_example():
     r = roofline_point("h100", "bf16", 2)
-    # seed 000: an RMSNorm at I = 2 on an H100 reaches 2 / 295 = 0.68% of bf16 peak
+    # an RMSNorm at I = 2 on an H100 reaches 2 / 295 = 0.68% of bf16 peak
     assert r.fraction_of_peak == pytest.approx(2 * 3.35e12 / 989.4e12)
     assert round(100 * r.fraction_of_peak, 2) == 0.68
     assert r.regime == "memory-bound"
@@ -140,7 +142,7 @@ def _field(pattern: str, text: str) -> str:
 def test_cli_explorer_gemm_compare_and_sweep(capsys, tmp_path):
     assert main(["roofline", "--hardware", "h100", "--dtype", "bf16", "--intensity", "2"]) == 0
     out = capsys.readouterr().out
-    # seed 000: I = 2 reaches 2 / (989.4e12 / 3.35e12) = 0.677% of the bf16 peak
+    # I = 2 reaches 2 / (989.4e12 / 3.35e12) = 0.677% of the bf16 peak
     assert float(_field(r"^fraction of peak: ([\d.]+)%$", out)) == 0.68
     assert float(_field(r"^machine balance I\*: (\d+) FLOP/B$", out)) == 295
     assert main(["gemm", "4096", "4096", "4096", "--tile", "128", "--hardware", "h100"]) == 0

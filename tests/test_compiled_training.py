@@ -1,6 +1,6 @@
 """Training bytes under ``fusion="fused"``, the policy torch.compile's Inductor refereed:
 backward inputs charged, sibling fusion, save versus recompute, bare blocks, fusion across
-the seam between blocks (seed 000 "Fusion"; DESIGN rules 6 and 8)."""
+the seam between blocks (fusion changes Q, never W; fusion is refereed by the compiler)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torchroof.counters import cost_of
 
 import torchroof
-from torchroof.config.options import PricingOptions
+from torchroof.config import PricingOptions
 from torchroof.kernels.fusion import build_kernels
 
 

@@ -1,4 +1,4 @@
-"""Context parallel (issue 13 item 2): ``cp`` ranks split each sequence, and attention runs
+"""Context parallel: ``cp`` ranks split each sequence, and attention runs
 as torch's own load-balanced ring attention (``torch.distributed.tensor.experimental``'s
 context-parallel dispatcher, torchroof.parallel.program.apply_context_parallel); one rank's local
 ops and its K/V exchange are recorded, the exchange as collectives on the cp group.
@@ -22,16 +22,17 @@ from torchroof.hardware.cluster import get_cluster
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
 import torchroof
-from torchroof.config.options import Workload, WorkloadError
-from torchroof.parallel.program import (
+from torchroof.config import Workload, WorkloadError
+from torchroof.config.parallel_plan import ParallelPlan
+from torchroof.parallel.context import (
     CONTEXT_PARALLEL_ATTENTION,
     ContextParallelError,
-    ParallelPlan,
     apply_context_parallel,
-    build_mesh,
-    fake_process_group,
 )
-from torchroof.records.trace import OpRecord, Trace
+from torchroof.parallel.mesh import build_mesh
+from torchroof.parallel.program import fake_process_group
+from torchroof.records.ops import OpRecord
+from torchroof.records.trace import Trace
 from torchroof.report import analysis
 from torchroof.timing.network import collective_time
 

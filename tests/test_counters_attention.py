@@ -1,5 +1,5 @@
-"""Attention rules (seed 000 "Attention from first principles", "FlashAttention is an IO
-algorithm", "Attention III: KV cache, GQA")."""
+"""Attention rules (Dao et al. 2022, FlashAttention; the KV cache and GQA: Pope et al. 2022,
+Ainslie et al. 2023)."""
 
 import pytest
 import torch
@@ -35,10 +35,10 @@ def test_flash_forward_compulsory_bytes_and_causal_halving():
     # Q = 4·s·N·d (q, k, v read, o written) = 4,194,304 bytes, plus the fp32
     # log-sum-exp (4·N = 16,384 bytes) the flash kernel also writes
     assert full.bytes == 4 * S * N * D + 4 * N
-    # I = 8,589,934,592 / (4,194,304 + 16,384) = 2040.2, the seed's N/s = 2048 less the lse
+    # I = 8,589,934,592 / (4,194,304 + 16,384) = 2040.2, the compulsory N/s = 2048 less the lse
     assert full.intensity == 8_589_934_592 / 4_210_688
     # causal: the mask keeps N(N + 1)/2 of the N² score pairs, so W = 4·N²·d·(N + 1)/(2N)
-    # = 2·N·(N + 1)·d = 2·4096·4097·128 (the seed's half, 4,294,967,296, plus the diagonal's
+    # = 2·N·(N + 1)·d = 2·4096·4097·128 (the usual half, 4,294,967,296, plus the diagonal's
     # 2·N·d = 1,048,576); the compulsory bytes stay (every q, k, v element is still read once)
     assert causal.flops == 2 * N * (N + 1) * D == 4_296_015_872
     assert causal.bytes == full.bytes
@@ -76,7 +76,7 @@ def test_decode_attention_intensity_is_two_g_over_s():
     # Q = K and V at h_kv heads, 2·s·N·d·h_kv = 33,554,432, plus q and o (64·128·2 each)
     # and the fp32 lse (64·4)
     assert cost.bytes == 2 * 2 * 8192 * 128 * 8 + 2 * 64 * 128 * 2 + 64 * 4 == 33_587_456
-    # I = 268,435,456 / 33,587,456 = 7.992: 2g/s = 8 (seed 000: "Llama-3-70B ... I = 8")
+    # I = 268,435,456 / 33,587,456 = 7.992: 2g/s = 8 (Llama-3-70B's g = 8 in bf16: I = 8)
     # less the q/o/lse bytes
     assert cost.intensity == 268_435_456 / 33_587_456
 
@@ -117,7 +117,7 @@ def test_causal_fraction_square_is_half_plus_the_diagonal():
     assert causal_fraction(4, 4) == 10 / 16
     assert causal_fraction(4, 4, aligned_to_end=True) == 10 / 16  # the same mask when square
     assert causal_fraction(1, 1) == 1.0  # one query, one key: the diagonal is everything
-    # N = 4096: 4097 / 8192 = 0.5001220703125 (the seed's "halves W", exactly)
+    # N = 4096: 4097 / 8192 = 0.5001220703125 (causal "halves W", exactly)
     assert causal_fraction(4096, 4096) == 4097 / 8192
 
 

@@ -1,5 +1,5 @@
-"""Matmul rules against the seed's worked numbers (seed 000 "GEMM from first principles",
-Table 2), traced through the real capture on meta tensors."""
+"""Matmul rules against worked numbers (W = 2MNK, compulsory Q: NVIDIA, Matrix Multiplication
+Background User's Guide), traced through the real capture on meta tensors."""
 
 import math
 
@@ -26,11 +26,11 @@ def _meta(*shape, dtype=torch.bfloat16):
 def test_square_gemm_4096_bf16_matches_seed():
     op, cost = _single(torch.mm, _meta(4096, 4096), _meta(4096, 4096))
     assert op.name == "aten.mm.default"
-    # W = 2·n³ = 2·4096³ = 137,438,953,472 FLOP (seed: "137 GFLOP")
+    # W = 2·n³ = 2·4096³ = 137,438,953,472 FLOP (137 GFLOP)
     assert cost.flops == 2 * 4096**3 == 137_438_953_472
     # Q = s·(MK + KN + MN) = 2·3·4096² = 100,663,296 bytes (100.7 MB)
     assert cost.bytes == 100_663_296
-    # I = 2n/(3s) = n/3 = 1365.33 (seed: "1365 FLOP/byte")
+    # I = 2n/(3s) = n/3 = 1365.33 (1365 FLOP/byte)
     assert cost.intensity == pytest.approx(4096 / 3)
     assert cost.unit == "tensor" and cost.dtype == "bfloat16"
 
@@ -47,7 +47,7 @@ def test_square_gemm_4096_bf16_matches_seed():
 def test_seed_table2_projection_regimes(tokens, intensity, bound):
     d = 8192
     op, cost = _single(torch.mm, _meta(tokens, d), _meta(d, d))
-    # I = 2·M·d² / [s·(2·M·d + d²)] = 2Md / [s(2M + d)], seed 000 Table 2
+    # I = 2·M·d² / [s·(2·M·d + d²)] = 2Md / [s(2M + d)]
     assert cost.intensity == pytest.approx(2 * tokens * d / (2 * (2 * tokens + d)))
     assert round(cost.intensity, 0 if intensity > 10 else 2) == pytest.approx(intensity, rel=2e-3)
     est = torchroof.estimate_trace(_trace_of(op), "h100-sxm")

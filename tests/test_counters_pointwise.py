@@ -1,5 +1,5 @@
-"""Elementwise, cast, view and data-movement rules (seed 000 "Elementwise operations",
-Table 3; DESIGN rule 2)."""
+"""Elementwise, cast, view and data-movement rules (elementwise intensity:
+docs/concepts/compulsory-bytes.md; views cost nothing)."""
 
 import pytest
 import torch
@@ -31,7 +31,7 @@ def test_residual_add_bf16_is_six_bytes_per_element():
     _, cost = _only(torch.add, _meta(8, 8192), _meta(8, 8192))
     assert cost.flops == n  # 1 FLOP / element
     assert cost.bytes == 6 * n  # two bf16 reads + one bf16 write = 3·s = 6 bytes / element
-    assert cost.intensity == pytest.approx(1 / 6)  # seed Table 3: I = 0.17
+    assert cost.intensity == pytest.approx(1 / 6)  # residual add in bf16: I = 0.17
     assert round(cost.intensity, 2) == 0.17
     assert cost.unit == "vector"
 
@@ -63,7 +63,7 @@ def test_in_place_op_reads_and_writes_self():
 
 
 def test_cast_moves_bytes_with_zero_flops():
-    # seed Table 3: bf16 -> fp32 cast, 0 FLOP, 6 bytes / element
+    # bf16 -> fp32 cast, 0 FLOP, 6 bytes / element
     _, cost = _only(lambda x: x.float(), _meta(1024))
     assert cost.flops == 0
     assert cost.bytes == 6 * 1024
@@ -96,7 +96,7 @@ def test_views_cost_nothing_and_copies_cost_their_bytes():
 def test_rmsnorm_pieces_and_silu_flops():
     _, silu = _only(torch.nn.functional.silu, _meta(100))
     # silu = x·sigmoid(x) = x / (1 + exp(-x)): neg, exp, add, div, mul = 5 FLOPs/element
-    # (with the gate product, 6: the seed's Table 3 SwiGLU "~6")
+    # (with the gate product, 6: SwiGLU "~6")
     assert silu.flops == 5 * 100 == 500
     assert silu.unit == "vector"
     _, rsqrt = _only(torch.rsqrt, _meta(100, dtype=torch.float32))
@@ -104,7 +104,7 @@ def test_rmsnorm_pieces_and_silu_flops():
     _, square = _only(lambda x: x.pow(2), _meta(100))
     assert square.flops == 100 and square.unit == "vector"  # x² is one multiply
     _, gelu = _only(lambda x: torch.nn.functional.gelu(x, approximate="tanh"), _meta(100))
-    assert gelu.flops == 12 * 100  # seed Table 3: GELU (tanh) ~12 FLOP / element
+    assert gelu.flops == 12 * 100  # GELU (tanh) ~12 FLOP / element
 
 
 def test_reduction_reads_input_writes_output():

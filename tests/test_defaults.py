@@ -1,6 +1,6 @@
-"""Defaults and names a user expects ("First contact", section 4): ``seq`` follows the
+"""Defaults and names a user expects: ``seq`` follows the
 model's maximum positions, training defaults to mixed precision, the Python API mirrors the
-CLI (``torchroof.report.compare`` / ``torchroof.sweep``, ``estimate``'s keywords listed), a plain
+CLI (``torchroof.compare`` / ``torchroof.sweep``, ``estimate``'s keywords listed), a plain
 ``nn.Module`` traces on the inputs given, and compare / sweep refuse a bad variant before
 anything is traced."""
 
@@ -17,9 +17,10 @@ from conftest import SMALL
 
 import torchroof
 from torchroof.cli.main import _parser, main
+from torchroof.config import DEFAULT_SEQ, PricingOptions, Workload
 from torchroof.config.errors import WorkloadError
-from torchroof.config.options import DEFAULT_SEQ, PricingOptions, Workload
 from torchroof.models.sources import PositionLimitError, load_config
+from torchroof.render import text
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=512)
 
@@ -47,13 +48,13 @@ def test_gpt2_default_seq_is_its_1024_positions():
     assert est.workload["seq"] == 1024 and est.workload["context"] == 1024
     assert est.facts.tokens == 2 * 1024
     line = "seq: 1024, the model's maximum positions (n_positions=1024; the default 4096 is longer)"
-    assert line in est.summary().splitlines()
+    assert line in text.summary(est).splitlines()
 
 
 def test_a_model_with_more_positions_keeps_4096_and_says_nothing():
     est = torchroof.estimate(_gpt2(n_positions=8192), "prefill")
     assert est.workload["seq"] == DEFAULT_SEQ == 4096 and est.facts.tokens == 4096
-    assert not est.facts.defaults and "default 4096" not in est.summary()
+    assert not est.facts.defaults and "default 4096" not in text.summary(est)
 
 
 def test_train_and_decode_follow_the_maximum_too():
@@ -66,7 +67,7 @@ def test_train_and_decode_follow_the_maximum_too():
     assert decode.facts.kv_cache_tokens == 512
     assert (
         "context: 511, the model's maximum positions (n_positions=512, less 1 for the step's "
-        "new token;" in decode.summary()
+        "new token;" in text.summary(decode)
     )
     assert not any(a.startswith("positions:") for a in decode.assumptions)  # within it
 
@@ -80,7 +81,7 @@ def test_a_pipelined_step_records_the_resolved_seq():
     assert trace.facts.tokens == 2 * 1024  # batch 1 x 1024 x 2 micro-batches
     est = trace.estimate("dgx-h100")
     assert "seq: 1024, the model's maximum positions (max_position_embeddings=1024;" in (
-        est.summary()
+        text.summary(est)
     )
 
 
@@ -111,14 +112,15 @@ def test_training_defaults_to_mixed_precision():
     est = torchroof.estimate(_gpt2(), "train", seq=32)
     assert est.facts.precision == "mixed"
     line = "precision: mixed (bf16 compute, fp32 master weights, gradients and optimizer state)"
-    assert line in est.summary().splitlines()
+    assert line in text.summary(est).splitlines()
     # mixed AdamW per parameter: bf16 weights 2 B, fp32 gradients 4 B, fp32 master + two
-    # fp32 moments 12 B (seed 000 §16's 30 B/param with the bf16 gradient read and rewrite)
+    # fp32 moments 12 B (mixed-precision AdamW's 30 B/param with the bf16 gradient read and
+    # rewrite)
     n, memory = est.facts.parameters, est.memory
     assert (memory.weights_bytes, memory.gradients_bytes) == (2 * n, 4 * n)
     assert memory.optimizer_state_bytes == 12 * n
     bf16 = torchroof.estimate(_gpt2(), "train", seq=32, precision="bf16")
-    assert "precision: bf16 throughout" in bf16.summary()
+    assert "precision: bf16 throughout" in text.summary(bf16)
     assert bf16.memory.optimizer_state_bytes == 4 * n  # two bf16 moments
 
 
@@ -144,9 +146,9 @@ def test_estimate_lists_every_knob_by_name():
 
 
 def test_compare_and_sweep_are_top_level_with_the_cli_names():
-    module = importlib.import_module("torchroof.report.compare")
-    assert torchroof.report.compare is module.compare and torchroof.sweep is module.sweep
-    compare_names = list(inspect.signature(torchroof.report.compare).parameters)
+    module = importlib.import_module("torchroof.studies")
+    assert torchroof.compare is module.compare and torchroof.sweep is module.sweep
+    compare_names = list(inspect.signature(torchroof.compare).parameters)
     assert compare_names[:3] == ["model", "vary", "hardware"]
     sweep_names = list(inspect.signature(torchroof.sweep).parameters)
     assert sweep_names[:4] == ["model", "over", "values", "hardware"]
@@ -202,7 +204,7 @@ def test_a_plain_module_refuses_decode_and_names_the_inputs_way():
 
 @pytest.fixture
 def no_tracing(monkeypatch):
-    module = importlib.import_module("torchroof.report.compare")
+    module = importlib.import_module("torchroof.studies")
 
     def traced(*_, **__):
         raise AssertionError("traced before every variant was checked")

@@ -14,17 +14,16 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import LlamaConfig, MixtralConfig
 
 import torchroof
+from torchroof.config import PricingOptions, Workload
 from torchroof.config.errors import OptionError, WorkloadError
-from torchroof.config.options import PricingOptions, Workload
+from torchroof.config.parallel_plan import ParallelPlan
 from torchroof.models.sources import build_model
 from torchroof.parallel.expert import apply_expert_parallel, expert_mesh, without_expert_rules
-from torchroof.parallel.program import (
-    ParallelPlan,
-    apply_tensor_parallel,
-    build_mesh,
-    fake_process_group,
-)
-from torchroof.records.trace import OpRecord, Trace
+from torchroof.parallel.mesh import build_mesh
+from torchroof.parallel.program import fake_process_group
+from torchroof.parallel.tensor import apply_tensor_parallel
+from torchroof.records.ops import OpRecord
+from torchroof.records.trace import Trace
 
 # A tiny Mixtral: d = 64, 8 experts of FFN 128 (gate-up 64 -> 256, down 128 -> 64), top-2,
 # 2 layers, 4 heads of 16 (2 KV heads), vocab 128.
@@ -293,7 +292,7 @@ def test_functional_all_to_all_keeps_the_counts_mean():
         assert Counter(op.name for op in trace.ops)["_c10d_functional.all_to_all_single.default"]
 
 
-# -- the ep knob: serving and training steps across GPUs (issue 14 items 2 and 3) ---------
+# -- the ep knob: serving and training steps across GPUs ----------------------------------
 
 
 def test_serving_with_ep_runs_data_parallel_attention_and_sharded_experts():

@@ -1,5 +1,6 @@
-"""The seed's labs (seed 000 Labs 1-3, "FlashAttention", "The big-vocabulary logits crisis",
-"The hierarchical roofline"): every number below is derived by hand beside the assertion."""
+"""The explorers (roofline explorer, GEMM workbench, fusion bench, the FlashAttention and
+chunked cross-entropy bounds, the hierarchical roofline): every number below is derived by
+hand beside the assertion."""
 
 import re
 
@@ -7,8 +8,9 @@ import pytest
 from torchroof.hardware import get
 
 from torchroof.cli.main import main
-from torchroof.labs.explore import PRESETS, boundaries, find_pipe, gemm_workbench, roofline_point
+from torchroof.labs.explore import PRESETS, boundaries, find_pipe, roofline_point
 from torchroof.labs.fusion_bench import fusion_bench, parse_boundaries
+from torchroof.labs.gemm_workbench import gemm_workbench
 from torchroof.labs.io_bounds import attention_bounds, chunked_cross_entropy
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -19,14 +21,14 @@ def test_lab1_boundaries_are_table_4():
     def ridge(name):
         return roofline_point("h100", "bf16", 1, boundary=name).machine_balance
 
-    # seed 000 Table 4, ridge = pi_bf16 / beta
+    # the boundary table, ridge = pi_bf16 / beta
     assert ridge("l2") == pytest.approx(989.4 / 9)  # 109.9
-    assert ridge("shared memory") == pytest.approx(989.4 / 30.92)  # 32.0 (seed: ~33)
-    assert ridge("registers") == pytest.approx(989.4 / 300)  # 3.3 (seed: ~3)
+    assert ridge("shared memory") == pytest.approx(989.4 / 30.92)  # 32.0 (rounded: ~33)
+    assert ridge("registers") == pytest.approx(989.4 / 300)  # 3.3 (~3)
     assert ridge("hbm") == pytest.approx(989.4 / 3.35)  # 295.3
-    assert round(ridge("nvlink")) == 2199  # 989.4e12 / 450e9 = 2198.7 (seed: 2198)
+    assert round(ridge("nvlink")) == 2199  # 989.4e12 / 450e9 = 2198.7 (truncated: 2198)
     assert round(ridge("pcie")) == 15459  # 989.4e12 / 64e9
-    assert round(ridge("network")) == 19788  # 989.4e12 / 50e9 (seed: EFA on p5)
+    assert round(ridge("network")) == 19788  # 989.4e12 / 50e9 (AWS EFA on p5, 400 Gb/s per GPU)
     # the on-chip rows are approximate aggregates, HBM and the links are published figures
     assert roofline_point("h100", "bf16", 1, boundary="l2").approximate
     assert not roofline_point("h100", "bf16", 1, boundary="nvlink").approximate
@@ -39,7 +41,7 @@ def test_lab1_boundaries_are_table_4():
 
 def test_lab1_pipes_reach_every_ceiling():
     spec = get("h100")
-    # seed 000 "pi is the top of a stack": fp32 without FMA 66.9 / 2 = 33.45, SFU 66.9 / 4
+    # compute ceilings: fp32 without FMA 66.9 / 2 = 33.45, SFU 66.9 / 4
     assert find_pipe(spec, "fp32-no-fma") == ("fp32 vector without FMA", 33.45e12)
     assert find_pipe(spec, "sfu")[1] == pytest.approx(16.725e12)
     assert find_pipe(spec, "fp8") == ("fp8 tensor core", 1978.9e12)
@@ -81,7 +83,7 @@ def test_lab1_presets_are_the_seeds_numbers():
     assert at("residual-add") == 1 / 6  # 1 FLOP / (3 tensors x 2 B)
     assert at("residual-add", "fp8") == 1 / 3  # the same op on 1-byte tensors
     assert at("decode-gemv") == 1.0  # 2/s
-    # seed 000 Table 3 (bf16): FLOP per element / bytes per element
+    # elementwise intensities (bf16): FLOP per element / bytes per element
     table_3 = {"adam": 0.40, "swiglu": 1.00, "rmsnorm": 1.25, "softmax": 1.50}
     table_3 |= {"layernorm": 2.25, "gelu": 3.00, "fused-norm-swiglu-residual": 3.00}
     assert {name: round(at(name), 2) for name in table_3} == table_3
@@ -143,22 +145,22 @@ def test_lab2_hierarchical_readout_is_the_seeds():
     w = 2 * 4096**3
     # L2: 16 x 32 tiles each stream (256 + 128) x 4096 x 2 B of panels, plus C once:
     # 512 x 384 x 8192 + 2 x 4096² = 1,644,167,168 B, I = 83.6; without the output term
-    # 2/(s(1/256 + 1/128)) = 85.3 (seed: ~85)
+    # 2/(s(1/256 + 1/128)) = 85.3 (~85)
     assert levels["l2"].bytes == 512 * 384 * 8192 + 2 * 4096**2 == 1_644_167_168
     assert levels["l2"].intensity(w) == pytest.approx(w / 1_644_167_168)
     assert round(levels["l2"].intensity(w), 1) == 83.6
     assert g.tiled_intensity_limit == pytest.approx(256 / 3)
-    # L2 ridge 989.4 / 9 = 109.9; the cap 9e12 x 83.6 / 989.4e12 = 76.0% (seed: ~77%, which
+    # L2 ridge 989.4 / 9 = 109.9; the cap 9e12 x 83.6 / 989.4e12 = 76.0% (often quoted ~77%, which
     # is 9 x 85.3 / 989.4 = 77.6% without the output write)
     assert BF16_PEAK / levels["l2"].bytes_per_s == pytest.approx(109.93, abs=0.01)
-    assert g.binding == levels["l2"] and g.binding.name == "L2 cache"  # Table 4's name
+    assert g.binding == levels["l2"] and g.binding.name == "L2 cache"  # the boundary's name
     assert g.hierarchical_cap == pytest.approx(9e12 * w / 1_644_167_168 / BF16_PEAK)
     assert round(100 * g.hierarchical_cap, 1) == 76.0
     assert round(100 * 9e12 * g.tiled_intensity_limit / BF16_PEAK, 1) == 77.6
     # shared memory: 64 x 64 warp tiles, 2/(2(1/64 + 1/64)) = 32 against 989.4 / 30.92 = 32.0
     assert levels["smem"].intensity(w) == 32
     assert BF16_PEAK / levels["smem"].bytes_per_s == pytest.approx(32.0, abs=0.01)
-    # seed 004 fit: (256 + 128) x 128 x 2 B + 256 x 128 x 4 B = 224 KiB of 228 KiB, so one
+    # the fit test: (256 + 128) x 128 x 2 B + 256 x 128 x 4 B = 224 KiB of 228 KiB, so one
     # CTA per SM; 16 x 32 = 512 tiles (512 >= 132 / 2: no split-K) on 132 SMs:
     # ceil(512 / 132) = 4 waves, 512 / 528 = 97.0% busy
     assert g.tile_bytes == 224 * 1024 and g.tile_fits and g.ctas_per_sm == 1
@@ -306,7 +308,7 @@ def test_fusion_bench_lab_3():
 
 
 def test_flash_attention_tiled_bound():
-    # seed 000: I_tiled = 4N²d / [s(2Nd + 2N²d/B_r)] -> 2B_r/s = 128 for B_r = 128, bf16
+    # I_tiled = 4N²d / [s(2Nd + 2N²d/B_r)] -> 2B_r/s = 128 for B_r = 128, bf16
     far = attention_bounds(2**20, 128, 128, "bf16")
     assert far.tiled_limit == 128
     assert far.intensity("tiled") == pytest.approx(4 * 2**20 / (2 * (2 + 2 * 2**20 / 128)))
@@ -334,7 +336,7 @@ def test_chunked_cross_entropy_seed_numbers(capsys):
     assert ce.materialised_peak_bytes == 4 * 8192 * 100_000 == 3_276_800_000
     assert ce.chunked_peak_bytes == 4 * 1024 * 100_000
     assert ce.peak_ratio == 8
-    # the cross-entropy kernel's 4 x 4 x N_t x V = 13.1 GB (seed: "moves 13 GB") at 6/16
+    # the cross-entropy kernel's 4 x 4 x N_t x V = 13.1 GB (about 13 GB) at 6/16
     assert ce.cross_entropy_bytes == 13_107_200_000
     assert ce.cross_entropy_intensity == 0.375
     # removed: that kernel plus the head GEMM's bf16 logits write, 2 x 8192 x 100,000

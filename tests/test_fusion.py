@@ -1,5 +1,5 @@
-"""Fusion policies (seed 000 "Fusion", "FlashAttention is an IO algorithm", "The big-vocabulary
-logits crisis"): W never changes, Q is the group's external traffic."""
+"""Fusion policies (docs/concepts/fusion.md; Dao et al. 2022, FlashAttention; Wijmans et al.
+2024, "Cut Your Losses"): W never changes, Q is the group's external traffic."""
 
 import pytest
 import torch
@@ -8,10 +8,11 @@ from torchroof.counters import OP_KINDS, cost_of, kind_of, registered_packets
 from torchroof.counters.norms import NORM_FLOPS
 
 import torchroof
-from torchroof.config.options import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
+from torchroof.config import DEFAULT_ON_CHIP_BUDGET_BYTES, PricingOptions
 from torchroof.kernels import optimizer_step, recompute
 from torchroof.kernels.fusion import FUSED_KINDS, build_kernels
 from torchroof.kernels.recompute import recomputable_tensors
+from torchroof.render import text
 
 
 def _meta(*shape, dtype=torch.bfloat16, grad=False):
@@ -37,7 +38,7 @@ def test_hf_rmsnorm_eager_vs_fused():
     assert len(fused.kernels) == 1
     assert fused.bytes == 4 * n * d + 2 * d
     assert fused.flops == eager.flops  # fusion never changes W
-    # with the seed's 5 FLOP/element for RMSNorm (Table 3): I = 5/4 = 1.25
+    # with 5 FLOP/element for RMSNorm: I = 5/4 = 1.25
     assert NORM_FLOPS["_fused_rms_norm"] * n * d / fused.bytes == pytest.approx(1.25, rel=1e-3)
 
 
@@ -158,13 +159,13 @@ def test_math_attention_intensity_tends_to_d_over_s():
         F.scaled_dot_product_attention(q, k, v)
     flash = t.estimate("h100", attention="flash").kernels[0]
     math = t.estimate("h100", attention="math").kernels[0]
-    # naive: W = 4N²d, Q = 4s(Nd + N²) -> I = Nd / [s(N + d)] = 62.06 (seed: tends to d/s = 64)
+    # naive: W = 4N²d, Q = 4s(Nd + N²) -> I = Nd / [s(N + d)] = 62.06 (tends to d/s = 64)
     assert math.flops == 4 * N * N * d
     assert math.bytes == 4 * 2 * (N * d + N * N)
     assert math.intensity == pytest.approx(N * d / (2 * (N + d)), rel=1e-6)
     assert round(math.intensity) == 62
     # flash: the same W, compulsory Q = q, k, v, o once (4·N·d·2 B) + the fp32 log-sum-exp
-    # (4N B): I = 4N²d / (8Nd + 4N) = N·d / (2d + 1) = 2040.03, the seed's N/s = 2048 less
+    # (4N B): I = 4N²d / (8Nd + 4N) = N·d / (2d + 1) = 2040.03, the compulsory N/s = 2048 less
     # the log-sum-exp
     assert flash.flops == 4 * N * N * d
     assert flash.bytes == 4 * N * d * 2 + 4 * N
@@ -182,7 +183,7 @@ def test_chunked_cross_entropy_removes_the_logits_traffic():
     materialized = t.estimate("h100", fusion="fused")
     chunked = t.estimate("h100", fusion="fused", loss="chunked")
     gemm_bytes = 3 * 2 * (n_t * d + d * vocab + n_t * vocab)  # forward, dX and dW GEMMs
-    # seed: cross-entropy moves at least 4 · 4 · N_t · V bytes = 13.1 GB (read logits, write
+    # cross-entropy moves at least 4 · 4 · N_t · V bytes = 13.1 GB (read logits, write
     # the softmax, read it back, write the gradient, all fp32); eager moves more (the fp32
     # cast both ways, the one-hot gradient, the saved log-softmax read back)
     assert eager.bytes - gemm_bytes > 4 * 4 * n_t * vocab > 13.1e9
@@ -224,7 +225,7 @@ def test_on_chip_budget_flags_wide_fused_rows():
 
     # HF RMSNorm's widest moment holds two fp32 rows (the fp32 copy of x and its square
     # feeding the mean) and the mean: 2 · 4 B · d + 4 B = 32 KiB at d = 4096, just over the
-    # seed's 64 KiB at 8192, 128 KiB at 16384 (Llama-3.1-405B's width)
+    # 64 KiB budget at 8192, 128 KiB at 16384 (Llama-3.1-405B's width)
     assert not flagged(4096)
     assert flagged(8192)
     assert flagged(16384)
@@ -243,7 +244,7 @@ def test_compare_prints_both_sides_with_the_speed_up(meta_lm):
     model = meta_lm("llama")
     eager = torchroof.estimate(model, "prefill", batch=2, seq=128, fusion="eager")
     fused = torchroof.estimate(model, "prefill", batch=2, seq=128, fusion="fused")
-    table = eager.compare(fused)
+    table = text.comparison_table(eager, fused)
     assert "h100-sxm eager ms" in table and "h100-sxm fused ms" in table
     assert "model.layers.* (x2)" in table
     speed_up = eager.time_s / fused.time_s

@@ -1,4 +1,4 @@
-"""Hardware specs: seed 000 Table 1 ridge points, lookup, user files, dtype errors."""
+"""Hardware specs: ridge points (Williams et al. 2009), lookup, user files, dtype errors."""
 
 import pickle
 import re
@@ -18,8 +18,8 @@ from torchroof.hardware.spec import SCHEMA_KEYS
 @pytest.mark.parametrize(
     ("name", "beta", "peaks", "seed"),
     [
-        # the hardware files' figures (B/s; bf16, fp8, fp32 FLOP/s) and seed 000 Table 1's
-        # printed ridge points I* = pi / beta for bf16, fp8, fp32
+        # the hardware files' figures (B/s; bf16, fp8, fp32 FLOP/s) and the ridge points
+        # I* = pi / beta for bf16, fp8, fp32 worked by hand, rounded as printed
         ("a100-sxm", 2.039e12, (312e12, None, 19.5e12), (153, None, 9.6)),
         ("h100-sxm", 3.35e12, (989.4e12, 1978.9e12, 66.9e12), (295, 591, 20)),
         ("h200-sxm", 4.8e12, (989.4e12, 1978.9e12, 66.9e12), (206, 412, 14)),
@@ -39,7 +39,7 @@ def test_table1_ridge_points(name, beta, peaks, seed):
             continue
         ridge = spec.ridge(dtype)
         assert ridge == peak / beta, dtype
-        # the seed prints I* rounded to its last digit (9.6: tenths): within half of it
+        # each I* above is rounded to its last digit (9.6: tenths): within half of it
         # (B200 fp8: 4500 / 8 = 562.5, printed 563)
         half_unit = 0.05 if isinstance(printed, float) else 0.5
         assert abs(ridge - printed) <= half_unit, (dtype, ridge, printed)
@@ -49,7 +49,7 @@ def test_h100_worked_numbers():
     h100 = get("h100")
     # 989.4 TF/s / 3.35 TB/s = 295.3
     assert h100.ridge("bfloat16") == 989.4e12 / 3.35e12
-    # seed 000: the tensor-core / fp32 vector cliff, 989.4 / 66.9 = 14.79 ("14.8x")
+    # the tensor-core / fp32 vector cliff, 989.4 / 66.9 = 14.79 ("14.8x")
     assert h100.tensor_peak("bfloat16") / h100.vector_peak("fp32") == 989.4e12 / 66.9e12
 
 
@@ -116,15 +116,16 @@ def test_unknown_dtype_is_a_clear_error():
         get("h100").tensor_peak("complex32")
 
 
-# --- the file format: validated as a whole (issue 12) ---------------------------------------
+# --- the file format: validated as a whole --------------------------------------------------
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+# the guide page on accelerators, hardware files and their format
+HARDWARE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "hardware.md"
 H100_TEXT = Path(get("h100").path).read_text()
 HBM_LINE = next(line for line in H100_TEXT.splitlines() if line.startswith("hbm_bytes_per_s"))
 
 
 def _accelerators_section() -> str:
-    text = README.read_text()
+    text = HARDWARE_PAGE.read_text()
     start = text.index("\n## Accelerators\n")
     end = text.index("\n## ", start + 1)
     return text[start:end]
@@ -152,7 +153,7 @@ def _refusal(tmp_path, text):
 
 
 def test_true_is_not_a_bandwidth(tmp_path):
-    # before issue 12: float(True) == 1.0 and the H100 was read as 1 B/s
+    # before whole-file validation: float(True) == 1.0 and the H100 was read as 1 B/s
     error, path = _refusal(tmp_path, _h100_with(("value = 3.35e+12", "value = true")))
     assert error.problems == (
         "hbm_bytes_per_s.value: expected a number of B/s, got true (a boolean)",
@@ -201,7 +202,7 @@ def test_three_problems_come_in_one_error_naming_the_file(tmp_path, monkeypatch)
     message = str(error)
     assert message == "bad.toml: 3 problems: " + "; ".join(error.problems)
     assert "\n" not in message
-    # the README shows this very message
+    # the hardware guide shows this very message
     assert f"torchroof: error: {message}\n" in _accelerators_section()
     assert isinstance(error, ValueError)
     assert pickle.loads(pickle.dumps(error)).problems == error.problems
@@ -367,7 +368,7 @@ def test_every_shipped_spec_has_the_informational_figures_and_its_shared_memory(
     assert len(names) == len(set(names))  # no alias shadows another part
 
 
-def test_the_readme_documents_every_key_and_its_example_loads(tmp_path):
+def test_the_hardware_guide_documents_every_key_and_its_example_loads(tmp_path):
     section = _accelerators_section()
     documented = set(re.findall(r"^\| `\[?([a-z0-9_]+)\]?` \|", section, flags=re.M))
     assert documented == set(SCHEMA_KEYS)
@@ -377,14 +378,14 @@ def test_the_readme_documents_every_key_and_its_example_loads(tmp_path):
     assert spec.shared_memory_per_sm() == 228 * 1024
 
 
-def test_the_hardware_listing_is_the_readme_table(capsys):
+def test_the_hardware_listing_is_the_guide_table(capsys):
     from torchroof.cli.main import main
 
     assert main(["hardware"]) == 0
     printed = capsys.readouterr().out
     table = _accelerators_section().split("```\n")[1]
     rows = [line.rstrip() for line in printed.splitlines() if set(line) != {"-", " "}]
-    assert rows == table.rstrip("\n").splitlines()  # the README leaves out the rule line
+    assert rows == table.rstrip("\n").splitlines()  # the page leaves out the rule line
 
 
 @pytest.mark.parametrize("command", [["estimate", "gpt2"], ["gemm", "64", "64", "64"]])
@@ -402,7 +403,7 @@ def test_cli_answers_a_bad_hardware_file_in_one_line(tmp_path, capsys, command):
 
 def test_gemm_tile_fit_uses_the_hardwares_shared_memory(tmp_path, capsys):
     from torchroof.cli.main import main
-    from torchroof.labs.explore import gemm_workbench
+    from torchroof.labs.gemm_workbench import gemm_workbench
 
     # two bf16 128 x 128 input tiles, 2 x 128 * 128 * 2 B = 64 KiB, plus a 128 x 128 fp32
     # accumulator, 128 * 128 * 4 B = 64 KiB: 128 KiB

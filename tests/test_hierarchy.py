@@ -1,6 +1,6 @@
-"""The hierarchical roofline, waves, Little's law and the realistic mode (issue 16), checked
-against seed 000's own numbers ("The hierarchical roofline", Table 4, "Is the work quantised
-badly?", "The third regime: latency")."""
+"""The hierarchical roofline (Yang, Kurth & Williams 2020), waves (NVIDIA, Matrix
+Multiplication Background), Little's law (Little 1961) and the realistic mode, checked against
+numbers worked by hand from the H100 datasheet."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from torchroof.counters import Cost
 from torchroof.hardware import boundary_table, get
 
 import torchroof
+from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError
-from torchroof.config.options import PricingOptions
-from torchroof.render.text import binds, timing_lines
+from torchroof.render.summary_parts import timing_lines
+from torchroof.render.text import binds
 from torchroof.timing.hierarchy import (
     GemmTile,
     Levels,
@@ -36,11 +37,11 @@ GEMM_HBM = 2 * 3 * N * N  # s·(MK + KN + MN) = 100.7 MB: compulsory, what the t
 
 
 def test_table_4_ridges_on_the_h100():
-    """seed 000 Table 4: register file ~3, shared memory ~33, L2 ~110, HBM 295, NVLink 2198,
+    """The boundary table: register file ~3, shared memory ~33, L2 ~110, HBM 295, NVLink 2198,
     PCIe 15459, EFA 19788 (ridge = 989.4 TFLOP/s / beta)."""
     ridges = {b.name.split(" (")[0]: b.ridge(PEAK) for b in boundary_table(H100).values()}
     assert ridges["register file"] == pytest.approx(989.4 / 300, rel=1e-3)  # 3.3
-    # 128 B/clk/SM x 132 SMs x 1.83 GHz = 30.92 TB/s -> 32.0 (the seed rounds to ~30 -> ~33)
+    # 128 B/clk/SM x 132 SMs x 1.83 GHz = 30.92 TB/s -> 32.0 (rounded to ~30 TB/s: ~33)
     assert ridges["shared memory"] == pytest.approx(32.0, rel=1e-3)
     assert ridges["L2 cache"] == pytest.approx(989.4 / 9, rel=1e-3)  # 109.9
     assert ridges["HBM"] == pytest.approx(989.4 / 3.35, rel=1e-3)  # 295.3
@@ -50,11 +51,11 @@ def test_table_4_ridges_on_the_h100():
     assert efa == [pytest.approx(989.4e12 / 50e9, rel=1e-3)]  # 19788
     table = boundary_table(H100)
     on_chip = [table["register file"], table["shared memory"]]
-    assert all(b.figure.approximate for b in on_chip)  # the seed labels them approximate
+    assert all(b.figure.approximate for b in on_chip)  # derived, so labelled approximate
 
 
 def test_seed_gemm_is_l2_bound_near_77_percent_with_256x128_tiles():
-    """seed 000: a 4096^3 bf16 GEMM with 256x128 tiles has I_L2 ~ 85 against an L2 ridge of
+    """A 4096^3 bf16 GEMM with 256x128 tiles has I_L2 ~ 85 against an L2 ridge of
     ~110, capped near 77% of peak; its 64x64 warp tiles give I_smem ~ 32."""
     levels = gemm_levels(GEMM, GEMM_HBM, GemmTile(256, 128), H100, out_itemsize=2)
     # asymptote 2 / (s (1/256 + 1/128)) = 85.3; with the output's s·MN crossing L2 too:
@@ -64,7 +65,7 @@ def test_seed_gemm_is_l2_bound_near_77_percent_with_256x128_tiles():
     assert GEMM_FLOPS / levels.smem == pytest.approx(32.0)  # 2 / (2 (1/64 + 1/64))
     assert GEMM_FLOPS / levels.hbm == pytest.approx(1365.3, abs=0.1)  # n / 3
     cap = (GEMM_FLOPS / levels.l2) * H100.l2_bytes_per_s.value / PEAK  # 83.6 x 9e12 / 989.4e12
-    assert cap == pytest.approx(0.760, abs=0.001)  # the seed's "roughly 77%"
+    assert cap == pytest.approx(0.760, abs=0.001)  # roughly 77%
     pure = time_kernel(
         Cost(GEMM_FLOPS, 2 * 2 * N * N, 2 * N * N, "tensor", "bfloat16"),
         H100,
@@ -96,8 +97,8 @@ def test_realistic_gemm_lands_at_the_l2_cap_plus_its_launch():
 
 
 def test_140_tiles_on_132_sms_run_two_waves():
-    """seed 000: "With 132 SMs and 140 tiles you run two waves, the second 6% occupied, and
-    the kernel takes twice as long as its FLOP count implies"."""
+    """132 SMs and 140 tiles run two waves, the second 6% occupied, so the kernel takes twice
+    as long as its FLOP count implies (wave quantisation)."""
     levels = Levels(hbm=1.0, l2=1.0, smem=None, registers=None, ctas=140, ctas_per_sm=1)
     w = waves(levels, H100)
     assert w.count == 2
@@ -120,7 +121,7 @@ def test_140_tiles_on_132_sms_run_two_waves():
 
 
 def test_little_law_two_megabytes_in_flight_on_an_h100():
-    """seed 000: 3.35 TB/s x 600 ns = 2.0 MB in flight, ~15 KB per SM over 132 SMs."""
+    """Little's law: 3.35 TB/s x 600 ns = 2.0 MB in flight, ~15 KB per SM over 132 SMs."""
     needed = H100.hbm_bytes_per_s.value * H100.memory_latency_s.value
     assert needed == pytest.approx(2.01e6)
     assert needed / 132 == pytest.approx(15_227, rel=1e-3)
@@ -249,7 +250,7 @@ def test_tile_heuristic_prefers_big_tiles_for_big_gemms():
 
 
 def test_flash_attention_l2_intensity_tends_to_2_br_over_s():
-    """seed 000 "FlashAttention": I_tiled = 4N^2 d / (s (2Nd + 2N^2 d / B_r)) -> 2 B_r / s =
+    """FlashAttention (Dao et al. 2022): I_tiled = 4N^2 d / (s (2Nd + 2N^2 d / B_r)) -> 2 B_r / s =
     128 for B_r = 128 in bf16; HBM sees the compulsory 4·s·N·d."""
     n, d = 65536, 128
     shape = KernelShape("attention", 2, batch=1, m=n, n=n, k=d)
@@ -291,7 +292,7 @@ def test_realistic_mode_on_a_model_says_which_mode_and_is_slower_than_the_floor(
 
 
 def test_softmax_runs_beside_the_attention_matmuls():
-    """seed 000 "pi is the top of a stack": FlashAttention-3's benchmark shape (batch 4, 16
+    """Compute ceilings below the tensor peak: FlashAttention-3's benchmark shape (batch 4, 16
     heads, N = 8448, d = 128, non-causal) keeps 64 x 8448^2 = 4.567e9 pairs; one exp each
     at the SFU's 16.725 TFLOP/s is 273.1 us, four fp32 ops each at 66.9 TFLOP/s another
     273.1 us, beside the matmuls' 2.3386e12 / 989.4e12 = 2363.6 us: 2909.8 us + 2 us."""

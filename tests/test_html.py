@@ -1,4 +1,4 @@
-"""The interactive HTML report without a browser (issue 17): one self-contained file, the
+"""The interactive HTML report without a browser: one self-contained file, the
 data it embeds, which estimates it can re-price, and the commands that write it.
 tests/test_html_browser.py drives the page in chromium."""
 
@@ -14,13 +14,14 @@ pytest.importorskip("plotly", reason="the HTML report needs plotly (pip install 
 
 from torchroof.hardware import available, get
 
-from torchroof.api import trace_model
+from torchroof.api import estimate_trace, trace_model
 from torchroof.cli.main import main
-from torchroof.pricing.price import estimate_trace
+from torchroof.render.files import estimate_json
 from torchroof.render.html import (
     REPORT_FORMAT,
     accelerators,
     estimate_data,
+    estimate_html,
     peak_key,
     why_not_repriced,
 )
@@ -46,7 +47,7 @@ def prefill(prefill_trace) -> Estimate:
 
 
 def test_the_page_is_one_offline_file(prefill):
-    page = prefill.to_html()
+    page = estimate_html(prefill)
     assert page.count("<script") == 3  # plotly.js, the data, the report's script, all inline
     assert not re.search(r"<script[^>]*\ssrc", page)
     # nothing else fetched: no stylesheet, image or font from anywhere (outside the scripts,
@@ -129,16 +130,16 @@ def test_what_the_page_cannot_reprice_says_why(prefill_trace, prefill):
         del kernel["waits_on"]
     old = Estimate.from_dict(data)
     assert "before format 3" in why_not_repriced(old)
-    assert "before format 3" in why_not_repriced(Estimate.from_json(old.to_json()))
+    assert "before format 3" in why_not_repriced(Estimate.from_json(estimate_json(old)))
     # an estimate read back from JSON keeps what the page needs
-    assert why_not_repriced(Estimate.from_json(prefill.to_json())) == ""
+    assert why_not_repriced(Estimate.from_json(estimate_json(prefill))) == ""
 
 
 MARKUP = ["</script><script>alert(1)</script>", "<!--<script>", "a & b > c"]
 
 
 def test_text_that_looks_like_markup_stays_text(prefill):
-    page = replace(prefill, assumptions=MARKUP).to_html()
+    page = estimate_html(replace(prefill, assumptions=MARKUP))
     data = page_json(page)
     assert data["estimates"][0]["assumptions"] == MARKUP
     payload = page.split('id="torchroof-data">')[1].split("</script>")[0]
@@ -178,12 +179,12 @@ def test_estimate_compare_and_sweep_write_html_from_the_command_line(tmp_path, c
 
 
 def test_a_bad_html_path_fails_before_any_tracing(tmp_path, capsys, monkeypatch):
-    import torchroof.cli.main
+    import torchroof.cli.estimate
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("traced before checking the output path")
 
-    monkeypatch.setattr(torchroof.cli.main, "trace_workload", no_tracing)
+    monkeypatch.setattr(torchroof.cli.estimate, "trace_workload", no_tracing)
     assert main(["estimate", "gpt2", "--seq", "8", "--html", str(tmp_path / "r.txt")]) == 2
     assert "a .html file" in capsys.readouterr().err
     missing = tmp_path / "no" / "r.html"

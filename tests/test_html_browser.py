@@ -1,4 +1,4 @@
-"""The interactive HTML report in a real headless browser (issue 17): Debian's chromium,
+"""The interactive HTML report in a real headless browser: Debian's chromium,
 driven by selenium through Debian's chromedriver. The page loads without console errors,
 its charts draw, switching the accelerator or moving a slider re-prices every kernel to
 exactly what Python computes, and a layer row expands into its kernels.
@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("plotly", reason="the HTML report needs plotly (pip install torchroof[html])")
 from torchroof.hardware import available, get_cluster
 
-from torchroof.api import trace_model
-from torchroof.pricing.price import estimate_trace
+from torchroof.api import estimate_trace, trace_model
 from torchroof.render.browser import console_errors, open_chromium
+from torchroof.render.html import comparison_html, estimate_html, sweep_html
 from torchroof.report.compare import Sweep, SweepPoint
 
 # A Llama large enough that a step takes milliseconds, so the printed ms digits differ
@@ -113,7 +113,7 @@ def prefill_trace():
 @pytest.fixture(scope="module")
 def prefill_page(prefill_trace, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("html") / "prefill.html"
-    estimate_trace(prefill_trace, "h100-sxm").to_html(path)
+    estimate_html(estimate_trace(prefill_trace, "h100-sxm"), path)
     return path
 
 
@@ -208,7 +208,7 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
     trace = trace_model(model, regime="train", seq=512, fsdp=2, tp=2)
     cluster = get_cluster("dgx-h100")
     path = tmp_path / "fsdp.html"
-    estimate_trace(trace, cluster).to_html(path)
+    estimate_html(estimate_trace(trace, cluster), path)
     load(browser, path)
     assert errors(browser) == []
     for name in ("a100-sxm", "h200-sxm"):
@@ -232,7 +232,7 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
 def test_a_realistic_estimate_keeps_its_numbers_and_says_why(browser, prefill_trace, tmp_path):
     realistic = estimate_trace(prefill_trace, "h100-sxm", mode="realistic")
     path = tmp_path / "realistic.html"
-    realistic.to_html(path)
+    estimate_html(realistic, path)
     load(browser, path)
     select(browser, "accelerator", "a100-sxm")
     assert text(browser, "step-time") == f"{realistic.time_s * 1e3:.3f} ms"
@@ -251,7 +251,7 @@ def test_sweep_and_compare_pages_show_their_variants(browser, tmp_path):
     ]
     sweep = Sweep("batch", points)
     path = tmp_path / "sweep.html"
-    sweep.to_html(path)
+    sweep_html(sweep, path)
     load(browser, path)
     assert errors(browser) == []
     rows = browser.find_elements(By.CSS_SELECTOR, "#variants-table tr.variant-row")
@@ -277,7 +277,7 @@ def test_a_comparison_is_repriced_variant_by_variant(browser, prefill_trace, tmp
         for name in ("h100-sxm", "a100-sxm")
     ]
     path = tmp_path / "compare.html"
-    Comparison(variants).to_html(path)
+    comparison_html(Comparison(variants), path)
     load(browser, path)
 
     def times() -> list[str]:
@@ -298,7 +298,7 @@ def test_markup_in_the_data_stays_text(browser, prefill_trace, tmp_path):
 
     markup = ["</script><script>alert(1)</script>", "<!--<script>", "a & b > c"]
     path = tmp_path / "markup.html"
-    replace(estimate_trace(prefill_trace, "h100-sxm"), assumptions=markup).to_html(path)
+    estimate_html(replace(estimate_trace(prefill_trace, "h100-sxm"), assumptions=markup), path)
     load(browser, path)
     assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-rendered") == "1"
     shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#assumption-list li")]
@@ -315,7 +315,7 @@ def test_a_file_of_its_own_under_a_shipped_name_is_not_repriced(browser, prefill
     mine = replace(shipped, hbm_bytes_per_s=replace(shipped.hbm_bytes_per_s, value=1.675e12))
     est = estimate_trace(prefill_trace, mine)
     path = tmp_path / "mine.html"
-    est.to_html(path)
+    estimate_html(est, path)
     load(browser, path)
     slide(browser, "compute-efficiency", 0.9)
     assert text(browser, "step-time") == f"{est.time_s * 1e3:.3f} ms"

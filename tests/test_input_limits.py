@@ -1,4 +1,4 @@
-"""Bad inputs answered (issue 12): a data-dependent loop that never ends on meta is stopped
+"""Bad inputs answered: a data-dependent loop that never ends on meta is stopped
 by the op budget with the module and the loop's ops named; positions past the model's
 maximum and configs without layers are refused."""
 
@@ -6,13 +6,9 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.capture.mode import (
-    DEFAULT_MAX_ITEM_ANSWERS,
-    DEFAULT_MAX_OPS,
-    Capture,
-    OpBudgetExceeded,
-    op_budget,
-)
+from torchroof.capture.budget import OpBudgetExceeded, op_budget
+from torchroof.capture.mode import Capture
+from torchroof.config.limits import DEFAULT_MAX_ITEM_ANSWERS, DEFAULT_MAX_OPS
 from torchroof.models.sources import (
     LayerCountError,
     PositionLimitError,
@@ -213,7 +209,7 @@ def test_positions_up_to_the_maximum_pass():
 
 
 def test_estimates_check_the_sequence_and_the_decode_cache(tmp_path):
-    # prefill: seq against n_positions; decode: the cache's context (the seed's 70B decode
+    # prefill: seq against n_positions; decode: the cache's context (a 70B decode
     # at context 8192 = max_position_embeddings is the model's full window, allowed)
     with pytest.raises(PositionLimitError, match="1,025 positions"):
         torchroof.estimate("gpt2", "prefill", seq=1025)
@@ -285,7 +281,7 @@ def test_every_shipped_config_has_layers():
 def test_a_plain_module_is_told_how_to_trace_a_step_by_hand():
     import torch
 
-    from torchroof.config.options import WorkloadError
+    from torchroof.config import WorkloadError
 
     with pytest.raises(WorkloadError) as error:
         torchroof.estimate(torch.nn.Sequential(torch.nn.Linear(8, 8)), "train", seq=8)

@@ -1,4 +1,4 @@
-"""A quantised KV cache (issue 15, kv_dtype): K and V are cast to fp8 / int8 as they are written
+"""A quantised KV cache (kv_dtype): K and V are cast to fp8 / int8 as they are written
 into the cache, the attention kernel reads them at 1 B per element and computes at the query's
 dtype, and the decode figures (KV reads, the KV crossover batch, the footprint and the largest
 batch that fits) follow the narrow cache."""
@@ -10,9 +10,10 @@ from conftest import SMALL, TINY_JAMBA, TINY_MLA
 from transformers import AutoConfig
 
 import torchroof
+from torchroof.config import Workload
 from torchroof.config.errors import WorkloadError
-from torchroof.config.options import Workload
 from torchroof.models.sources import build_model
+from torchroof.render import text
 from torchroof.workloads import kv_bytes_per_token, regime
 
 # Llama-3-8B (shipped config): 32 layers, 8 KV heads of 128 dims, 32 query heads, bf16.
@@ -81,7 +82,7 @@ def test_footprint_crossover_and_largest_batch_follow_the_narrow_cache(llama_dec
     # the footprint's KV cache: 2 x 32 x 8 x 128 x 8,193 slots x 8 seq x (2 B | 1 B)
     assert wide.memory.kv_cache_bytes == 8_590_983_168
     assert narrow.memory.kv_cache_bytes == 8_590_983_168 // 2 == 4_295_491_584
-    # KV crossover (seed 000): weight bytes read / KV bytes per sequence. A layer holds
+    # KV crossover: weight bytes read / KV bytes per sequence. A layer holds
     # q, o 4,096^2 + k, v 1,024 x 4,096 + MLP 3 x 4,096 x 14,336 + 2 norms 4,096 = 218,112,000
     # parameters; weights read: 2 B x (32 layers x 218,112,000 + final norm 4,096 + LM head
     # 128,256 x 4,096) plus the 8 embedding rows gathered (8 x 4,096 x 2 B) = 15,009,914,880 B,
@@ -102,7 +103,7 @@ def test_footprint_crossover_and_largest_batch_follow_the_narrow_cache(llama_dec
     assert wide.memory.max_batch == 69_838_823_424 // ((8_590_983_168 + 2_117_632) // 8) == 65
     assert narrow.memory.max_batch == 69_838_823_424 // ((4_295_491_584 + 2_117_632) // 8)
     assert narrow.memory.max_batch == 130
-    summary = narrow.summary()
+    summary = text.summary(narrow)
     assert "KV reads overtake weight reads at batch 28" in summary
     assert f"largest decode batch that fits at context {CONTEXT}: 130" in summary
 

@@ -1,6 +1,6 @@
-"""Low-bit optimizer state (issue 15 part 3): torchao's AdamW8bit and AdamW with bf16 moments,
-priced as the one fused optimizer kernel (seed 000 "Optimizers as memory workloads": "8-bit
-Adam about 16 B"; every optimizer sits far below the ridge, so its time is its bytes).
+"""Low-bit optimizer state: torchao's AdamW8bit and AdamW with bf16 moments, priced as the
+one fused optimizer kernel (8-bit Adam about 16 B/param: Dettmers et al. 2022; every
+optimizer sits far below the ridge, so its time is its bytes).
 
 The model is conftest's small Llama (bf16 weights): hidden 128, MLP 256, 2 layers, 4 heads of
 32 with 2 KV heads, vocabulary 512, untied head. Its 426,624 parameters split as torchao

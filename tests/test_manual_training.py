@@ -153,7 +153,7 @@ def test_saved_trace_prices_the_same(first_and_steady, tmp_path):
 
 def test_mixed_precision_workload_is_left_as_it_was(meta_lm):
     # the workload route labels its own tensors; reading the trace adds nothing to it.
-    # seed 000 §16, fp32 masters + bf16 copy: 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written
+    # fp32 masters + bf16 copy (Micikevicius et al. 2018): 4 + 4 + 4 + 4 read, 4 + 4 + 4 + 2 written
     est = torchroof.estimate(meta_lm("llama"), "train", batch=1, seq=16, precision="mixed")
     params = est.metadata["parameters"]
     step = _optimizer(est)

@@ -1,4 +1,4 @@
-"""examples/multi_gpu_validation.py (issue 13 item 9): the conversions from priced steps to
+"""examples/multi_gpu_validation.py: the conversions from priced steps to
 published figures, on hand-made inputs with the arithmetic beside them; every published run
 either mapped to a request or refused with a reason; one mapped run predicted live equals
 the checked-in prediction."""
@@ -199,8 +199,8 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
 
 def test_context_parallel_refusals_are_what_torchroof_refuses():
     """A refused run with CP > 1 names why in torchroof's terms: its CP with FSDP or DP is
-    refused by torchroof.config.options.Workload today (a reason to revisit once it is not)."""
-    from torchroof.config.options import Workload, WorkloadError
+    refused by torchroof.config.Workload today (a reason to revisit once it is not)."""
+    from torchroof.config import Workload, WorkloadError
 
     cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
     assert len(cp_rows) == 6

@@ -1,9 +1,10 @@
 """Collective time model: nccl-tests bus factors, alpha + bytes / beta on the link a group spans."""
 
 import pytest
+from torchroof.counters.bus import COLLECTIVE_KINDS, bus_factor
 from torchroof.hardware import get_cluster
 
-from torchroof.timing.network import COLLECTIVE_KINDS, bus_factor, collective_time
+from torchroof.timing.network import collective_time
 
 GIB = 2**30
 H100 = get_cluster("dgx-h100")

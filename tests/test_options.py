@@ -1,5 +1,5 @@
-"""One place for every knob (torchroof/config/options.py): the API, the CLI and compare read the
-same two dataclasses, so a knob cannot drift between them."""
+"""One place for every knob (torchroof/config/workload.py, pricing.py): the API, the CLI and
+compare read the same two dataclasses, so a knob cannot drift between them."""
 
 import json
 from dataclasses import fields
@@ -8,8 +8,8 @@ import pytest
 
 import torchroof
 from torchroof.cli.main import _parser, main
-from torchroof.config.options import OptionError, PricingOptions, Workload
-from torchroof.report.compare import compare
+from torchroof.config import OptionError, PricingOptions, Workload
+from torchroof.studies import compare
 
 TINY_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=512)
 
@@ -36,7 +36,7 @@ def test_flag_units_and_booleans_follow_the_fields():
         ["estimate", "--launch-overhead-us", "4", "--no-overlap", "--tf32", "--checkpointing"]
     )
     assert args.launch_overhead_s == 4  # in the flag's microseconds until converted
-    from torchroof.config.options import from_flags
+    from torchroof.config import from_flags
 
     pricing = PricingOptions(**from_flags(args, PricingOptions))
     assert pricing.launch_overhead_s == pytest.approx(4e-6)

@@ -1,6 +1,6 @@
 """Packed low-bit linear layers (torchroof/quant/packed_weights.py) and their cost rules
-(counters/quantized.py): seed 000 "GEMM from first principles" (W = 2MNK, Q compulsory, a
-packed operand read at its stored width) and Table 1 (the fp4 peak on Blackwell only)."""
+(counters/quantized.py): W = 2MNK, Q compulsory, a packed operand read at its stored width,
+and the fp4 peak on Blackwell only (NVIDIA Blackwell datasheet)."""
 
 import pytest
 import torch

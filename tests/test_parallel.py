@@ -1,5 +1,5 @@
-"""The real parallel program on a fake process group (issue 13; DESIGN.md "Parallel programs
-on one CPU"): transformers' tensor-parallel plan and FSDP2 applied to a tiny Llama, one
+"""The real parallel program on a fake process group, on one CPU: transformers'
+tensor-parallel plan and FSDP2 applied to a tiny Llama, one
 rank's local ops and collectives recorded, each collective priced (HBM bytes, wire bytes).
 
 The model: 2 layers, d = 256, 4 heads of 64 (2 KV heads), MLP 512, vocab 1024, bf16; the
@@ -20,15 +20,14 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
-from torchroof.parallel.program import (
-    ParallelPlan,
-    apply_fsdp,
-    apply_tensor_parallel,
-    build_mesh,
-    fake_parameters,
-    fake_process_group,
-)
-from torchroof.records.trace import OpRecord, TensorMeta, TensorRef, Trace
+from torchroof.config.parallel_plan import ParallelPlan
+from torchroof.parallel.fsdp import apply_fsdp, fake_parameters
+from torchroof.parallel.mesh import build_mesh
+from torchroof.parallel.program import fake_process_group
+from torchroof.parallel.tensor import apply_tensor_parallel
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta, TensorRef
+from torchroof.records.trace import Trace
 
 CONFIG = PARALLEL_LLAMA
 B, T, D, V = 2, 16, 256, 1024

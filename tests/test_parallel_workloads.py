@@ -1,4 +1,4 @@
-"""Workloads across GPUs (issue 13 items 2, 5, 6): ``tp``, ``fsdp``, ``dp`` and
+"""Workloads across GPUs: ``tp``, ``fsdp``, ``dp`` and
 ``microbatches`` given to ``trace_model`` trace rank 0 of the real parallel program through
 the prefill, decode and train regimes; roles and the footprint are per rank.
 
@@ -19,8 +19,10 @@ from torchroof.hardware.cluster import get_cluster
 from transformers import GPT2Config, LlamaConfig
 
 import torchroof
-from torchroof.config.options import Workload, WorkloadError
-from torchroof.records.trace import OpRecord, Trace
+from torchroof.config import Workload, WorkloadError
+from torchroof.records.ops import OpRecord
+from torchroof.records.trace import Trace
+from torchroof.render import text
 from torchroof.report.memory import MemoryFootprint, footprint
 
 CONFIG = PARALLEL_LLAMA
@@ -328,7 +330,7 @@ def test_the_footprint_line_names_the_unsharded_layers():
 
 
 def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
-    from torchroof.report.compare import compare
+    from torchroof.studies import compare
 
     result = compare(
         _config(), {"tp": [1, 2]}, regime="decode", batch=B, context=T, hardware="dgx-h100"
@@ -336,7 +338,8 @@ def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
     one, two = (v.estimate for v in result.variants)
     # a TP group of 2 shares its replica's B tokens: each GPU is credited B / 2 per step
     assert two.tokens_per_s == pytest.approx(B / two.time_s)
-    rows = {line.split("  ")[0].strip(): line.split() for line in result.table().splitlines()}
+    table = text.variants_table(result)
+    rows = {line.split("  ")[0].strip(): line.split() for line in table.splitlines()}
     assert rows["GPUs"][-2:] == ["1", "2"]
     per_gpu = [float(v.replace(",", "")) for v in rows["tokens/s per GPU"][-2:]]
     assert per_gpu == [round(B / one.time_s, 1), round(B / 2 / two.time_s, 1)]
@@ -347,7 +350,7 @@ def test_compare_over_tp_reports_gpus_and_throughput_per_gpu():
 
 
 def test_a_sweep_over_fsdp_is_a_sweep_over_gpu_counts():
-    from torchroof.report.compare import SWEEP_KEYS, sweep
+    from torchroof.studies import SWEEP_KEYS, sweep
 
     assert {"batch", "seq", "context", "tp", "fsdp", "dp", "microbatches"} <= set(SWEEP_KEYS)
     result = sweep(_config(), "fsdp", [2, 4], regime="train", batch=B, seq=T, hardware="dgx-h100")
@@ -360,7 +363,7 @@ def test_a_sweep_over_fsdp_is_a_sweep_over_gpu_counts():
     # parameters; every FSDP unit here is sharded, so all of them)
     weights = [p.estimate.memory.weights_bytes for p in result.points]
     assert weights[1] * 2 == pytest.approx(weights[0], rel=0.01)
-    assert "tokens/s per GPU" in result.table().splitlines()[0]
+    assert "tokens/s per GPU" in text.sweep_table(result).splitlines()[0]
 
 
 def test_tp_all_reduces_block_the_layer_after_them_when_fused():

@@ -1,4 +1,4 @@
-"""Pipeline parallel (issue 14 item 1): torch's schedules laid on a timeline, stages traced
+"""Pipeline parallel: torch's schedules laid on a timeline, stages traced
 once each, bubbles, per-stage memory and the activations sent between stages."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import torch
 from transformers import LlamaConfig
 
 import torchroof
+from torchroof.config import Workload
 from torchroof.config.errors import WorkloadError
-from torchroof.config.options import Workload
 from torchroof.models.sources import build_model
 from torchroof.parallel.pipeline.schedule import Action, action_order, simulate
-from torchroof.parallel.pipeline.stages import make_stage, split_layers
+from torchroof.parallel.stages import make_stage, split_layers
+from torchroof.render import files, text
 from torchroof.workloads import run_workload
 
 
@@ -140,7 +141,7 @@ def test_step_time_and_throughput_come_from_the_schedule(pipelined: torchroof.Es
 
     expected = 8 * 128 / pipelined.time_s / 4
     assert analysis.tokens_per_s_per_gpu(pipelined) == pytest.approx(expected)
-    assert "pipeline: 1f1b over 4 ranks, 8 micro-batches" in pipelined.summary()
+    assert "pipeline: 1f1b over 4 ranks, 8 micro-batches" in text.summary(pipelined)
 
 
 def test_decode_stage_holds_its_own_layers_cache() -> None:
@@ -177,7 +178,7 @@ def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
 
 
 def test_a_pipelined_estimate_round_trips_through_json(pipelined: torchroof.Estimate) -> None:
-    again = torchroof.Estimate.from_json(pipelined.to_json())
+    again = torchroof.Estimate.from_json(files.estimate_json(pipelined))
     assert again.pipeline == pipelined.pipeline
     assert again.time_s == pytest.approx(pipelined.time_s)
 
@@ -257,7 +258,7 @@ def test_serving_composes_tensor_pipeline_and_expert_parallel() -> None:
     # batch 4 per micro-batch: the collectives' alpha is most of their time
     comm = est.communication()
     assert comm.latency_s > 0.5 * comm.time_s
-    assert "alpha (per-collective latency" in est.summary()
+    assert "alpha (per-collective latency" in text.summary(est)
 
 
 def test_dualpipev_times_its_whole_backwards_as_input_plus_weight_halves() -> None:
@@ -311,7 +312,7 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
 def test_mixed_precision_accumulates_every_micro_batch() -> None:
     # the bf16 -> fp32 gradient accumulation follows every micro-batch's backward: the
     # stage's backward mark lies past it, so it is charged m times, not once.
-    from torchroof.parallel.pipeline.price import BACKWARD_END
+    from torchroof.records.facts import BACKWARD_END
 
     trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, precision="mixed")
     for stage in trace.traces.values():

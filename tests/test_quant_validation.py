@@ -1,4 +1,4 @@
-"""examples/quant_validation.py (issue 15): each family of published quantised runs mapped
+"""examples/quant_validation.py: each family of published quantised runs mapped
 to the steps torchroof prices, with the arithmetic beside it; every run either predicted or
 refused with a reason; one run predicted live equals the checked-in prediction."""
 
@@ -12,7 +12,7 @@ import transformers
 from conftest import load_example
 
 from torchroof import hardware
-from torchroof.config.options import Workload, WorkloadError
+from torchroof.config import Workload, WorkloadError
 from torchroof.models.sources import load_config
 
 qv = load_example("quant_validation")

@@ -1,7 +1,7 @@
-"""Quantised linear layers (issue 15): torchao's recipes applied to the real model on meta,
+"""Quantised linear layers: torchao's recipes applied to the real model on meta,
 the dequantising prologue and the two-pass tensorwise scale in the fused policy, the
-recipe checks, and the seed's claims about narrowing the datatype (seed 000 Table 1 and
-"decode is a GEMV")."""
+recipe checks, and what narrowing the datatype does (the datasheets' per-datatype peaks;
+decode is a GEMV, Pope et al. 2022)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from conftest import PARALLEL_LLAMA
 from torchroof.hardware import UnsupportedDtypeError, get
 
 import torchroof
+from torchroof.config import PricingOptions, Workload
+from torchroof.config.choices import QUANTS
 from torchroof.config.errors import WorkloadError
-from torchroof.config.options import PricingOptions, Workload
 from torchroof.kernels.fusion import build_kernels
-from torchroof.quant.recipes import QUANTS, RECIPES, float8_training, quantize_model
+from torchroof.quant.recipes import RECIPES, float8_training, quantize_model
 
 # Llama-3-8B (torchroof/models/configs/llama-3-8b.json): d = 4096, 32 layers, 32 query and 8 KV
 # heads
@@ -69,7 +70,7 @@ def test_int8_and_int4_weights_read_at_their_stored_width(decode_8b):
     assert int4.weight_bytes_read == (
         LINEAR_PARAMS // 2 + LINEAR_PARAMS // 128 * 4 + head + NORM_BYTES + EMBED_ROW_BYTES
     )
-    # Decode is a GEMV (seed 000): memory-bound, so time follows the bytes.
+    # Decode is a GEMV (Pope et al. 2022): memory-bound, so time follows the bytes.
     bf16 = decode_8b("none")
     assert int4.time_s / bf16.time_s == pytest.approx(int4.bytes / bf16.bytes, rel=0.01)
 
@@ -109,7 +110,7 @@ def test_eager_runs_the_widening_as_its_own_kernel(tiny_llama):
 
 
 def test_fp8_does_not_lower_the_decode_ridge_batch(decode_8b):
-    """seed 000: B* = s·I*/2, and narrowing the datatype scales s and pi together. bf16 on
+    """B* = s·I*/2, and narrowing the datatype scales s and pi together. bf16 on
     an H100: I* = 989.4 / 3.35 = 295.3, s = 2: B* = 295. fp8: I* = 1978.9 / 3.35 = 590.7,
     s = 1: B* = 295 for the decoder's GEMMs; the bf16 LM head pulls the whole step's weight
     intensity to 2·(6,979,321,856 + 525,336,576) / 8,030,536,576 = 1.869 FLOP/B, so
@@ -164,7 +165,7 @@ def test_float8_rowwise_scales_in_one_pass_per_row():
 
 
 def test_fp8_training_keeps_the_work_and_runs_it_on_fp8_tensor_cores(meta_lm):
-    """Float8 changes the bytes and the ceiling, never W of the GEMMs (DESIGN rule 6)."""
+    """Float8 changes the bytes and the ceiling, never W of the GEMMs."""
     counts = {}
     for quant in ("none", "fp8"):
         model = meta_lm("llama", num_hidden_layers=1)
@@ -217,7 +218,7 @@ def test_a_saved_quantised_trace_is_refused_on_a_part_without_the_format(tmp_pat
 
 
 def test_compare_varies_the_recipe_in_one_table(meta_lm):
-    from torchroof.report.compare import compare
+    from torchroof.studies import compare
 
     result = compare(
         meta_lm("llama", **PARALLEL_LLAMA),
@@ -275,8 +276,8 @@ def test_latent_attention_decodes_with_a_serving_recipe(meta_lm):
 def test_compare_refuses_a_recipe_the_part_cannot_run_before_tracing(monkeypatch, meta_lm):
     import importlib
 
-    # the module: torchroof.report.compare, the attribute, is the function
-    compare_module = importlib.import_module("torchroof.report.compare")
+    # the module: torchroof.studies, the attribute, is the function
+    compare_module = importlib.import_module("torchroof.studies")
 
     def no_tracing(*_, **__):
         raise AssertionError("traced before the hardware was checked")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchroof.validation.referee import GPU_RULE_GAPS, inductor_kernels, summary
+from torchroof.validation.gpu_rules import GPU_RULE_GAPS
+from torchroof.validation.referee import inductor_kernels, summary
 from torchroof.validation.referee_cases import CASES, case, torchroof_fused
 
 REFERENCE = Path(__file__).parents[1] / "examples" / "inductor_reference.json"

@@ -15,7 +15,7 @@ from conftest import meta_causal_lm
 
 import torchroof
 from torchroof.capture.mode import Capture
-from torchroof.config.options import Workload, WorkloadError
+from torchroof.config import Workload, WorkloadError, choices
 from torchroof.workloads import REGIMES, TARGET, Regime, regime, run_workload
 from torchroof.workloads.registry import REGIME_MODULES
 from torchroof.workloads.spec import no_lines
@@ -104,6 +104,7 @@ def two_model_regime(monkeypatch):
     )
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(REGIME_MODULES, "draft-verify", module.__name__)
+    monkeypatch.setitem(choices.REGIME_FACTS, "draft-verify", choices.RegimeFacts())
     return module.REGIME
 
 

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.records.trace import StepFacts
+from torchroof.records.facts import StepFacts
+from torchroof.render import files, text
 from torchroof.render.files import CSV_COLUMNS, sweep_output, write
 from torchroof.report import analysis
 from torchroof.report.estimate import Estimate, KernelEstimate, collapse_repeats, layer_key
 from torchroof.report.memory import MemoryFootprint
+from torchroof.workloads.decode_figures import DecodeAnalysis, decode_analysis
 
 
 @pytest.fixture
@@ -63,25 +65,25 @@ def test_totals_and_mfu(llama_estimate):
     assert est.time_s == pytest.approx(sum(k.time_s for k in est.kernels))
     assert est.mfu == pytest.approx(est.flops / (est.time_s * 989.4e12))
     assert 0 < est.memory_bound_share <= 1
-    table = est.table()
+    table = text.layer_table(est)
     assert "model.layers.1" in table and "total" in table
-    summary = est.summary()
+    summary = text.summary(est)
     assert "MFU" in summary and "coverage" in summary
 
 
 def test_json_round_trip(tmp_path, llama_estimate):
     path = tmp_path / "est.json"
-    llama_estimate.to_json(path)
+    files.estimate_json(llama_estimate, path)
     back = Estimate.from_json(path)
     assert back.kernels == llama_estimate.kernels
     assert back.time_s == pytest.approx(llama_estimate.time_s)
-    assert back.table() == llama_estimate.table()
+    assert text.layer_table(back) == text.layer_table(llama_estimate)
     assert back.options["fusion"] == "fused"  # the default policy
 
 
 def test_csv_has_one_row_per_kernel(tmp_path, llama_estimate):
     path = tmp_path / "kernels.csv"
-    llama_estimate.to_csv(path)
+    files.write_csv(llama_estimate, path)
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == len(llama_estimate.kernels)
     assert sum(float(r["time_s"]) for r in rows) == pytest.approx(llama_estimate.time_s)
@@ -163,7 +165,7 @@ def test_analysis_figures_by_hand():
     assert analysis.weight_bytes_read(est) == est.weight_bytes_read == 10**9
     assert analysis.kv_bytes_read(est) == est.kv_bytes_read == 2 * 10**8
     # B* = batch · I* / (weight-GEMM FLOPs per weight byte) = 4 · 500 / (4e9 / 1e9) = 500
-    # (seed 000: B* = s·I*/2 = 2 · 500 / 2 for bf16)
+    # (B* = s·I*/2 = 2 · 500 / 2 for bf16)
     assert analysis.ridge_batch(est) == est.ridge_batch == pytest.approx(500)
     # B_cross = weight bytes / KV bytes per sequence = 1e9 / (2e8 / 4) = 20
     assert analysis.kv_crossover_batch(est) == est.kv_crossover_batch == pytest.approx(20)
@@ -177,8 +179,8 @@ def test_analysis_figures_by_hand():
 
 
 def test_decode_analysis_figures():
-    decode = analysis.decode_analysis(_hand_estimate("decode"))
-    assert decode == analysis.DecodeAnalysis(
+    decode = decode_analysis(_hand_estimate("decode"))
+    assert decode == DecodeAnalysis(
         weight_bytes_read=10**9,
         kv_bytes_read=2 * 10**8,
         kv_crossover_batch=pytest.approx(20),
@@ -189,7 +191,7 @@ def test_decode_analysis_figures():
 
 
 def test_summary_adds_the_decode_lines_after_throughput_and_memory():
-    lines = _hand_estimate("decode").summary().splitlines()
+    lines = text.summary(_hand_estimate("decode")).splitlines()
     throughput = lines.index("throughput: 4,000.0 tokens/s")
     assert lines[throughput + 1] == (
         "decode: weights read 1.00 GB, KV read 0.200 GB per step (static cache); "
@@ -198,7 +200,7 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
     # capacities in GiB, as vendors quote them: 1.2e9 B = 1.12 GiB of 3e9 B = 2.79 GiB
     assert lines[throughput + 2].startswith("memory: 1.12 GiB of 2.79 GiB")
     assert lines[throughput + 3] == "largest decode batch that fits at context 1000: 40"
-    prefill = _hand_estimate("prefill").summary().splitlines()
+    prefill = text.summary(_hand_estimate("prefill")).splitlines()
     assert [line.split(":")[0] for line in prefill] == [
         "hardware",
         "step time",
@@ -212,7 +214,7 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
     ]
 
 
-# -- a rank of a cluster, by hand (issue 13) --------------------------------------------------
+# -- a rank of a cluster, by hand -------------------------------------------------------------
 # The matmul above (5e-4 s from t = 0) and an all-reduce of layer 1 on the communication
 # stream over [3.5e-4, 5.5e-4] (2e-4 s, sending 1e6 bytes over NVLink): the compute stream
 # ends at 5e-4 and idles until 5.5e-4 waiting for it, so 5e-5 s are exposed, 1.5e-4 hidden.
@@ -261,7 +263,7 @@ def test_a_cluster_estimate_by_hand():
     assert layer1.bound == "network"
     assert layer1.exposed_communication_s == 5e-5
     assert layer1.hidden_communication_s == pytest.approx(1.5e-4)
-    lines = est.summary().splitlines()
+    lines = text.summary(est).splitlines()
     assert lines[0].startswith("hardware: Test GPU (test) in cluster dgx-h100 (one rank priced)")
     assert lines[2] == (
         "communication: 0.200 ms on the communication stream, 0.050 ms exposed (9.1% of the "
@@ -271,8 +273,8 @@ def test_a_cluster_estimate_by_hand():
         "network intensity (step FLOPs per byte a rank sends): nvlink 4,000 FLOP/B vs ridge "
         "2,222 (above: at peak the math outlasts the link's bytes, if they overlap)"
     )
-    assert "exposed comm ms" in est.table()
-    assert "network (nvlink)" in est.kernel_table()
+    assert "exposed comm ms" in text.layer_table(est)
+    assert "network (nvlink)" in text.kernel_table(est)
 
 
 def test_phases_on_two_streams_add_up_to_the_step_and_the_global_batch_is_stated():
@@ -285,7 +287,7 @@ def test_phases_on_two_streams_add_up_to_the_step_and_the_global_batch_is_stated
     est = dataclasses.replace(
         est, kernels=[est.kernels[0], reduce], facts=StepFacts(workload=workload, tokens=2048)
     )
-    lines = est.summary().splitlines()
+    lines = text.summary(est).splitlines()
     assert (
         "by phase, on the compute stream (collectives counted where it waited on them; 0.150 ms "
         "more ran hidden on the communication stream): forward 0.500 ms, backward 0.050 ms "
@@ -303,22 +305,22 @@ def test_on_chip_pressure_is_reported_only_where_a_spill_could_change_the_verdic
     flag = "on-chip state 65,560 B per row exceeds the 65,536 B budget: may spill"
     memory_bound = [dataclasses.replace(k, flags=(flag,)) for k in est.kernels[:2]]
     quiet = dataclasses.replace(est, kernels=[*memory_bound, est.kernels[2]])
-    assert "on-chip pressure" not in quiet.summary()  # memory-bound already: no change
-    assert "[!]" not in quiet.kernel_table()
+    assert "on-chip pressure" not in text.summary(quiet)  # memory-bound already: no change
+    assert "[!]" not in text.kernel_table(quiet)
     compute = dataclasses.replace(est.kernels[2], flags=(flag,))
     loud = dataclasses.replace(est, kernels=[*est.kernels[:2], compute])
     assert (
         "on-chip pressure: 1 compute-bound fused kernel exceeds the on-chip budget; a spill "
         "would add memory traffic the estimate does not charge (e.g. #2 model.layers.2: "
         f"{flag})"
-    ) in loud.summary().splitlines()
-    assert "[!] " + flag in loud.kernel_table()
+    ) in text.summary(loud).splitlines()
+    assert "[!] " + flag in text.kernel_table(loud)
 
 
 def test_cluster_fields_round_trip_and_old_estimates_load():
     est = _cluster_estimate()
     assert Estimate.from_dict(json.loads(json.dumps(est.to_dict()))) == est
-    # an estimate saved before issue 13 has none of the new keys: it loads as one GPU's
+    # an estimate saved before multi-GPU steps has none of the new keys: it loads as one GPU's
     single = _hand_estimate("prefill")
     old = json.loads(json.dumps(single.to_dict()))
     for key in ("cluster", "link_ridges", "step_time_s"):
@@ -410,9 +412,10 @@ def test_a_layer_bound_by_the_network_names_its_link():
 
 
 def test_each_layer_has_its_mfu_and_memory_bound_share():
-    """seed 000 Lab 4 per row: layer 0's GEMM does 4e9 FLOPs in 5e-4 s against 1e15 FLOP/s,
-    MFU = 4e9 / (5e-4 x 1e15) = 0.8%, all of it memory-bound; layer 2's compute-bound exp:
-    4e11 / (4e-4 x 1e15) = 100%, memory-bound share 0. The JSON carries the same rows."""
+    """The per-layer time budget per row: layer 0's GEMM does 4e9 FLOPs in 5e-4 s against
+    1e15 FLOP/s, MFU = 4e9 / (5e-4 x 1e15) = 0.8%, all of it memory-bound; layer 2's
+    compute-bound exp: 4e11 / (4e-4 x 1e15) = 100%, memory-bound share 0. The JSON carries
+    the same rows."""
     est = _hand_estimate("prefill")
     rows = {row.name: row for row in est.rows()}
     assert rows["model.layers.0"].mfu(1e15) == pytest.approx(0.008)
@@ -422,7 +425,7 @@ def test_each_layer_has_its_mfu_and_memory_bound_share():
     layers = {row["name"]: row for row in est.to_dict()["layers"]}
     assert layers["model.layers.0"]["mfu"] == pytest.approx(0.008)
     assert layers["model.layers.2"]["memory_bound_share"] == 0.0
-    table = est.table()
+    table = text.layer_table(est)
     assert "MFU %" in table and "mem-bound %" in table
 
 

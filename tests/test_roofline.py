@@ -1,10 +1,11 @@
-"""Roofline timing (seed 000 "Deriving the roofline", "The overlap assumption")."""
+"""Roofline timing (Williams, Waterman & Patterson 2009; the overlap assumption:
+docs/concepts/roofline.md)."""
 
 import pytest
 from torchroof.counters import Cost
 from torchroof.hardware import get
 
-from torchroof.config.options import PricingOptions
+from torchroof.config import PricingOptions
 from torchroof.timing.roofline import time_kernel
 
 H100 = get("h100")
@@ -24,7 +25,7 @@ def test_seed_004_worked_example():
 
 def test_max_versus_no_overlap_is_exactly_two_at_the_ridge():
     # 989.4 GFLOP at 989.4 TFLOP/s and 3.35 GB at 3.35 TB/s: 1 ms each, so the kernel sits
-    # at the ridge, I = 989.4e9 / 3.35e9 = 295.3 FLOP/B (seed 000 Table 1)
+    # at the ridge, I = 989.4e9 / 3.35e9 = 295.3 FLOP/B (the H100 SXM datasheet's figures)
     cost = Cost(989_400_000_000, 3_350_000_000, 0, "tensor", "bfloat16")
     assert cost.intensity == pytest.approx(295.34, abs=0.005)
     overlap = time_kernel(cost, H100, PricingOptions())

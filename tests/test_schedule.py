@@ -1,5 +1,5 @@
-"""Collectives priced at the network boundary and laid on two streams (issue 13 items 3 and
-4): torchroof.pricing.price.time_collective, torchroof.timing.streams, the estimate's communication
+"""Collectives priced at the network boundary and laid on two streams:
+torchroof.pricing.price.time_collective, torchroof.timing.streams, the estimate's communication
 figures. Every start and end below is derived by hand beside its assertion; durations are
 binary fractions (0.5, 1.5, ...) so the sums are exact.
 """
@@ -15,16 +15,18 @@ from torchroof.hardware.cluster import CLUSTER_DIR
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
-from torchroof.parallel.program import (
-    ParallelPlan,
-    apply_fsdp,
-    apply_tensor_parallel,
-    build_mesh,
-    fake_parameters,
-    fake_process_group,
-)
-from torchroof.pricing.price import ClusterRequiredError, estimate_trace, resolve_hardware
-from torchroof.records.trace import OpRecord, TensorMeta, TensorRef, Trace
+from torchroof.api import estimate_trace
+from torchroof.config.parallel_plan import ParallelPlan
+from torchroof.parallel.fsdp import apply_fsdp, fake_parameters
+from torchroof.parallel.mesh import build_mesh
+from torchroof.parallel.program import fake_process_group
+from torchroof.parallel.tensor import apply_tensor_parallel
+from torchroof.pricing.collectives import ClusterRequiredError
+from torchroof.pricing.hardware import resolve_hardware
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta, TensorRef
+from torchroof.records.trace import Trace
+from torchroof.render import text
 from torchroof.report.analysis import communication, network_intensity
 from torchroof.timing.streams import COMMUNICATION, Task, schedule
 
@@ -315,12 +317,12 @@ def test_network_intensity_and_the_summary_name_the_link(tp8_prefill):
     est = tp8_prefill.estimate("dgx-h100")
     (nvlink,) = network_intensity(est).values()
     # every collective sends its bytes over NVLink: I_net = step FLOPs / those bytes; the
-    # ridge is the H100's bf16 peak over NVLink 4's 450 GB/s (seed 000 Table 4: 2,198)
+    # ridge is the H100's bf16 peak over NVLink 4's 450 GB/s (989.4e12 / 450e9: 2,198)
     wire = sum(k.wire_bytes for k in est.kernels)
     assert nvlink.wire_bytes == wire and nvlink.intensity == est.flops / wire
     assert nvlink.ridge == get_cluster("dgx-h100").link_ridges("bf16")["nvlink"]
     assert round(nvlink.ridge) == 2199 and not nvlink.hides
-    summary = est.summary()
+    summary = text.summary(est)
     comm = communication(est)
     assert (
         f"communication: {comm.time_s * 1e3:.3f} ms on the communication stream, "
@@ -330,8 +332,8 @@ def test_network_intensity_and_the_summary_name_the_link(tp8_prefill):
     ) in summary
     assert f"nvlink {nvlink.intensity:,.0f} FLOP/B vs ridge 2,199" in summary
     assert "in cluster dgx-h100" in summary
-    assert "exposed comm ms" in est.table()
-    assert "network (nvlink)" in est.kernel_table()
+    assert "exposed comm ms" in text.layer_table(est)
+    assert "network (nvlink)" in text.kernel_table(est)
 
 
 # -- FSDP2's real program ---------------------------------------------------------------------
@@ -374,4 +376,4 @@ def test_a_single_gpu_estimate_is_unchanged_to_the_last_digit():
     assert est.time_s == 0.06966915612708845
     assert est.step_time_s is None and est.cluster is None and est.link_ridges == {}
     assert all(k.start_s is None and k.stream == "compute" for k in est.kernels)
-    assert "communication" not in est.summary() and "exposed comm" not in est.table()
+    assert "communication" not in text.summary(est) and "exposed comm" not in text.layer_table(est)

@@ -1,4 +1,4 @@
-"""Tensor parallel with sequence parallel and loss parallel (issue 13 item 2): the
+"""Tensor parallel with sequence parallel and loss parallel (Korthikanti et al. 2022): the
 ``sequence_parallel`` knob applies torchtitan's Llama plan (``apply_tp``) instead of
 transformers' TP plan, and a training step's cross-entropy runs under ``loss_parallel()``.
 
@@ -19,14 +19,13 @@ from torchroof.counters.collectives import collective_kind, message_bytes, wire_
 from transformers import Gemma2Config, LlamaConfig
 
 import torchroof
-from torchroof.config.options import Workload, WorkloadError
-from torchroof.parallel.program import (
-    ParallelPlan,
-    apply_sequence_parallel,
-    build_mesh,
-    fake_process_group,
-)
-from torchroof.records.trace import OpRecord, Trace
+from torchroof.config import Workload, WorkloadError
+from torchroof.config.parallel_plan import ParallelPlan
+from torchroof.parallel.mesh import build_mesh
+from torchroof.parallel.program import fake_process_group
+from torchroof.parallel.sequence import apply_sequence_parallel
+from torchroof.records.ops import OpRecord
+from torchroof.records.trace import Trace
 from torchroof.workloads.registry import regime
 
 B, T, D, V, TP = 2, 16, 256, 1024, 2

@@ -1,4 +1,4 @@
-"""examples/single_gpu_validation.py (issue 16 part 6): every published single-GPU run is
+"""examples/single_gpu_validation.py: every published single-GPU run is
 predicted or refused with a reason, the stored predictions still hold, and the pure roofline
 stays a floor on every run."""
 

@@ -1,4 +1,4 @@
-"""Saved traces checked on load (issue 12): a format version and an op count written at save
+"""Saved traces checked on load: a format version and an op count written at save
 time, every field and op checked, every problem in one ``TraceFileError`` naming the file,
 and ``torchroof estimate --from-trace BAD.json`` answered in one line with exit code 2."""
 
@@ -16,7 +16,8 @@ from conftest import meta_causal_lm
 import torchroof
 from torchroof import Trace
 from torchroof.cli.main import main
-from torchroof.records.trace import TRACE_FORMAT_VERSION, TraceFileError
+from torchroof.records.trace_file import TRACE_FORMAT_VERSION, TraceFileError
+from torchroof.render.files import estimate_json
 
 STRING_SHAPE = re.compile(
     r"ops\[(?P<pos>\d+)\] \((?P<name>[^)]+)\) (?P<side>in|out)\[(?P<n>\d+)\]: "
@@ -346,4 +347,4 @@ def test_round_trip_loads_and_prices_identically(train_step, tmp_path, capsys):
     out = tmp_path / "est.json"
     assert main(["estimate", "--from-trace", str(path), "--json", str(out)]) == 0
     assert "step time" in capsys.readouterr().out
-    assert json.loads(out.read_text()) == json.loads(train_step.estimate("h100-sxm").to_json())
+    assert json.loads(out.read_text()) == json.loads(estimate_json(train_step.estimate("h100-sxm")))

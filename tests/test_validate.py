@@ -1,11 +1,11 @@
-"""Calibration files and predicted-vs-measured validation (issue: fidelity; issue 16 parts 4
-and 5; seed 000 "Performance diagnosis").
+"""Calibration files and predicted-vs-measured validation (the roofline diagnosis of
+torchroof.validation.diagnosis).
 
 Only deterministic facts are asserted here: what a calibration writes and reads back, the
 prediction ``validate`` makes for a fixed calibration (exactly, from the step's FLOPs), that
 each repeat is calibrated just before its step and predicted with that calibration, the
 median and spread over repeats, how measured kernels are mapped to predicted ones by name,
-and seed 000's questions answered in order on kernels and times built by hand. Measured
+and the diagnosis questions answered in order on kernels and times built by hand. Measured
 times are never asserted: a shared machine moves them by tens of percent. The measurement
 itself (calibrate this CPU, run the steps, print predicted / measured and the ratios) is
 ``python examples/benchmark_validate_cpu.py``.
@@ -21,17 +21,9 @@ from torchroof.hardware import Figure, get
 from torchroof import KernelEstimate
 from torchroof.validation.calibrate import Calibration, calibrate
 from torchroof.validation.diagnosis import NEEDS_COUNTERS, QUESTIONS, MachineFigures, diagnose
-from torchroof.validation.validate import (
-    SHORT_CALIBRATION,
-    TINY_OVERRIDES,
-    KernelComparison,
-    Repeat,
-    Spread,
-    Validation,
-    interleave,
-    normalise,
-    validate,
-)
+from torchroof.validation.profiling import normalise
+from torchroof.validation.results import KernelComparison, Repeat, Spread, Validation
+from torchroof.validation.validate import SHORT_CALIBRATION, TINY_OVERRIDES, interleave, validate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,7 +75,7 @@ def test_calibration_writes_a_hardware_file_every_command_reads(tmp_path):
     # the measured matmul rates price matmuls per dtype (fp32 on a CPU included)
     assert spec.tensor_peak("float32") == 0.17e12 and spec.tensor_peak("bfloat16") == 0.05e12
     assert spec.vector_peak("fp32") == 20e9
-    # the SFU rate is the seed's 1/4 of elementwise, marked approximate
+    # the SFU rate is taken as 1/4 of elementwise, marked approximate
     assert spec.sfu_flops_per_s.value == 5e9 and spec.sfu_flops_per_s.approximate
     assert spec.hbm_capacity_bytes.value == 16 * 2**30
     # the launch is the spec's figure, which realistic mode charges to every kernel

@@ -1,5 +1,5 @@
-"""Prefill, decode and training workloads, memory fit (seed 000 "decode is a GEMV", "The
-crossover that ends batching", "Optimizers as memory workloads")."""
+"""Prefill, decode and training workloads, memory fit (decode is a GEMV and the KV crossover:
+Pope et al. 2022; optimizer bytes: docs/concepts/optimizer-bytes.md)."""
 
 import re
 
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import torchroof
-from torchroof.config.options import Workload, WorkloadError
+from torchroof.config import Workload, WorkloadError
 from torchroof.models.sources import ModelBuildError, UnknownModelError, build_model, load_config
+from torchroof.render import text
 from torchroof.workloads import kv_bytes_per_token
 
 
@@ -52,12 +53,12 @@ def test_llama70b_decode_batch1_is_a_weight_read(llama70_decode_b1):
         "activations": 59_076_849,
     }
     # every kernel is memory-bound, so T = Q/β = 139,107,758,321 B / 3.35e12 B/s = 41.525 ms
-    # (the seed's 140 GB / 3.35 TB/s = 41.8 ms counts the embedding table, 2.1 GB, as read)
+    # (the round 140 GB / 3.35 TB/s = 41.8 ms counts the embedding table, 2.1 GB, as read)
     assert est.memory_bound_share == 1.0
     assert est.bytes == 139_006_083_072 + 42_598_400 + 59_076_849 == 139_107_758_321
     assert est.time_s == pytest.approx(139_107_758_321 / 3.35e12, rel=1e-12)
     assert f"{est.time_s * 1e3:.4f}" == "41.5247"
-    # one sequence: 1 / 41.525 ms = 24.08 tokens/s (seed: about 24)
+    # one sequence: 1 / 41.525 ms = 24.08 tokens/s (about 24)
     assert est.tokens_per_s == 1 / est.time_s
 
 
@@ -74,17 +75,17 @@ def test_llama70b_kv_cache_and_crossover(llama70_decode_b64_8k):
     weights_read = LLAMA70_WEIGHTS_READ_B1 + 63 * 8192 * 2
     assert est.weight_bytes_read == weights_read == 139_007_115_264
     # B_cross = weights read / KV read per sequence = 139,007,115,264 / (327,680 · 8193)
-    # = 139,007,115,264 / 2,684,682,240 = 51.778 (the seed's rounder 140 GB / 2.6 GB ≈ 53)
+    # = 139,007,115,264 / 2,684,682,240 = 51.778 (the rounder 140 GB / 2.6 GB ≈ 53)
     assert est.kv_crossover_batch == 139_007_115_264 / 2_684_682_240
     assert f"{est.kv_crossover_batch:.2f}" == "51.78"
-    shown = re.search(r"overtake weight reads at batch (\d+)", est.summary())
+    shown = re.search(r"overtake weight reads at batch (\d+)", text.summary(est))
     assert shown and int(shown[1]) == 52  # 51.78, rounded
 
 
 def test_decode_attention_intensity_is_2g_over_s(llama70_decode_b64_8k):
     attention = [k for k in llama70_decode_b64_8k.kernels if "attention" in k.name]
     assert len(attention) == 80
-    # g = 64 / 8 = 8 query heads per KV head: I = 2g/s = 8 (seed 000 Attention III), less
+    # g = 64 / 8 = 8 query heads per KV head: I = 2g/s = 8 (GQA, Ainslie et al. 2023), less
     # the non-KV bytes. For 64 sequences: W = 64·4·8193·128·64 heads (the static cache holds
     # 8193 tokens); K and V read 64·2·8193·128·8·2 B; q and o 64·64·128·2 B each; the fp32
     # lse 64·64·4 B; the efficient kernel's bool mask, 8193 B, broadcast over the batch
@@ -111,14 +112,14 @@ def test_llama70b_does_not_fit_one_h100(llama70_decode_b1):
     assert memory.capacity_bytes == 80 * 2**30
     missing = 2 * LLAMA70_PARAMS + 129 * 327_680 + 272_896 - 80 * 2**30
     assert memory.missing_bytes == missing == 55_250_610_688
-    shown = re.search(r"does NOT fit: ([\d.]+) GiB missing", llama70_decode_b1.summary())
+    shown = re.search(r"does NOT fit: ([\d.]+) GiB missing", text.summary(llama70_decode_b1))
     assert shown and float(shown[1]) == 51.46
     assert memory.max_batch == 0
     # no batch fits: the weights alone, 141,107,412,992 B = 131.42 GiB, are 51.42 GiB too many
     assert (
         "no decode batch fits: the weights alone (131.42 GiB) do not fit in 80.00 GiB: "
         "51.42 GiB short"
-    ) in llama70_decode_b1.summary()
+    ) in text.summary(llama70_decode_b1)
 
 
 def test_kv_bytes_follow_num_key_value_heads(meta_lm):
@@ -169,7 +170,7 @@ def test_prefill_writes_the_kv_cache(meta_lm):
 @pytest.mark.parametrize(
     ("optimizer", "precision", "bytes_per_param"),
     [
-        # seed 000 §16, fp32 master + bf16 copy: Adam 16 read + 14 written = 30 B,
+        # fp32 master + bf16 copy (Micikevicius et al. 2018): Adam 16 read + 14 written = 30 B,
         ("adamw", "mixed", 30),
         ("adam", "mixed", 30),
         # plain SGD 4 + 4 read, 4 + 2 written = 14 B; with momentum 12 + 10 = 22 B
@@ -189,7 +190,7 @@ def test_fused_optimizer_bytes_per_parameter(optimizer, precision, bytes_per_par
     params = est.metadata["parameters"]
     assert step[0].bytes == bytes_per_param * params
     if optimizer.startswith("adam"):
-        assert step[0].flops == 12 * params  # seed: ~12 FLOPs per parameter
+        assert step[0].flops == 12 * params  # ~12 FLOPs per parameter
 
 
 def test_training_step_phases_and_matmul_ratio(meta_lm):
@@ -201,7 +202,7 @@ def test_training_step_phases_and_matmul_ratio(meta_lm):
         return sum(k.flops for k in est.kernels if k.phase == phase and k.name == "aten.mm.default")
 
     assert matmul_flops("backward") == 2 * matmul_flops("forward")
-    table = est.table()
+    table = text.layer_table(est)
     for header in (
         "forward ms",
         "backward ms",
@@ -322,7 +323,7 @@ def test_moe_decode_reads_only_the_routed_experts():
         grouped = [k for k in est.kernels if k.name == "aten._grouped_mm.default"]
         assert len(grouped) == 4  # gate-up and down projections in each of 2 layers
         assert any("balanced routing" in a for a in est.assumptions)  # stated in the report
-        assert "balanced routing" in est.summary()
+        assert "balanced routing" in text.summary(est)
         return sum(k.read_by.get("weights", 0) for k in grouped)
 
     # per layer: gate_up [8, 128, 512] + down [8, 256, 128] bf16 = 8 · 196,608 · 2 bytes;

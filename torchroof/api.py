@@ -17,18 +17,17 @@ from typing import Any
 
 import torch
 
-from torchroof.capture.mode import Capture, OpBudgetExceeded, op_budget
-from torchroof.config.errors import OptionError, WorkloadError, first_line
-from torchroof.config.options import (
-    DEFAULT_PP_SCHEDULE,
+from torchroof.capture.budget import OpBudgetExceeded, op_budget
+from torchroof.capture.mode import Capture
+from torchroof.config import (
     DEFAULT_SEQ,
-    DEFAULT_VIRTUAL_STAGES,
     PRICING_KNOBS,
     WORKLOAD_KNOBS,
     PricingOptions,
     Workload,
     split_knobs,
 )
+from torchroof.config.errors import OptionError, WorkloadError, first_line
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import (
     build_model,
@@ -39,9 +38,10 @@ from torchroof.models.sources import (
     position_limit,
 )
 from torchroof.parallel.pipeline import price as pp_step
-from torchroof.parallel.pipeline.schedule import SPLIT_BACKWARD, action_order, stages_per_rank
-from torchroof.parallel.pipeline.stages import decoder_layers, make_stage, split_layers, stage_key
-from torchroof.pricing.price import estimate_trace, resolve_hardware
+from torchroof.parallel.pipeline.trace import trace_pipeline
+from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.price import paused_gc, price_trace, pricing_options
+from torchroof.pricing.trace_checks import RULE_ERRORS, unpriceable_op
 from torchroof.progress import current as current_progress
 from torchroof.progress import reporting
 from torchroof.quant.recipes import check_hardware
@@ -61,7 +61,7 @@ class Trace(records.Trace):
     ) -> Estimate:
         """Price every op and time it with the roofline on ``hardware`` (name, alias, path
         or HardwareSpec). Options are the fields of
-        :class:`torchroof.config.options.PricingOptions`."""
+        :class:`torchroof.config.PricingOptions`."""
         return estimate_trace(self, hardware, **options)
 
     @classmethod
@@ -70,7 +70,7 @@ class Trace(records.Trace):
         against what the recorded workload's regime processes (an edited count is refused)."""
         from torchroof.pricing.trace_checks import recorded_tokens_problem
 
-        trace = super().from_dict(data)
+        trace = cls.of(super().from_dict(data))  # already one of cls: of() returns it as is
         if problem := recorded_tokens_problem(trace.facts):
             raise records.TraceFileError([problem])
         return trace
@@ -84,9 +84,9 @@ class Trace(records.Trace):
 
 
 class PipelineTrace(pp_step.PipelineTrace):
-    """A pipelined step's traces (:class:`torchroof.parallel.pipeline.price.PipelineTrace`) that
-    price
-    themselves, as :class:`Trace` does: what :func:`trace_model` gives for ``pp`` > 1."""
+    """A pipelined step's traces (:class:`torchroof.parallel.pipeline.price.PipelineTrace`)
+    that price themselves, as :class:`Trace` does: what :func:`trace_model` gives for
+    ``pp`` > 1."""
 
     def estimate(
         self, hardware: str | Path | HardwareSpec | ClusterSpec = "dgx-h100", **options: Any
@@ -106,7 +106,7 @@ def trace(
 
     >>> with torchroof.trace() as t:      # doctest: +SKIP
     ...     model(ids)
-    >>> t.estimate("h100-sxm").table()    # doctest: +SKIP
+    >>> text.layer_table(t.estimate("h100-sxm"))    # doctest: +SKIP
 
     ``flash_attention=False`` records SDPA as the ops the current device decomposes it into
     (on meta and CPU: the math path with an N×N score tensor).
@@ -149,7 +149,7 @@ def estimate(
     inputs: Sequence[Any] | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     progress: bool = False,
-    # -- the fields of torchroof.config.options.Workload (None: the field's default) -------------
+    # -- the fields of torchroof.config.Workload (None: the field's default) -------------
     batch: int | None = None,
     seq: int | None = None,
     context: int | None = None,
@@ -176,7 +176,7 @@ def estimate(
     virtual_stages: int | None = None,
     pp_split: str | None = None,
     defer_gradient_sync: bool | None = None,
-    # -- the fields of torchroof.config.options.PricingOptions (None: the field's default) -------
+    # -- the fields of torchroof.config.PricingOptions (None: the field's default) -------
     fusion: str | None = None,
     epilogue: bool | None = None,
     dequantise_in_gemm: bool | None = None,
@@ -213,10 +213,10 @@ def estimate(
     ``module(*inputs)``; ``train`` runs it, takes ``loss_fn(output)`` as the loss (default:
     the output if it is a scalar, else its ``.sum()``), backward and the ``optimizer``'s step.
 
-    Every other keyword is a field of :class:`torchroof.config.options.Workload` (``batch``,
+    Every other keyword is a field of :class:`torchroof.config.Workload` (``batch``,
     ``seq``, ``context``, ``cache``, ``optimizer``, ``precision``, ``checkpointing``,
     ``mla``, ``dtype``; across GPUs ``tp``, ``fsdp``, ``dp``, ``microbatches``, ...) or of
-    :class:`torchroof.config.options.PricingOptions` (``fusion``, …), or pass the objects; one
+    :class:`torchroof.config.PricingOptions` (``fusion``, …), or pass the objects; one
     left out (None) keeps the object's value, else the field's default (``seq``: 4096, or
     the model's maximum positions if shorter; ``precision``: mixed). A module keeps its own
     dtype unless ``dtype`` or ``precision`` is given, or it trains (a training step computes
@@ -235,6 +235,7 @@ def estimate(
     quant = workload_knobs.get("quant", workload.quant if workload else "none")
     check_quant_hardware(quant, spec)  # before tracing
     with reporting(progress):  # progress=True: each stage on stderr as it runs
+        trace: Trace | PipelineTrace
         if inputs is not None or loss_fn is not None:
             trace = trace_module(
                 model, inputs, regime, workload=workload, loss_fn=loss_fn, **workload_knobs
@@ -242,6 +243,49 @@ def estimate(
         else:
             trace = trace_model(model, regime, workload=workload, **workload_knobs)
         return estimate_trace(trace, cluster or spec, pricing)
+
+
+def estimate_trace(
+    trace: records.Trace | pp_step.PipelineTrace,
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+    pricing: PricingOptions | None = None,
+    **knobs: Any,
+) -> Estimate:
+    """Price and time every op of ``trace`` on ``hardware``: an accelerator, or a cluster
+    (``dgx-h100``, a cluster TOML or a ClusterSpec) whose accelerator runs the kernels and
+    whose links carry the collectives (:func:`torchroof.pricing.collectives.time_collective`).
+    A step with collectives over more than one rank needs a cluster
+    (:class:`torchroof.pricing.collectives.ClusterRequiredError`). A pipelined step prices
+    each distinct stage once and lays the schedule out
+    (:func:`torchroof.parallel.pipeline.price.price`).
+
+    ``pricing`` or its fields as keywords (:class:`torchroof.config.PricingOptions`:
+    ``fusion``, ``epilogue``, ``loss``, ``attention``, ``on_chip_budget_bytes``,
+    ``allow_tf32``, ``overlap``, ``overlap_communication``, ``compute_efficiency``,
+    ``bandwidth_efficiency``, ``launch_overhead_s``) choose the kernels and how each is
+    timed. With collectives the step time is the two-stream schedule's
+    (:mod:`torchroof.timing.streams`); without, the plain sum of the kernels' times.
+    """
+    pricing = pricing_options(pricing, knobs)
+    with paused_gc(), current_progress().ending():
+        if isinstance(trace, pp_step.PipelineTrace):  # one trace per distinct stage + schedule
+            spec, cluster = resolve_hardware(hardware)
+            chosen = pricing
+            return pp_step.price(
+                trace,
+                lambda stage: price_trace(stage, cluster or spec, chosen),
+                cluster,
+                int(spec.hbm_capacity_bytes.value),
+            )
+        try:
+            return price_trace(trace, hardware, pricing)
+        except OptionError:
+            raise
+        except RULE_ERRORS as e:
+            named = unpriceable_op(trace)  # the op a rule could not read, if one is to blame
+            if named is None:
+                raise
+            raise named from e
 
 
 def check_quant_hardware(
@@ -365,9 +409,15 @@ def trace_workload(
 ) -> Trace | PipelineTrace:
     """Build (or meta-copy) the model and trace one step of ``workload`` on it. A module
     keeps its dtype unless ``cast_module``. With ``pp`` > 1, one trace per distinct
-    pipeline stage (:func:`trace_pipeline`)."""
+    pipeline stage (:func:`torchroof.parallel.pipeline.trace.trace_pipeline`)."""
     if workload.pp > 1:
-        return trace_pipeline(model, workload, cast_module)
+        return trace_pipeline(
+            workload,
+            resolve=lambda given: resolve_seq(model, given),
+            build=lambda given: _build(model, given, cast_module),
+            run=_run,
+            trace_type=PipelineTrace,
+        )
     workload, note = resolve_seq(model, workload)
     module, label, beyond = _build(model, workload, cast_module)
     trace = _run(module, workload)
@@ -388,7 +438,7 @@ def config_of(model: Any) -> Any:
 def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
     """``workload`` with ``seq`` given, and the line that says why when the model chose it.
 
-    ``seq`` left out (None) is :data:`~torchroof.config.options.DEFAULT_SEQ` (4096), or, where that
+    ``seq`` left out (None) is :data:`~torchroof.config.DEFAULT_SEQ` (4096), or, where that
     is longer than the model's maximum positions (GPT-2's 1024, any 2k-context config),
     the longest the model takes: ``seq`` for prefill and train, a decode's cache
     (``context`` left out follows ``seq``); the summary says so (``seq: 1024, the model's
@@ -399,15 +449,18 @@ def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
     full = replace(workload, seq=DEFAULT_SEQ)
     config = config_of(model)
     limit = position_limit(config) if config is not None else None
+    if not limit:
+        return full, ""
     step = regime(workload.regime)
     # the step's own new tokens need positions too (decode writes its token at ``context``)
-    over = step.positions(full) + step.new_positions - limit[1] if limit else 0
+    over = step.positions(full) + step.new_positions - limit[1]
     if over <= 0 or DEFAULT_SEQ - over < 1:
         return full, ""
     fitted = replace(workload, seq=DEFAULT_SEQ - over)
     if step.positions(fitted) + step.new_positions > limit[1]:  # not set by seq
         return full, ""
     # decode: the cache's context (left out, it follows seq) is what the limit bounds
+    assert fitted.context is not None  # a workload with a seq has its context
     longer = replace(fitted, context=fitted.context + 1)
     name = "context" if step.positions(longer) != step.positions(fitted) else "seq"
     new = f", less {step.new_positions} for the step's new token" if step.new_positions else ""
@@ -464,57 +517,3 @@ def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
             f"{type(module).__name__} could not be traced for {workload.regime}: "
             f"{first_line(error)} (see README, 'Architectures that do not trace')"
         ) from error
-
-
-def trace_pipeline(model: Any, workload: Workload, cast_module: bool = False) -> PipelineTrace:
-    """A pipelined step (issue 14): torch's action order for ``pp_schedule`` (an inference
-    step runs the forwards of GPipe's), the decoder layers split into pp · stages-per-rank
-    stages (:func:`torchroof.parallel.pipeline.stages.split_layers`), and each distinct
-    stage traced once as rank 0 of its own program (tp, fsdp, dp), one micro-batch."""
-    trains = regime(workload.regime).trains
-    schedule = workload.pp_schedule if trains else "gpipe"
-    try:
-        order = action_order(schedule, workload.pp, workload.microbatches, workload.virtual_stages)
-    except ValueError as error:
-        raise WorkloadError(str(error)) from error
-    if not trains:
-        order = {rank: [a for a in listed if a.kind == "F"] for rank, listed in order.items()}
-    count = workload.pp * stages_per_rank(schedule, workload.virtual_stages)
-    workload, note = resolve_seq(model, workload)
-    stage_workload = replace(  # one stage, one micro-batch: the pipeline is laid out here
-        workload,
-        pp=1,
-        microbatches=1,
-        pp_split="",
-        pp_schedule=DEFAULT_PP_SCHEDULE,
-        virtual_stages=DEFAULT_VIRTUAL_STAGES,
-    )
-    reference, label, beyond = _build(model, stage_workload, cast_module)
-    _, _, layers = decoder_layers(reference)
-    splits = split_layers(len(layers), count, workload.pipeline_split)
-    keys = [stage_key(reference, split) for split in splits]
-    traced_as = [keys.index(key) for key in keys]
-    traces: dict[int, records.Trace] = {}
-    for split in splits:
-        if traced_as[split.index] != split.index:
-            continue
-        module = reference if not traces else _build(model, stage_workload, cast_module)[0]
-        make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
-        traces[split.index] = _run(module, stage_workload)
-    facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline={})
-    facts.workload = workload.to_dict()
-    tokens = regime(workload.regime).tokens(workload)
-    facts.tokens = tokens if trains else tokens * workload.microbatches
-    plan = workload.parallel_plan
-    return PipelineTrace(
-        traces=traces,
-        traced_as=traced_as,
-        layers=[split.describe() for split in splits],
-        order=order,
-        schedule=schedule,
-        pp=workload.pp,
-        microbatches=workload.microbatches,
-        ranks_per_stage=plan.world // plan.pp,
-        trains=trains,
-        facts=facts,
-    )

@@ -312,7 +312,7 @@ def answer(
         what = f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
         return out, what, means.mean(mask) is not None
     masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES]
-    indices, rows = means.bool_indices(list(args[1]))
+    indices, selected = means.bool_indices(list(args[1]))
     out = func(args[0], indices, *args[2:], **kwargs)
     routed = any(means.mean(m) is not None for m in masks)
-    return out, f"boolean mask indexing answered {rows} selected rows", routed
+    return out, f"boolean mask indexing answered {selected} selected rows", routed

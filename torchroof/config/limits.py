@@ -1,5 +1,5 @@
 """How long a trace may run before capture stops it (the one definition of each limit:
-``torchroof.config.options`` makes them knobs, ``torchroof.capture.mode`` enforces them)."""
+``torchroof.config.workload`` makes them knobs, ``torchroof.capture.mode`` enforces them)."""
 
 # The op budget. Every aten op a capture sees counts, recorded or not (``unrecorded()``,
 # SDPA's hidden decomposition, the math-path backward flash replaces), so a loop that

@@ -8,7 +8,7 @@ runs as a *split reduction*: a partial kernel reduces blocks of rows into an fp3
 ``reduction_split_factor`` for an outer reduction). On a GPU with enough rows
 (rows >= 4096, rows >= 2·cols, rows·cols >= 5 Mi elements, cols <= 16 Ki) the partial
 instead joins the row kernel that reads the same tensors (a *mix-order reduction*) and
-only the final kernel is its own. seed 000 "Fusion", "What limits fusion".
+only the final kernel is its own (docs/concepts/fusion.md).
 
 ``split_column_reductions(ops)`` rewrites a trace's op list so the fusion stage sees those
 kernels: ``aten.sum``/``aten.mean`` over leading dimensions become
@@ -24,7 +24,8 @@ import math
 from collections.abc import Sequence
 
 from torchroof.counters import kind_of
-from torchroof.records.trace import OpRecord, TensorMeta, TensorRef
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta, TensorRef
 
 # The device Inductor's split heuristic is evaluated for: an H100 (the referee reports one).
 # NB: the split count S (and so the few KiB of partials) depends on the SM count.

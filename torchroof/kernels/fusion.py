@@ -1,14 +1,15 @@
 """Kernels from a trace: which ops a runtime launches together, and what they move.
 
-seed 000 "Fusion": a kernel boundary is a memory boundary. Fusing leaves W unchanged and
-cuts Q to the group's external traffic: inputs produced outside it and outputs read
-outside it (DESIGN rule 6).
+A kernel boundary is a memory boundary (docs/concepts/fusion.md). Fusing leaves W unchanged
+and cuts Q to the group's external traffic: inputs produced outside it and outputs read
+outside it (fusion changes Q, never W).
 
 Policies:
 - ``eager``: one kernel per op that moves bytes or computes (what PyTorch eager launches);
-  views and allocation-only ops launch nothing (DESIGN rule 2).
+  views and allocation-only ops launch nothing (views cost nothing).
 - ``fused``: what torch.compile's Inductor launches on a GPU, refereed by the compiler
-  itself (torchroof/validation/referee.py, DESIGN rule 8). Data-connected runs of pointwise ops,
+  itself (torchroof/validation/referee.py: fusion is refereed by the compiler, PyTorch's
+  torch.compile / TorchInductor docs). Data-connected runs of pointwise ops,
   casts, copies, gathers, row reductions, norms, softmax and their backward become one
   kernel, across module and block boundaries (a kernel is booked to the module of its
   first op); independent sibling kernels that read a common tensor over the same number of
@@ -20,27 +21,28 @@ Policies:
   (bias, activation, residual).
 
 Orthogonal options: ``loss="chunked"`` fuses the LM head's GEMMs with the cross-entropy
-forward and backward (no N_t x V tensor in HBM, seed 000 "The fix is a roofline fix");
+forward and backward (no N_t x V tensor in HBM: Wijmans et al. 2024; Hsu et al. 2024, Liger);
 ``attention="math"`` prices attention as the naive kernel that writes S and P.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from torchroof import progress
-from torchroof.config.options import PricingOptions
+from torchroof.config import PricingOptions
 from torchroof.counters import Cost, OpKind, cost_of, kind_of
 from torchroof.counters.attention import materialized_attention_cost
 from torchroof.counters.tensors import read_tensors, tensor_key, written_tensors
 from torchroof.kernels.column_reductions import split_column_reductions
-from torchroof.kernels.recompute import Recomputable, recomputable_tensors, statistics_producer
-from torchroof.records.trace import OpRecord, Phase, TensorMeta
-from torchroof.report.memory import storage_extent_bytes
+from torchroof.kernels.groups import Graph, Group, own_loop_order
+from torchroof.kernels.horizontal import merge_horizontal
+from torchroof.kernels.save_plan import SavePlan, save_plan
+from torchroof.records.ops import OpRecord, Phase
+from torchroof.records.tensors import TensorMeta, storage_extent_bytes
 
 FUSED_KINDS: frozenset[OpKind] = frozenset(
     {
@@ -103,42 +105,10 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Coverage:
-    """How many ops were seen and which had no rule (DESIGN rule 1: listed by name)."""
+    """How many ops were seen and which had no rule (every op is accounted: listed by name)."""
 
     ops: int
     uncounted: dict[str, int]
-
-
-@dataclass
-class _Group:
-    members: list[int] = field(default_factory=list)
-    first_outside_read: int | None = None  # first op outside the group reading its output
-    kind: str = "fusable"  # fusable | anchor | epilogue (a matmul taking followers) | loss
-    # holds a reduction of a whole large tensor to a scalar (a tensorwise amax): what reads
-    # the scalar and the tensor again is a second pass, another kernel (_reads_after_scalar)
-    reduced_to_scalar: bool = False
-
-
-class _Graph:
-    """Who writes and who reads each storage, in execution order (views excluded)."""
-
-    def __init__(self, ops: Sequence[OpRecord], costs: Sequence[Cost]) -> None:
-        self.readers: dict[int, list[int]] = defaultdict(list)
-        self.writers: dict[int, list[int]] = defaultdict(list)
-        for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
-            if not (cost.flops or cost.bytes):
-                continue  # a view or metadata op touches nothing
-            for t in read_tensors(op):
-                self.readers[t.storage].append(i)
-            for t in written_tensors(op):
-                self.writers[t.storage].append(i)
-
-    def read_after(self, storage: int, index: int, group: set[int]) -> bool:
-        """Is ``storage`` read after op ``index`` by an op outside ``group``?"""
-        return any(j > index and j not in group for j in self.readers.get(storage, ()))
-
-    def read_later(self, storage: int, index: int) -> bool:
-        return any(j > index for j in self.readers.get(storage, ()))
 
 
 def _is_fusable(op: OpRecord, cost: Cost) -> bool:
@@ -158,7 +128,7 @@ def price(op: OpRecord, attention: str = "flash") -> Cost:
 
 def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[int]]:
     """The LM head's GEMMs and the cross-entropy around them, forward and backward, as one
-    fused linear-cross-entropy kernel per loss (seed 000 "The fix is a roofline fix")."""
+    fused linear-cross-entropy kernel per loss (Wijmans et al. 2024, "Cut Your Losses")."""
     producer: dict[int, int] = {}
     consumers: dict[int, list[int]] = defaultdict(list)
     for i, (op, cost) in enumerate(zip(ops, costs, strict=True)):
@@ -207,7 +177,7 @@ def _loss_groups(ops: Sequence[OpRecord], costs: Sequence[Cost]) -> list[list[in
 
 def _group_ops(
     ops: Sequence[OpRecord], costs: Sequence[Cost], options: PricingOptions
-) -> list[_Group]:
+) -> list[Group]:
     """Greedy vertical fusion in execution order.
 
     An op joins the group of one of its producers when the group can still run as one
@@ -215,21 +185,21 @@ def _group_ops(
     first read the group's output (otherwise that input may depend on the group and the
     merged kernel would wait on itself).
     """
-    groups: list[_Group] = []
+    groups: list[Group] = []
     group_of: dict[int, int] = {}
     taken: set[int] = set()
     if options.loss == "chunked":
         for members in _loss_groups(ops, costs):
             if taken.intersection(members):
                 continue
-            groups.append(_Group(members=list(members), kind="loss"))
+            groups.append(Group(members=list(members), kind="loss"))
             for i in members:
                 group_of[i] = len(groups) - 1
             taken.update(members)
     last_writer: dict[int, int] = {}  # storage -> op index
 
     def note_reads(i: int, own: int) -> None:
-        if _own_loop_order(ops[i]):
+        if own_loop_order(ops[i]):
             return  # a column reduction inlines its pointwise producers: no wait on them
         for t in read_tensors(ops[i]):
             w = last_writer.get(t.storage)
@@ -248,7 +218,7 @@ def _group_ops(
                 last_writer[t.storage] = i
             continue
         chosen = None
-        if options.fusion == "fused" and _is_fusable(op, cost) and not _own_loop_order(op):
+        if options.fusion == "fused" and _is_fusable(op, cost) and not own_loop_order(op):
             chosen = _joinable_group(i, ops, groups, group_of, last_writer, options)
             if chosen is not None:
                 _merge_siblings(i, chosen, ops, groups, group_of, last_writer)
@@ -265,7 +235,7 @@ def _group_ops(
             kind = "fusable" if (options.fusion == "fused" and _is_fusable(op, cost)) else "anchor"
             if kind == "anchor" and options.epilogue and kind_of(op.packet) == "matmul":
                 kind = "epilogue"
-            groups.append(_Group(kind=kind))
+            groups.append(Group(kind=kind))
             chosen = len(groups) - 1
         groups[chosen].members.append(i)
         if _reduces_to_scalar(op):
@@ -287,7 +257,7 @@ _DEQUANTISING_KINDS: frozenset[OpKind] = frozenset({"pointwise", "cast", "copy",
 def _dequantising_prologue(
     i: int,
     ops: Sequence[OpRecord],
-    groups: list[_Group],
+    groups: list[Group],
     group_of: dict[int, int],
     last_writer: dict[int, int],
 ) -> int | None:
@@ -335,7 +305,7 @@ def _reduces_to_scalar(op: OpRecord) -> bool:
     return op.outputs[0].numel <= 1 and op.inputs[0].numel > SPLIT_REDUCTION_MIN_ELEMENTS
 
 
-def _reads_after_scalar(op: OpRecord, group: _Group) -> bool:
+def _reads_after_scalar(op: OpRecord, group: Group) -> bool:
     """``op`` would read a tensor of more than one element in a group that already reduced
     a large tensor to a scalar: the tensor is read again in a second kernel (Inductor splits
     the reduction and launches its consumers after it; torchao's tensorwise scaling reads
@@ -343,18 +313,11 @@ def _reads_after_scalar(op: OpRecord, group: _Group) -> bool:
     return group.reduced_to_scalar and any(t.numel > 1 for t in read_tensors(op))
 
 
-def _own_loop_order(op: OpRecord) -> bool:
-    """A column reduction that cannot run inside a row kernel starts a kernel of its own
-    (torchroof/kernels/column_reductions.py); a mix-order partial may join one (a final kernel is
-    never mix-order)."""
-    return kind_of(op.packet) == "column_reduction" and not op.arg("mix_order")
-
-
 def _merge_siblings(
     i: int,
     chosen: int,
     ops: Sequence[OpRecord],
-    groups: list[_Group],
+    groups: list[Group],
     group_of: dict[int, int],
     last_writer: dict[int, int],
 ) -> None:
@@ -382,114 +345,10 @@ def _merge_siblings(
         other.members = []
 
 
-# Inductor tries sibling pairs no more than this many nodes apart
-# (torch._inductor.config.max_fusion_buffer_group_pairwise_attempts = 64).
-SIBLING_WINDOW_OPS = 64
-# How many tensors the independence search may follow before it gives up and keeps the two
-# kernels apart (an MoE expert loop with 600k ops otherwise spends minutes here).
-SIBLING_SEARCH_STORAGES = 256
-
-
-def _merge_horizontal(groups: list[_Group], ops: Sequence[OpRecord], graph: _Graph) -> None:
-    """Sibling fusion: two fusable kernels of one phase that read a common tensor, run over
-    the same number of elements and do not depend on each other become one kernel that
-    reads the shared tensor once (Inductor's horizontal fusion, scored by shared bytes).
-    SwiGLU backward's ``g·silu(gate)`` and ``silu_backward(g·up, gate)`` both read ``g``
-    and ``gate``; RoPE's q and k kernels both read cos and sin."""
-    group_of = {i: n for n, g in enumerate(groups) for i in g.members}
-    produced: list[set[int]] = [set() for _ in groups]
-    reads: list[set[int]] = [set() for _ in groups]
-    domain: list[int] = [0] * len(groups)
-    columns = [any(_own_loop_order(ops[i]) for i in g.members) for g in groups]
-    for n, g in enumerate(groups):
-        for i in g.members:
-            for t in written_tensors(ops[i]):
-                produced[n].add(t.storage)
-                domain[n] = max(domain[n], t.numel)
-            if kind_of(ops[i].packet) == "creation":
-                continue  # ``zeros_like(p)`` reads p's shape, not its values
-            for t in read_tensors(ops[i]):
-                if t.numel > 1:  # a 0-d constant is inlined, not a shared buffer
-                    reads[n].add(t.storage)
-                domain[n] = max(domain[n], t.numel)
-    for n in range(len(groups)):
-        reads[n] -= produced[n]
-
-    def depends(later: int, earlier: int) -> bool:
-        """Does group ``later`` read, through any chain of kernels, what ``earlier`` makes?
-        Only readers between the two groups can form the chain (reader lists are in
-        execution order, so each is cut by bisection: a tensor every expert reads has
-        thousands)."""
-        start, stop = min(groups[earlier].members), max(groups[later].members)
-        frontier = list(produced[earlier])
-        seen_groups: set[int] = set()
-        seen_storages = set(frontier)
-        while frontier:
-            if len(seen_storages) > SIBLING_SEARCH_STORAGES:
-                return True  # too tangled to prove independent: do not merge (never wrong)
-            readers = graph.readers.get(frontier.pop(), ())
-            lo, hi = bisect.bisect_right(readers, start), bisect.bisect_right(readers, stop)
-            for j in readers[lo:hi]:
-                h = group_of.get(j)
-                if h is None or h == earlier or h in seen_groups:
-                    continue
-                if h == later:
-                    return True
-                seen_groups.add(h)
-                for storage in produced[h]:
-                    if storage not in seen_storages:
-                        seen_storages.add(storage)
-                        frontier.append(storage)
-        return False
-
-    order = sorted(
-        (n for n, g in enumerate(groups) if g.kind == "fusable" and g.members),
-        key=lambda n: min(groups[n].members),
-    )
-    by_read: dict[int, list[int]] = defaultdict(list)  # storage -> groups that read it
-    last = {n: max(groups[n].members) for n in order}
-    for n in order:
-        first = min(groups[n].members)
-        candidates: set[int] = set()
-        for storage in reads[n]:
-            readers = by_read.get(storage)
-            if not readers:
-                continue
-            # the order is by first member: a group out of the window now stays out
-            readers[:] = [h for h in readers if first - last[h] <= SIBLING_WINDOW_OPS]
-            candidates.update(readers)
-        merged = False
-        for h in sorted(candidates, key=lambda h: -last[h]):
-            if (
-                not groups[h].members
-                or ops[groups[h].members[0]].phase != ops[first].phase
-                or domain[h] != domain[n]
-                or columns[h] != columns[n]
-                or depends(n, h)
-                or depends(h, n)
-            ):
-                continue
-            groups[h].members.extend(groups[n].members)
-            groups[n].members = []
-            last[h] = max(last[h], last[n])
-            new_reads = reads[n] - reads[h] - produced[h]
-            produced[h] |= produced[n]
-            reads[h] = (reads[h] | reads[n]) - produced[h]
-            for i in groups[h].members:
-                group_of[i] = h
-            for storage in new_reads:
-                by_read[storage].append(h)
-            merged = True
-            break
-        if not merged:
-            for storage in reads[n]:
-                by_read[storage].append(n)
-
-
 def _joinable_group(
     i: int,
     ops: Sequence[OpRecord],
-    groups: list[_Group],
+    groups: list[Group],
     group_of: dict[int, int],
     last_writer: dict[int, int],
     options: PricingOptions,
@@ -515,82 +374,16 @@ def _joinable_group(
     return None
 
 
-@dataclass
-class _SavePlan:
-    """What the compiled backward rebuilds instead of reading (torchroof/kernels/recompute.py)."""
-
-    rebuilt_by: dict[int, dict[int, Recomputable]] = field(default_factory=dict)  # op -> T
-    dropped: set[int] = field(default_factory=set)  # forward tensors never written
-    forced: set[int] = field(default_factory=set)  # sources that must be written
-    statistics: dict[int, list[TensorMeta]] = field(default_factory=dict)  # op -> row stats
-
-
-def _rebuilds(op: OpRecord, group: _Group, rebuilt: Recomputable, made_in: Phase) -> bool:
-    """Can this reader rebuild a pointwise input inside its own kernel instead of reading
-    it? A column reduction inlines its producer whatever it costs (Inductor fuses the
-    pointwise work into the reduction's loop); for a forward tensor, when the rebuild is
-    cheap, so can a fused backward kernel (the partitioner's recompute) and the
-    cross-entropy gather, which reads x[t] − max − lse at its targets; a matmul cannot."""
-    kind = kind_of(op.packet)
-    if kind == "column_reduction":
-        return True
-    if made_in not in ("forward", "recompute") or not rebuilt.cheap:
-        return False
-    if kind == "loss" and group.kind == "anchor":
-        return True
-    return group.kind == "fusable" and op.phase in ("backward", "recompute")
-
-
-def _save_plan(
-    ops: Sequence[OpRecord],
-    costs: Sequence[Cost],
-    groups: list[_Group],
-    graph: _Graph,
-    roles: dict[int, str],
-) -> _SavePlan:
-    """A forward tensor whose every reader outside its kernel can rebuild it is not
-    written; those readers read its sources instead, and the sources are written."""
-    plan = _SavePlan()
-    group_of = {i: n for n, g in enumerate(groups) for i in g.members}
-    for storage, rebuilt in recomputable_tensors(ops, costs, roles).items():
-        made_by = group_of[graph.writers[storage][0]]
-        if groups[made_by].kind == "loss":
-            continue
-        readers = graph.readers.get(storage, ())
-        made_in = ops[graph.writers[storage][0]].phase
-        if not any(ops[j].phase == made_in for j in readers):
-            continue  # read by backward alone: an output of the step, which is written
-        outside = [j for j in readers if group_of.get(j) != made_by]
-        users = {group_of[j] for j in (outside if made_in != "backward" else readers)}
-        if len(users) > 1 and rebuilt.large():
-            continue  # reused and heavy: realized, not inlined into each user
-        if not outside or not all(
-            _rebuilds(ops[j], groups[group_of[j]], rebuilt, made_in) for j in outside
-        ):
-            continue
-        plan.dropped.add(storage)
-        for j in outside:
-            plan.rebuilt_by.setdefault(j, {})[storage] = rebuilt
-        for source in rebuilt.sources:
-            plan.forced.add(source.storage)
-            producer = statistics_producer(source)
-            if producer is not None:
-                stats = plan.statistics.setdefault(producer, [])
-                if source not in stats:
-                    stats.append(source)
-    return plan
-
-
 def _group_kernel(
     members: list[int],
     ops: Sequence[OpRecord],
     costs: Sequence[Cost],
-    graph: _Graph,
-    roles: dict[int, str],
+    graph: Graph,
+    roles: Mapping[int, str],
     options: PricingOptions,
-    plan: _SavePlan,
+    plan: SavePlan,
 ) -> Kernel:
-    """Sum W; Q is the external traffic only (DESIGN rule 6)."""
+    """Sum W; Q is the external traffic only (fusion changes Q, never W)."""
     if len(members) == 1 and not _planned(members[0], ops, plan):
         i = members[0]
         return Kernel((ops[i],), costs[i])
@@ -643,9 +436,20 @@ def _group_kernel(
             if t.shape:
                 row_bytes[t.storage] = t.shape[-1] * t.itemsize
                 born.setdefault(t.storage, position)
+    cost = _external_cost(total, reads, writes)
+    live_row = _peak_row_state(row_bytes, born, last_use, len(members))
+    return Kernel(tuple(ops[i] for i in members), cost, _spill_flags(live_row, options))
+
+
+def _external_cost(
+    total: Cost,
+    reads: dict[tuple, tuple[TensorMeta, int]],
+    writes: dict[tuple, tuple[TensorMeta, int]],
+) -> Cost:
+    """The group's summed W with Q = the bytes it reads from and writes to outside itself."""
     read_list = _per_storage(reads.values())
     write_list = _per_storage(writes.values())
-    cost = Cost(
+    return Cost(
         total.flops,
         sum(n for _, n in read_list),
         sum(n for _, n in write_list),
@@ -655,17 +459,19 @@ def _group_kernel(
         reads=read_list,
         writes=write_list,
     )
-    flags: tuple[str, ...] = ()
-    live_row = _peak_row_state(row_bytes, born, last_use, len(members))
+
+
+def _spill_flags(live_row: int, options: PricingOptions) -> tuple[str, ...]:
+    """The flag of a fused kernel whose live state per row exceeds the on-chip budget."""
     if live_row > options.on_chip_budget_bytes:
-        flags = (
+        return (
             f"on-chip state {live_row:,} B per row exceeds the "
             f"{options.on_chip_budget_bytes:,} B budget: may spill",
         )
-    return Kernel(tuple(ops[i] for i in members), cost, flags)
+    return ()
 
 
-def _planned(i: int, ops: Sequence[OpRecord], plan: _SavePlan) -> bool:
+def _planned(i: int, ops: Sequence[OpRecord], plan: SavePlan) -> bool:
     """Does the save plan change what op ``i`` reads or writes?"""
     if i in plan.rebuilt_by or i in plan.statistics:
         return True
@@ -678,7 +484,8 @@ def _peak_row_state(
     row_bytes: dict[int, int], born: dict[int, int], last_use: dict[int, int], length: int
 ) -> int:
     """Most bytes of one row a fused kernel holds at once: each intermediate lives from the
-    member that makes it to the last member that reads it (seed 000 "What limits fusion")."""
+    member that makes it to the last member that reads it (what limits fusion:
+    docs/concepts/fusion.md)."""
     delta = [0] * (length + 1)
     for storage, size in row_bytes.items():
         start = born[storage]
@@ -713,7 +520,7 @@ def _per_storage(views: Iterable[tuple[TensorMeta, int]]) -> tuple[tuple[TensorM
 def build_kernels(
     ops: Iterable[OpRecord],
     options: PricingOptions | None = None,
-    roles: dict[int, str] | None = None,
+    roles: Mapping[int, str] | None = None,
     pricer: Callable[[OpRecord], Cost] | None = None,
 ) -> tuple[list[Kernel], Coverage]:
     """Group a trace's ops into the kernels a runtime would launch under ``options``."""
@@ -729,14 +536,12 @@ def build_kernels(
         known = {id(op): cost for op, cost in zip(ops, costs, strict=True)}
         ops = split_column_reductions(ops, [c.flops for c in costs])
         costs = [known.get(id(op)) or cost_of(op) for op in ops]
-    graph = _Graph(ops, costs)
+    graph = Graph(ops, costs)
     groups = _group_ops(ops, costs, options)
     if options.fusion == "fused":
-        _merge_horizontal(groups, ops, graph)
+        merge_horizontal(groups, ops, graph)
     roles = roles or {}
-    plan = (
-        _save_plan(ops, costs, groups, graph, roles) if options.fusion == "fused" else _SavePlan()
-    )
+    plan = save_plan(ops, costs, groups, graph, roles) if options.fusion == "fused" else SavePlan()
     kernels = [
         _group_kernel(sorted(g.members), ops, costs, graph, roles, options, plan)
         for g in sorted((g for g in groups if g.members), key=lambda g: min(g.members))

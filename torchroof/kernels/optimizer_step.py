@@ -28,12 +28,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from torchroof.counters import OpKind, cost_of, kind_of
 from torchroof.counters.tensors import is_view_schema, read_tensors, written_tensors
-from torchroof.records.trace import OPTIMIZER, OpRecord, TensorMeta, TensorRef, Trace
-from torchroof.report.memory import storage_extent_bytes
+from torchroof.records.ops import OPTIMIZER, OpRecord, Phase
+from torchroof.records.tensors import TensorMeta, TensorRef, storage_extent_bytes
+from torchroof.records.trace import Trace
 
 FUSED_STEP = "torchroof.fused_optimizer_step.default"
 
@@ -42,7 +43,7 @@ FUSED_STEP = "torchroof.fused_optimizer_step.default"
 # state (a first step). ``metadata`` holds the allocations (``empty_like``); its other ops
 # return no new tensor.
 _INIT_KINDS: frozenset[OpKind] = frozenset({"creation", "metadata"})
-# What one fused optimizer kernel can do per element (seed 000 Table 3 ops, casts, copies,
+# What one fused optimizer kernel can do per element (elementwise ops, casts, copies,
 # fills, and their _foreach_ forms).
 _ELEMENTWISE_KINDS: frozenset[OpKind] = frozenset({"pointwise", "cast", "copy", "foreach"})
 
@@ -201,8 +202,8 @@ def fused_ops(ops: Sequence[OpRecord], step: OptimizerStep) -> list[OpRecord]:
     for op in ops:
         if op.index not in replaced:
             out.append(op)
-        elif replaced[op.index] is not None:
-            out.append(replaced[op.index])
+        elif (record := replaced[op.index]) is not None:
+            out.append(record)
     return out
 
 
@@ -355,4 +356,5 @@ def _fused_record(
     args["flops"] = sum(cost_of(op).flops for op in members)
     args["replaces"] = len(members)
     first = members[0]
-    return OpRecord(first.index, FUSED_STEP, tuple(inputs), (), args, first.module, OPTIMIZER, True)
+    phase = cast(Phase, OPTIMIZER)  # records.ops.OPTIMIZER is a plain str, this Phase's name
+    return OpRecord(first.index, FUSED_STEP, tuple(inputs), (), args, first.module, phase, True)

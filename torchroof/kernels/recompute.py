@@ -5,7 +5,7 @@ rebuild (matmul outputs, reductions, inputs) and recomputes cheap pointwise work
 backward kernels that need it, so a saved ``silu(gate)`` or an fp32 upcast of a bf16
 activation is never written to HBM (it bans recomputing reductions, so a norm's row
 statistics are saved). Eager autograd instead saves every tensor its backward formulas
-name. seed 000 "Fusion": a kernel boundary is a memory boundary; a tensor the backward can
+name. A kernel boundary is a memory boundary (docs/concepts/fusion.md); a tensor the backward can
 rebuild from what it already reads need not cross it.
 
 This module answers, for a trace, which tensors are *recomputable* and from what *sources*
@@ -18,12 +18,13 @@ splits them; the statistics are written by the forward kernel in place of the fu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torchroof.counters import Cost, OpKind, kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
-from torchroof.records.trace import OpRecord, TensorMeta
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta
 
 ROW_STATISTICS = 2  # max and log-sum-exp, fp32, one each per row
 # torch._inductor.config: _realize_opcount_threshold_default, realize_reads_threshold
@@ -73,7 +74,7 @@ def _row_statistics(op: OpRecord, index: int) -> TensorMeta:
 
 
 def recomputable_tensors(
-    ops: Sequence[OpRecord], costs: Sequence[Cost], roles: dict[int, str]
+    ops: Sequence[OpRecord], costs: Sequence[Cost], roles: Mapping[int, str]
 ) -> dict[int, Recomputable]:
     """storage -> how to rebuild it, for every output of a pointwise op (through chains of
     cheap pointwise ops), a softmax or a norm; tensors with a role (weights, KV cache) and

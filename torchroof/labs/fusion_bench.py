@@ -1,14 +1,16 @@
-"""The seed's fusion bench (Lab 3): one chain of elementwise ops, kernel boundaries toggled.
+"""The fusion bench: one chain of elementwise ops, kernel boundaries toggled.
 
-seed 000 "Fusion": "residual add, RMSNorm, elementwise scale, SiLU, elementwise multiply,
-dropout. Six kernels, six launches", each a kernel boundary that is a memory boundary.
+Fusion (docs/concepts/fusion.md): residual add, RMSNorm, elementwise scale, SiLU,
+elementwise multiply, dropout — six kernels, six launches, each a kernel boundary that is a
+memory boundary.
 Q_fused = s·n·(r_ext + w_ext); I_fused = sum f_i / [s(r_ext + w_ext)]: the numerator adds,
-the denominator does not. Turning a boundary off never changes W (DESIGN rule 6), only Q.
-seed 000 Lab 3: "warns when a fused group would need more than roughly 64 KB of live state
-per 256-thread block, which is where real fused kernels start spilling".
+the denominator does not. Turning a boundary off never changes W (fusion changes Q, never
+W), only Q. The bench warns when a fused group would need more than roughly 64 KB of live
+state per 256-thread block (64 32-bit registers per thread: past it fused kernels lose
+occupancy or spill; CUDA C++ Programming Guide, registers per SM).
 
-The chain (n = tokens x d_model elements at s bytes; FLOPs per element, seed 000 Table 3's
-counting, ~12 in all like its "fused norm+SwiGLU+residual"):
+The chain (n = tokens x d_model elements at s bytes; FLOPs per element as the counters
+count them, ~12 in all like the ``fused-norm-swiglu-residual`` preset):
 
     residual add   h = x + r                 1   reads x, r (the sublayer output, the stream)
     RMSNorm        y = h · rsqrt(mean(h²))   3   square, accumulate, scale (a row reduction)
@@ -18,13 +20,13 @@ counting, ~12 in all like its "fused norm+SwiGLU+residual"):
     dropout        o = m · mask / (1 - p)    2   compare, scale (mask drawn in-kernel)
 
 ``h`` is the residual stream the next block adds to, so it is written whatever is fused;
-``o`` is the chain's output. NB: as in the seed's fragment, the GEMMs a real block runs
+``o`` is the chain's output. NB: the GEMMs a real block runs
 between RMSNorm and SwiGLU are left out, and the dropout mask a backward pass would keep is
 not stored.
 
-Register pressure (crude, as the seed's): a 256-thread block holds, per thread, the
-elements it processes x the tensors live at once x 4 B (fp32 in registers, seed Table 3's
-"fp32 accumulation"). A group holding a row reduction keeps the whole row on chip until its
+Register pressure (crude): a 256-thread block holds, per thread, the
+elements it processes x the tensors live at once x 4 B (fp32 in registers, fp32
+accumulation). A group holding a row reduction keeps the whole row on chip until its
 norm is known, d_model / 256 elements per thread; any other group 8 elements per thread (one
 16-byte bf16 load).
 """
@@ -39,7 +41,7 @@ from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.labs.explore import itemsize
 
 BLOCK_THREADS = 256
-LIVE_STATE_LIMIT_BYTES = 64 * 1024  # seed 000 Lab 3: "roughly 64 KB ... per 256-thread block"
+LIVE_STATE_LIMIT_BYTES = 64 * 1024  # roughly 64 KB per 256-thread block (64 registers/thread)
 REGISTER_BYTES = 4  # live values are fp32 in registers
 STREAM_ELEMENTS_PER_THREAD = 8  # one 16-byte load of bf16 per thread
 
@@ -104,7 +106,7 @@ class FusedKernel:
 
     @property
     def live_state_bytes(self) -> int:
-        """Live values per thread x 256 threads x 4 B (seed 000 Lab 3's register check)."""
+        """Live values per thread x 256 threads x 4 B (the bench's register check)."""
         per_thread = self.elements_per_thread * self.live_tensors
         return per_thread * BLOCK_THREADS * REGISTER_BYTES
 
@@ -133,14 +135,14 @@ def _kernel(
 
 @dataclass(frozen=True)
 class FusionBench:
-    """Lab 3's readouts for one setting of the boundaries."""
+    """The fusion bench's readouts for one setting of the boundaries."""
 
     tokens: int
     d_model: int
     dtype: str
     boundaries_on: tuple[bool, ...]  # after each op but the last: True = written to HBM
     kernels: tuple[FusedKernel, ...]
-    peak_flops_per_s: float  # the fp32 vector units (DESIGN rule 4: pointwise ops)
+    peak_flops_per_s: float  # the fp32 vector units (the unit follows the op: pointwise ops)
     bandwidth_bytes_per_s: float
     all_split_time_s: float
 
@@ -158,7 +160,7 @@ class FusionBench:
 
     @property
     def time_s(self) -> float:
-        """Roofline times summed as if kernels ran back to back (seed 000 Lab 4's rule)."""
+        """Roofline times summed as if kernels ran back to back (the per-layer budget's rule)."""
         return sum(
             k.time_s(self.peak_flops_per_s, self.bandwidth_bytes_per_s) for k in self.kernels
         )
@@ -226,7 +228,7 @@ def fusion_bench(
     hardware: str | HardwareSpec = "h100-sxm",
     boundaries_on: Sequence[bool] = ALL_SPLIT,
 ) -> FusionBench:
-    """seed 000 Lab 3 (defaults: its 65,536 tokens x d_model 8192). ``boundaries_on`` has
+    """The fusion bench (defaults: 65,536 tokens x d_model 8192). ``boundaries_on`` has
     one flag per boundary between consecutive ops of FUSION_CHAIN (five): True writes the
     intermediate to HBM and ends the kernel; all False fuses the chain into one kernel."""
     flags = tuple(bool(b) for b in boundaries_on)

@@ -1,14 +1,14 @@
-"""Two IO algorithms of seed 000: FlashAttention's three accountings of Q and chunked
+"""Two IO algorithms: FlashAttention's three accountings of Q and chunked
 cross-entropy's peak logits memory. Both leave W alone and change Q.
 
-seed 000 "Attention from first principles": naive attention materialises S and P,
+Standard attention (Dao et al. 2022, Algorithm 0) materialises S and P,
 W = 4N²d, Q = 4s(Nd + N²), I = Nd/(s(N + d)) -> d/s.
-seed 000 "FlashAttention is an IO algorithm": compulsory Q = 4sNd, I = N/s; tiled (each
+FlashAttention is an IO algorithm (Dao et al. 2022): compulsory Q = 4sNd, I = N/s; tiled (each
 block of B_r query rows re-reads all of K and V) Q = s·Nd + s·(N/B_r)·2Nd + s·Nd,
 I = 4N²d / [s(2Nd + 2N²d/B_r)] -> 2B_r/s. Per head; causal masking halves W and Q alike
 and leaves I where it is. torchroof/hierarchy.attention_levels counts the same tiled bytes
 at the L2 boundary with B_r = 128.
-seed 000 "The big-vocabulary logits crisis": the fp32 logits are 4·N_t·V bytes per copy;
+Large-vocabulary logits (Wijmans et al. 2024): the fp32 logits are 4·N_t·V bytes per copy;
 cross-entropy moves ~4·4·N_t·V bytes (read logits, write softmax, read back, write grad) at
 I ~ 6/16; chunking C token rows at a time keeps 4·C·V and folds that traffic (and the head
 GEMM's N_t·V output write) into on-chip work.
@@ -26,7 +26,7 @@ from torchroof.hardware import HardwareSpec, get, spec_dtype
 from torchroof.labs.explore import itemsize
 from torchroof.timing.hierarchy import FP32_BYTES
 
-CE_FLOPS_PER_LOGIT = 6  # seed 000: I_CE ~ 6 FLOPs / 16 bytes
+CE_FLOPS_PER_LOGIT = 6  # I_CE ~ 6 FLOPs / 16 bytes
 CE_PASSES = 4  # read logits, write softmax, read it back, write the gradient
 
 
@@ -100,7 +100,7 @@ class AttentionBounds:
 def attention_bounds(
     seq: int, head_dim: int = 128, block_rows: int = 128, dtype: str = "bf16"
 ) -> AttentionBounds:
-    """seed 000 Figure 13's three curves at one sequence length."""
+    """Attention's three accountings of Q (naive, tiled, compulsory) at one sequence length."""
     for name, value in (("seq", seq), ("head_dim", head_dim), ("block_rows", block_rows)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
@@ -163,7 +163,7 @@ class ChunkedCrossEntropy:
 
     @property
     def weight_reread_bytes(self) -> int:
-        """NB (not in the seed): each chunk's GEMM streams the d x V head weight again, so
+        """NB: each chunk's GEMM streams the d x V head weight again, so
         chunking adds (chunks - 1)·s·d·V unless L2 holds the weight."""
         return (self.chunks - 1) * self.itemsize * self.d_model * self.vocab
 
@@ -205,7 +205,8 @@ def chunked_cross_entropy(
     dtype: str = "bf16",
     hardware: str | HardwareSpec = "h100-sxm",
 ) -> ChunkedCrossEntropy:
-    """seed 000 Figure 11 (N_t = 8192, d = 4096, C = 1024) at one vocabulary size."""
+    """Chunked cross-entropy's logits memory and traffic (defaults N_t = 8192, d = 4096,
+    C = 1024) at one vocabulary size."""
     for name, value in (("tokens", tokens), ("vocab", vocab), ("chunk", chunk), ("d", d_model)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")

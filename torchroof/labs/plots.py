@@ -1,10 +1,11 @@
 """Pictures for the labs (PNG, SVG or PDF by the file's suffix; matplotlib is optional).
 
-Lab 1: the accelerator's log-log roofline with every boundary's diagonal (seed 000 Table 4)
-and every pipe's ceiling (seed 000 "pi is the top of a stack"), the reading's point marked.
-Lab 2: seed 000 Figure 17, the GEMM's point at each boundary it crosses under its peak, and
-the three accountings of Q (compulsory, tiled, modelled) at the HBM boundary.
-seed 000 "log-log flatters everything": read numbers from the readouts, not the picture.
+The roofline explorer: the accelerator's log-log roofline with every boundary's diagonal
+and every pipe's ceiling (Williams et al. 2009), the reading's point marked.
+The GEMM workbench: the GEMM's point at each boundary it crosses under its peak (a
+hierarchical roofline chart, Yang, Kurth & Williams 2020), and the three accountings of Q
+(compulsory, tiled, modelled) at the HBM boundary.
+Log-log axes flatter everything: read numbers from the readouts, not the picture.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchroof.hardware import distinct_boundaries, get
-from torchroof.labs.explore import GemmReading, RooflineReading, find_boundary
+from torchroof.labs.explore import RooflineReading, find_boundary
+from torchroof.labs.gemm_workbench import GemmReading
 from torchroof.render.plots import check_plot_path, pyplot, save_figure
 
 
@@ -27,12 +29,13 @@ def _roof(lo: float, hi: float, peak: float, beta: float) -> tuple[list[float], 
 
 
 def roofline_lab_plot(reading: RooflineReading, path: str | Path) -> Path:
-    """Lab 1: every boundary's diagonal beta·I up to the highest ceiling, every pipe's
-    ceiling, the chosen roof min(pi, beta·I) in black and the reading's point on it."""
+    """The roofline explorer: every boundary's diagonal beta·I up to the highest ceiling,
+    every pipe's ceiling, the chosen roof min(pi, beta·I) in black and the reading's point
+    on it."""
     path = check_plot_path(path)
     plt = pyplot()
     spec = reading.spec if reading.spec is not None else get(reading.hardware)
-    walls = distinct_boundaries(spec)  # Table 4 as ``torchroof hardware`` lists it
+    walls = distinct_boundaries(spec)  # the boundary table as ``torchroof hardware`` lists it
     if reading.boundary not in {wall.name for wall in walls}:  # one cluster's own link
         walls.append(find_boundary(spec, reading.boundary_key)[1])
     ceilings = spec.ceilings()  # every pipe, fp64 included, as find_pipe offers them
@@ -86,9 +89,9 @@ def roofline_lab_plot(reading: RooflineReading, path: str | Path) -> Path:
 
 
 def gemm_lab_plot(reading: GemmReading, path: str | Path) -> Path:
-    """Lab 2 in seed 000 Figure 17's style: the GEMM at each boundary (filled: on the roof
-    that boundary allows; the lowest binds), and at HBM its compulsory / tiled / modelled
-    intensities (hollow)."""
+    """The GEMM workbench as a hierarchical roofline chart: the GEMM at each boundary
+    (filled: on the roof that boundary allows; the lowest binds), and at HBM its
+    compulsory / tiled / modelled intensities (hollow)."""
     path = check_plot_path(path)
     plt = pyplot()
     peak, flops = reading.peak_flops_per_s, reading.flops

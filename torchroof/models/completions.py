@@ -18,6 +18,7 @@ derived from the config itself, each with its source.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # model_type -> kwargs for AutoConfig.for_model: the default config violates its own validator.
@@ -161,88 +162,117 @@ def _fill(cfg: Any, values: dict[str, Any]) -> None:
             _set(cfg, name, value)
 
 
+def _complete_deepseek_v2(cfg: Any) -> None:
+    """DeepSeek-V2: V2-Lite's routing, and an expert width the grouped GEMM takes."""
+    # Source: deepseek-ai/DeepSeek-V2-Lite config.json (the checkpoint named in
+    # DeepseekV2Config's docstring): num_experts_per_tok=6, n_group=1, topk_group=1
+    # (with n_routed_experts=64, n_shared_experts=2, topk_method="greedy", already default).
+    _fill(cfg, {"num_experts_per_tok": 6, "n_group": 1, "topk_group": 1})
+    # The one override of a set value: the default moe_intermediate_size=1407 is an odd
+    # width that no released checkpoint uses (V2-Lite: 1408, V2: 1536) and that the default
+    # experts kernel (torch._grouped_mm) rejects on any device ("stride along 0 dim to be
+    # multiple of 16 bytes, got 1407").  Use V2-Lite's 1408, consistent with the routing
+    # values above.  (Alternative that keeps 1407: config._experts_implementation = "eager".)
+    if getattr(cfg, "moe_intermediate_size", None) == 1407:
+        _set(cfg, "moe_intermediate_size", 1408)
+
+
+def _complete_dots1(cfg: Any) -> None:
+    """dots.llm1: the released checkpoints' experts."""
+    # Source: rednote-hilab/dots.llm1.base / .inst config.json (checkpoint named in
+    # Dots1Config's docstring): n_routed_experts=128, n_shared_experts=2,
+    # num_experts_per_tok=6.  (n_group / topk_group are null there; default 1 is kept.)
+    _fill(cfg, {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6})
+
+
+def _complete_qwen4_exp_text(cfg: Any) -> None:
+    """Qwen4-Exp text: the QSA indexer's five fields (also reached for qwen4_exp via its
+    text_config)."""
+    # Every indexed_attention layer builds a QSA indexer, which needs all five indexer_*
+    # fields; the default config leaves them None.  Source: the released Qwen/Qwen4-Exp
+    # text config as replicated by third-party loaders (indexer_n_heads=4,
+    # indexer_kv_heads=1, indexer_head_dim=128, indexer_budget=2048,
+    # indexer_compress_ratio=4).  Invariants checked by
+    # Qwen4ExpTextConfig.validate_architecture: kv_heads == 1, budget % ratio == 0, and
+    # rotary_dim (= head_dim * partial_rotary_factor) <= indexer_head_dim.  The release uses
+    # partial_rotary_factor 0.25 (rotary_dim 64); the default config has factor 1.0, so
+    # rotary_dim = head_dim = 256 > 128: indexer_head_dim is raised to rotary_dim to keep
+    # that invariant without touching rope_parameters.
+    prf = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    rotary_dim = int(cfg.head_dim * prf)
+    _fill(
+        cfg,
+        {
+            "indexer_n_heads": 4,
+            "indexer_kv_heads": 1,
+            "indexer_head_dim": max(128, rotary_dim),
+            "indexer_budget": 2048,
+            "indexer_compress_ratio": 4,
+        },
+    )
+
+
+def _complete_dbrx(cfg: Any) -> None:
+    """DBRX: rope_theta copied down to attn_config, and the released qkv clip."""
+    # DbrxAttention.__init__ reads config.attn_config.rope_theta (stored, never used in the
+    # forward), but DbrxAttentionConfig has no such field; the rotary embedding takes theta
+    # from the top-level rope_parameters.  Copy it down so both agree.
+    attn = cfg.attn_config
+    if getattr(attn, "rope_theta", None) is None:
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        _set(attn, "rope_theta", theta)
+    # clip_qkv=None means "no clipping" per the docstring, but DbrxAttention calls
+    # qkv.clamp(min=None, max=None), which torch rejects.  Source for the value:
+    # databricks/dbrx-base and dbrx-instruct config.json attn_config
+    # {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000}.
+    if getattr(attn, "clip_qkv", None) is None:
+        _set(attn, "clip_qkv", 8)
+
+
+def _complete_cohere_compass_text(cfg: Any) -> None:
+    """Cohere Compass text: layer types missing from rope_parameters are NoPE."""
+    # rope_parameters is keyed by layer type (per-layer RoPE, None = NoPE layer,
+    # "allow per layer rope with optional NoPE layers" in CohereCompassTextConfig), but the
+    # default is {} while every layer is full_attention -> KeyError.  A layer type missing
+    # from the dict is completed as NoPE (None): that is the only value the config family
+    # defines without inventing a theta, and it is the Cohere2 / Command-A convention for
+    # full-attention layers (RoPE only on sliding layers).
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict) and "rope_theta" not in rp and "rope_type" not in rp:
+        for layer_type in dict.fromkeys(cfg.layer_types):
+            rp.setdefault(layer_type, None)
+
+
+def _complete_blt(cfg: Any) -> None:
+    """BLT: as many cache slots as its deepest sub-model."""
+    # BltModel.forward builds DynamicCache(config=self.config) on the top-level BltConfig,
+    # which has no num_hidden_layers (the layer counts live in the encoder / global /
+    # decoder sub-configs, each indexing the shared cache from layer 0).  The cache needs
+    # as many slots as the deepest sub-model: max of the sub-configs' num_hidden_layers.
+    if getattr(cfg, "num_hidden_layers", None) is None:
+        depths = [
+            getattr(getattr(cfg, name, None), "num_hidden_layers", 0) or 0
+            for name in ("encoder_config", "global_config", "decoder_config")
+        ]
+        _set(cfg, "num_hidden_layers", max(depths))
+
+
+# The completions, by model type: what a default config of that type leaves unusable.
+_COMPLETIONS: dict[str, Callable[[Any], None]] = {
+    "deepseek_v2": _complete_deepseek_v2,
+    "dots1": _complete_dots1,
+    "qwen4_exp_text": _complete_qwen4_exp_text,
+    "dbrx": _complete_dbrx,
+    "cohere_compass_text": _complete_cohere_compass_text,
+    "blt": _complete_blt,
+}
+
+
 def _per_model(model_type: str, cfg: Any) -> None:
-    if model_type in ("deepseek_v2",):
-        # Source: deepseek-ai/DeepSeek-V2-Lite config.json (the checkpoint named in
-        # DeepseekV2Config's docstring): num_experts_per_tok=6, n_group=1, topk_group=1
-        # (with n_routed_experts=64, n_shared_experts=2, topk_method="greedy", already default).
-        _fill(cfg, {"num_experts_per_tok": 6, "n_group": 1, "topk_group": 1})
-        # The one override of a set value: the default moe_intermediate_size=1407 is an odd
-        # width that no released checkpoint uses (V2-Lite: 1408, V2: 1536) and that the default
-        # experts kernel (torch._grouped_mm) rejects on any device ("stride along 0 dim to be
-        # multiple of 16 bytes, got 1407").  Use V2-Lite's 1408, consistent with the routing
-        # values above.  (Alternative that keeps 1407: config._experts_implementation = "eager".)
-        if getattr(cfg, "moe_intermediate_size", None) == 1407:
-            _set(cfg, "moe_intermediate_size", 1408)
-
-    elif model_type == "dots1":
-        # Source: rednote-hilab/dots.llm1.base / .inst config.json (checkpoint named in
-        # Dots1Config's docstring): n_routed_experts=128, n_shared_experts=2,
-        # num_experts_per_tok=6.  (n_group / topk_group are null there; default 1 is kept.)
-        _fill(cfg, {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6})
-
-    elif model_type == "qwen4_exp_text":  # also reached for qwen4_exp via its text_config
-        # Every indexed_attention layer builds a QSA indexer, which needs all five indexer_*
-        # fields; the default config leaves them None.  Source: the released Qwen/Qwen4-Exp
-        # text config as replicated by third-party loaders (indexer_n_heads=4,
-        # indexer_kv_heads=1, indexer_head_dim=128, indexer_budget=2048,
-        # indexer_compress_ratio=4).  Invariants checked by
-        # Qwen4ExpTextConfig.validate_architecture: kv_heads == 1, budget % ratio == 0, and
-        # rotary_dim (= head_dim * partial_rotary_factor) <= indexer_head_dim.  The release uses
-        # partial_rotary_factor 0.25 (rotary_dim 64); the default config has factor 1.0, so
-        # rotary_dim = head_dim = 256 > 128: indexer_head_dim is raised to rotary_dim to keep
-        # that invariant without touching rope_parameters.
-        prf = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-        rotary_dim = int(cfg.head_dim * prf)
-        _fill(
-            cfg,
-            {
-                "indexer_n_heads": 4,
-                "indexer_kv_heads": 1,
-                "indexer_head_dim": max(128, rotary_dim),
-                "indexer_budget": 2048,
-                "indexer_compress_ratio": 4,
-            },
-        )
-
-    elif model_type == "dbrx":
-        # DbrxAttention.__init__ reads config.attn_config.rope_theta (stored, never used in the
-        # forward), but DbrxAttentionConfig has no such field; the rotary embedding takes theta
-        # from the top-level rope_parameters.  Copy it down so both agree.
-        attn = cfg.attn_config
-        if getattr(attn, "rope_theta", None) is None:
-            theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-            _set(attn, "rope_theta", theta)
-        # clip_qkv=None means "no clipping" per the docstring, but DbrxAttention calls
-        # qkv.clamp(min=None, max=None), which torch rejects.  Source for the value:
-        # databricks/dbrx-base and dbrx-instruct config.json attn_config
-        # {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000}.
-        if getattr(attn, "clip_qkv", None) is None:
-            _set(attn, "clip_qkv", 8)
-
-    elif model_type == "cohere_compass_text":
-        # rope_parameters is keyed by layer type (per-layer RoPE, None = NoPE layer,
-        # "allow per layer rope with optional NoPE layers" in CohereCompassTextConfig), but the
-        # default is {} while every layer is full_attention -> KeyError.  A layer type missing
-        # from the dict is completed as NoPE (None): that is the only value the config family
-        # defines without inventing a theta, and it is the Cohere2 / Command-A convention for
-        # full-attention layers (RoPE only on sliding layers).
-        rp = getattr(cfg, "rope_parameters", None)
-        if isinstance(rp, dict) and "rope_theta" not in rp and "rope_type" not in rp:
-            for layer_type in dict.fromkeys(cfg.layer_types):
-                rp.setdefault(layer_type, None)
-
-    elif model_type == "blt":
-        # BltModel.forward builds DynamicCache(config=self.config) on the top-level BltConfig,
-        # which has no num_hidden_layers (the layer counts live in the encoder / global /
-        # decoder sub-configs, each indexing the shared cache from layer 0).  The cache needs
-        # as many slots as the deepest sub-model: max of the sub-configs' num_hidden_layers.
-        if getattr(cfg, "num_hidden_layers", None) is None:
-            depths = [
-                getattr(getattr(cfg, name, None), "num_hidden_layers", 0) or 0
-                for name in ("encoder_config", "global_config", "decoder_config")
-            ]
-            _set(cfg, "num_hidden_layers", max(depths))
+    """Complete ``cfg`` as its model type needs (:data:`_COMPLETIONS`); others are left."""
+    complete = _COMPLETIONS.get(model_type)
+    if complete is not None:
+        complete(cfg)
 
 
 def complete_config(config: Any) -> Any:

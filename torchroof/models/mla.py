@@ -75,9 +75,10 @@ def absorbed_attention(
     or quantised (fp8: FlashMLA's fp8 cache, read at 1 B per element). Returns the
     attention output as [b, Lq, h, d_v], like every transformers attention function."""
     capture = _ACTIVE[-1]
-    nope, rank = module.qk_nope_head_dim, module.kv_lora_rank
+    layer: Any = module  # transformers' MLA attention: its sizes are plain attributes
+    nope, rank = layer.qk_nope_head_dim, layer.kv_lora_rank
     heads = query.shape[1]
-    weight = module.kv_b_proj.weight.view(heads, nope + module.v_head_dim, rank)
+    weight = layer.kv_b_proj.weight.view(heads, nope + layer.v_head_dim, rank)
     w_uk, w_uv = weight[:, :nope], weight[:, nope:]  # [h, d_nope, r], [h, d_v, r]
     q_nope, q_rope = query.split([nope, query.shape[-1] - nope], dim=-1)
     q_absorbed = torch.cat([_per_head(q_nope, w_uk), q_rope], dim=-1)  # [b, h, Lq, r + d_r]
@@ -117,7 +118,7 @@ def absorbed_mla(model: torch.nn.Module, capture: Capture) -> Iterator[bool]:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    layers = mla_layers(model)
+    layers: list[Any] = mla_layers(model)  # their expand_kv and config are set below
     if not layers or not all(absorbable(layer) for layer in layers):
         yield False
         return

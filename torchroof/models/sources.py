@@ -9,7 +9,7 @@ import json
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -214,7 +214,7 @@ def _prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
     X-MOD routes every layer through a language adapter and refuses input without a
     language: the config's first language is taken as the default. GIT is traced text-only.
     """
-    moved: dict[int, torch.Tensor] = {}
+    moved: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is None or param.is_meta:
@@ -231,13 +231,14 @@ def _prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
     # text-only step (no pixel_values) has none, so it would drop the text's own logits.
     git = getattr(model, "git", None)
     for layer in getattr(getattr(git, "encoder", None), "layer", []):
-        self_attention = getattr(getattr(layer, "attention", None), "self", None)
+        self_attention: Any = getattr(getattr(layer, "attention", None), "self", None)
         if hasattr(self_attention, "image_patch_tokens"):
             self_attention.image_patch_tokens = 0
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     languages = getattr(config, "languages", None)
-    if hasattr(model, "set_default_language") and languages and not config.default_language:
-        model.set_default_language(list(languages)[0])
+    set_default_language = getattr(model, "set_default_language", None)
+    if set_default_language is not None and languages and not config.default_language:
+        set_default_language(list(languages)[0])
 
 
 # -- limits of a config ---------------------------------------------------------------------
@@ -287,7 +288,8 @@ def _stored_fields(config: Any) -> dict[str, Any]:
     return fields
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
+    """A whole number of something (an int, not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

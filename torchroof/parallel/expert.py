@@ -1,7 +1,7 @@
 """Expert parallelism: transformers' own all-to-all dispatch on a fake process group.
 
-DESIGN.md rule 9 ("Parallelism is priced, never re-implemented") and "Parallel programs on
-one CPU": the routed experts of a MoE model are sharded with transformers'
+Parallelism is priced, never re-implemented, and runs as the real program on one CPU: the
+routed experts of a MoE model are sharded with transformers'
 ``apply_expert_parallelism`` and its ``AllToAllEP`` implementation, as
 ``from_pretrained(distributed_config=DistributedConfig(ep_size=...))`` would do. Each rank
 of the EP group then holds E/ep whole experts (``grouped_gemm``: dim 0 of the expert
@@ -34,14 +34,21 @@ the same mesh as its EP axis (:func:`expert_mesh`), then the rest as usual.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from torchroof.parallel.program import owned_plan
+from torchroof.parallel.fsdp import FSDP_IGNORED, shards_data
+from torchroof.parallel.plans import owned_plan
+from torchroof.parallel.strategy import Strategy
+
+if TYPE_CHECKING:
+    from torchroof.config import Workload
 
 EP_IMPLEMENTATION = "all_to_all"
 """transformers' ``EPImplementationInterface`` entry used: ``AllToAllEP`` (its ``auto``
@@ -173,3 +180,20 @@ def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, ep: int) -> set[nn.P
     for experts in dispatched:
         fully_shard(experts, mesh=efsdp_mesh, reshard_after_forward=True)
     return set()
+
+
+def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractContextManager[Any]:
+    """The routed experts sharded over groups of ``ep`` consecutive ranks and reached by
+    all-to-all (the tensor-parallel plan has left them alone); a training step's FSDP then
+    shards each experts module over the ranks holding the same experts first, as
+    transformers does (:data:`torchroof.parallel.fsdp.FSDP_IGNORED`: what it leaves out)."""
+    plan = workload.parallel_plan
+    if plan.ep > 1:
+        experts = expert_mesh(plan.world, plan.ep)
+        apply_expert_parallel(model, experts["ep"], mesh["tp"])
+        if workload.trains and shards_data(plan):
+            setattr(model, FSDP_IGNORED, shard_experts(model, experts["efsdp"], plan.ep))
+    return contextlib.nullcontext()
+
+
+STRATEGY = Strategy(name="expert", apply=_apply)

@@ -13,7 +13,9 @@ from typing import Any
 from torchroof.config.errors import OptionError, first_line
 from torchroof.counters import cost_of
 from torchroof.hardware import ClusterSpec
-from torchroof.records.trace import StepFacts, Trace, TraceFileError
+from torchroof.records.facts import StepFacts
+from torchroof.records.trace import Trace
+from torchroof.records.trace_file import TraceFileError
 
 # What a cost rule raises when it is handed an op it cannot read.
 RULE_ERRORS = (IndexError, KeyError, TypeError, AttributeError, OverflowError, ValueError)
@@ -36,7 +38,7 @@ def recorded_tokens_problem(facts: StepFacts) -> str | None:
     """The recorded tokens against those the recorded workload's regime processes
     (prefill and train B x seq, x micro-batches; decode B), or None when they agree or
     there is no single-stage workload to check them by (a hand-traced block, a pipeline)."""
-    from torchroof.config.options import Workload
+    from torchroof.config import Workload
     from torchroof.workloads import regime
 
     recorded = facts.workload

@@ -1,12 +1,12 @@
-"""A quantised KV cache (issue 15): K and V stored at 1 byte per element, the way serving
+"""A quantised KV cache: K and V stored at 1 byte per element, the way serving
 runtimes keep them (vLLM's and TensorRT-LLM's fp8 KV cache, TensorRT-LLM's int8 one).
 
 The new K/V of a step are scaled by a per-tensor scale and cast when they are written into
 the cache (one pointwise kernel, fused with the op that produced them); the attention kernel
 reads the narrow cache and dequantises in registers, so its K/V bytes are 1 B per element
-while its FLOPs run on the query's tensor cores. seed 000 "The crossover that ends batching":
-KV bytes = 2 · s · N · d_head · h_kv · L per sequence, and quantising the cache ("fewer cached
-bytes per entry") halves s, so B_cross doubles and decode attention's I = 2/s doubles. A
+while its FLOPs run on the query's tensor cores. The KV crossover (docs/concepts/attention-kv.md):
+KV bytes = 2 · s · N · d_head · h_kv · L per sequence, and quantising the cache (fewer cached
+bytes per entry) halves s, so B_cross doubles and decode attention's I = 2/s doubles. A
 consumer that is not an attention kernel (transformers' per-step MLA expansion) dequantises
 first, a recorded cast.
 
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from torchroof.config.choices import KV_DTYPES
 from torchroof.config.errors import WorkloadError
-from torchroof.quant.recipes import KV_DTYPES, KV_TORCH_DTYPES
+from torchroof.quant.recipes import KV_TORCH_DTYPES
 
 KV_SCALE = 1.0  # the per-tensor scale: K/V are divided by it on write, multiplied on read
 

@@ -1,13 +1,13 @@
 """Quantised MoE experts: transformers' 3-D expert weights stored narrow and multiplied by one
-grouped GEMM that reads them at their stored width (issue 15).
+grouped GEMM that reads them at their stored width.
 
 transformers' experts (``grouped_mm_experts_forward``) hold ``gate_up_proj`` / ``up_proj`` and
 ``down_proj`` as ``[E, out, in]`` parameters and call ``grouped_mm(x, w.transpose(-2, -1),
 offs)``. Here each is replaced by a :class:`PackedExpertWeight`: a wrapper tensor that looks
 like the bf16 weight (its shape, its dtype, so ``x.to(w.dtype)`` changes nothing) but holds
 the codes and scales of the recipe, and turns the grouped GEMM into one registered op,
-``torchroof::packed_grouped_mm``, priced by ``counters/quantized.py``: W = 2·S·N·K (seed 000
-"GEMM from first principles"), the codes and scales of the experts the routed rows reach
+``torchroof::packed_grouped_mm``, priced by ``counters/quantized.py``: W = 2·S·N·K (2MNK
+over the routed rows), the codes and scales of the experts the routed rows reach
 read once (balanced routing, as for ``_grouped_mm``).
 
 Formats (the codes ``[E, N, K·bits/8]`` and their scales):
@@ -129,7 +129,9 @@ class PackedExpertWeight(torch.Tensor):
     ) -> None:
         self.codes, self.scales, self.fmt = codes, scales, fmt
 
-    def __repr__(self) -> str:  # noqa: D105
+    # the same keyword as Tensor.__repr__; mypy still reports the untyped original as
+    # incompatible with any override
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return f"PackedExpertWeight({self.fmt}, shape={tuple(self.shape)})"
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
@@ -171,8 +173,12 @@ class PackedExpertWeight(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
+    # torch types Tensor.__torch_dispatch__ as its disabled implementation bound as a method
+    # (no ``func`` parameter), not as the classmethod every subclass defines
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             return args[0]._with_shape(args[0].shape)
         if func is torch.ops.aten.clone.default:  # deepcopy (meta_copy of a packed model)

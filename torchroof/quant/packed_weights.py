@@ -1,4 +1,4 @@
-"""Packed low-bit linear layers that torchao cannot run here (issue 15): int4 weight-only
+"""Packed low-bit linear layers that torchao cannot run here: int4 weight-only
 (tinygemm's layout), MXFP4 weight-only and NVFP4 weights with NVFP4 activations.
 
 Each recipe replaces an ``nn.Linear`` by a module holding the packed weight and calling an
@@ -442,7 +442,7 @@ def apply_packed_weights(model: nn.Module, quant: str, filter_fn: FilterFn | Non
     empty); on a real device the weights are quantised by the reference numerics above."""
     if quant not in PACKED_LINEARS:
         raise ValueError(f"unknown packed quant {quant!r}; expected one of {PACKED_QUANTS}")
-    packed_type = PACKED_LINEARS[quant]  # type: ignore[index]
+    packed_type = PACKED_LINEARS[quant]
     targets = [
         (fqn, module)
         for fqn, module in model.named_modules()

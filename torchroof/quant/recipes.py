@@ -1,8 +1,8 @@
-"""Quantised linear layers (issue 15): the recipes people train and serve with, applied to the
+"""Quantised linear layers: the recipes people train and serve with, applied to the
 real model before it is traced, so the trace holds the kernels a GPU launches for them.
 
-seed 000 Table 1: narrowing the datatype doubles pi and leaves beta alone, so it moves the
-ridge; for decode, "narrowing the datatype scales s and pi together", so B* does not move.
+Narrowing the datatype doubles pi (the datasheets' per-datatype tensor peaks) and leaves beta
+alone, so it moves the ridge; for decode it scales s and pi together, so B* does not move.
 
 Each recipe is the library people use where it runs on meta (torchao 0.18):
 
@@ -37,30 +37,82 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
+from torchroof.config.choices import NO_QUANT
 from torchroof.config.errors import WorkloadError
 from torchroof.hardware import UnsupportedDtypeError
 from torchroof.quiet import quiet_imports as narrow_quiet_imports
 
-KV_DTYPES = ("model", "fp8", "int8")
 KV_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+
+# torchao's ``filter_fn(module, fqn)``: the linear layers a recipe quantises
+FilterFn = Callable[[torch.nn.Module, str], bool]
 
 
 @dataclass(frozen=True)
 class Recipe:
     """One quantisation recipe: whether a training or a serving step can use it, the tensor
     core its GEMMs run on (a spec key: ``fp8``, ``fp4``; ``""`` for weight-only recipes,
-    which compute in the model's dtype), and what it does, for the report."""
+    which compute in the model's dtype), what it does, for the report, and how it is
+    applied (``transform(model, filter_fn, trains)``: the library's own transform on the
+    linear layers ``filter_fn`` accepts).
+
+    Adding a recipe is its ``Recipe`` in :data:`RECIPES`, its name in
+    :data:`torchroof.config.choices.RECIPE_TRAINS` (tests/test_extension_points.py holds the
+    two equal), and its tests."""
 
     name: str
     trains: bool
     serves: bool
     tensor_dtype: str
     describe: str
+    transform: Callable[[torch.nn.Module, FilterFn, bool], None]
     block: int = 16  # in_features must be a multiple (scale groups; the GEMMs' alignment)
+
+    def apply(self, model: torch.nn.Module, filter_fn: FilterFn, trains: bool) -> None:
+        """Quantise, in place, the linear layers of ``model`` that ``filter_fn`` accepts."""
+        with quiet_imports():
+            self.transform(model, filter_fn, trains)
+
+    def validate(self, tensor_flops: dict[str, Any], display_name: str) -> None:
+        """A clear error before tracing when the accelerator has no tensor cores for the
+        recipe's GEMMs (fp8 on an A100, fp4 on an H100)."""
+        if not self.tensor_dtype or self.tensor_dtype in tensor_flops:
+            return
+        weight_only = ", ".join(r.name for r in RECIPES.values() if not r.tensor_dtype)
+        raise UnsupportedDtypeError(
+            f"quant={self.name!r} runs its GEMMs on {self.tensor_dtype} tensor cores, which "
+            f"the {display_name} does not have (it has: {', '.join(sorted(tensor_flops))}); "
+            f"weight-only recipes compute in the model's dtype there: {weight_only}"
+        )
+
+
+def _float8(model: torch.nn.Module, filter_fn: FilterFn, trains: bool, rowwise: bool) -> None:
+    """torchao's Float8: its training layers for a step that trains (their own filter),
+    else its serving config (fp8 weights and dynamically quantised activations)."""
+    if trains:
+        float8_training(model, "rowwise" if rowwise else "tensorwise")
+    else:
+        _torchao_serving(model, "fp8-rowwise" if rowwise else "fp8", filter_fn)
+
+
+def _serving(quant: str) -> Callable[[torch.nn.Module, FilterFn, bool], None]:
+    """torchao's serving config of ``quant`` (weight-only recipes: no training form)."""
+    return lambda model, filter_fn, _trains: _torchao_serving(model, quant, filter_fn)
+
+
+def _packed(quant: str) -> Callable[[torch.nn.Module, FilterFn, bool], None]:
+    """torchroof's registered packed-weight ops (:mod:`torchroof.quant.packed_weights`)."""
+
+    def transform(model: torch.nn.Module, filter_fn: FilterFn, _trains: bool) -> None:
+        from torchroof.quant.packed_weights import apply_packed_weights
+
+        apply_packed_weights(model, quant, filter_fn)
+
+    return transform
 
 
 RECIPES: dict[str, Recipe] = {
@@ -72,6 +124,7 @@ RECIPES: dict[str, Recipe] = {
             True,
             "fp8",
             "fp8 e4m3 GEMMs with per-tensor dynamic scales (torchao Float8, tensorwise)",
+            lambda model, filter_fn, trains: _float8(model, filter_fn, trains, rowwise=False),
         ),
         Recipe(
             "fp8-rowwise",
@@ -79,6 +132,7 @@ RECIPES: dict[str, Recipe] = {
             True,
             "fp8",
             "fp8 e4m3 GEMMs with per-row dynamic scales (torchao Float8, rowwise)",
+            lambda model, filter_fn, trains: _float8(model, filter_fn, trains, rowwise=True),
         ),
         Recipe(
             "int8-weight",
@@ -87,6 +141,7 @@ RECIPES: dict[str, Recipe] = {
             "",
             "int8 weights with per-channel scales, dequantised inside the GEMM "
             "(torchao Int8WeightOnlyConfig)",
+            _serving("int8-weight"),
         ),
         Recipe(
             "fp8-weight",
@@ -95,6 +150,7 @@ RECIPES: dict[str, Recipe] = {
             "",
             "fp8 e4m3 weights with per-channel scales, dequantised inside the GEMM "
             "(torchao Float8WeightOnlyConfig)",
+            _serving("fp8-weight"),
         ),
         Recipe(
             "int4-weight",
@@ -103,6 +159,7 @@ RECIPES: dict[str, Recipe] = {
             "",
             "int4 weights packed two per byte, bf16 scale and zero per group of 128, "
             "dequantised inside the GEMM (registered op: torchao's int4 kernel needs mslk)",
+            _packed("int4-weight"),
             block=128,
         ),
         Recipe(
@@ -112,6 +169,7 @@ RECIPES: dict[str, Recipe] = {
             "",
             "MXFP4 weights (e2m1 packed two per byte, one e8m0 scale per 32), dequantised "
             "inside the GEMM (registered op)",
+            _packed("mxfp4-weight"),
             block=32,
         ),
         Recipe(
@@ -123,50 +181,18 @@ RECIPES: dict[str, Recipe] = {
             "tensor scale, as TensorRT-LLM calibrates it) on fp4 tensor cores (registered "
             "ops: torchao's kernel needs triton; its dynamic per-tensor amax, a further pass "
             "over each activation, is not modelled)",
+            _packed("nvfp4"),
         ),
     )
 }
-QUANTS: tuple[str, ...] = ("none", *RECIPES)
-
-
-def check_recipe(quant: str, trains: bool, kv_dtype: str, tp: int = 1) -> None:
-    """A recipe the step can use; a quantised KV cache only where a step keeps one. A
-    serving recipe quantises whole weights before the tensor-parallel plan shards them,
-    which torchao's serving tensors and the packed ops do not support (no sharding rules):
-    refused with tp > 1 (torchao's Float8 training layers do shard: their amax becomes an
-    all-reduce)."""
-    recipe = RECIPES.get(quant)
-    if recipe is not None and tp > 1 and not trains:
-        raise WorkloadError(
-            f"quant={quant!r} with tp={tp}: a serving step's quantised weights cannot yet be "
-            "sharded by the tensor-parallel plan (torchao's serving tensors and torchroof's "
-            "packed ops have no DTensor sharding rules); price one rank's share with tp=1 "
-            "and a model config divided by tp, or use quant with a training step"
-        )
-    if recipe is not None and trains and not recipe.trains:
-        training = ", ".join(r.name for r in RECIPES.values() if r.trains)
-        raise WorkloadError(
-            f"quant={quant!r} is a serving recipe (weights stored narrow, no gradients "
-            f"through them); a training step takes {training}"
-        )
-    if kv_dtype != "model" and trains:
-        raise WorkloadError(
-            f"kv_dtype={kv_dtype!r}: a training step keeps no KV cache (prefill and decode do)"
-        )
 
 
 def check_hardware(quant: str, tensor_flops: dict[str, Any], display_name: str) -> None:
     """A clear error before tracing when the accelerator has no tensor cores for the
-    recipe's GEMMs (fp8 on an A100, fp4 on an H100)."""
+    recipe's GEMMs (fp8 on an A100, fp4 on an H100): :meth:`Recipe.validate`."""
     recipe = RECIPES.get(quant)
-    if recipe is None or not recipe.tensor_dtype or recipe.tensor_dtype in tensor_flops:
-        return
-    weight_only = ", ".join(r.name for r in RECIPES.values() if not r.tensor_dtype)
-    raise UnsupportedDtypeError(
-        f"quant={quant!r} runs its GEMMs on {recipe.tensor_dtype} tensor cores, which the "
-        f"{display_name} does not have (it has: {', '.join(sorted(tensor_flops))}); "
-        f"weight-only recipes compute in the model's dtype there: {weight_only}"
-    )
+    if recipe is not None:
+        recipe.validate(tensor_flops, display_name)
 
 
 # -- applying a recipe ----------------------------------------------------------------------
@@ -180,7 +206,9 @@ _KEPT_WIDE = ("lm_head", "output", "embed_out", "gate", "router", "dt_proj")
 ABSORBED_MLA_WIDE = ("kv_b_proj",)
 
 
-def _decoder_linear(module: torch.nn.Module, fqn: str, wide: tuple[str, ...] = ()) -> bool:
+def _decoder_linear(
+    module: torch.nn.Module, fqn: str, wide: tuple[str, ...] = ()
+) -> TypeGuard[torch.nn.Linear]:
     """A plain linear layer inside the decoder (a subclass such as a router keeps its own
     forward), not one of :data:`_KEPT_WIDE` or ``wide``."""
     if type(module) is not torch.nn.Linear:
@@ -189,7 +217,7 @@ def _decoder_linear(module: torch.nn.Module, fqn: str, wide: tuple[str, ...] = (
     return leaf not in _KEPT_WIDE + wide and "embed" not in leaf
 
 
-def _fits(module: torch.nn.Module, block: int) -> bool:
+def _fits(module: torch.nn.Linear, block: int) -> bool:
     """Dimensions the recipe's GEMM takes: in_features a multiple of its scale group,
     out_features a multiple of 16 (the fp8 and fp4 GEMMs' alignment)."""
     return module.in_features % block == 0 and module.out_features % 16 == 0
@@ -250,9 +278,7 @@ def float8_training(model: torch.nn.Module, recipe: str) -> None:
         convert_to_float8_training(model, config=config, module_filter_fn=_filter(16))
 
 
-def _torchao_serving(
-    model: torch.nn.Module, quant: str, filter_fn: Callable[[torch.nn.Module, str], bool]
-) -> None:
+def _torchao_serving(model: torch.nn.Module, quant: str, filter_fn: FilterFn) -> None:
     import torchao.quantization.quant_api as quant_api
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
@@ -279,7 +305,7 @@ def _torchao_serving(
         quant_api._check_hardware_support = original
 
 
-def _filter(block: int, wide: tuple[str, ...] = ()) -> Callable[[torch.nn.Module, str], bool]:
+def _filter(block: int, wide: tuple[str, ...] = ()) -> FilterFn:
     """torchao's ``filter_fn(module, fqn)``: the decoder's linear layers that fit ``block``."""
     return lambda module, fqn: _decoder_linear(module, fqn, wide) and _fits(module, block)
 
@@ -297,9 +323,10 @@ def quantize_model(
     (:mod:`torchroof.quant.packed_experts`) unless they are sharded over ``ep`` > 1 ranks. Linear
     layers named in ``wide`` keep the model's dtype (:data:`ABSORBED_MLA_WIDE` for a decode
     step that absorbs latent attention). ``none`` changes nothing."""
-    if quant == "none":
+    if quant == NO_QUANT:
         return Quantised(quant, 0)
-    block = RECIPES[quant].block
+    recipe = RECIPES[quant]
+    block = recipe.block
     candidates = [(fqn, m) for fqn, m in model.named_modules() if _decoder_linear(m, fqn, wide)]
     kept = sorted(
         {fqn.rsplit(".", 1)[-1] for fqn, m in model.named_modules() if type(m) is torch.nn.Linear}
@@ -311,15 +338,7 @@ def quantize_model(
             f"quant={quant!r}: {type(model).__name__} has no linear layer inside its decoder "
             f"whose in_features is a multiple of {block} and out_features of 16"
         )
-    with quiet_imports():
-        if quant in ("int4-weight", "mxfp4-weight", "nvfp4"):
-            from torchroof.quant.packed_weights import apply_packed_weights
-
-            apply_packed_weights(model, quant, _filter(block, wide))
-        elif trains:
-            float8_training(model, "tensorwise" if quant == "fp8" else "rowwise")
-        else:
-            _torchao_serving(model, quant, _filter(block, wide))
+    recipe.apply(model, _filter(block, wide), trains)
     experts, experts_kept = _quantise_experts(model, quant, trains, ep)
     return Quantised(
         quant, len(candidates) - len(skipped), skipped, experts, experts_kept, tuple(kept)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchroof.records.trace import TOP_LEVEL
+from torchroof.records.ops import TOP_LEVEL
+from torchroof.render.text import estimate_label
 
 if TYPE_CHECKING:
     from torchroof.report.estimate import Estimate
@@ -22,7 +23,12 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
     (torchroof.timing.streams) when the step communicates, with the collectives on a
     ``communication`` track beside the compute."""
     events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"torchroof {est.label}"}}
+        {
+            "name": "process_name",
+            "ph": "M",
+            "pid": 1,
+            "args": {"name": f"torchroof {estimate_label(est)}"},
+        }
     ]
     tracks = dict(_THREADS)
     scheduled = any(k.start_s is not None for k in est.kernels)
@@ -74,7 +80,7 @@ _ACTION_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": 
 
 
 def pipeline_events(est: Estimate) -> list[dict[str, Any]]:
-    """A pipelined step's per-rank timeline (issue 14): one process per rank, its actions
+    """A pipelined step's per-rank timeline: one process per rank, its actions
     (stage, micro-batch) on a ``compute`` track, the activations and gradients it sends on
     a ``send`` track, its gradient sync and optimizer step on an ``after`` track. The
     kernels process above is the slowest rank's, one micro-batch."""
@@ -96,6 +102,7 @@ def pipeline_events(est: Estimate) -> list[dict[str, Any]]:
             events.append(
                 {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": track}}
             )
+    args: dict[str, Any]
     for span in step.timeline:
         if span.what in _ACTION_NAMES:
             name, tid = f"{span.what}{span.microbatch} s{span.stage}", _PIPELINE_TRACKS["compute"]

@@ -3,7 +3,7 @@ budget (stacked by phase and by traffic kind, repeated blocks collapsed, each ro
 into its kernels), the roofline with every kernel, the predicted-kernel timeline, compare's
 variants and a sweep's curves side by side, the assumptions and the coverage line.
 
-seed 000's labs are interactive: the page is too. Every shipped accelerator is embedded with
+The explorers are interactive: the page is too. Every shipped accelerator is embedded with
 the ceilings this estimate's kernels need, and switching to one (or moving the efficiency
 sliders) re-prices every kernel in the page from its stored W and Q with the pure roofline
 T = max(W/pi, Q/beta) + launch (torchroof.timing.roofline.time_kernel), a collective as
@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchroof.config.options import Workload
+from torchroof.config import Workload
 from torchroof.hardware import (
     HardwareSpec,
     UnknownHardwareError,
@@ -35,8 +35,8 @@ from torchroof.hardware import (
     get,
     spec_dtype,
 )
-from torchroof.records.trace import layer_key, stack_key
-from torchroof.render.text import members, row_label
+from torchroof.records.ops import layer_key, stack_key
+from torchroof.render.text import coverage_line, estimate_label, members, row_label, summary
 from torchroof.report import analysis
 from torchroof.workloads import regime
 
@@ -256,7 +256,7 @@ def estimate_data(
     step = regime(workload["regime"]) if workload.get("regime") else None
     options = est.options
     return {
-        "label": label or est.label,
+        "label": label or estimate_label(est),
         "hardware": est.hardware,
         "hardware_display": est.hardware_display,
         "cluster": est.cluster,
@@ -288,8 +288,8 @@ def estimate_data(
         "batching": step is not None and step.batching,
         "memory_bytes": est.memory.total_bytes if est.memory else None,
         "memory_line": est.memory.line() if est.memory else "",
-        "summary": est.summary(),
-        "coverage": est.coverage_line(),
+        "summary": summary(est),
+        "coverage": coverage_line(est),
         "assumptions": list(est.assumptions),
         "rows": _rows_with_kernels(est, depth, collapse),
         "stacks": _stacks(est, depth),
@@ -354,12 +354,12 @@ def describe(est: Estimate) -> str:
     workload = est.workload
     step = regime(workload["regime"]) if workload.get("regime") else None
     if step is None:
-        return est.label
+        return estimate_label(est)
     try:
         what = step.label(est.facts.model or "model", Workload(**workload))
     except TypeError:  # a workload saved by another version: its fields differ
         what = f"{est.facts.model} {step.name}"
-    return f"{what} on {est.label}"
+    return f"{what} on {estimate_label(est)}"
 
 
 def _write(text: str, path: str | Path | None) -> str:
@@ -375,8 +375,8 @@ def estimate_html(
     depth: int | None = None,
     collapse: bool = True,
 ) -> str:
-    """One estimate's page (``Estimate.to_html``), its layer rows grouped as the text
-    table's (``depth``, ``collapse``); written to ``path`` when given."""
+    """One estimate's page, its layer rows grouped as the text table's (``depth``,
+    ``collapse``); written to ``path`` when given."""
     title = title or f"torchroof: {describe(est)}"
     data = page_data("estimate", title, [("", est)], depth=depth, collapse=collapse)
     return _write(render_page(data), path)

@@ -1,7 +1,7 @@
 """Pictures: the roofline with one point per kernel, the per-layer stacked budget, sweep
 curves (PNG, SVG or PDF by the file's suffix). matplotlib is an optional extra.
 
-seed 000 "log-log flatters everything": read numbers from the readouts, not the picture.
+Log-log axes flatter everything: read numbers from the readouts, not the picture.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchroof.hardware import UnsupportedDtypeError, get
-from torchroof.records.trace import PHASES
+from torchroof.records.ops import PHASES
+from torchroof.render.text import estimate_label
 
 if TYPE_CHECKING:
     from torchroof.report.estimate import Estimate
@@ -106,7 +107,7 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
 
 
 def layer_plot(est: Estimate, path: str | Path, depth: int | None = None) -> Path:
-    """Stacked per-layer time bar, one segment per phase (seed 000 Lab 4)."""
+    """Stacked per-layer time bar, one segment per phase (the per-layer time budget)."""
     plt = pyplot()
     rows = est.rows(depth, collapse=True)
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.35 * len(rows) + 1.5)))
@@ -119,7 +120,7 @@ def layer_plot(est: Estimate, path: str | Path, depth: int | None = None) -> Pat
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("time (ms, roofline)")
-    ax.set_title(f"per-layer budget, {est.label}: {est.time_s * 1e3:.2f} ms")
+    ax.set_title(f"per-layer budget, {estimate_label(est)}: {est.time_s * 1e3:.2f} ms")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 

@@ -1,7 +1,7 @@
 """The estimate as text: the per-layer budget, the slowest kernels, two estimates side by
 side, the summary and its coverage line; compare's variant and sweep tables.
 
-seed 000 Lab 4 "the transformer layer budget": every row with its W, Q, intensity and
+The per-layer time budget: every row with its W, Q, intensity and
 roofline time; rows sum as if kernels ran back to back. Figures are kept in SI units until
 here, where they become ms, MB and GFLOP.
 """
@@ -13,11 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from torchroof.config.options import Workload
-from torchroof.records.trace import PHASES, TOP_LEVEL, layer_key
+from torchroof.records.ops import PHASES, TOP_LEVEL, layer_key
+from torchroof.records.units import GIB
+from torchroof.render.summary_parts import (
+    communication_lines,
+    compute_stream_s,
+    global_batch_lines,
+    phase_lines,
+    pipeline_lines,
+    timing_lines,
+)
+from torchroof.render.units import flop_per_byte, ms, plural, ratio
 from torchroof.report import analysis
-from torchroof.report.analysis import communication, network_intensity
-from torchroof.report.memory import GIB
+from torchroof.report.analysis import communication
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
@@ -35,22 +43,6 @@ CATEGORY_LABELS = {
 }
 
 
-# The realistic mode's switchable effects (torchroof.timing.roofline), as PricingOptions names.
-REALISTIC_EFFECTS = ("on_chip", "waves", "latency_shelf", "achievable", "launch", "softmax_pipes")
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}"
-
-
-def _intensity(value: float) -> str:
-    return "inf" if value == float("inf") else f"{value:.2f}"
-
-
-def _ratio(before: float, after: float) -> str:
-    return f"{before / after:.2f}x" if after else "-"
-
-
 def members(ops: tuple[str, ...], limit: int = 6) -> str:
     """A fused kernel's member ops, short: ``_to_copy, pow, mean, add, rsqrt, mul +2``."""
     if len(ops) == 1:
@@ -61,7 +53,7 @@ def members(ops: tuple[str, ...], limit: int = 6) -> str:
 
 
 def _step_intensity(est: Estimate) -> str:
-    return _intensity(est.flops / est.bytes if est.bytes else float("inf"))
+    return flop_per_byte(est.flops / est.bytes if est.bytes else float("inf"))
 
 
 def estimate_label(est: Estimate) -> str:
@@ -114,7 +106,7 @@ def row_label(est: Estimate, name: str, names: Sequence[str], depth: int | None 
 def layer_table(
     est: Estimate, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
 ) -> str:
-    """The per-layer time budget (seed 000 Lab 4), a column per phase when the step has more
+    """The per-layer time budget, a column per phase when the step has more
     than one, per byte category when it moves more than one, and the communication the
     compute stream waited on when the step communicates (torchroof.timing.streams); ``collapse``
     sums runs of identical consecutive blocks into one row."""
@@ -145,13 +137,13 @@ def layer_table(
             row.kernels,
             f"{row.flops / 1e9:.3f}",
             f"{row.bytes / 1e6:.2f}",
-            _intensity(row.intensity),
-            _ms(row.time_s),
+            flop_per_byte(row.intensity),
+            ms(row.time_s),
         ]
         if split:
-            line += [_ms(row.phase_s.get(p, 0.0)) for p in phases]
+            line += [ms(row.phase_s.get(p, 0.0)) for p in phases]
         if communicates:
-            line.append(_ms(row.exposed_communication_s))
+            line.append(ms(row.exposed_communication_s))
         line += [f"{row.traffic.get(c, 0) / 1e6:.2f}" for c in categories]
         line += [
             f"{100 * row.time_s / total:.1f}",
@@ -166,14 +158,14 @@ def layer_table(
         f"{est.flops / 1e9:.3f}",
         f"{est.bytes / 1e6:.2f}",
         _step_intensity(est),
-        _ms(est.time_s if est.pipeline is None else analysis.kernels_span_s(est)),
+        ms(est.time_s if est.pipeline is None else analysis.kernels_span_s(est)),
     ]
     if split:  # on the compute stream when collectives overlap: they add up to the step
         footer += [
-            _ms(compute_stream_s(est, p) if communicates else est.phase_time_s(p)) for p in phases
+            ms(compute_stream_s(est, p) if communicates else est.phase_time_s(p)) for p in phases
         ]
     if communicates:
-        footer.append(_ms(communication(est).exposed_s))
+        footer.append(ms(communication(est).exposed_s))
     footer += [f"{step_traffic.get(c, 0) / 1e6:.2f}" for c in categories]
     footer += [
         "100.0",
@@ -186,16 +178,16 @@ def layer_table(
 
 
 def _bound(kernel: KernelEstimate) -> str:
-    """The bound, naming the boundary for a collective (seed 000: "name the boundary every
-    time you name the bound"): ``network (nvlink)``."""
+    """The bound, naming the boundary for a collective (a bound is always named with its
+    boundary): ``network (nvlink)``."""
     return f"network ({kernel.link})" if kernel.bound == "network" else kernel.bound
 
 
 def binds(kernel: KernelEstimate) -> str:
-    """Which term of the hierarchical bound binds (seed 000 "name the boundary every time you
-    name the bound"), with a GEMM's tile and, past one wave, its waves and their occupancy:
+    """Which term of the hierarchical bound binds (a bound is always named with its
+    boundary), with a GEMM's tile and, past one wave, its waves and their occupancy:
     ``l2 256x128, 4 waves 97%``."""
-    parts = [kernel.boundary or "-"]
+    parts: list[str] = [kernel.boundary or "-"]
     if kernel.tile:
         parts.append(kernel.tile)
     text = " ".join(parts)
@@ -237,7 +229,7 @@ def tile_waves(kernel: KernelEstimate) -> str:
     over the SMs and their occupancy: ``256x128, 4 waves 97%``; empty for other kernels."""
     text = kernel.tile
     if kernel.waves and (kernel.waves > 1 or kernel.wave_efficiency < 0.75):
-        text += (", " if text else "") + _count(kernel.waves, "wave")
+        text += (", " if text else "") + plural(kernel.waves, "wave")
         text += f" {100 * kernel.wave_efficiency:.0f}%"
     return text
 
@@ -248,49 +240,6 @@ def spill_risks(est: Estimate) -> list[KernelEstimate]:
     only adds to; the estimate charges no spill, so the flag changes no time)."""
     mode = realistic(est)
     return [k for k in est.kernels if k.flags and verdict(k, mode) == "compute"]
-
-
-def timing_lines(est: Estimate) -> list[str]:
-    """Which mode made the numbers, and the step's time by the boundary that binds each
-    kernel (seed 000 "The hierarchical roofline")."""
-    options = est.options
-    if options.get("mode", "roofline") == "realistic":
-        effects = [e for e in REALISTIC_EFFECTS if options.get(e, True)]
-        off = [e for e in REALISTIC_EFFECTS if not options.get(e, True)]
-        line = "timing: realistic mode (" + (", ".join(effects) or "no effects") + ")"
-        if off:
-            line += "; off: " + ", ".join(off)
-        overhead = sum(k.overhead_s for k in est.kernels)
-        if overhead:
-            line += f"; launches {_ms(overhead)} ms"
-    else:
-        line = (
-            "timing: pure roofline T = max(W/pi, Q/beta), a lower bound "
-            "(--mode realistic: on-chip roofs, waves, latency, achievable rates, launches, softmax)"
-        )
-    by_boundary: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for k in est.kernels:
-        if k.boundary and not k.communication:
-            by_boundary[k.boundary] = by_boundary.get(k.boundary, 0.0) + k.time_s
-            counts[k.boundary] = counts.get(k.boundary, 0) + 1
-    lines = [line]
-    ranked = sorted(by_boundary, key=lambda name: -by_boundary[name])
-    if ranked and options.get("mode", "roofline") == "realistic":
-        lines.append(
-            "kernel time by the term that binds it: "
-            + ", ".join(f"{name} {_ms(by_boundary[name])} ms" for name in ranked)
-        )
-    elif ranked:
-        lines.append(
-            "hierarchical verdict, the memory level that would bind each kernel with the "
-            "on-chip roofs (the pure roofline charges only compute and HBM): "
-            + ", ".join(
-                f"{name} {_count(counts[name], 'kernel')} ({_ms(by_boundary[name])} ms)"
-                for name in ranked
-            )
-        )
-    return lines
 
 
 def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
@@ -306,7 +255,7 @@ def kernel_table(est: Estimate, top: int = 20, tablefmt: str = "simple") -> str:
             k.phase,
             f"{k.flops / 1e9:.3f}",
             f"{k.bytes / 1e6:.2f}",
-            _intensity(k.intensity),
+            flop_per_byte(k.intensity),
             f"{k.time_s * 1e6:.1f}",
             verdict(k, mode),
             tile_waves(k),
@@ -332,7 +281,7 @@ def comparison_table(
     tablefmt: str = "simple",
 ) -> str:
     """Per-layer time and bytes of two estimates side by side, with the speed-up
-    (``first`` / ``second``), in the spirit of seed 000's fusion bench (Lab 3). With
+    (``first`` / ``second``), in the spirit of the fusion bench. With
     ``collapse`` every numbered block of a stack is one row, so the two line up whatever
     their kernels."""
 
@@ -342,7 +291,7 @@ def comparison_table(
 
     mine, theirs = by_name(first), by_name(second)
     names = list(mine) + [n for n in theirs if n not in mine]
-    a, b = first.label, second.label
+    a, b = estimate_label(first), estimate_label(second)
     headers = [
         "layer",
         f"{a} ms",
@@ -360,9 +309,9 @@ def comparison_table(
         body.append(
             [
                 row_label(first if name in mine else second, name, names, depth),
-                _ms(x_time),
-                _ms(y_time),
-                _ratio(x_time, y_time),
+                ms(x_time),
+                ms(y_time),
+                ratio(x_time, y_time),
                 f"{x_bytes / 1e6:.2f}",
                 f"{y_bytes / 1e6:.2f}",
                 x_kernels,
@@ -372,9 +321,9 @@ def comparison_table(
     body.append(
         [
             "total",
-            _ms(first.time_s),
-            _ms(second.time_s),
-            _ratio(first.time_s, second.time_s),
+            ms(first.time_s),
+            ms(second.time_s),
+            ratio(first.time_s, second.time_s),
             f"{first.bytes / 1e6:.2f}",
             f"{second.bytes / 1e6:.2f}",
             len(first.kernels),
@@ -385,8 +334,8 @@ def comparison_table(
 
 
 def coverage_line(est: Estimate) -> str:
-    """How many ops the trace held and which had no rule (DESIGN rule 1: every op is
-    accounted, an op without a rule is charged its input+output bytes and named here)."""
+    """How many ops the trace held and which had no rule (every op is accounted: an op
+    without a rule is charged its input+output bytes and named here)."""
     if not est.uncounted:
         return f"coverage: {est.op_count} ops, all priced by a rule"
     names = ", ".join(f"{n} x{c}" for n, c in sorted(est.uncounted.items()))
@@ -407,7 +356,7 @@ def summary(est: Estimate) -> str:
         f"hardware: {est.hardware_display} ({est.hardware}){cluster}, "
         f"HBM {est.hbm_bytes_per_s / 1e12:.2f} TB/s, "
         f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
-        f"step time: {_ms(est.time_s)} ms over {len(est.kernels)} kernels",
+        f"step time: {ms(est.time_s)} ms over {len(est.kernels)} kernels",
     ]
     if est.facts.defaults:  # a default the model changed: "seq: 1024, the model's maximum ..."
         lines.append(est.facts.defaults)
@@ -459,7 +408,7 @@ def summary(est: Estimate) -> str:
     if flagged:
         one = len(flagged) == 1
         lines.append(
-            f"on-chip pressure: {_count(len(flagged), 'compute-bound fused kernel')} "
+            f"on-chip pressure: {plural(len(flagged), 'compute-bound fused kernel')} "
             f"{'exceeds' if one else 'exceed'} the on-chip budget; a spill would add memory "
             f"traffic the estimate does not charge (e.g. #{flagged[0].index} "
             f"{kernel_module(flagged[0])}: {flagged[0].flags[0]})"
@@ -467,147 +416,6 @@ def summary(est: Estimate) -> str:
     lines.append(coverage_line(est))
     lines += [f"assumption: {a}" for a in est.assumptions]
     return "\n".join(lines)
-
-
-def global_batch_lines(est: Estimate) -> list[str]:
-    """Under data parallelism or micro-batches, the batch the whole step processes: --batch
-    is per rank (tp and cp ranks share their sequences) and per micro-batch."""
-    w = est.workload
-    dp, fsdp, micro = (int(w.get(key) or 1) for key in ("dp", "fsdp", "microbatches"))
-    if dp * fsdp * micro == 1 or not w.get("regime"):
-        return []
-    batch = int(w.get("batch") or 1)
-    step = regime(w["regime"])
-    one = Workload(regime=step.name, batch=1, seq=w.get("seq"), context=w.get("context"))
-    per_sequence = step.tokens(one)  # prefill and train: seq; decode: its one new token
-    sequences = batch * dp * fsdp * micro
-    parts = [f"batch {batch} per rank"]
-    parts += [f"{name} {size}" for name, size in (("dp", dp), ("fsdp", fsdp)) if size > 1]
-    if micro > 1:
-        parts.append(_count(micro, "micro-batch"))
-    new = " new" if step.new_positions else ""
-    return [
-        f"global batch: {_count(sequences, 'sequence')} x {_count(per_sequence, 'token')}{new} "
-        f"= {sequences * per_sequence:,} tokens per step ({' x '.join(parts)})"
-    ]
-
-
-def compute_stream_s(est: Estimate, phase: str) -> float:
-    """A phase's time on the compute stream: its compute kernels' time plus the part of its
-    collectives the compute stream waited on (torchroof.timing.streams)."""
-    return analysis.added(  # left to right, as the HTML page adds them
-        k.exposed_s if k.communication else k.time_s for k in est.kernels if k.phase == phase
-    )
-
-
-def phase_lines(est: Estimate) -> list[str]:
-    """The step's time by phase. When collectives run on the communication stream, each
-    phase is its compute-stream time: its compute kernels and the part of its collectives
-    the compute stream waited on, so the phases add up to the step."""
-    phases = [p for p in PHASES if est.phase_time_s(p) > 0]
-    if len(phases) <= 1:
-        return []
-    which = "by phase" if est.pipeline is None else "the kernels listed, by phase"
-    streams = est.step_time_s is not None and any(k.communication for k in est.kernels)
-    if not streams:
-        return [f"{which}: " + ", ".join(f"{p} {_ms(est.phase_time_s(p))} ms" for p in phases)]
-    times = {p: compute_stream_s(est, p) for p in phases}
-    hidden = communication(est).hidden_s
-    return [
-        f"{which}, on the compute stream (collectives counted where it waited on them; "
-        f"{_ms(hidden)} ms more ran hidden on the communication stream): "
-        + ", ".join(f"{p} {_ms(times[p])} ms" for p in phases)
-        + f" = {_ms(sum(times.values()))} ms"
-    ]
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
-
-
-def pipeline_lines(est: Estimate) -> list[str]:
-    """A pipelined step (issue 14): the schedule, its bubble, the slowest rank and why, the
-    activations' trip between stages, and one row per stage (per micro-batch times, the
-    micro-batches in flight, memory)."""
-    p = est.pipeline
-    assert p is not None
-    per_rank = len(p.stages) // p.pp
-    layout = f"{p.pp} ranks" + (f" x {per_rank} stages each" if per_rank > 1 else "")
-    kind = "" if p.trains else " (forward only)"
-    lines = [
-        f"pipeline: {p.schedule}{kind} over {layout}, {_count(p.microbatches, 'micro-batch')}: the "
-        f"ranks idle {100 * p.bubble_share:.1f}% of the pipeline's {_ms(p.pipeline_s)} ms "
-        "(its bubble)",
-        f"slowest: {p.slowest_reason}",
-        f"between stages: {p.stages[0].activation_bytes / 1e6:.2f} MB per micro-batch, "
-        f"send/recv {p.transfer_s * 1e6:.1f} us over {p.transfer_link} at the slowest boundary",
-    ]
-    if not p.trains:
-        through = p.latency_s
-        lines.append(
-            f"one micro-batch of {est.workload.get('batch', 1)} through every stage: "
-            f"{_ms(through)} ms (a decode step's time per output token, a prefill's time to "
-            "first token); every micro-batch's sequences keep K/V on every stage"
-        )
-        tokens = est.facts.tokens
-        steady = p.steady_state_s
-        rate = f", {tokens / steady:,.1f} tokens/s per replica" if tokens and steady else ""
-        lines.append(
-            f"steady state (successive steps' micro-batches keep every stage busy, as a "
-            f"serving pipeline runs): {_ms(steady)} ms per step{rate}"
-        )
-    headers = ["stage", "rank", "holds", "F ms", "B ms", "after ms", "in flight", "memory GiB"]
-    rows = [
-        [
-            r.stage,
-            r.rank,
-            r.layers + (f" (as {r.traced_as})" if r.traced_as != r.stage else ""),
-            _ms(r.forward_s),
-            _ms(r.backward_s)
-            + (f" (I {_ms(r.input_s)} + W {_ms(r.weight_s)})" if r.weight_s else ""),
-            _ms(r.after_s),
-            r.in_flight,
-            f"{r.memory_bytes / GIB:.2f}" + ("" if r.fits else " (does NOT fit)"),
-        ]
-        for r in p.stages
-    ]
-    lines.append(tabulate(rows, headers=headers, disable_numparse=True))
-    return lines
-
-
-def communication_lines(est: Estimate) -> list[str]:
-    """The step's communication (torchroof.timing.streams): its time on the communication stream,
-    the part the compute stream waited on (exposed, as a share of the step) and the part
-    hidden behind compute, the collectives' time by link; then each link's network
-    intensity against its ridge (seed 000 "The next wall": hides iff I_net >= pi/beta)."""
-    comm = communication(est)
-    links = ", ".join(f"{link} {_ms(s)} ms" for link, s in comm.by_link_s.items())
-    copies = f", FSDP copies {_ms(comm.copies_s)} ms" if comm.copies_s else ""
-    lines = [
-        f"communication: {_ms(comm.time_s)} ms on the communication stream, "
-        f"{_ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the "
-        f"{'step' if est.pipeline is None else 'kernels listed'}), "
-        f"hidden behind compute: {_ms(comm.hidden_s)} ms; links: {links}{copies}"
-        + (
-            f"; alpha (per-collective latency, no bandwidth buys it back) "
-            f"{_ms(comm.latency_s)} ms of it"
-            if comm.latency_s
-            else ""
-        )
-    ]
-    intensity = network_intensity(est)
-    if intensity:
-        above = "above: at peak the math outlasts the link's bytes, if they overlap"
-        below = "below: the link binds unless hidden"
-        lines.append(
-            "network intensity (step FLOPs per byte a rank sends): "
-            + ", ".join(
-                f"{link} {li.intensity:,.0f} FLOP/B vs ridge {li.ridge:,.0f} "
-                f"({above if li.hides else below})"
-                for link, li in intensity.items()
-            )
-        )
-    return lines
 
 
 def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
@@ -647,8 +455,8 @@ def variants_table(comparison: Comparison, tablefmt: str = "simple") -> str:
         if any(r != "1.000x" for r in ratios):
             add(f"  {label} vs first", ratios)
     add("total traffic GB", [f"{e.bytes / 1e9:.3f}" for e in ests])
-    memories = [e.memory for e in ests]
-    if all(memories):
+    memories = [e.memory for e in ests if e.memory is not None]
+    if len(memories) == len(ests):
         add("memory GiB", [f"{m.total_bytes / GIB:.2f}" for m in memories])
         add(
             "fits",

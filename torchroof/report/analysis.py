@@ -1,8 +1,8 @@
 """What an estimate implies beyond its sums: utilisation, the share of time spent waiting on
-memory, throughput, the decode figures of seed 000 (weight and KV reads, the batch B* at
+memory, throughput, the decode figures (Pope et al. 2022: weight and KV reads, the batch B* at
 which the weight GEMMs reach the ridge, the batch at which KV reads overtake weight reads),
 and for a multi-GPU step its communication (exposed and hidden) and the network intensity at
-each link against that link's ridge (seed 000 "The next wall").
+each link against that link's ridge (docs/concepts/network-ridges.md).
 
 Functions of a :class:`torchroof.report.estimate.Estimate`, which keeps one-line properties
 (``est.mfu``, ``est.ridge_batch``, ...) that call them.
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchroof.parallel.program import MESH_DIMS, ParallelPlan
+from torchroof.config.parallel_plan import MESH_DIMS, ParallelPlan
 
 if TYPE_CHECKING:
     from torchroof.report.estimate import Estimate
@@ -66,7 +66,7 @@ def cluster_tokens_per_s(est: Estimate) -> float:
 
 
 def kv_bytes_read(est: Estimate) -> int:
-    """KV-cache bytes read by the step (seed 000: decode reads the whole cache)."""
+    """KV-cache bytes read by the step (decode reads the whole cache: Pope et al. 2022)."""
     return sum(k.read_by.get("kv_cache", 0) for k in est.kernels)
 
 
@@ -85,7 +85,7 @@ def weight_gemm_intensity(est: Estimate) -> float:
 
 
 def ridge_batch(est: Estimate) -> float:
-    """B*: the batch at which the weight GEMMs reach the ridge (seed 000: B* = s·I*/2,
+    """B*: the batch at which the weight GEMMs reach the ridge (B* = s·I*/2,
     295 for bf16 on an H100) — this step's batch times how far below the ridge its weight
     matmuls sit; infinite when no tensor-unit kernel reads weights."""
     batch = int(est.workload.get("batch", 1))
@@ -97,37 +97,12 @@ def ridge_batch(est: Estimate) -> float:
 
 
 def kv_crossover_batch(est: Estimate) -> float:
-    """Batch at which KV-cache reads overtake weight reads (seed 000 "The crossover that ends
-    batching": B_cross = s·P / KV bytes per sequence), scaled from this step's batch;
+    """Batch at which KV-cache reads overtake weight reads (docs/concepts/attention-kv.md:
+    B_cross = s·P / KV bytes per sequence), scaled from this step's batch;
     infinite when the step reads no KV cache."""
     batch = int(est.workload.get("batch", 1))
     per_sequence = kv_bytes_read(est) / batch
     return weight_bytes_read(est) / per_sequence if per_sequence else float("inf")
-
-
-@dataclass(frozen=True)
-class DecodeAnalysis:
-    """The figures a decode step adds to its summary."""
-
-    weight_bytes_read: int
-    kv_bytes_read: int
-    kv_crossover_batch: float
-    cache: str | None  # the workload's cache kind (static / dynamic)
-    context: int | None  # tokens already in the cache
-    max_batch: int | None  # largest batch that fits at this context; None without a footprint
-
-
-def decode_analysis(est: Estimate) -> DecodeAnalysis:
-    """The decode figures of ``est`` (the decode regime adds them to its summary)."""
-    workload = est.workload
-    return DecodeAnalysis(
-        weight_bytes_read=weight_bytes_read(est),
-        kv_bytes_read=kv_bytes_read(est),
-        kv_crossover_batch=kv_crossover_batch(est),
-        cache=workload.get("cache"),
-        context=workload.get("context"),
-        max_batch=est.memory.max_batch if est.memory is not None else None,
-    )
 
 
 @dataclass(frozen=True)
@@ -193,8 +168,9 @@ class LinkIntensity:
 
 def network_intensity(est: Estimate) -> dict[str, LinkIntensity]:
     """For each link the step's collectives cross, I_net = step FLOPs / bytes one rank sends
-    across it, against the link's ridge (seed 000 "The next wall": communication hides
-    behind compute iff I_net >= pi / beta_link; Table 4: 2,198 NVLink 4, 19,788 400 Gb/s).
+    across it, against the link's ridge (docs/concepts/network-ridges.md: communication
+    hides behind compute iff I_net >= pi / beta_link; on an H100, 2,198 for NVLink 4 and
+    19,788 for 400 Gb/s).
 
     NB: one figure per link for the whole step, not per collective: which compute a
     collective overlaps is the schedule's question (:func:`communication`)."""

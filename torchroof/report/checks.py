@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from torchroof.report.memory import MemoryFootprint
 
@@ -31,7 +31,7 @@ class EstimateFileError(ValueError):
         super().__init__(message)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -1,12 +1,11 @@
 """The estimate as data: timed kernels, their totals, the per-layer rows, and its
-serialised form. What it implies lives in torchroof.report.analysis; how it is shown (text tables,
-JSON, CSV, Chrome trace, plots, the interactive HTML page) in torchroof.render.text,
-torchroof.render.files, torchroof.render.chrome_trace, torchroof.render.plots and
-torchroof.render.html, which
-the one-line methods below call.
+serialised form. What it implies lives in torchroof.report.analysis; how it is shown (text
+tables, JSON and CSV files, the Chrome trace, plots, the interactive HTML page) in
+torchroof.render: ``text.summary(est)``, ``text.layer_table(est)``, ``files.write(est, path)``,
+``html.estimate_html(est, path)``. This module imports no renderer.
 
-seed 000 Lab 4 "the transformer layer budget": every operator with its own W, Q, intensity
-and roofline time; rows sum as if kernels ran back to back.
+The per-layer time budget: every operator with its own W, Q, intensity and roofline time;
+rows sum as if kernels ran back to back.
 """
 
 from __future__ import annotations
@@ -16,11 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchroof.parallel.pipeline.schedule import PipelineStep
-from torchroof.records.trace import PHASES, StepFacts, block_index, layer_key, stack_key
+from torchroof.records.facts import StepFacts
+from torchroof.records.ops import PHASES, block_index, layer_key, stack_key
 from torchroof.report import analysis
 from torchroof.report.checks import EstimateFileError, estimate_problems
+from torchroof.report.kinds import Boundary, KernelBound, Link, Stream, Unit
 from torchroof.report.memory import MemoryFootprint
+from torchroof.report.pipeline_step import PipelineStep
 
 __all__ = [
     "ESTIMATE_FORMAT_VERSION",
@@ -52,23 +53,23 @@ class KernelEstimate:
     flops: int
     bytes_read: int
     bytes_written: int
-    unit: str
+    unit: Unit
     dtype: str
     counted: bool
     peak_flops_per_s: float
     compute_s: float
     memory_s: float
     time_s: float
-    bound: str
+    bound: KernelBound
     read_by: dict[str, int] = field(default_factory=dict)  # bytes read, by category
     written_by: dict[str, int] = field(default_factory=dict)  # bytes written, by category
     flags: tuple[str, ...] = ()  # warnings, e.g. a fused group past the on-chip budget
     # A multi-GPU step (torchroof.pricing.price.time_collective, torchroof.timing.streams); the
     # defaults are a single-GPU kernel's, so estimates saved before these fields load.
-    link: str = ""  # a collective's boundary: nvlink / xgmi / network / hierarchical / none
+    link: Link = ""  # a collective's boundary: nvlink / xgmi / network / hierarchical / none
     wire_by_link: dict[str, int] = field(default_factory=dict)  # bytes one rank sends, by link
     network_s: float = 0.0  # a collective's alpha + wire bytes / beta
-    stream: str = "compute"  # "communication" for collectives and the copies feeding them
+    stream: Stream = "compute"  # "communication" for collectives and the copies feeding them
     start_s: float | None = None  # on the two-stream schedule; None when nothing was laid
     exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
     first_op: int = -1  # the trace index of its first op (-1: not known)
@@ -76,7 +77,7 @@ class KernelEstimate:
     # The hierarchical roofline and realistic mode (torchroof.timing.roofline): which term binds
     # (compute / hbm / l2 / smem / registers / latency), bytes at each boundary, a GEMM's
     # tile, its waves over the SMs, the bytes it keeps in flight and the launch in time_s.
-    boundary: str = ""
+    boundary: Boundary = ""
     level_bytes: dict[str, float] = field(default_factory=dict)
     tile: str = ""
     waves: int = 0
@@ -193,13 +194,11 @@ class LayerRow:
 
     @property
     def memory_bound_share(self) -> float:
-        """Share of the row's time in memory-bound kernels (seed 000 Lab 4, "time
-        memory-bound")."""
+        """Share of the row's time in memory-bound kernels ("time memory-bound")."""
         return self.memory_bound_s / self.time_s if self.time_s else 0.0
 
     def mfu(self, peak_flops_per_s: float) -> float:
-        """The row's W / (T · pi) against ``peak_flops_per_s`` (seed 000 Lab 4, "MFU (this
-        layer)")."""
+        """The row's W / (T · pi) against ``peak_flops_per_s`` ("MFU (this layer)")."""
         return self.flops / (self.time_s * peak_flops_per_s) if self.time_s else 0.0
 
     @property
@@ -232,6 +231,7 @@ def collapse_repeats(rows: list[LayerRow]) -> list[LayerRow]:
     def flush() -> None:
         if len(run) > 1:
             first, last = block_index(run[0].name), block_index(run[-1].name)
+            assert first is not None and last is not None  # only numbered blocks make a run
             total = LayerRow(f"{first[0]}.{first[1]}-{last[1]} (x{len(run)})")
             for row in run:
                 total.merge(row)
@@ -393,52 +393,6 @@ class Estimate:
     def network_intensity(self) -> dict[str, analysis.LinkIntensity]:
         return analysis.network_intensity(self)
 
-    # -- renderings: torchroof.render.text, kept so est.table() and est.summary() work ----
-    @property
-    def label(self) -> str:
-        """Short name of how this estimate was made (hardware and kernel policies)."""
-        from torchroof.render.text import estimate_label
-
-        return estimate_label(self)
-
-    def table(
-        self, depth: int | None = None, collapse: bool = False, tablefmt: str = "simple"
-    ) -> str:
-        """The per-layer time budget (:func:`torchroof.render.text.layer_table`)."""
-        from torchroof.render.text import layer_table
-
-        return layer_table(self, depth, collapse, tablefmt)
-
-    def kernel_table(self, top: int = 20, tablefmt: str = "simple") -> str:
-        """The ``top`` kernels by time (:func:`torchroof.render.text.kernel_table`)."""
-        from torchroof.render.text import kernel_table
-
-        return kernel_table(self, top, tablefmt)
-
-    def compare(
-        self,
-        other: Estimate,
-        depth: int | None = None,
-        collapse: bool = True,
-        tablefmt: str = "simple",
-    ) -> str:
-        """Per-layer time of ``self`` and ``other`` side by side, with the speed-up
-        (:func:`torchroof.render.text.comparison_table`)."""
-        from torchroof.render.text import comparison_table
-
-        return comparison_table(self, other, depth, collapse, tablefmt)
-
-    def coverage_line(self) -> str:
-        from torchroof.render.text import coverage_line
-
-        return coverage_line(self)
-
-    def summary(self) -> str:
-        """The step in a few lines (:func:`torchroof.render.text.summary`)."""
-        from torchroof.render.text import summary
-
-        return summary(self)
-
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -511,12 +465,6 @@ class Estimate:
             pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        """The estimate as JSON text; also written to ``path`` when given."""
-        from torchroof.render.files import estimate_json
-
-        return estimate_json(self, path)
-
     @classmethod
     def from_json(cls, source: str | Path) -> Estimate:
         """Read an estimate from a JSON file path or a JSON string."""
@@ -540,19 +488,3 @@ class Estimate:
             raise EstimateFileError(error.problems, where) from None
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
-
-    def to_csv(self, path: str | Path) -> None:
-        """One row per kernel (:func:`torchroof.render.files.write_csv`)."""
-        from torchroof.render.files import write_csv
-
-        write_csv(self, path)
-
-    def to_html(
-        self, path: str | Path | None = None, depth: int | None = None, collapse: bool = True
-    ) -> str:
-        """The interactive report as one self-contained HTML page, its layer rows grouped
-        as :meth:`table`'s; also written to ``path`` when given
-        (:func:`torchroof.render.html.estimate_html`)."""
-        from torchroof.render.html import estimate_html
-
-        return estimate_html(self, path, depth=depth, collapse=collapse)

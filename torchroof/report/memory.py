@@ -1,23 +1,17 @@
 """Memory footprint of a traced step: weights, gradients, optimizer state, KV cache, and
 the peak of live activations from tensor lifetimes in the trace; compared with capacity.
-A parallel step's footprint is its traced rank's (issue 13 item 5)."""
+A parallel step's footprint is its traced rank's."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from torchroof.counters import kind_of
-from torchroof.records.trace import TensorMeta, Trace
-
-
-def storage_extent_bytes(t: TensorMeta) -> int:
-    """Bytes of storage a tensor view reaches: (offset + last element + 1) · itemsize."""
-    if t.numel == 0:
-        return 0
-    last = sum((size - 1) * step for size, step in zip(t.shape, t.stride, strict=True))
-    return (t.offset + last + 1) * t.itemsize
-
+from torchroof.records.tensors import storage_extent_bytes
+from torchroof.records.trace import Trace
+from torchroof.records.units import gib
 
 # FSDP2's own ops (torch.distributed.fsdp._fully_shard._fsdp_collectives): the copy of a
 # unit's shards into the all-gather buffer, the copy out of it into each parameter's
@@ -29,9 +23,10 @@ _NO_DATA_KINDS = ("view", "metadata")  # counters' kinds of ops that touch no el
 
 
 def unsharded_layer_buffers(trace: Trace) -> set[int]:
-    """Storages of FSDP2's unsharded layer buffers (issue 13 item 5): the all-gather buffers,
-    the unsharded parameters they are copied out to, the unsharded gradients and the
-    reduce-scatter inputs they are copied into. Their size follows the layer, not the batch."""
+    """Storages of FSDP2's unsharded layer buffers (PyTorch docs, ``fully_shard``): the
+    all-gather buffers, the unsharded parameters they are copied out to, the unsharded
+    gradients and the reduce-scatter inputs they are copied into. Their size follows the
+    layer, not the batch."""
     found: set[int] = set()
     for op in trace.ops:
         packet = op.packet
@@ -74,8 +69,8 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
     fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
     reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
     """
-    roles = trace.roles if roles is None else roles
-    born, dies, size, buffers = _lifetimes(trace, roles)
+    known: Mapping[int, str] = trace.roles if roles is None else roles
+    born, dies, size, buffers = _lifetimes(trace, known)
     delta: dict[int, list[int]] = {}
     for key, start in born.items():
         in_buffers = key[0] in buffers
@@ -96,7 +91,7 @@ Life = tuple[int, int]  # (storage, which life of it)
 
 
 def _lifetimes(
-    trace: Trace, roles: dict[int, str]
+    trace: Trace, roles: Mapping[int, str]
 ) -> tuple[dict[Life, int], dict[Life, int], dict[Life, int], set[int]]:
     """(birth op, death op, bytes) of every transient storage life, and FSDP's unsharded
     layer buffers (see :func:`transient_peak`)."""
@@ -136,10 +131,10 @@ def _lifetimes(
 
 def saved_bytes(trace: Trace, index: int, roles: dict[int, str] | None = None) -> int:
     """Bytes of transient storages (activations) born by op ``index`` and used after it:
-    what a forward ending there keeps for its backward (issue 14: each micro-batch a
+    what a forward ending there keeps for its backward (in a pipelined step each micro-batch a
     pipeline stage holds in flight keeps this much)."""
-    roles = trace.roles if roles is None else roles
-    born, dies, size, _ = _lifetimes(trace, roles)
+    known: Mapping[int, str] = trace.roles if roles is None else roles
+    born, dies, size, _ = _lifetimes(trace, known)
     return sum(size[key] for key, start in born.items() if start < index <= dies[key])
 
 
@@ -147,7 +142,7 @@ def saved_bytes(trace: Trace, index: int, roles: dict[int, str] | None = None) -
 class MemoryFootprint:
     """What must sit in one device's memory for the step, against its capacity.
 
-    For a parallel step (issue 13 item 5) every figure is rank 0's: its parameter,
+    For a parallel step every figure is rank 0's: its parameter,
     gradient and optimizer-state shards (the gradients held across micro-batches are the
     gradient-accumulation buffers), its KV heads, its activations (per TP shard), and
     ``layer_buffers_bytes``, FSDP's unsharded parameters and gradients in flight at the
@@ -227,14 +222,6 @@ class MemoryFootprint:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-GIB = 2**30
-
-
-def gib(size: float) -> str:
-    """Bytes as GiB, labelled: ``74.51 GiB``."""
-    return f"{size / GIB:.2f} GiB"
 
 
 def footprint(

@@ -1,15 +1,15 @@
 """The hierarchical roofline: one kernel's bytes at every memory boundary, its tiles and waves.
 
-seed 000 "The hierarchical roofline": P <= min(pi, beta_smem·I_smem, beta_L2·I_L2,
-beta_HBM·I_HBM); each level has its own ridge and the level that binds is the smallest term.
-seed 000 "GEMM II · tiles set the intensity": a T_m x T_n threadblock tile streams a T_m x K
-panel of A and a K x T_n panel of B, so the traffic into the tile is
-s·MNK·(1/T_m + 1/T_n) + out·MN and I -> 2 / (s·(1/T_m + 1/T_n)); the same count with the
-warp tile gives the shared-memory level and with the MMA instruction's operands the
-register level. L2 absorbs the panel re-reads, so HBM sees the compulsory bytes (the traced
-Q) and the re-reads cross the L2 boundary instead.
-seed 000 "Is the work quantised badly?": tiles are dispatched in waves over the SMs.
-seed 000 "The third regime: latency": bytes in flight = beta x latency; a kernel that keeps
+The hierarchical roofline (Yang, Kurth & Williams 2020): P <= min(pi, beta_smem·I_smem,
+beta_L2·I_L2, beta_HBM·I_HBM); each level has its own ridge and the level that binds is the
+smallest term. Tiles set the intensity (NVIDIA, Matrix Multiplication Background User's Guide;
+CUTLASS): a T_m x T_n threadblock tile streams a T_m x K panel of A and a K x T_n panel of B,
+so the traffic into the tile is s·MNK·(1/T_m + 1/T_n) + out·MN and I -> 2 / (s·(1/T_m +
+1/T_n)); the same count with the warp tile gives the shared-memory level and with the MMA
+instruction's operands the register level. L2 absorbs the panel re-reads, so HBM sees the
+compulsory bytes (the traced Q) and the re-reads cross the L2 boundary instead.
+Wave quantisation (same guide): tiles are dispatched in waves over the SMs.
+Little's law (Little 1961; Volkov 2016): bytes in flight = beta x latency; a kernel that keeps
 fewer in flight runs at C / latency.
 """
 
@@ -47,7 +47,7 @@ MIN_SPLIT_K = 128
 
 LEVELS = ("registers", "smem", "l2", "hbm")
 
-# seed 000 "pi is the top of a stack": a fused attention kernel's softmax does not run on the
+# Compute ceilings below the tensor peak: a fused attention kernel's softmax does not run on the
 # tensor cores. Per (query, key) pair it kept, the forward takes one exponential (the SFU)
 # and about four fp32 operations (running max, scale-and-subtract, sum, rescale); the
 # backward recomputes P (one exponential) and forms dS = P·(dP - D) scaled (about four).
@@ -77,7 +77,7 @@ class GemmTile:
 
 def tiled_bytes(m: int, n: int, k: int, tile: tuple[int, int], itemsize: int) -> float:
     """Operand bytes a (m x k) @ (k x n) product pulls across a boundary when each
-    tile[0] x tile[1] block of C streams its two panels (seed 000 "GEMM II"): A once per
+    tile[0] x tile[1] block of C streams its two panels (tiled GEMM): A once per
     column of tiles, B once per row of tiles, s·(m·k·ceil(n/T_n) + n·k·ceil(m/T_m)); for
     whole tiles that is s·MNK·(1/T_n + 1/T_m), and ragged edges load only the rows there are."""
     return itemsize * k * (m * math.ceil(n / tile[1]) + n * math.ceil(m / tile[0]))
@@ -138,7 +138,8 @@ def gemm_levels(
 
 
 def split_k(tiles: int, k: int, spec: HardwareSpec) -> int:
-    """Split-K (seed 000 "Split-K and stream-K scheduling"): a grid (every batch's tiles) of
+    """Split-K (the fixed-split decomposition in Osama et al. 2023, Stream-K): a grid (every
+    batch's tiles) of
     fewer tiles than SMs splits K into as many parts as still fit one wave, while each split
     keeps >= MIN_SPLIT_K of K."""
     sms = _sms(spec)
@@ -148,7 +149,7 @@ def split_k(tiles: int, k: int, spec: HardwareSpec) -> int:
 
 
 def attention_levels(shape: KernelShape, hbm_bytes: float, spec: HardwareSpec) -> Levels:
-    """Flash attention (seed 000 "FlashAttention"): each block of B_r query rows streams
+    """Flash attention (Dao et al. 2022): each block of B_r query rows streams
     the kept K/V blocks through shared memory, so L2 sees s·(N/B_r)·N_k·(d + d_v) per head on
     top of Q and O (I -> 2B_r/s), the K/V re-reads absorbed before HBM; each 64-row warpgroup
     reads the K/V block from shared memory. The query heads that share a K/V head (GQA) are
@@ -211,7 +212,8 @@ def _sms(spec: HardwareSpec) -> int:
 
 @dataclass(frozen=True)
 class Waves:
-    """seed 000 "Is the work quantised badly?": ``ctas`` blocks are dispatched over ``slots``
+    """Wave quantisation (NVIDIA, Matrix Multiplication Background): ``ctas`` blocks are
+    dispatched over ``slots``
     = SMs x CTAs per SM in ceil(ctas / slots) waves; CTAs that share an SM share its
     throughput, so the busy share of the SMs' time is ctas / (ceil(ctas / SMs) x SMs)."""
 
@@ -239,7 +241,7 @@ def waves(levels: Levels, spec: HardwareSpec) -> Waves:
 
 
 def in_flight_bytes(levels: Levels, spec: HardwareSpec, bandwidth_bytes_per_s: float) -> float:
-    """seed 000 "The third regime: latency": the bytes a kernel keeps in flight. The machine
+    """Little's law (Little 1961; Volkov 2016): the bytes a kernel keeps in flight. The machine
     needs beta x latency (~2 MB on an H100, ~15 KB per SM); a kernel's CTAs reach at most
     the SMs they occupy, and it can never have more in flight than it moves."""
     if spec.memory_latency_s is None:
@@ -253,8 +255,8 @@ def in_flight_bytes(levels: Levels, spec: HardwareSpec, bandwidth_bytes_per_s: f
 def effective_bandwidth(
     in_flight: float, spec: HardwareSpec, bandwidth_bytes_per_s: float
 ) -> float:
-    """beta_eff = min(beta, C / latency) for C = ``in_flight`` bytes (seed 000 "The third
-    regime: latency")."""
+    """beta_eff = min(beta, C / latency) for C = ``in_flight`` bytes (Little's law,
+    docs/concepts/littles-law.md)."""
     if spec.memory_latency_s is None or in_flight <= 0:
         return bandwidth_bytes_per_s
     return min(bandwidth_bytes_per_s, in_flight / spec.memory_latency_s.value)
@@ -296,7 +298,7 @@ def choose_tile(
 
 
 def level_rates(spec: HardwareSpec) -> dict[str, float]:
-    """The on-chip bandwidths the file lists (seed 000 Table 4), by level."""
+    """The on-chip bandwidths the file lists (the hierarchical roofline's levels), by level."""
     rates = {
         "l2": spec.l2_bytes_per_s,
         "smem": spec.shared_memory_bytes_per_s,

@@ -1,7 +1,7 @@
 """The problem shape of one kernel, for the hierarchical roofline and realistic mode.
 
 The HBM roofline needs only a kernel's totals (W, Q). The boundaries inside the chip and the
-effects the roofline cannot see (seed 000 "What the model still cannot see": wave
+effects the roofline cannot see (docs/concepts/honest-numbers.md: wave
 quantisation, too little in flight) need its geometry: how a GEMM's output splits into
 tiles, how many query blocks an attention kernel runs, how many elements a streaming kernel
 walks. This module reads that geometry off the kernel's lead op; nothing here is timed.
@@ -19,11 +19,12 @@ from torchroof.counters.attention import (
     attention_backward_flops,
     attention_forward_flops,
 )
-from torchroof.records.trace import OpRecord, dtype_itemsize
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import dtype_itemsize
 
 ShapeKind = Literal["gemm", "attention", "stream"]
 
-# seed 000 "FlashAttention": B_r = B_c = 128 query / key rows per block (the counters'
+# FlashAttention (Dao et al. 2022): B_r = B_c = 128 query / key rows per block (the counters'
 # figure); FlashAttention-3's consumer warpgroups each own 64 query rows.
 ATTENTION_BLOCK_ROWS = 128
 ATTENTION_WARPGROUP_ROWS = 64

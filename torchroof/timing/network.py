@@ -1,6 +1,7 @@
 """Collectives priced at the network boundary: bytes on the wire per rank, and alpha + bytes/beta.
 
-seed 000 "The next wall": the same roofline one level out. beta is the rate at which bytes
+The network ridge (docs/concepts/network-ridges.md): the same roofline one level out. beta is
+the rate at which bytes
 cross the link in question and Q the bytes a rank sends; a collective's time is
 ``alpha + Q / beta`` on the link its group spans.
 
@@ -70,41 +71,23 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
+from torchroof.counters.bus import bus_factor, check_kind
 from torchroof.hardware.cluster import ClusterSpec, Link
 
-COLLECTIVE_KINDS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "send_recv",
-)
 NETWORK = "network"
 HIERARCHICAL = "hierarchical"
 NO_LINK = "none"  # a group of one: nothing crosses any link
 
 
-def _check_kind(kind: str) -> None:
-    if kind not in COLLECTIVE_KINDS:
-        raise ValueError(f"unknown collective {kind!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+class _Shape(TypedDict):
+    """The fields of a CollectiveTime every link shares: what runs, over how many ranks."""
 
-
-def bus_factor(kind: str, group_size: int) -> float:
-    """Bytes a rank sends on the wire per byte of message (nccl-tests bus bandwidth factor;
-    the definitions of S and of each factor are in this module's docstring)."""
-    _check_kind(kind)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    n = group_size
-    if n == 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0  # broadcast, send_recv
+    kind: str
+    message_bytes: float
+    group_size: int
+    nodes: int
 
 
 @dataclass(frozen=True)
@@ -197,7 +180,7 @@ def collective_time(
     ``nvls=False`` prices an intra-node all-reduce as a ring even where the cluster lists an
     NVLink SHARP rate (``NCCL_ALGO=Ring``).
     """
-    _check_kind(kind)
+    check_kind(kind)
     if (
         isinstance(message_bytes, bool)
         or not isinstance(message_bytes, (int, float))
@@ -210,7 +193,7 @@ def collective_time(
     per_node = Counter(cluster.node_of(r) for r in ranks)
     m, k = len(per_node), max(per_node.values())
     size = float(message_bytes)
-    shape = {"kind": kind, "message_bytes": size, "group_size": n, "nodes": m}
+    shape: _Shape = {"kind": kind, "message_bytes": size, "group_size": n, "nodes": m}
     if n == 1:
         return CollectiveTime(
             **shape, ranks_per_node=1, link=NO_LINK, bound_link=NO_LINK, algorithm="none",

@@ -1,14 +1,15 @@
 """Timing of one kernel on one accelerator: the pure roofline, or the realistic mode.
 
-seed 000 "Deriving the roofline": T = max(W/pi, Q/beta) when memory traffic and arithmetic
-overlap; the no-overlap model T = W/pi + Q/beta (seed 000 §5) is an option. pi is the
-ceiling the kernel's unit and dtype can reach (DESIGN rule 4), beta the HBM bandwidth. This
+The roofline (Williams, Waterman & Patterson 2009): T = max(W/pi, Q/beta) when memory traffic
+and arithmetic overlap; the no-overlap model T = W/pi + Q/beta (docs/concepts/roofline.md) is
+an option. pi is the ceiling the kernel's unit and dtype can reach (the unit follows the op),
+beta the HBM bandwidth. This
 pure roofline is the default: a floor.
 
-Whatever the mode, the kernel's hierarchical verdict is named (seed 000 "The hierarchical
-roofline": the smallest of pi, beta_l·I_l over the levels binds; ``boundary``). The realistic
-mode (``PricingOptions.mode = "realistic"``) adds what seed 000 "What the model still cannot
-see" lists, each separately switchable: the on-chip roofs (``on_chip``), wave quantisation
+Whatever the mode, the kernel's hierarchical verdict is named (the hierarchical roofline, Yang,
+Kurth & Williams 2020: the smallest of pi, beta_l·I_l over the levels binds; ``boundary``). The
+realistic mode (``PricingOptions.mode = "realistic"``) adds what the pure roofline cannot see,
+each separately switchable: the on-chip roofs (``on_chip``), wave quantisation
 (``waves``), the latency shelf of too little in flight (``latency_shelf``), the achievable
 fractions of peak (``achievable``), the launch (``launch``) and, from "pi is the top of a
 stack", a fused attention kernel's softmax on the SFU and vector pipes (``softmax_pipes``).
@@ -20,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from torchroof.config import PricingOptions, parse_gemm_tile
 from torchroof.config.errors import OptionError
-from torchroof.config.options import PricingOptions, parse_gemm_tile
 from torchroof.counters import Cost
 from torchroof.hardware import Figure, HardwareSpec
 from torchroof.timing.hierarchy import (
@@ -106,6 +107,18 @@ def kernel_levels(
     return stream_levels(shape, cost.bytes)
 
 
+def _on_chip_seconds(levels: Levels | None, hardware: HardwareSpec) -> dict[str, float]:
+    """Each on-chip level's bytes over its rate ({} when the kernel has no levels)."""
+    if levels is None:
+        return {}
+    by_level = levels.by_level()
+    return {
+        level: by_level[level] / rate
+        for level, rate in level_rates(hardware).items()
+        if level in by_level
+    }
+
+
 def time_kernel(
     cost: Cost,
     hardware: HardwareSpec,
@@ -126,7 +139,13 @@ def time_kernel(
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
     attention = shape is not None and shape.kind == "attention"
-    if realistic and options.softmax_pipes and attention and levels is not None:
+    if (
+        realistic
+        and options.softmax_pipes
+        and attention
+        and shape is not None
+        and levels is not None
+    ):
         compute_s += softmax_seconds(shape, hardware)
     wave = waves(levels, hardware) if levels is not None else None
     tiled = shape is not None and shape.kind in ("gemm", "attention")
@@ -142,25 +161,18 @@ def time_kernel(
         if realistic:  # split-K's fp32 partial sums reach HBM too
             hbm_bytes = levels.hbm
     memory_s = hbm_bytes / effective
-    on_chip: dict[str, float] = {}
-    if levels is not None:
-        by_level = levels.by_level()
-        on_chip = {
-            level: by_level[level] / rate
-            for level, rate in level_rates(hardware).items()
-            if level in by_level
-        }
+    on_chip = _on_chip_seconds(levels, hardware)
     timed_on_chip = on_chip if realistic and options.on_chip else {}
     slowest_memory = max([memory_s, *timed_on_chip.values()])
     body = max(compute_s, slowest_memory) if options.overlap else compute_s + slowest_memory
     # ``boundary``: in realistic mode the term that set the time; in the pure mode the
-    # hierarchical verdict (seed 000: the smallest of pi, beta_l·I_l binds), which the pure
+    # hierarchical verdict (the smallest of pi, beta_l·I_l binds), which the pure
     # time does not charge
     terms = {"compute": compute_s, "hbm": memory_s, **(timed_on_chip if realistic else on_chip)}
     boundary = max(terms, key=terms.__getitem__) if cost.flops or cost.bytes else ""
     if boundary == "hbm" and effective < LATENCY_LABEL_SHARE * bandwidth:
         boundary = "latency"
-    # the verdict at the HBM boundary (seed 000: a GEMM is compute-bound at HBM and L2-bound
+    # the verdict at the HBM boundary (a GEMM can be compute-bound at HBM and L2-bound
     # on chip, both true); ``boundary`` names the term that binds the time
     bound: Bound = "compute" if compute_s > memory_s else "memory"
     overhead = options.launch_overhead_s

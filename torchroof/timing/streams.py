@@ -1,10 +1,11 @@
 """Two streams over a step in issue order: when each kernel starts and ends once collectives
-overlap compute as far as the program allows (issue 13, "Overlap as the program allows it").
+overlap compute as far as the program allows.
 
-seed 000 "What the model still cannot see": a real step is a graph of kernels with a critical
+A real step is a graph of kernels with a critical
 path, so per-kernel bounds summed are a loose bound on the step. The graph kept here is the
 one a multi-GPU step has: a compute stream and a communication stream, joined only where a
-kernel uses what a kernel on the other stream wrote. seed 000 "The next wall": communication
+kernel uses what a kernel on the other stream wrote. At the network boundary
+(docs/concepts/network-ridges.md) communication
 hides behind compute when there is compute to hide behind; what does not hide is exposed.
 
 The rules, over kernels in issue order (the trace's order):
@@ -112,8 +113,8 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
             start[i] = clock
             clock += task.duration_s
             end[i] = clock
-        exposed = tuple(t.duration_s if t.stream == COMMUNICATION else 0.0 for t in tasks)
-        return Schedule(tuple(start), tuple(end), exposed, clock, before)
+        blocking = tuple(t.duration_s if t.stream == COMMUNICATION else 0.0 for t in tasks)
+        return Schedule(tuple(start), tuple(end), blocking, clock, before)
     compute_free = communication_free = 0.0
     idle: list[tuple[float, float]] = []  # the compute stream's waits, in time order
     runs: list[int] = []  # communication tasks in stream order

@@ -1,15 +1,16 @@
 """Measure the local device's real ceilings and write them as a hardware TOML.
 
-seed 000 "measure your own ceilings before trusting them": published peaks are burst
+Measure the ceilings before trusting them (STREAM: McCalpin 1995): published peaks are burst
 figures; a roofline built from measured bandwidth (STREAM copy and triad, sized well past
 the last-level cache) and measured matmul throughput per dtype is worth more than a precise
 model on vendor maxima. Also measured: elementwise throughput on cache-resident data and
-the per-op launch overhead (seed 000 "Are the kernels too small?").
+the per-op launch overhead (a kernel of a few microseconds partly measures its own launch).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -204,7 +205,7 @@ def calibrate(
             progress(f"matmul {key} {m}^3")
             x = torch.randn(m, m, device=device).to(_SPEC_DTYPES[key])
             y = torch.randn(m, m, device=device).to(_SPEC_DTYPES[key])
-            seconds = time_op(lambda x=x, y=y: torch.mm(x, y), device, repeats=3)
+            seconds = time_op(functools.partial(torch.mm, x, y), device, repeats=3)
             best = max(best, 2 * m**3 / seconds)
         matmul[key] = best
     if device.startswith("cuda"):

@@ -1,11 +1,12 @@
-"""seed 000 "Performance diagnosis": why a kernel measured slower than its prediction.
+"""Roofline diagnosis: why a kernel measured slower than its prediction.
 
-"The questions, in order": are the tensor cores being used at all; is HBM actually
-saturated (against STREAM on the same machine, not the spec sheet); is there enough
-parallel work in flight (seed 000 "The third regime: latency"); are the kernels too small;
-is reuse happening where you assumed; is the work quantised badly. "Answering these in order
-is deliberate: each one is cheaper to check than the one after it, and each can fully
-explain a result." Each question here is answered from what was measured for the kernel —
+The questions, in order (the ceilings of Williams, Waterman & Patterson 2009, read with the
+NVIDIA Nsight Compute Profiling Guide's counters): are the tensor cores being used at all; is
+HBM actually saturated (against STREAM on the same machine, not the spec sheet); is there
+enough parallel work in flight (Little's law, docs/concepts/littles-law.md); are the kernels
+too small; is reuse happening where assumed; is the work quantised badly. The order is
+deliberate: each question is cheaper to check than the next, and each can fully explain a
+result. Each question here is answered from what was measured for the kernel —
 its time t, W and Q and the waves and bytes in flight of its prediction, the STREAM
 bandwidth and launch overhead calibrated on the machine — and says whether it explains the
 gap: whether the time it accounts for reaches the measured time. What a machine cannot
@@ -24,22 +25,22 @@ from torchroof.timing.roofline import LATENCY_LABEL_SHARE
 
 # A prediction within 80% of the measured time is at the roof; a question explains the gap
 # when the time it accounts for reaches 80% of the measured time: a kernel at 80% of STREAM
-# is saturated (seed 000: "real coalesced streaming typically lands near 85% of published
-# beta", and STREAM itself is such a stream). A prediction more than 1 / 0.8 = 1.25x the
+# is saturated (coalesced streaming typically lands near 85% of published beta, a typical
+# measured figure, and STREAM itself is such a stream). A prediction more than 1 / 0.8 = 1.25x the
 # measured time is above the roof: the kernel ran faster than its floor, so its W, its Q or
 # the ceiling it was priced on is wrong for it.
 REACHED = 0.8
 ABOVE = 1 / REACHED
-# seed 000 "pi is the top of a stack": a matmul is called off its MMA pipe only when the line
+# Compute ceilings (Williams et al. 2009): a matmul is called off its MMA pipe only when the line
 # it was priced on is at least this many times the vector line it ran at, so timing noise
 # between two nearby lines is never read as the wrong pipe.
 PIPE_MARGIN = 2.0
-# seed 000 "Are the kernels too small?": "any kernel with a predicted time under ~20 us is
-# partly measuring its own launch"; so is one predicted at a few launches.
+# Are the kernels too small? Any kernel with a predicted time under ~20 us is partly
+# measuring its own launch; so is one predicted at a few launches.
 SMALL_KERNEL_S = 20e-6
 SMALL_LAUNCHES = 5
-# seed 000 "Is the work quantised badly?": a grid whose waves keep the SMs less than this
-# busy is flagged (two waves of 140 tiles on 132 SMs: 53%).
+# Wave quantisation (NVIDIA, Matrix Multiplication Background): a grid whose waves keep the
+# SMs less than this busy is flagged (two waves of 140 tiles on 132 SMs: 53%).
 WAVE_EFFICIENCY_FLAG = 0.75
 NEEDS_COUNTERS = "not measured (needs dram__bytes from ncu)"
 
@@ -68,7 +69,7 @@ def _bytes(count: float) -> str:
 
 @dataclass(frozen=True)
 class Question:
-    """One of seed 000's questions: what it is called, and what its answer is called when it
+    """One of the diagnosis questions: what it is called, and what its answer is called when it
     explains the gap."""
 
     topic: str
@@ -76,7 +77,7 @@ class Question:
     finding: str
 
 
-# seed 000 "The questions, in order"
+# The questions, in order
 QUESTIONS = (
     Question("pipe", "Are the tensor cores being used at all?", "wrong pipe"),
     Question("hbm", "Is HBM actually saturated?", "HBM saturated"),
@@ -131,7 +132,7 @@ class MachineFigures:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """seed 000's six questions answered for one kernel, in order."""
+    """The six diagnosis questions answered for one kernel, in order."""
 
     predicted_s: float
     measured_s: float
@@ -212,7 +213,7 @@ class Diagnosis:
 
 
 def _pipe(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
-    """seed 000 "pi is the top of a stack": asked only of a matmul the prediction calls
+    """Compute ceilings (Williams et al. 2009): asked only of a matmul the prediction calls
     compute-bound (a memory-bound one's pipe does not set its time), against the fp32
     vector line only where that line is a figure of the file, not derived (the no-FMA
     half and a 1/4-of-elementwise SFU are not measured). It is on the wrong pipe when it
@@ -301,7 +302,7 @@ def _hbm(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> 
 
 
 def _in_flight(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
-    """seed 000 "The third regime: latency": bytes in flight against beta x latency; with
+    """Little's law (Little 1961; Volkov 2016): bytes in flight against beta x latency; with
     fewer, the bytes move at C / latency."""
     question = QUESTIONS[2].text
     latency = machine.spec.memory_latency_s
@@ -330,7 +331,7 @@ def _in_flight(kernel: KernelEstimate, measured_s: float, machine: MachineFigure
 
 
 def _too_small(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
-    """seed 000 "Are the kernels too small?": predicted under ~20 us or a few launches. The
+    """Are the kernels too small? Predicted under ~20 us or a few launches. The
     launch explains the gap when predicted + launch reaches 80% of the measured time (the
     rule every question follows); a small kernel short of that is answered, not explained.
     The launch is the larger of the one measured and the smallest kernel as profiled (a
@@ -379,7 +380,7 @@ def _reuse(
 
 
 def _waves(kernel: KernelEstimate, measured_s: float, machine: MachineFigures) -> Answer:
-    """seed 000 "Is the work quantised badly?": the prediction's waves over the SMs; W/pi
+    """Is the work quantised badly? The prediction's waves over the SMs; W/pi
     stretched by the busy share explains the gap when it reaches the measured time."""
     question = QUESTIONS[5].text
     if not kernel.waves:
@@ -406,7 +407,7 @@ def diagnose(
     machine: MachineFigures,
     measured_bytes: float | None = None,
 ) -> Diagnosis:
-    """seed 000's questions, in order, for one kernel measured at ``measured_s`` (W, Q, the
+    """The diagnosis questions, in order, for one kernel measured at ``measured_s`` (W, Q, the
     waves and the bytes in flight from its prediction ``kernel``; ``measured_bytes`` only
     from hardware counters). Every question is answered; :attr:`Diagnosis.verdict` stops at
     the first that explains the gap."""

@@ -178,7 +178,7 @@ def _llama_mlp(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
 
 
 def _float8_mlp(recipe: str) -> Callable[..., Built]:
-    """A Llama MLP whose three linear layers are torchao's Float8 training layers (issue 15):
+    """A Llama MLP whose three linear layers are torchao's Float8 training layers:
     the amax reductions, scale arithmetic and casts around each ``_scaled_mm``."""
 
     def build(device: torch.device, dtype: torch.dtype, grad: bool) -> Built:
@@ -195,6 +195,9 @@ class Int8WeightOnlyLinear(nn.Module):
     """gpt-fast's weight-only int8 linear (torchao's Int8WeightOnlyConfig runs the same ops on
     meta): the int8 weight widened to the activation's dtype, a bf16 GEMM, the per-channel
     scale after it."""
+
+    weight: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
@@ -367,7 +370,7 @@ def torchroof_fused(c: Case, **options: Any) -> list[Any]:
     ``out`` with a ones gradient made outside the trace); kernels that move no bytes and do
     no FLOPs are left out. ``options``: other PricingOptions fields."""
     import torchroof
-    from torchroof.config.options import PricingOptions
+    from torchroof.config import PricingOptions
     from torchroof.kernels.fusion import build_kernels
 
     module, inputs = c.make("meta")

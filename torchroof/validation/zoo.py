@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from torchroof import progress as progress_report
+from torchroof.api import estimate_trace
+from torchroof.config import Workload
 from torchroof.config.errors import first_line
-from torchroof.config.options import Workload
-from torchroof.pricing.price import estimate_trace
 from torchroof.quiet import quiet_imports, quiet_trace
 from torchroof.workloads import regime as find_regime
 from torchroof.workloads import run_workload

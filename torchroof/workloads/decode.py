@@ -1,6 +1,6 @@
 """Decode: one new token for each of B sequences against a cache already holding
-``context`` tokens (seed 000, "Decode is a memory workload": the weights and the whole
-cache are read once per step)."""
+``context`` tokens (decode is a memory workload, Pope et al. 2022: the weights and the
+whole cache are read once per step)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import torch
 
 from torchroof.models.sources import model_dtype
 from torchroof.records.trace import Trace
-from torchroof.report.analysis import decode_analysis
-from torchroof.report.memory import gib
+from torchroof.records.units import gib
+from torchroof.workloads.decode_figures import decode_analysis
 from torchroof.workloads.inference import inference_step, kv_label
-from torchroof.workloads.inputs import kv_shape
+from torchroof.workloads.inputs import context_of, kv_shape, model_config
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
+    from torchroof.config import Workload
 
 
 def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> Trace:
     """One new token for each of B sequences against a cache already holding N tokens."""
     model = models[TARGET]
     model.eval()
-    return inference_step(model, workload, new=1, filled=workload.context)
+    return inference_step(model, workload, new=1, filled=context_of(workload))
 
 
 def label(model: str, w: Workload) -> str:
@@ -36,7 +36,7 @@ def label(model: str, w: Workload) -> str:
 
 def sweep_summary(result: Any, over: str, w: Workload) -> list[str]:
     """Over batch, where the weight GEMMs reach the ridge and where KV reads overtake the
-    weight reads (seed 000, "The batch that pays for the weights")."""
+    weight reads (docs/concepts/attention-kv.md)."""
     if over != "batch":
         return []
     return [
@@ -47,8 +47,8 @@ def sweep_summary(result: Any, over: str, w: Workload) -> list[str]:
 
 
 def summary(est: Any) -> list[str]:
-    """What the step reads per token generated, and where batching stops paying (seed 000,
-    "The crossover that ends batching")."""
+    """What the step reads per token generated, and where batching stops paying (the KV
+    crossover, docs/concepts/attention-kv.md)."""
     decode = decode_analysis(est)
     return [
         f"decode: weights read {decode.weight_bytes_read / 1e9:.2f} GB, KV read "
@@ -80,13 +80,15 @@ def real_step(
     sized for ``steps`` calls."""
     from transformers import StaticCache
 
-    batch, context = workload.batch, workload.context
+    batch, context = workload.batch, context_of(workload)
     model.eval()
     kv_heads, head_dim = kv_shape(model)
     dtype = next(model.parameters()).dtype
-    cache = StaticCache(config=model.config, max_cache_len=context + steps)
+    cache = StaticCache(config=model_config(model), max_cache_len=context + steps)
     cache.early_initialization(batch, kv_heads, head_dim, dtype, torch.device(device))
-    for layer in cache.layers:  # the cache already holds `context` tokens
+    # a static cache's layers (transformers types them as every kind a cache may hold)
+    layers: list[Any] = list(cache.layers)
+    for layer in layers:  # the cache already holds `context` tokens
         layer.cumulative_length.fill_(context)
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
     position = torch.full((batch, 1), context, device=device)
@@ -105,7 +107,7 @@ REGIME = Regime(
     tokens=lambda w: w.batch,
     # the cache holds ``context`` tokens, at most the model's maximum; the step's one new
     # token, at index ``context``, may go one past it (priced, with a note saying so)
-    positions=lambda w: w.context,
+    positions=context_of,
     new_positions=1,
     knobs=("cache", "mla"),  # the cache it decodes against; latent attention's form
     compute_dtype=lambda w: model_dtype(w.dtype),

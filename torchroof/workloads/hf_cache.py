@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from torchroof.capture.mode import Capture
-from torchroof.parallel.pipeline.stages import owned_layers
+from torchroof.parallel.stages import owned_layers
 from torchroof.quant.kv_cache import is_kv_storage, quantise
-from torchroof.workloads.inputs import kv_shape, model_param_dtype, text_config
+from torchroof.workloads.inputs import kv_shape, model_config, model_param_dtype, text_config
 
 
 def build_kv_cache(
@@ -36,19 +36,22 @@ def build_kv_cache(
     from transformers import DynamicCache, StaticCache
 
     text_config(model)  # a clear error for a module without a transformers config
-    config = model.config
+    config = model_config(model)
     if kind == "static":
-        cache = StaticCache(config=config, max_cache_len=capacity)
-        for layer in cache.layers:
+        static = StaticCache(config=config, max_cache_len=capacity)
+        for layer in static.layers:
             _allocate_unrecorded(layer, capture)
-        quantise_on_write(cache, kv_dtype)
-        return cache
+        quantise_on_write(static, kv_dtype)
+        return static
     kv_heads, head_dim = kv_shape(model)
     dtype = kv_dtype or model_param_dtype(model)
     cache = DynamicCache(config=config)
     quantise_on_write(cache, kv_dtype)
     stage = owned_layers(model)  # a pipeline stage caches its own layers
-    for index, layer in enumerate(cache.layers):
+    # transformers types the layers as every kind a cache may hold; these are a dynamic
+    # cache's attention layers (one of another kind refuses as transformers makes it)
+    layers: list[Any] = list(cache.layers)
+    for index, layer in enumerate(layers):
         window = getattr(layer, "sliding_window", None)
         length = min(filled, window - 1) if window else filled
         length = length if stage is None or index in stage else 0
@@ -74,7 +77,8 @@ def quantise_on_write(cache: Any, kv_dtype: torch.dtype | None) -> None:
         return
     for layer in cache.layers:
         if isinstance(layer, CacheLayerMixin):  # not recurrent-only or placeholder layers
-            layer.update = _quantising(layer.update, kv_dtype)
+            # the layer's own bound method, wrapped in place on this cache's layer
+            layer.update = _quantising(layer.update, kv_dtype)  # type: ignore[method-assign]
 
 
 def _quantising(write: Callable[..., Any], kv_dtype: torch.dtype) -> Callable[..., Any]:
@@ -154,7 +158,7 @@ def recurrent_only_cache(model: torch.nn.Module) -> Any:
     from transformers.cache_utils import CacheLayerMixin
 
     try:
-        probe = DynamicCache(config=model.config)
+        probe = DynamicCache(config=model_config(model))
     except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
         return None
     if not probe.layers or any(isinstance(layer, CacheLayerMixin) for layer in probe.layers):
@@ -167,7 +171,7 @@ def recurrent_only_cache(model: torch.nn.Module) -> Any:
         def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
             return query_length, 0
 
-    return RecurrentOnlyCache(config=model.config)
+    return RecurrentOnlyCache(config=model_config(model))
 
 
 def attention_only_static_cache(model: torch.nn.Module) -> bool:
@@ -176,7 +180,7 @@ def attention_only_static_cache(model: torch.nn.Module) -> bool:
 
     text_config(model)  # a clear error for a module without a transformers config
     try:
-        cache = StaticCache(config=model.config, max_cache_len=1)
+        cache = StaticCache(config=model_config(model), max_cache_len=1)
     except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
         return False
     return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
@@ -189,7 +193,7 @@ def caches_attention_kv(model: torch.nn.Module) -> bool:
     from transformers.cache_utils import CacheLayerMixin
 
     try:
-        cache = StaticCache(config=model.config, max_cache_len=1)
+        cache = StaticCache(config=model_config(model), max_cache_len=1)
     except Exception:  # noqa: BLE001 - a config transformers cannot size a cache for
         return True
     return any(isinstance(layer, CacheLayerMixin) for layer in cache.layers)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchroof.capture.mode import Capture, OpBudgetExceeded
+from torchroof.capture.budget import OpBudgetExceeded
+from torchroof.capture.mode import Capture
 from torchroof.config.errors import WorkloadError, first_line
 from torchroof.models.mla import absorbed_mla, dequantised_latents, mla_layers
 from torchroof.quant.kv_cache import narrow_dtype
@@ -31,17 +32,13 @@ from torchroof.workloads.inputs import (
     cache_argument,
     forward_kwargs,
     forward_parameters,
+    model_config,
     text_config,
     token_ids,
 )
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
-
-CACHES = ("static", "dynamic")
-# How a decode step runs multi-head latent attention: over the latent with the
-# up-projections absorbed (FlashMLA, vLLM, SGLang) or expanded per step (transformers).
-MLA_DECODES = ("absorbed", "expanded")
+    from torchroof.config import Workload
 
 
 def inference_step(model: torch.nn.Module, workload: Workload, new: int, filled: int) -> Trace:
@@ -70,9 +67,9 @@ def inference_step(model: torch.nn.Module, workload: Workload, new: int, filled:
         trace.facts.cache = "dynamic"
         return trace
     if workload.cache == "dynamic" or uniform:
-        trace = _prebuilt_cache_step(model, workload, new, filled, reasons)
-        if trace is not None:
-            return trace
+        prebuilt = _prebuilt_cache_step(model, workload, new, filled, reasons)
+        if prebuilt is not None:
+            return prebuilt
     try:
         trace = _warm_state_step(model, workload, new, filled, static=True)
     except (OpBudgetExceeded, WorkloadError):
@@ -191,7 +188,7 @@ def _warm_state_step(
     capacity = filled + new
     kv_dtype = narrow_dtype(workload.kv_dtype)
     if static:
-        cache = StaticCache(config=model.config, max_cache_len=capacity)
+        cache = StaticCache(config=model_config(model), max_cache_len=capacity)
         quantise_on_write(cache, kv_dtype)
     else:
         cache = recurrent_only_cache(model)  # None: the model makes its own

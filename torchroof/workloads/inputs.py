@@ -4,15 +4,39 @@ the forward arguments each architecture takes them in; the KV shape its config i
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchroof.capture.mode import local_shard
+from torchroof.capture.storage import local_shard
 from torchroof.config.errors import WorkloadError
 from torchroof.models.mla import mla_layers
-from torchroof.parallel.program import KV_HEADS_PER_RANK
+from torchroof.parallel.tensor import KV_HEADS_PER_RANK
 from torchroof.quant.kv_cache import narrow_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
+
+    from torchroof.config import Workload
+
+
+def seq_of(workload: Workload) -> int:
+    """The step's ``seq``: a left-out one is given its default before any regime runs
+    (:func:`torchroof.workloads.registry.run_workload`)."""
+    assert workload.seq is not None, "seq is resolved before a regime runs"
+    return workload.seq
+
+
+def context_of(workload: Workload) -> int:
+    """The tokens a decode step's cache holds: ``context``, which follows ``seq`` when left
+    out (and so is resolved with it)."""
+    assert workload.context is not None, "context is resolved with seq before a regime runs"
+    return workload.context
+
+
+def model_config(model: torch.nn.Module) -> PreTrainedConfig:
+    """The transformers config of a model transformers built (``model.config``)."""
+    return cast("PreTrainedConfig", model.config)
 
 
 # -- inference ------------------------------------------------------------------------------
@@ -28,7 +52,7 @@ def text_config(model: torch.nn.Module) -> Any:
 
 def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(KV heads, head dim) from the config, the KV heads one rank holds when the model is
-    tensor-parallel (:func:`torchroof.parallel.program.apply_tensor_parallel` records them); a
+    tensor-parallel (:func:`torchroof.parallel.tensor.apply_tensor_parallel` records them); a
     clear error when the config lacks them."""
     text = text_config(model)
     heads = getattr(text, "num_attention_heads", None)
@@ -45,7 +69,8 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
 
 def random_ids(model: torch.nn.Module, batch: int, length: int, device: str) -> torch.Tensor:
     """Real token ids on ``device`` for a step run for real (``torchroof validate``)."""
-    return torch.randint(0, model.config.vocab_size, (batch, length), device=device)
+    config: Any = model.config
+    return torch.randint(0, config.vocab_size, (batch, length), device=device)
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
@@ -98,7 +123,8 @@ def forward_kwargs(model: torch.nn.Module, positions: torch.Tensor, cache: Any) 
         kwargs[name] = cache
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 1  # generation needs the last token's logits only
-    kwargs.update(patch_inputs(model, *positions.shape, params))
+    batch, length = positions.shape  # (B, T)
+    kwargs.update(patch_inputs(model, batch, length, params))
     return kwargs
 
 
@@ -120,7 +146,7 @@ def patch_inputs(
 
 
 def kv_bytes_per_token(model: torch.nn.Module, kv_dtype: str = "model") -> int:
-    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (seed 000), s the
+    """K and V of one token across all layers: 2 · s · h_kv · d_head · L (Pope et al. 2022), s the
     model's dtype or the cache's ``kv_dtype`` (fp8, int8: 1 B).
 
     Multi-head latent attention (DeepSeek-V2/V3) caches one latent per token and MLA

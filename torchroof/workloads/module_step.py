@@ -16,7 +16,7 @@ from torchroof.records.trace import Trace
 from torchroof.workloads.train import train_module
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
+    from torchroof.config import Workload
 
 # The regimes a plain module runs, and why decode is not one of them.
 MODULE_REGIMES = ("prefill", "train")

@@ -1,8 +1,10 @@
 """The regimes, by name: one module each, loaded when first asked for.
 
-Adding a regime is one module exposing ``REGIME`` (a :class:`~torchroof.workloads.spec.Regime`)
-and one line in :data:`REGIME_MODULES`; the CLI's ``--regime`` choices, ``Workload``'s
-check, ``compare --vary regime=...`` and the report read it from here.
+Adding a regime is one module exposing ``REGIME`` (a :class:`~torchroof.workloads.spec.Regime`),
+one line in :data:`REGIME_MODULES`, and the facts ``Workload``'s checks read in
+:data:`torchroof.config.choices.REGIME_FACTS` (the CLI's ``--regime`` choices); looking a
+regime up holds the two to the same facts. ``compare --vary regime=...`` and the report read
+it from here.
 """
 
 from __future__ import annotations
@@ -15,30 +17,36 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchroof import progress
+from torchroof.config.choices import DEFAULT_SEQ, REGIME_FACTS, REGIMES
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.pipeline.stages import record_stage
+from torchroof.parallel.stages import record_stage
 from torchroof.quant.recipes import ABSORBED_MLA_WIDE, quantize_model
 from torchroof.records.trace import Trace
 from torchroof.workloads.parallel_step import describe, parallel_program
-from torchroof.workloads.spec import DEFAULT_SEQ, TARGET, Regime
+from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
+    from torchroof.config import Workload
 
 REGIME_MODULES: dict[str, str] = {
     "prefill": "torchroof.workloads.prefill",
     "decode": "torchroof.workloads.decode",
     "train": "torchroof.workloads.train",
 }
-REGIMES: tuple[str, ...] = tuple(REGIME_MODULES)
+assert REGIMES == tuple(REGIME_MODULES), "torchroof.config.choices.REGIMES lists the regimes"
 
 
 def regime(name: str) -> Regime:
     """The regime called ``name``; a :class:`WorkloadError` listing the known ones."""
     if name not in REGIME_MODULES:
-        raise WorkloadError(f"unknown regime {name!r}; choose one of {', '.join(REGIMES)}")
+        known = ", ".join(REGIME_MODULES)
+        raise WorkloadError(f"unknown regime {name!r}; choose one of {known}")
     found = importlib.import_module(REGIME_MODULES[name]).REGIME
     assert found.name == name, f"{REGIME_MODULES[name]} declares {found.name!r}, not {name!r}"
+    facts = REGIME_FACTS[name]
+    assert (found.trains, found.knobs) == (facts.trains, facts.knobs), (
+        f"{REGIME_MODULES[name]} and torchroof.config.choices.REGIME_FACTS disagree on {name!r}"
+    )
     return found
 
 
@@ -64,7 +72,7 @@ def run_workload(
             f"given {', '.join(given) or 'none'}"
         )
     # absorbed latent attention reads kv_b_proj's weight directly (torchroof/models/mla.py)
-    absorbs = step.name == "decode" and workload.mla == "absorbed"
+    absorbs = "mla" in step.knobs and workload.mla == "absorbed"
     wide = ABSORBED_MLA_WIDE if absorbs else ()
     report = progress.current()
     if workload.quant != "none":

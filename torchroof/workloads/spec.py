@@ -14,12 +14,9 @@ import torch
 from torchroof.records.trace import Trace
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
+    from torchroof.config import Workload
 
 TARGET = "target"  # the model every regime runs; a regime may name others (a draft model)
-# seq left out: this, or the model's maximum positions where that is shorter (GPT-2's 1024),
-# resolved when the model's config is known (torchroof.api.resolve_seq)
-DEFAULT_SEQ = 4096
 
 
 def no_lines(*_: Any) -> list[str]:
@@ -42,7 +39,7 @@ class Regime:
     steps read (``cache``, ``mla``) and this one does;
     ``real_step``: the same step on a real device, for ``torchroof validate``; ``trains``:
     the model runs in train mode; ``batching``: the step's batch is the serving batch, so B*
-    and the KV crossover (seed 000 "The batch that pays for the weights") describe it.
+    and the KV crossover (docs/concepts/attention-kv.md) describe it.
     """
 
     name: str

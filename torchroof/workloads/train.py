@@ -1,17 +1,18 @@
 """Train: forward, cross-entropy on labels, the real autograd backward and a steady-state
-optimizer step (state already allocated), all traced (seed 000, "Training: 6N per token"
-and "Optimizers as memory workloads")."""
+optimizer step (state already allocated), all traced (about 6N FLOPs per token: Kaplan et
+al. 2020; optimizer bytes: docs/concepts/optimizer-bytes.md)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchroof.capture.mode import Capture, local_shard
+from torchroof.capture.mode import Capture
+from torchroof.capture.storage import local_shard
 from torchroof.config.errors import WorkloadError
 from torchroof.counters.optimizers import (
     ADAM_8BIT_FLOPS,
@@ -20,18 +21,20 @@ from torchroof.counters.optimizers import (
     SGD_MOMENTUM_FLOPS,
 )
 from torchroof.models.sources import model_dtype
-from torchroof.parallel.pipeline.stages import per_microbatch, stage_backward
+from torchroof.parallel.sequence import loss_context
+from torchroof.parallel.stages import per_microbatch, stage_backward
 from torchroof.progress import silenced
 from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
-from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, token_ids
-from torchroof.workloads.parallel_step import loss_context, plan_label
+from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, seq_of, token_ids
+from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
-    from torchroof.config.options import Workload
+    from torch.distributed.tensor import DTensor
 
-PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
+    from torchroof.config import Workload
+
 # torchao 0.18 AdamW8bit defaults (torchao/optim/adam.py, subclass_8bit.py).
 EIGHT_BIT_BLOCK = 256  # elements sharing one fp32 scale
 EIGHT_BIT_MIN_NUMEL = 4096  # smaller tensors keep full-precision moments
@@ -40,8 +43,8 @@ EIGHT_BIT_MIN_NUMEL = 4096  # smaller tensors keep full-precision moments
 @dataclass(frozen=True)
 class FusedOptimizer:
     """An optimizer priced as the single fused kernel a GPU runs: its FLOPs per parameter
-    element and the state it keeps per parameter (seed 000 "Optimizers as memory
-    workloads": Adam ~12 FLOPs, two moments; SGD one step, momentum one buffer)."""
+    element and the state it keeps per parameter (docs/concepts/optimizer-bytes.md: Adam
+    ~12 FLOPs, two moments; SGD one step, momentum one buffer)."""
 
     flops_per_element: int
     moments: int  # state buffers per parameter
@@ -66,7 +69,7 @@ FUSED_OPTIMIZERS: dict[str, FusedOptimizer] = {
     "sgd-momentum": FusedOptimizer(SGD_MOMENTUM_FLOPS, 1),
     # torchao.optim.AdamW8bit: each parameter's update is one torch.compile'd kernel
     # (single_param_adam), which cannot run under capture's dispatch mode; priced as this
-    # fused step over uint8 codes + fp32 block scales (seed 000 §16 "8-bit Adam about 16 B").
+    # fused step over uint8 codes + fp32 block scales (Dettmers et al. 2022: 8-bit Adam).
     "adamw8bit": FusedOptimizer(ADAM_FLOPS, 2, eight_bit=True),
     # bf16 moments whatever the precision (DeepSeek-V3 technical report, "Low-Precision
     # Storage and Communication"); with precision="mixed" the fp32 masters and grads stay.
@@ -95,7 +98,7 @@ class _OptimizerState:
     steps: list[torch.Tensor]
 
 
-def _allocate_state(params: list[torch.Tensor], workload: Workload) -> _OptimizerState:
+def _allocate_state(params: Sequence[torch.Tensor], workload: Workload) -> _OptimizerState:
     mixed = workload.precision == "mixed"
 
     def like(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -108,7 +111,7 @@ def _allocate_state(params: list[torch.Tensor], workload: Workload) -> _Optimize
     spec = FUSED_OPTIMIZERS.get(workload.optimizer, FusedOptimizer(0, 0))
     states = [t for m in masters for t in _moments(m, spec, like)]
     steps = [torch.ones((), dtype=torch.float32) for _ in params]
-    return _OptimizerState(params, masters, grads, states, steps)
+    return _OptimizerState(list(params), masters, grads, states, steps)
 
 
 def _moments(
@@ -153,7 +156,8 @@ def _fused_step(
 
 
 def _traced_step(capture: Capture, state: _OptimizerState, workload: Workload, opt: Any) -> None:
-    """Run a torch.optim step as it is (Adafactor, Muon); with mixed precision it updates
+    """Run a torch.optim step as it is (Adafactor: Shazeer & Stern 2018; Muon: Jordan et al.
+    2024); with mixed precision it updates
     the fp32 masters and the bf16 weights are rewritten from them."""
     with capture.phase("optimizer"), torch.no_grad():
         opt.step()
@@ -169,7 +173,7 @@ def _make_torch_optimizer(workload: Workload, state: _OptimizerState, names: lis
     if workload.optimizer == "adafactor":
         return torch.optim.Adafactor(masters, lr=1e-3, foreach=True)
     # Muon orthogonalises 2-D hidden matrices; embeddings, the head and 1-D parameters
-    # take AdamW, as the Muon write-up prescribes.
+    # take AdamW, as the Muon write-up (Jordan et al. 2024) prescribes.
     hidden = [
         p
         for p, n in zip(masters, names, strict=True)
@@ -205,7 +209,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
     passes (gradients accumulate), then one steady-state optimizer step (state already
     allocated), all traced.
 
-    On a parallel plan (issue 13) the step is rank 0's: the optimizer updates the local
+    On a parallel plan the step is rank 0's: the optimizer updates the local
     shards (a DTensor parameter's ``to_local()``), its state is allocated at their shapes,
     and FSDP2 reduce-scatters each micro-batch's gradients, as torchtitan's trainer does
     (it leaves gradient sync on); ``defer_gradient_sync`` turns it off before all but the
@@ -222,63 +226,17 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
         )
     model.train()
     if workload.checkpointing:
-        if not hasattr(model, "gradient_checkpointing_enable") and not hasattr(
-            model, "activation_checkpointing_enable"
-        ):
-            raise WorkloadError("activation checkpointing needs a transformers model")
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        _checkpoint_activations(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
     state = _allocate_state([local_shard(p) for p in params], workload)
-    opt = None
-    if workload.optimizer in TRACED_OPTIMIZERS:
-        opt = _make_torch_optimizer(workload, state, names)
-        if workload.precision != "mixed":
-            for p in params:
-                p.grad = torch.empty_like(p)
-        with silenced(), Capture():  # warm-up step: allocates state; answers .item() on meta
-            opt.step()
-        for p in params:
-            p.grad = None
-    ids = token_ids(model, workload.batch, workload.seq)
+    opt = _warmed_up_optimizer(workload, state, names, params)
+    ids = token_ids(model, workload.batch, seq_of(workload))
     capture = Capture()
     with capture as trace:
-        capture.mark(
-            state.masters, "optimizer_state" if workload.precision == "mixed" else "weights"
-        )
-        capture.mark(state.states, "optimizer_state")
-        capture.mark(state.grads, "gradients")
-        if opt is not None:
-            capture.mark(
-                opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt),
-                "optimizer_state",
-            )
+        _mark_state(capture, state, workload, opt)
         for micro in range(workload.microbatches):
-            last = micro == workload.microbatches - 1
-            sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
-            with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
-                stage_backward(model, _loss(model, ids), capture)
-            # a micro-batch whose reduction is deferred leaves its gradients unsharded
-            # where FSDP accumulates them (none on the parameters): they join the fp32 ones
-            # after the last micro-batch's reduction
-            deferred = workload.defer_gradient_sync and not last
-            if workload.precision == "mixed":
-                # bf16 gradients are accumulated into the fp32 main gradients the optimizer
-                # reads (Megatron-style), once per micro-batch; they are transient, so only
-                # the fp32 ones are held.
-                if not deferred:
-                    with capture.phase("backward", "gradient accumulation"), torch.no_grad():
-                        grads = _local_grads(params)
-                        capture.mark(grads, "gradients", count_bytes=False)
-                        torch._foreach_add_(state.grads, grads)
-                per_microbatch(model, capture)  # a pipeline stage: each micro-batch's
-                if not deferred:
-                    for p in params:
-                        p.grad = None
+            _microbatch(model, ids, capture, state, params, workload, micro)
         if workload.precision == "mixed":
             grads = state.grads
         else:
@@ -286,14 +244,107 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             with capture.phase("backward", "gradient layout"), torch.no_grad():
                 grads = _local_grads(params)
             capture.mark(grads, "gradients", count_bytes=False)  # a redistributed copy
-        if opt is None:
-            _fused_step(capture, state, grads, workload)
-        else:
-            _traced_step(capture, state, workload, opt)
+        _optimizer_step(capture, state, grads, workload, opt)
+    _record_step(trace, params, workload)
+    return trace
+
+
+def _checkpoint_activations(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing (non-reentrant) on the model's layers."""
+    enable_activations = getattr(model, "activation_checkpointing_enable", None)
+    enable_gradients = getattr(model, "gradient_checkpointing_enable", None)
+    if enable_gradients is None and enable_activations is None:
+        raise WorkloadError("activation checkpointing needs a transformers model")
+    kwargs = {"use_reentrant": False}
+    if enable_activations is not None:  # transformers >= 5.x
+        enable_activations(activation_checkpointing_kwargs=kwargs)
+    elif enable_gradients is not None:
+        enable_gradients(gradient_checkpointing_kwargs=kwargs)
+
+
+def _warmed_up_optimizer(
+    workload: Workload,
+    state: _OptimizerState,
+    names: list[str],
+    params: Sequence[torch.Tensor],
+) -> Any:
+    """The torch.optim optimizer a traced step runs (Adafactor, Muon), its state allocated
+    by one untraced warm-up step; None for a fused optimizer (priced as one kernel)."""
+    if workload.optimizer not in TRACED_OPTIMIZERS:
+        return None
+    opt = _make_torch_optimizer(workload, state, names)
+    if workload.precision != "mixed":
+        for p in params:
+            p.grad = torch.empty_like(p)
+    with silenced(), Capture():  # warm-up step: allocates state; answers .item() on meta
+        opt.step()
+    for p in params:
+        p.grad = None
+    return opt
+
+
+def _mark_state(capture: Capture, state: _OptimizerState, workload: Workload, opt: Any) -> None:
+    """The optimizer's masters, state and gradients, held before the step begins."""
+    capture.mark(state.masters, "optimizer_state" if workload.precision == "mixed" else "weights")
+    capture.mark(state.states, "optimizer_state")
+    capture.mark(state.grads, "gradients")
+    if opt is not None:
+        held = opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt)
+        capture.mark(held, "optimizer_state")
+
+
+def _microbatch(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    capture: Capture,
+    state: _OptimizerState,
+    params: Sequence[torch.Tensor],
+    workload: Workload,
+    micro: int,
+) -> None:
+    """Micro-batch ``micro``: forward, loss and backward, then (mixed precision) its bf16
+    gradients accumulated into the fp32 ones."""
+    last = micro == workload.microbatches - 1
+    sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
+    with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
+        stage_backward(model, _loss(model, ids), capture)
+    # a micro-batch whose reduction is deferred leaves its gradients unsharded
+    # where FSDP accumulates them (none on the parameters): they join the fp32 ones
+    # after the last micro-batch's reduction
+    deferred = workload.defer_gradient_sync and not last
+    if workload.precision == "mixed":
+        # bf16 gradients are accumulated into the fp32 main gradients the optimizer
+        # reads (Megatron-style), once per micro-batch; they are transient, so only
+        # the fp32 ones are held.
+        if not deferred:
+            with capture.phase("backward", "gradient accumulation"), torch.no_grad():
+                grads = _local_grads(params)
+                capture.mark(grads, "gradients", count_bytes=False)
+                torch._foreach_add_(state.grads, grads)
+        per_microbatch(model, capture)  # a pipeline stage: each micro-batch's
+        if not deferred:
+            for p in params:
+                p.grad = None
+
+
+def _optimizer_step(
+    capture: Capture,
+    state: _OptimizerState,
+    grads: list[torch.Tensor],
+    workload: Workload,
+    opt: Any,
+) -> None:
+    """The fused kernel, or the torch.optim optimizer's step as it runs."""
+    if opt is None:
+        _fused_step(capture, state, grads, workload)
+    else:
+        _traced_step(capture, state, workload, opt)
+
+
+def _record_step(trace: Trace, params: Sequence[torch.Tensor], workload: Workload) -> None:
     trace.facts.optimizer = workload.optimizer
     trace.facts.precision = workload.precision
     trace.facts.parameters = sum(p.numel() for p in params)
-    return trace
 
 
 def train_module(
@@ -312,24 +363,10 @@ def train_module(
     names, params = [n for n, _ in named], [p for _, p in named]
     mixed = workload.precision == "mixed"
     state = _allocate_state(params, workload)
-    opt = None
-    if workload.optimizer in TRACED_OPTIMIZERS:
-        opt = _make_torch_optimizer(workload, state, names)
-        if not mixed:
-            for p in params:
-                p.grad = torch.empty_like(p)
-        with silenced(), Capture():  # warm-up step: allocates state; answers .item() on meta
-            opt.step()
-        for p in params:
-            p.grad = None
+    opt = _warmed_up_optimizer(workload, state, names, params)
     capture = Capture()
     with capture as trace:
-        capture.mark(state.masters, "optimizer_state" if mixed else "weights")
-        capture.mark(state.states, "optimizer_state")
-        capture.mark(state.grads, "gradients")
-        if opt is not None:
-            held = opt.state_tensors() if hasattr(opt, "state_tensors") else _state_of(opt)
-            capture.mark(held, "optimizer_state")
+        _mark_state(capture, state, workload, opt)
         loss().backward()  # forward and backward phases are told apart by capture
         grads = [p.grad for p in params if p.grad is not None]
         capture.mark(grads, "gradients", count_bytes=not mixed)
@@ -337,13 +374,8 @@ def train_module(
             with capture.phase("backward", "gradient accumulation"), torch.no_grad():
                 torch._foreach_add_(state.grads, grads)
             grads = state.grads
-        if opt is None:
-            _fused_step(capture, state, grads, workload)
-        else:
-            _traced_step(capture, state, workload, opt)
-    trace.facts.optimizer = workload.optimizer
-    trace.facts.precision = workload.precision
-    trace.facts.parameters = sum(p.numel() for p in params)
+        _optimizer_step(capture, state, grads, workload, opt)
+    _record_step(trace, params, workload)
     return trace
 
 
@@ -362,7 +394,7 @@ def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
         set_sync(True)
 
 
-def _local_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The gradients this rank updates its parameters with: each parameter's, its local
     shard when sharded. A gradient laid out otherwise than its parameter (transformers'
     vocabulary-parallel embedding leaves a replicated one) is redistributed to the
@@ -374,7 +406,8 @@ def _local_grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
             continue
         placements = getattr(p, "placements", None)
         if placements is not None and getattr(grad, "placements", placements) != placements:
-            grad = grad.redistribute(p.device_mesh, placements)
+            # both are DTensors: the parameter has placements, the gradient others
+            grad = cast("DTensor", grad).redistribute(cast("DTensor", p).device_mesh, placements)
         grads.append(local_shard(grad))
     return grads
 
@@ -437,7 +470,7 @@ def real_step(
     model: torch.nn.Module, workload: Workload, device: str, steps: int
 ) -> Callable[[], None]:
     """Forward, loss, backward and a foreach AdamW step on a real device."""
-    ids = random_ids(model, workload.batch, workload.seq, device)
+    ids = random_ids(model, workload.batch, seq_of(workload), device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
@@ -453,8 +486,8 @@ REGIME = Regime(
     name="train",
     help="forward, loss, backward and an optimizer step",
     trace=trace_train,
-    tokens=lambda w: w.batch * w.seq * w.microbatches,
-    positions=lambda w: w.seq,
+    tokens=lambda w: w.batch * seq_of(w) * w.microbatches,
+    positions=seq_of,
     compute_dtype=compute_dtype,
     label=label,
     real_step=real_step,

@@ -1,4 +1,5 @@
-"""Pipeline parallelism: a model cut into stages, torch's own schedules laid on a per-rank
-timeline, one trace per distinct stage, and the pipelined step priced from them. It sits
-above pricing (it prices each stage) though it lives under parallel/.
+"""Pipeline parallelism: torch's own schedules laid on a per-rank timeline, one trace per
+distinct stage (``trace``; the stages themselves are :mod:`torchroof.parallel.stages`), and
+the pipelined step priced from them. It sits above pricing (it prices each stage) though it
+lives under parallel/.
 """

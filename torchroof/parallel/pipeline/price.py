@@ -1,5 +1,4 @@
-"""A pipelined step: one trace per distinct stage, priced, laid on the schedule's timeline
-(issue 14 items 1 and 4).
+"""A pipelined step: one trace per distinct stage, priced, laid on the schedule's timeline.
 
 :class:`PipelineTrace` holds what :func:`torchroof.api.trace_workload` traced for a workload
 with ``pp`` > 1: each distinct stage once (stages whose layers match share a trace), and
@@ -31,22 +30,19 @@ from torchroof.parallel.pipeline.schedule import (
     BACKWARD_WEIGHT,
     FORWARD,
     Action,
-    PipelineStep,
     PipelineTimeline,
-    RankRow,
-    Span,
-    StageRow,
     simulate,
 )
-from torchroof.records.trace import StepFacts, Trace
+from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END, StepFacts
+from torchroof.records.trace import Trace
 from torchroof.report.memory import MemoryFootprint, saved_bytes
+from torchroof.report.pipeline_step import PipelineStep, RankRow, Span, StageRow
 from torchroof.timing.network import collective_time
 
 if TYPE_CHECKING:
     from torchroof.hardware import ClusterSpec
     from torchroof.report.estimate import Estimate, KernelEstimate
 
-FORWARD_END, INPUT_END, BACKWARD_END = "forward_end", "input_end", "backward_end"
 NOT_SAVED = (
     "a pipelined step (pp > 1) is one trace per distinct stage and its schedule: saving it "
     "is not supported yet (save the estimate: --json)"
@@ -352,14 +348,19 @@ def _estimate(
     """The slowest rank's stages' kernels (one micro-batch each, then the work after the
     pipeline), the schedule's step time, the heaviest rank's footprint."""
     first = priced[trace.traced_as[slowest.stages[0]]]
-    kernels = []
+    kernels: list[KernelEstimate] = []
     for s in slowest.stages:
         for kernel in priced[trace.traced_as[s]].kernels:
             kernels.append(replace(kernel, index=len(kernels)))
     footprints = {
         r.rank: _rank_memory(priced, trace, r, stages, capacity_bytes) for r in step.ranks
     }
-    heaviest = max(footprints, key=lambda r: footprints[r].total_bytes if footprints[r] else 0)
+
+    def total_bytes(rank: int) -> int:
+        footprint = footprints[rank]
+        return footprint.total_bytes if footprint else 0
+
+    heaviest = max(footprints, key=total_bytes)
     memory = footprints[heaviest]
     step = replace(step, heaviest_rank=heaviest)
     assumptions: list[str] = []

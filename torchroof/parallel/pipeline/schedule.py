@@ -1,6 +1,6 @@
-"""Pipeline schedules: torch's own action order, laid on a per-rank timeline (issue 14 item 1).
+"""Pipeline schedules: torch's own action order, laid on a per-rank timeline.
 
-DESIGN.md "Parallel programs on one CPU": ``torch.distributed.pipelining``'s schedules expose
+PyTorch docs, ``torch.distributed.pipelining``: its schedules expose
 ``pipeline_order``, each rank's list of actions (``0F3``: stage 0, forward, micro-batch 3;
 ``B`` a whole backward, ``I`` / ``W`` the input and weight halves of a split backward), built
 for every rank without running anything. That order is the program; the bubble comes out of
@@ -15,8 +15,8 @@ laying it on a timeline with the stages' traced times, not out of the textbook f
   transfers overlap compute (torch posts its sends and receives asynchronously).
 
 With equal stages, ``F`` and ``B`` times t_F, t_B and free transfers, GPipe and 1F1B both
-take (m + p − 1)(t_F + t_B): each rank idles (p − 1)/(m + p − 1) of the step (seed 000
-"What the model still cannot see": a step is a graph with a critical path).
+take (m + p − 1)(t_F + t_B): each rank idles (p − 1)/(m + p − 1) of the step (Huang et al.
+2019, GPipe; Narayanan et al. 2021: a step is a graph with a critical path).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from torchroof.config.choices import SINGLE_STAGE, V_SHAPED
 from torchroof.parallel.program import fake_process_group
 
 ActionKind = Literal["F", "B", "I", "W"]
@@ -42,10 +43,8 @@ SCHEDULES: dict[str, str] = {
     "dualpipev": "ScheduleDualPipeV",
 }
 """torchroof's names for ``torch.distributed.pipelining``'s schedules."""
-SINGLE_STAGE = frozenset({"gpipe", "1f1b"})  # one stage per rank
-V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank: r and 2p − 1 − r
-SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev"})  # I and W actions
-INTERLEAVED = frozenset(SCHEDULES) - SINGLE_STAGE - V_SHAPED  # virtual_stages per rank
+# which schedules hold one stage per rank or two in a V are config's facts (SINGLE_STAGE,
+# V_SHAPED): the Workload checks them before any tracing
 
 
 @dataclass(frozen=True, order=True)
@@ -267,110 +266,3 @@ def simulate(
             raise ValueError(f"the pipeline order cannot run: ranks wait on {stuck}")
     step = max((t.end_s for t in timed), default=0.0)
     return PipelineTimeline(tuple(timed), len(order), step)
-
-
-# -- what a pipelined estimate reports -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """One pipeline stage of a priced step: where it runs, what it holds, each action's
-    time per micro-batch, what runs once after the pipeline (gradient sync, optimizer), and
-    its memory with the micro-batches the schedule keeps in flight."""
-
-    stage: int
-    rank: int
-    layers: str
-    traced_as: int  # the stage whose trace this one reuses (equal layers)
-    forward_s: float
-    backward_s: float  # B, or I + W
-    input_s: float  # I (split backward), else 0
-    weight_s: float  # W (split backward), else 0
-    after_s: float  # once per step, after the pipeline drains
-    flops: int  # one micro-batch's F + B
-    after_flops: int
-    activation_bytes: int  # what it sends on (or receives) per micro-batch
-    in_flight: int  # micro-batches held: activations (train), cached sequences (serving)
-    saved_bytes: int  # activations one micro-batch keeps for its backward
-    memory_bytes: int  # fixed + peak + (in_flight - 1) · saved (serving: · KV instead)
-    capacity_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return self.memory_bytes <= self.capacity_bytes
-
-
-@dataclass(frozen=True)
-class RankRow:
-    rank: int
-    stages: tuple[int, ...]
-    busy_s: float  # its actions' time
-    end_s: float  # when its step ends: its last action, then its after-pipeline work
-
-    def idle_share(self, step_s: float) -> float:
-        return 1.0 - self.busy_s / step_s if step_s else 0.0
-
-
-@dataclass(frozen=True)
-class Span:
-    """One interval of a rank's timeline: an action (``F``, ``B``, ``I``, ``W`` of a stage
-    and micro-batch), a ``send`` of an activation or gradient to another stage's rank, or
-    the work ``after`` the pipeline (gradient sync, optimizer)."""
-
-    rank: int
-    what: str  # F, B, I, W, send, after
-    stage: int
-    microbatch: int
-    start_s: float
-    end_s: float
-
-
-@dataclass(frozen=True)
-class PipelineStep:
-    """A pipelined step as the schedule laid it out (issue 14 items 1 and 4)."""
-
-    schedule: str
-    pp: int
-    microbatches: int
-    stages: tuple[StageRow, ...]
-    ranks: tuple[RankRow, ...]
-    pipeline_s: float  # from the first action to the last
-    step_time_s: float  # the last rank's end, after-pipeline work included
-    bubble_share: float  # idle share of the ranks over the pipeline
-    transfer_s: float  # one activation across the slowest stage boundary
-    transfer_link: str  # that boundary's link
-    slowest_rank: int
-    slowest_reason: str
-    trains: bool
-    timeline: tuple[Span, ...] = ()
-    heaviest_rank: int = 0  # the rank whose memory the estimate reports
-    latency_s: float = 0.0  # one micro-batch's forward through every stage and boundary
-
-    @property
-    def steady_state_s(self) -> float:
-        """A step's time once successive steps' micro-batches keep every stage busy (how a
-        serving pipeline runs): the busiest rank's work, no fill or drain."""
-        return max(r.busy_s for r in self.ranks)
-
-    @property
-    def rank_flops(self) -> int:
-        """FLOPs the slowest rank runs in the step: its stages' per-micro-batch work times
-        the micro-batches, plus its after-pipeline work."""
-        rank = self.ranks[self.slowest_rank]
-        rows = [self.stages[s] for s in rank.stages]
-        return sum(r.flops * self.microbatches + r.after_flops for r in rows)
-
-    def to_dict(self) -> dict[str, object]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> PipelineStep:
-        values = dict(data)
-        values["stages"] = tuple(StageRow(**row) for row in data["stages"])
-        values["ranks"] = tuple(
-            RankRow(**{**row, "stages": tuple(row["stages"])}) for row in data["ranks"]
-        )
-        values["timeline"] = tuple(Span(**span) for span in data.get("timeline", ()))
-        return cls(**values)

@@ -1,4 +1,4 @@
-"""One pipeline stage of a transformers model, run by the ordinary regimes (issue 14 item 1).
+"""One pipeline stage of a transformers model, run by the ordinary regimes.
 
 A model with ``pp`` stages is split as transformers splits it
 (``transformers.distributed.pipeline_parallel``): the decoder layers its
@@ -16,8 +16,9 @@ cache run unchanged), and a forward that:
   stage sends back (:func:`stage_backward`, an empty tensor of the output's shape).
 
 A training step's backward is run by :func:`stage_backward`: whole (``B``), or split as
-zero-bubble schedules run it, by torch's own ``stage_backward_input`` (gradients of the
-stage's input, ``I``) then ``stage_backward_weight`` (its weights' gradients, ``W``). The op
+zero-bubble schedules (Qi et al. 2023) run it, by torch's own ``stage_backward_input``
+(gradients of the stage's input, ``I``) then ``stage_backward_weight`` (its weights'
+gradients, ``W``). The op
 index where each action ends is kept in the trace's facts (``pipeline``), so pricing can
 time each action the schedule lays out.
 """
@@ -27,18 +28,18 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
-from torchroof.capture.mode import Capture, local_shard
+from torchroof.capture.mode import Capture
+from torchroof.capture.storage import local_shard
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.pipeline.price import (  # the trace's op marks
-    BACKWARD_END,
-    FORWARD_END,
-    INPUT_END,
-)
+from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END  # the trace's op marks
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STAGE_ATTRIBUTE = "torchroof_pipeline_stage"
 SEQUENCE_MESH = "torchroof_sequence_mesh"  # set on a model under sequence parallel
@@ -167,8 +168,9 @@ def make_stage(model: nn.Module, split: StageSplit, split_backward: bool = False
     for index in range(len(layers)):
         if index not in split.layers:
             layers[index] = PipelineIdentityLayer()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    hf = cast("PreTrainedModel", model)  # a transformers causal LM
+    tied = getattr(hf.config, "tie_word_embeddings", False)
+    head = hf.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     plan = list(decoder_pp_plan(model) or ())
     at = plan.index(list_name)
     for name in plan[:at]:  # the embeddings: the first stage's
@@ -178,7 +180,7 @@ def make_stage(model: nn.Module, split: StageSplit, split_backward: bool = False
         if not split.last:
             setattr(base, name, PipelineIdentityLayer())
     if not split.last and head is not None:
-        model.set_output_embeddings(PipelineIdentityLayer())
+        hf.set_output_embeddings(PipelineIdentityLayer())
     state = StageState(split, split_backward)
     setattr(model, STAGE_ATTRIBUTE, state)
     _wrap_forward(model, base, state)
@@ -194,7 +196,7 @@ def decoder_pp_plan(model: nn.Module) -> dict[str, Any] | None:
 
 
 def _text_config(model: nn.Module) -> Any:
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -203,7 +205,7 @@ def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:
 
     original = model.forward
     signature = inspect.signature(original)
-    hidden = model.config.get_text_config().hidden_size
+    hidden = cast("PreTrainedModel", model).config.get_text_config().hidden_size
 
     @functools.wraps(original)  # its signature: regimes read the forward's parameters
     def stage_forward(*args: Any, **kwargs: Any) -> Any:

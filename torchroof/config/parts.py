@@ -1,0 +1,155 @@
+"""The typed parts of a Workload: the step's shape, its training, its quantisation, its
+parallel layout and its capture limits; each checks its own fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchroof.config import choices
+from torchroof.config.checks import choose, positive_int
+from torchroof.config.errors import WorkloadError
+
+# the defaults of the knobs only some steps read (Workload's fields)
+DEFAULT_CACHE = "static"
+DEFAULT_MLA = "absorbed"
+DEFAULT_DTYPE = "bf16"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Which step runs and on how many tokens: the regime, sequences per rank, tokens per
+    sequence, tokens already cached, the decode cache and latent attention's form."""
+
+    regime: str
+    batch: int
+    seq: int | None
+    context: int | None
+    cache: str
+    mla: str
+    allow_beyond_max_positions: bool
+
+    @property
+    def facts(self) -> choices.RegimeFacts:
+        """What the regime declares (it trains, the knobs it reads, its tokens)."""
+        return choices.REGIME_FACTS[self.regime]
+
+    def tokens(self, microbatches: int) -> int:
+        """Tokens the step processes (``seq`` given)."""
+        assert self.seq is not None
+        return self.facts.tokens(self.batch, self.seq, microbatches)
+
+    def validate(self) -> None:
+        """A known regime, positive sizes and a known cache."""
+        bad = WorkloadError
+        choose("regime", self.regime, choices.REGIME_FACTS, bad)
+        positive_int("batch", self.batch, bad)
+        if self.seq is not None:  # None: DEFAULT_SEQ, or the model's maximum if shorter
+            positive_int("seq", self.seq, bad)
+        if self.context is not None:
+            positive_int("context", self.context, bad)
+        choose("cache", self.cache, choices.CACHES, bad)
+
+    def validate_attention(self) -> None:
+        """A known form of latent attention (checked after the training knobs, as always)."""
+        choose("mla", self.mla, choices.MLA_DECODES, WorkloadError)
+
+    def validate_knobs(self) -> None:
+        """A knob set away from its default for a regime that never reads it (a KV cache
+        for a training step, a latent-attention decode for a prefill) would be dropped
+        silently: refused, naming what it needs. The training knobs (optimizer, precision)
+        and those of a parallel degree (sequence parallel at tp=1) are left alone: one set
+        of knobs is shared by the steps of a comparison."""
+        defaults = {"cache": DEFAULT_CACHE, "mla": DEFAULT_MLA}
+        for name in ("cache", "mla"):  # the knobs only some regimes read (Regime.knobs)
+            value = getattr(self, name)
+            if value != defaults[name] and name not in self.facts.knobs:
+                readers = [r for r, facts in choices.REGIME_FACTS.items() if name in facts.knobs]
+                raise WorkloadError(
+                    f"{name}={value!r} applies to a {' or '.join(readers)} step (--regime); "
+                    f"this {self.regime} step would ignore it"
+                )
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a step that trains updates its weights: the optimizer, the precision its
+    parameters, gradients and state are kept in, activation checkpointing, and whether FSDP
+    defers its gradient reduction to the last micro-batch."""
+
+    optimizer: str
+    precision: str
+    checkpointing: bool
+    defer_gradient_sync: bool
+
+    def validate(self) -> None:
+        """A known optimizer and precision."""
+        choose("optimizer", self.optimizer, choices.OPTIMIZERS, WorkloadError)
+        choose("precision", self.precision, choices.PRECISIONS, WorkloadError)
+
+    def validate_dtype(self, dtype: str, trains: bool) -> None:
+        """A training step computes in its precision's dtype; a dtype other than the default
+        (or the precision's own) would be dropped silently: refused, naming the knob that
+        does apply."""
+        if not trains or dtype in (DEFAULT_DTYPE, self.precision):
+            return
+        raise WorkloadError(
+            f"dtype={dtype} does not apply to a training step: it computes in its "
+            f"precision's dtype (precision={self.precision}); use precision={dtype} "
+            "(CLI: --precision)"
+        )
+
+
+@dataclass(frozen=True)
+class Quantisation:
+    """The model's dtype, the quantisation recipe of its linear layers and the KV cache's
+    dtype."""
+
+    dtype: str
+    quant: str
+    kv_dtype: str
+
+    def validate(self, trains: bool, tp: int) -> None:
+        """Known names, and a recipe the step can use (:meth:`validate_recipe`)."""
+        bad = WorkloadError
+        choose("dtype", self.dtype, choices.DTYPES, bad)
+        choose("quant", self.quant, choices.quant_names(), bad)
+        choose("kv_dtype", self.kv_dtype, choices.KV_DTYPES, bad)
+        self.validate_recipe(trains, tp)
+
+    def validate_recipe(self, trains: bool, tp: int = 1) -> None:
+        """A recipe the step can use; a quantised KV cache only where a step keeps one. A
+        serving recipe quantises whole weights before the tensor-parallel plan shards them,
+        which torchao's serving tensors and the packed ops do not support (no sharding
+        rules): refused with tp > 1 (torchao's Float8 training layers do shard: their amax
+        becomes an all-reduce)."""
+        quant = self.quant
+        recipe_trains = choices.RECIPE_TRAINS.get(quant)
+        if recipe_trains is not None and tp > 1 and not trains:
+            raise WorkloadError(
+                f"quant={quant!r} with tp={tp}: a serving step's quantised weights cannot yet "
+                "be sharded by the tensor-parallel plan (torchao's serving tensors and "
+                "torchroof's packed ops have no DTensor sharding rules); price one rank's "
+                "share with tp=1 and a model config divided by tp, or use quant with a "
+                "training step"
+            )
+        if recipe_trains is not None and trains and not recipe_trains:
+            training = ", ".join(name for name, t in choices.RECIPE_TRAINS.items() if t)
+            raise WorkloadError(
+                f"quant={quant!r} is a serving recipe (weights stored narrow, no gradients "
+                f"through them); a training step takes {training}"
+            )
+        if self.kv_dtype != "model" and trains:
+            raise WorkloadError(
+                f"kv_dtype={self.kv_dtype!r}: a training step keeps no KV cache (prefill and "
+                "decode do)"
+            )
+
+
+@dataclass(frozen=True)
+class CaptureLimits:
+    """How far a trace may run before capture stops it."""
+
+    max_ops: int
+
+    def validate(self) -> None:
+        positive_int("max_ops", self.max_ops, WorkloadError)

@@ -1,0 +1,272 @@
+"""What step to trace: :class:`Workload`, its knobs flat (the CLI's flags are generated from
+its fields) and grouped into typed parts (:mod:`torchroof.config.parts`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from torchroof.config.choices import (
+    CACHES,
+    DEFAULT_PP_SCHEDULE,
+    DEFAULT_SEQ,  # 4096, or the model's maximum if shorter
+    DEFAULT_VIRTUAL_STAGES,
+    DTYPES,
+    KV_DTYPES,
+    MLA_DECODES,
+    OPTIMIZERS,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
+    QUANTS,
+    REGIME_FACTS,
+    REGIMES,
+)
+from torchroof.config.flags import knob
+from torchroof.config.limits import DEFAULT_MAX_OPS  # why 10M: see there
+from torchroof.config.parallel_layout import Parallelism
+from torchroof.config.parallel_plan import ParallelPlan
+from torchroof.config.parts import CaptureLimits, Quantisation, StepShape, Training
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What step to trace.
+
+    ``precision`` (train only): ``bf16`` / ``fp16`` / ``fp32`` keep parameters, gradients
+    and optimizer state in that dtype; ``mixed`` is bf16 compute with fp32 master weights,
+    fp32 gradients and fp32 optimizer state, the bf16 weights rewritten by the optimizer
+    (30 B/param for AdamW), the default, as most training stacks run.
+    ``seq`` left out is :data:`DEFAULT_SEQ` (4096), or the model's maximum positions where
+    that is shorter (GPT-2: 1024), resolved once the model's config is known
+    (:func:`torchroof.api.resolve_seq`); ``context`` left out is ``seq``.
+
+    Across GPUs the step is rank 0 of the real parallel program: ``tp`` ranks
+    share each layer (the model's tensor-parallel plan), ``fsdp`` ranks share each
+    parameter, ``dp`` replicas (HSDP with ``fsdp``) each hold their own data, ``cp`` ranks
+    split each sequence (torch's ring attention exchanges their K/V). ``batch`` is
+    the sequences one rank's replica processes per micro-batch; a training step runs
+    ``microbatches`` of them before its one optimizer step.
+
+    The fields are flat (``Workload(batch=8, tp=2)``, ``w.batch``); :attr:`shape`,
+    :attr:`training`, :attr:`quantisation`, :attr:`plan` and :attr:`limits` group them
+    into typed parts, each of which checks its own fields.
+    """
+
+    regime: str = knob("prefill", "the step: " + ", ".join(REGIMES), choices=REGIMES)
+    batch: int = knob(
+        1,
+        "sequences per rank per micro-batch (the global batch is batch x dp x fsdp x "
+        "microbatches; tp and cp ranks share their sequences)",
+    )
+    seq: int | None = knob(
+        None,
+        f"tokens per sequence (prefill, train; default {DEFAULT_SEQ}, or the model's maximum "
+        "positions if shorter)",
+    )
+    context: int | None = knob(None, "tokens already in the KV cache (decode; default --seq)")
+    cache: str = knob(
+        "static",
+        "decode cache: static (in place) or dynamic (HF DynamicCache, cat)",
+        choices=CACHES,
+    )
+    optimizer: str = knob("adamw", "train: the optimizer", choices=OPTIMIZERS)
+    precision: str = knob(
+        "mixed",
+        "train: mixed (bf16 compute, fp32 master weights, gradients and state), or "
+        "bf16/fp16/fp32 throughout",
+        choices=PRECISIONS,
+        group="precision",
+    )
+    checkpointing: bool = knob(False, "train: activation checkpointing (recompute in backward)")
+    mla: str = knob(
+        "absorbed",
+        "decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
+        choices=MLA_DECODES,
+    )
+    dtype: str = knob(
+        "bf16", "prefill/decode: the model's dtype", choices=DTYPES, group="precision"
+    )
+    quant: str = knob(
+        "none",
+        "quantised linear layers (torchroof.quant.recipes): fp8 / fp8-rowwise (train: torchao "
+        "Float8; serve: fp8 activations and weights), int8-weight, fp8-weight, int4-weight, "
+        "mxfp4-weight (weight-only, dequantised inside the GEMM), nvfp4 (fp4 tensor cores)",
+        choices=QUANTS,
+        group="precision",
+    )
+    kv_dtype: str = knob(
+        "model",
+        "prefill/decode: the KV cache's dtype (model: the model's; fp8 / int8: quantised "
+        "on write, read by the attention kernel at 1 B per element)",
+        choices=KV_DTYPES,
+        group="precision",
+    )
+    allow_beyond_max_positions: bool = knob(
+        False, "price sequences longer than the model's maximum positions (an assumption line)"
+    )
+    max_ops: int = knob(
+        DEFAULT_MAX_OPS, "stop a trace past this many aten ops (a data-dependent loop on meta)"
+    )
+    tp: int = knob(
+        1,
+        "tensor-parallel ranks (the model's own TP plan); rank 0 is traced",
+        group="parallelism",
+    )
+    sequence_parallel: bool = knob(
+        False,
+        "with --tp: torchtitan's tensor + sequence parallel plan (Llama layout): norms on "
+        "T/tp tokens, reduce-scatter + all-gather for each all-reduce, loss on vocab shards",
+        group="parallelism",
+    )
+    fsdp: int = knob(
+        1, "train: ranks each parameter is sharded over (FSDP2, ZeRO-3)", group="parallelism"
+    )
+    dp: int = knob(
+        1,
+        "data-parallel replicas (train: HSDP's replicate dimension with --fsdp; serving: "
+        "each rank its own batch, e.g. attention beside --ep)",
+        group="parallelism",
+    )
+    ep: int = knob(
+        1,
+        "expert-parallel ranks: routed experts sharded over them, tokens sent to their "
+        "experts' ranks by all-to-all (transformers' all_to_all dispatch); ep divides "
+        "dp x fsdp x tp and is a multiple of tp",
+        group="parallelism",
+    )
+    cp: int = knob(
+        1,
+        "context-parallel ranks each sequence is split over (ring attention)",
+        group="parallelism",
+    )
+    reshard_after_forward: bool = knob(
+        True,
+        "FSDP: free gathered parameters after forward, gather them again for backward",
+        off="FSDP: keep parameters gathered in forward for backward (~ZeRO-2)",
+        group="parallelism",
+    )
+    microbatches: int = knob(
+        1,
+        "train: forward+backward passes of --batch sequences per optimizer step; with --pp "
+        "also prefill/decode: micro-batches of --batch sequences through the pipeline",
+        group="parallelism",
+    )
+    pp: int = knob(
+        1,
+        "pipeline stages (torch.distributed.pipelining's schedules); one trace per distinct stage",
+        group="parallelism",
+    )
+    pp_schedule: str = knob(
+        DEFAULT_PP_SCHEDULE,
+        "with --pp: the schedule whose action order is laid out",
+        choices=PIPELINE_SCHEDULES,
+        group="parallelism",
+    )
+    virtual_stages: int = knob(
+        DEFAULT_VIRTUAL_STAGES,
+        "with --pp and an interleaved schedule: stages per rank (V schedules hold 2)",
+        group="parallelism",
+    )
+    pp_split: str = knob(
+        "",
+        "with --pp: decoder layers per stage, e.g. 16,16,15,15 (default: an even split, the "
+        "remainder to the first stages, as transformers splits)",
+        group="parallelism",
+    )
+    defer_gradient_sync: bool = knob(
+        False,
+        "FSDP with micro-batches: reduce gradients on the last one only (unsharded ones held)",
+        group="parallelism",
+    )
+
+    def __post_init__(self) -> None:
+        """Each part checks its own fields, in the order they have always been checked."""
+        if self.context is None and self.seq is not None:
+            object.__setattr__(self, "context", self.seq)
+        shape, training, quantisation = self.shape, self.training, self.quantisation
+        shape.validate()  # a known regime, positive sizes, a known cache
+        training.validate()
+        shape.validate_attention()
+        quantisation.validate(shape.facts.trains, self.tp)
+        training.validate_dtype(self.dtype, shape.facts.trains)
+        shape.validate_knobs()
+        self.limits.validate()
+        self.plan.validate(shape)
+
+    # -- the typed parts ----------------------------------------------------------------------
+
+    @property
+    def shape(self) -> StepShape:
+        """Which step, on how many sequences and tokens."""
+        return StepShape(
+            self.regime,
+            self.batch,
+            self.seq,
+            self.context,
+            self.cache,
+            self.mla,
+            self.allow_beyond_max_positions,
+        )
+
+    @property
+    def training(self) -> Training:
+        """How a step that trains updates its weights."""
+        return Training(
+            self.optimizer, self.precision, self.checkpointing, self.defer_gradient_sync
+        )
+
+    @property
+    def quantisation(self) -> Quantisation:
+        """The model's dtype, its recipe and the KV cache's dtype."""
+        return Quantisation(self.dtype, self.quant, self.kv_dtype)
+
+    @property
+    def plan(self) -> Parallelism:
+        """The parallel layout: ranks of each kind and how the program runs over them."""
+        return Parallelism(
+            tp=self.tp,
+            sequence_parallel=self.sequence_parallel,
+            fsdp=self.fsdp,
+            dp=self.dp,
+            ep=self.ep,
+            cp=self.cp,
+            reshard_after_forward=self.reshard_after_forward,
+            microbatches=self.microbatches,
+            pp=self.pp,
+            pp_schedule=self.pp_schedule,
+            virtual_stages=self.virtual_stages,
+            pp_split=self.pp_split,
+        )
+
+    @property
+    def limits(self) -> CaptureLimits:
+        """How far the trace may run."""
+        return CaptureLimits(self.max_ops)
+
+    # -- what the rest of torchroof reads ------------------------------------------------------
+
+    @property
+    def pipeline_split(self) -> tuple[int, ...]:
+        """``pp_split`` as layer counts (empty: the even split)."""
+        return self.plan.pipeline_split
+
+    @property
+    def parallel_plan(self) -> ParallelPlan:
+        """The ranks the step's program spans (world = pp · dp · fsdp · cp · tp)."""
+        return self.plan.mesh
+
+    @property
+    def trains(self) -> bool:
+        """The step trains (forward, loss, backward, optimizer step): its regime says."""
+        return REGIME_FACTS[self.regime].trains
+
+    @property
+    def tokens(self) -> int:
+        """Tokens processed by the step (decode: one per sequence). With ``seq`` left out,
+        those of :data:`DEFAULT_SEQ`, before a model shorter than that shortens it
+        (:func:`torchroof.api.resolve_seq`)."""
+        resolved = self if self.seq is not None else replace(self, seq=DEFAULT_SEQ)
+        return resolved.shape.tokens(resolved.microbatches)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

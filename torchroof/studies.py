@@ -1,0 +1,220 @@
+"""Many estimates of one model: variants side by side (:func:`compare`) and sweeps over a
+size (:func:`sweep`), each variant checked before any is traced, and variants that differ only
+in pricing sharing one trace."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_model
+from torchroof.config import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
+from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.progress import reporting
+from torchroof.report.compare import Comparison, Sweep, SweepPoint, Variant
+
+# The knobs, by name (torchroof/config/workload.py, pricing.py), plus where the step runs;
+# every other key compare is given is a model-config field.
+PRICING_KEYS = {"hardware", *PRICING_KNOBS}  # variants differing only in these share a trace
+ESTIMATE_KEYS = {*WORKLOAD_KNOBS, *PRICING_KEYS}
+_INT_KEYS = {f.name for f in fields(Workload) if value_type(f) is int}
+# What a sweep may vary: every integer size of the step (batch, seq, context, tp, fsdp, dp,
+# microbatches, ...), not the op budget.
+SWEEP_KEYS = tuple(f.name for f in fields(Workload) if value_type(f) is int and f.name != "max_ops")
+DEFAULT_SWEEP_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the CLI's --values
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A CLI value in the type the key takes: ints for sizes and most config fields,
+    floats where they have a point, booleans for true/false, strings otherwise."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    if key in _INT_KEYS:
+        raise ValueError(f"{key} takes integers, got {text!r}")
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
+def _with_config_fields(model: Any, fields: dict[str, Any]) -> Any:
+    """The model's config with ``fields`` replaced (a copy; the original is untouched)."""
+    from torchroof.models.sources import load_config
+
+    if not fields:
+        return model
+    config = copy.deepcopy(load_config(model if not hasattr(model, "config") else model.config))
+    for key, value in fields.items():
+        if not hasattr(config, key):
+            known = sorted(ESTIMATE_KEYS)
+            raise ValueError(
+                f"unknown key {key!r}: not an estimate argument ({', '.join(known)}) "
+                f"nor a field of {type(config).__name__}"
+            )
+        _check_config_value(config, key, value)
+        setattr(config, key, value)
+    _check_heads(config)
+    return config
+
+
+def _check_config_value(config: Any, key: str, value: Any) -> None:
+    """A config field varied to a value of another kind than the config holds (a count
+    given as text), or a count that is not positive."""
+    held = getattr(config, key)
+    counts = isinstance(held, int) and not isinstance(held, bool)
+    if counts and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key} is a whole number in {type(config).__name__}, got {value!r}")
+    if counts and held > 0 and value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value}")
+
+
+def _check_heads(config: Any) -> None:
+    """Attention heads a model can be built with: K/V heads that divide the query heads
+    (grouped-query attention shares each K/V head among h / h_kv query heads), and a
+    hidden size the query heads divide unless the config gives ``head_dim``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return
+    if isinstance(kv, int) and not isinstance(kv, bool) and (kv > heads or heads % kv):
+        raise ValueError(
+            f"num_key_value_heads={kv} must divide num_attention_heads={heads} (each K/V head "
+            "serves a whole group of query heads)"
+        )
+    hidden = getattr(text, "hidden_size", None)
+    if getattr(text, "head_dim", None) is None and isinstance(hidden, int) and hidden % heads:
+        raise ValueError(
+            f"hidden_size={hidden} does not divide into num_attention_heads={heads} heads"
+        )
+
+
+def check_variant(model: Any, settings: dict[str, Any], name: str) -> None:
+    """Everything that refuses one variant before anything is traced, in a second at most:
+    the knobs (:class:`~torchroof.config.Workload`, :class:`~torchroof.config.
+    PricingOptions`), the hardware and a recipe it cannot run, the config fields varied
+    (known, of the right kind, heads that divide), the tensor-parallel plan and the
+    sequence against the model's maximum positions. The error keeps its type (a
+    WorkloadError, an UnknownHardwareError, ...); its message starts with the variant
+    (``variant num_key_value_heads=128: ...``)."""
+    from torchroof.api import config_of, resolve_seq
+    from torchroof.config import PricingOptions, split_knobs
+    from torchroof.models.sources import check_layers, check_positions
+    from torchroof.pricing.hardware import resolve_hardware
+    from torchroof.workloads import regime
+    from torchroof.workloads.parallel_step import check_plan
+
+    try:
+        config_fields = {k: v for k, v in settings.items() if k not in ESTIMATE_KEYS}
+        knobs = {k: v for k, v in settings.items() if k in ESTIMATE_KEYS and k != "hardware"}
+        workload_knobs, pricing_knobs = split_knobs(knobs)
+        workload = Workload(**workload_knobs)
+        PricingOptions(**pricing_knobs)
+        hardware = settings.get("hardware", "h100-sxm")
+        resolve_hardware(hardware)
+        check_quant_hardware(workload.quant, hardware)
+        variant = _with_config_fields(model, config_fields)
+        config = variant if config_fields else config_of(model)
+        if config is None:  # a plain module: its inputs decide
+            return
+        workload, _ = resolve_seq(config, workload)
+        label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        check_layers(config, name=label)
+        check_plan(config, workload, name=label)
+        length = regime(workload.regime).positions(workload)
+        check_positions(config, length, workload.allow_beyond_max_positions, name=label)
+    except (ValueError, KeyError) as error:
+        if error.args and isinstance(error.args[0], str):
+            error.args = (f"variant {name}: {error.args[0]}", *error.args[1:])
+        raise
+
+
+def compare(
+    model: Any = DEFAULT_MODEL,
+    vary: dict[str, Sequence[Any]] | None = None,
+    *,
+    hardware: Any = "h100-sxm",
+    progress: bool = False,
+    **base: Any,
+) -> Comparison:
+    """Estimate ``model`` once per value of each varied key (the others held at ``base``),
+    as ``torchroof compare MODEL --vary KEY=V1,V2``.
+
+    Keys are ``hardware``, any field of :class:`torchroof.config.Workload` or
+    :class:`torchroof.config.PricingOptions` by its name, or a model-config field
+    (``num_key_value_heads=[64, 8]``); ``base`` takes the same names as
+    :func:`torchroof.estimate`. Every variant is checked before any is traced
+    (:func:`check_variant`): a bad one fails in a second, named. ``progress=True`` shows
+    on stderr which variant runs ("point 2 of 3") and each stage of it.
+    """
+    if not vary:
+        raise ValueError("nothing to vary: give at least one key with its values")
+    base = {"hardware": hardware, **base}
+    variants: list[Variant] = []
+    traces: dict[str, Any] = {}  # variants that differ only in pricing share one trace
+    for key, values in vary.items():  # every variant is refused before any tracing
+        if not values:
+            raise ValueError(f"{key}: no values to compare")
+        for value in values:
+            check_variant(model, {**base, key: value}, f"{key}={value}")
+    count = sum(len(values) for values in vary.values())
+    with reporting(progress) as report:  # progress=True: "point 2 of 3" and each stage
+        for key, values in vary.items():
+            for value in values:
+                report.point(len(variants) + 1, count, f"{key}={value}")
+                settings = {**base, key: value}
+                pricing = {k: v for k, v in settings.items() if k in PRICING_KEYS}
+                tracing = {k: v for k, v in settings.items() if k not in PRICING_KEYS}
+                cache_key = repr(sorted(tracing.items(), key=lambda kv: kv[0]))
+                if cache_key not in traces:
+                    traces[cache_key] = _trace(model, tracing)
+                est = estimate_trace(traces[cache_key], **pricing)
+                variants.append(Variant(f"{key}={value}", settings, est))
+    return Comparison(variants)
+
+
+def _trace(model: Any, tracing: dict[str, Any]) -> Any:
+    fields = {k: v for k, v in tracing.items() if k not in ESTIMATE_KEYS}
+    kwargs = {k: v for k, v in tracing.items() if k in ESTIMATE_KEYS}
+    return trace_model(_with_config_fields(model, fields), **kwargs)
+
+
+def sweep(
+    model: Any = DEFAULT_MODEL,
+    over: str = "batch",
+    values: Sequence[int] = DEFAULT_SWEEP_VALUES,
+    *,
+    hardware: Any = "h100-sxm",
+    progress: bool = False,
+    **base: Any,
+) -> Sweep:
+    """Estimate ``model`` at each value of ``over``, one of :data:`SWEEP_KEYS` (batch, seq,
+    context, the parallel sizes: ``fsdp`` over 8, 16, 32, 64 GPUs is a sweep over GPU
+    counts), as ``torchroof sweep MODEL --over KEY --values V1,V2``; ``base`` takes the
+    names :func:`torchroof.estimate` takes. Every point is checked before any is traced.
+    ``progress=True`` shows on stderr which point runs and each stage of it."""
+    if over not in SWEEP_KEYS:
+        raise ValueError(f"sweep over one of {', '.join(SWEEP_KEYS)}, got {over!r}")
+    if not values:
+        raise ValueError("no values to sweep")
+    base = {"hardware": hardware, **base}
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            raise ValueError(f"variant {over}={v!r}: {over} takes whole numbers")
+    values = [int(v) for v in values]
+    for v in values:
+        check_variant(model, {**base, over: v}, f"{over}={v}")
+    points = []
+    with reporting(progress) as report:  # progress=True: "point 2 of 3" and each stage
+        for index, v in enumerate(values, 1):
+            report.point(index, len(values), f"{over}={v}")
+            points.append(SweepPoint(v, estimate(model, **{**base, over: v})))
+    return Sweep(over, points)
