@@ -369,12 +369,12 @@ def torchroof_fused(c: Case, **options: Any) -> list[Any]:
     """torchroof's ``fused`` kernels for the case, traced on meta (forward, and backward of
     ``out`` with a ones gradient made outside the trace); kernels that move no bytes and do
     no FLOPs are left out. ``options``: other PricingOptions fields."""
-    import torchroof
+    from torchroof.api import trace
     from torchroof.config import PricingOptions
     from torchroof.kernels.fusion import build_kernels
 
     module, inputs = c.make("meta")
-    capture = torchroof.trace()
+    capture = trace()
     grad_mode = torch.enable_grad() if c.backward else torch.no_grad()
     with grad_mode, capture as t:
         out = module(*inputs)
