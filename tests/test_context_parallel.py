@@ -1,6 +1,6 @@
 """Context parallel: ``cp`` ranks split each sequence, and attention runs
 as torch's own load-balanced ring attention (``torch.distributed.tensor.experimental``'s
-context-parallel dispatcher, torchroof.parallel.program.apply_context_parallel); one rank's local
+context-parallel dispatcher, torchroof.parallel.context.apply_context_parallel); one rank's local
 ops and its K/V exchange are recorded, the exchange as collectives on the cp group.
 
 The model is conftest.PARALLEL_LLAMA: 2 layers, d = 256, 4 heads of 64 (2 KV heads), MLP

@@ -45,7 +45,7 @@ def test_gpt2_default_seq_is_its_1024_positions():
     config = load_config("gpt2")
     config.n_layer = 1
     est = torchroof.estimate(config, "prefill", batch=2)
-    assert est.workload["seq"] == 1024 and est.workload["context"] == 1024
+    assert est.workload.seq == 1024 and est.workload.context == 1024
     assert est.facts.tokens == 2 * 1024
     line = "seq: 1024, the model's maximum positions (n_positions=1024; the default 4096 is longer)"
     assert line in text.summary(est).splitlines()
@@ -53,17 +53,17 @@ def test_gpt2_default_seq_is_its_1024_positions():
 
 def test_a_model_with_more_positions_keeps_4096_and_says_nothing():
     est = torchroof.estimate(_gpt2(n_positions=8192), "prefill")
-    assert est.workload["seq"] == DEFAULT_SEQ == 4096 and est.facts.tokens == 4096
+    assert est.workload.seq == DEFAULT_SEQ == 4096 and est.facts.tokens == 4096
     assert not est.facts.defaults and "default 4096" not in text.summary(est)
 
 
 def test_train_and_decode_follow_the_maximum_too():
     train = torchroof.estimate(_gpt2(), "train", batch=3)
-    assert train.workload["seq"] == 512 and train.facts.tokens == 3 * 512
+    assert train.workload.seq == 512 and train.facts.tokens == 3 * 512
     decode = torchroof.estimate(_gpt2(), "decode", batch=2)
     # decode's context (left out, it follows seq) is 512 - 1: the step's new token takes
     # index 511, the last of the model's 512 positions; the static cache holds 511 + 1 = 512
-    assert decode.workload["context"] == 511 and decode.facts.tokens == 2
+    assert decode.workload.context == 511 and decode.facts.tokens == 2
     assert decode.facts.kv_cache_tokens == 512
     assert (
         "context: 511, the model's maximum positions (n_positions=512, less 1 for the step's "
@@ -77,7 +77,7 @@ def test_a_pipelined_step_records_the_resolved_seq():
 
     config = LlamaConfig(**SMALL, max_position_embeddings=1024)
     trace = torchroof.trace_model(config, "train", pp=2, microbatches=2)
-    assert trace.facts.workload["seq"] == 1024  # each stage traced at the model's 1024
+    assert trace.facts.workload.seq == 1024  # each stage traced at the model's 1024
     assert trace.facts.tokens == 2 * 1024  # batch 1 x 1024 x 2 micro-batches
     est = trace.estimate("dgx-h100")
     assert "seq: 1024, the model's maximum positions (max_position_embeddings=1024;" in (

@@ -66,7 +66,7 @@ def scratch_recipe(monkeypatch):
     return recipe
 
 
-def test_a_recipe_is_one_object_in_one_list(scratch_recipe, tiny_llama):
+def test_a_recipe_is_its_object_and_its_name_in_config(scratch_recipe, tiny_llama):
     assert "e5m2-weight" in choices.quant_names()
     assert Workload("decode", quant="e5m2-weight").quant == "e5m2-weight"
     # a serving recipe: a training step is refused, naming those it takes
@@ -119,7 +119,7 @@ def test_a_regime_declares_what_it_reads(scratch_regime):
     with pytest.raises(WorkloadError, match=r"fsdp=2 applies to a step that trains \(train\)"):
         Workload("score", fsdp=2)
     trace = run_workload(meta_causal_lm("llama").eval(), workload)
-    assert trace.facts.tokens == 16 and trace.facts.workload["regime"] == "score"
+    assert trace.facts.tokens == 16 and trace.facts.workload.regime == "score"
 
 
 def test_a_regime_whose_facts_disagree_is_caught(scratch_regime, monkeypatch):

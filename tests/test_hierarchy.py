@@ -287,7 +287,7 @@ def test_realistic_mode_on_a_model_says_which_mode_and_is_slower_than_the_floor(
     assert real.time_s > 15.01e9 / (0.85 * 3.35e12) + launches
     assert timing_lines(pure)[0].startswith("timing: pure roofline")
     assert timing_lines(real)[0].startswith("timing: realistic mode (on_chip, waves,")
-    assert real.options["mode"] == "realistic"
+    assert real.options.mode == "realistic"
     assert math.isclose(sum(k.overhead_s for k in real.kernels), launches)
 
 

@@ -120,7 +120,7 @@ def test_what_the_page_cannot_reprice_says_why(prefill_trace, prefill):
     assert why_not_repriced(prefill) == ""
     realistic = estimate_trace(prefill_trace, "h100-sxm", mode="realistic")
     assert "realistic mode" in why_not_repriced(realistic)
-    imbalanced = replace(prefill, options={**prefill.options, "routing_imbalance": 1.5})
+    imbalanced = replace(prefill, options=replace(prefill.options, routing_imbalance=1.5))
     assert "routing_imbalance" in why_not_repriced(imbalanced)
     # a multi-GPU estimate read from a file older than format 3 has no waits to re-lay its
     # schedule with, and keeps none when it is saved again

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from torchroof.config import Workload
 from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END, StepFacts
 from torchroof.records.tensors import TensorMeta, storage_extent_bytes
 from torchroof.records.units import GIB, gib
@@ -27,8 +30,21 @@ def test_gib_labels_bytes() -> None:
     assert gib(GIB // 4) == "0.25 GiB"
 
 
-def test_pipeline_marks_live_in_the_step_facts() -> None:
+def test_pipeline_marks_round_trip_in_the_step_facts() -> None:
     marks = {FORWARD_END: 10, INPUT_END: 15, BACKWARD_END: 20}
     facts = StepFacts(pipeline={"marks": marks})
     assert StepFacts.from_dict(facts.to_dict()).pipeline["marks"] == marks
-    assert (FORWARD_END, INPUT_END, BACKWARD_END) == ("forward_end", "input_end", "backward_end")
+
+
+def test_the_facts_hold_a_workload_saved_as_its_fields() -> None:
+    workload = Workload("decode", batch=8, context=2048, tp=2)
+    saved = StepFacts(workload=workload, tokens=8).to_dict()
+    # saved flat, as a dict of every Workload field; read back as the same Workload
+    assert saved["workload"] == workload.to_dict() and saved["workload"]["tp"] == 2
+    back = StepFacts.from_dict(saved)
+    assert back.workload == workload and back.workload.context == 2048
+    # a step traced by hand has no workload, and none is written
+    assert "workload" not in StepFacts(tokens=3).to_dict()
+    assert StepFacts.from_dict({"tokens": 3}).workload is None
+    with pytest.raises(ValueError, match=r"lacks: \['colour'\]"):
+        StepFacts.from_dict({"workload": {**workload.to_dict(), "colour": "red"}})

@@ -113,7 +113,7 @@ def test_a_regime_with_a_draft_and_a_target_runs_through_the_same_pipeline(two_m
     draft = meta_causal_lm("llama", num_hidden_layers=1).eval()
     workload = Workload("draft-verify", batch=1, seq=16)
     trace = run_workload({TARGET: target, "draft": draft}, workload)
-    assert trace.facts.tokens == 16 and trace.facts.workload["regime"] == "draft-verify"
+    assert trace.facts.tokens == 16 and trace.facts.workload.regime == "draft-verify"
     est = torchroof.Trace.of(trace).estimate("h100-sxm")
     modules = {k.module for k in est.kernels}
     # q_proj of 2 target layers and 1 draft layer, each under its role

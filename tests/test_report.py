@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchroof
+from torchroof.config import Workload
 from torchroof.records.facts import StepFacts
 from torchroof.render import files, text
 from torchroof.render.files import CSV_COLUMNS, sweep_output, write
@@ -78,7 +79,7 @@ def test_json_round_trip(tmp_path, llama_estimate):
     assert back.kernels == llama_estimate.kernels
     assert back.time_s == pytest.approx(llama_estimate.time_s)
     assert text.layer_table(back) == text.layer_table(llama_estimate)
-    assert back.options["fusion"] == "fused"  # the default policy
+    assert back.options.fusion == "fused"  # the default policy
 
 
 def test_csv_has_one_row_per_kernel(tmp_path, llama_estimate):
@@ -144,7 +145,7 @@ def _hand_estimate(regime: str) -> Estimate:
         op_count=3,
         uncounted={},
         facts=StepFacts(
-            workload={"regime": regime, "batch": 4, "context": 1000, "cache": "static"},
+            workload=Workload(regime, batch=4, context=1000, cache="static"),
             tokens=4,
         ),
         # fixed 1e9 weight bytes of 3e9 leave 2e9 for (2e8 KV / 4 sequences = 5e7) each: 40
@@ -283,7 +284,7 @@ def test_phases_on_two_streams_add_up_to_the_step_and_the_global_batch_is_stated
     5e-5 = the 5.5e-4 s step (the kernels' own times, 5e-4 + 2e-4, would add to 7e-4)."""
     est = _cluster_estimate()
     reduce = dataclasses.replace(est.kernels[1], phase="backward")
-    workload = {"regime": "train", "batch": 2, "seq": 1024, "dp": 2, "fsdp": 4}
+    workload = Workload("train", batch=2, seq=1024, dp=2, fsdp=4)
     est = dataclasses.replace(
         est, kernels=[est.kernels[0], reduce], facts=StepFacts(workload=workload, tokens=2048)
     )

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> None:
         trace = trace_workload(args.model, workload)
         trace.facts.dtype = workload.dtype
         # the workload as traced: seq left out is resolved against the model's maximum
-        label = _workload_label(args.model, Workload(**trace.facts.workload))
+        label = _workload_label(args.model, trace.facts.workload or workload)
     if args.save_trace:
         trace.save(args.save_trace)
         wrote("the trace", args.save_trace)

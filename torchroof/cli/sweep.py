@@ -12,7 +12,6 @@ from torchroof.cli.common import (
     writable,
     wrote,
 )
-from torchroof.config import Workload
 from torchroof.render.files import SWEEP_OUTPUTS, sweep_output, write_sweep
 from torchroof.render.text import sweep_table
 from torchroof.studies import SWEEP_KEYS
@@ -51,7 +50,8 @@ def run(args: argparse.Namespace) -> None:
     result = sweep(args.model, args.over, values, **base)
     print(f"torchroof sweep: {args.model} {args.regime} over {args.over}")
     print(sweep_table(result))
-    workload = Workload(**result.points[0].estimate.workload)  # as traced (seq resolved)
+    workload = result.points[0].estimate.workload  # as traced (seq resolved)
+    assert workload is not None  # a sweep traces a model's workload at every point
     for line in regime(args.regime).sweep_summary(result, args.over, workload):
         print(line)
     for kind, path in outputs:

@@ -9,7 +9,8 @@ from torchroof.config import choices
 from torchroof.config.checks import choose, positive_int
 from torchroof.config.errors import WorkloadError
 
-# the defaults of the knobs only some steps read (Workload's fields)
+# the defaults of the knobs only some steps read: Workload's fields take them from here, so
+# the "a step that does not read it would ignore it" checks compare against the same value
 DEFAULT_CACHE = "static"
 DEFAULT_MLA = "absorbed"
 DEFAULT_DTYPE = "bf16"

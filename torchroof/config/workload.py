@@ -25,7 +25,15 @@ from torchroof.config.flags import knob
 from torchroof.config.limits import DEFAULT_MAX_OPS  # why 10M: see there
 from torchroof.config.parallel_layout import Parallelism
 from torchroof.config.parallel_plan import ParallelPlan
-from torchroof.config.parts import CaptureLimits, Quantisation, StepShape, Training
+from torchroof.config.parts import (
+    DEFAULT_CACHE,
+    DEFAULT_DTYPE,
+    DEFAULT_MLA,
+    CaptureLimits,
+    Quantisation,
+    StepShape,
+    Training,
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ class Workload:
     )
     context: int | None = knob(None, "tokens already in the KV cache (decode; default --seq)")
     cache: str = knob(
-        "static",
+        DEFAULT_CACHE,
         "decode cache: static (in place) or dynamic (HF DynamicCache, cat)",
         choices=CACHES,
     )
@@ -79,12 +87,12 @@ class Workload:
     )
     checkpointing: bool = knob(False, "train: activation checkpointing (recompute in backward)")
     mla: str = knob(
-        "absorbed",
+        DEFAULT_MLA,
         "decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
         choices=MLA_DECODES,
     )
     dtype: str = knob(
-        "bf16", "prefill/decode: the model's dtype", choices=DTYPES, group="precision"
+        DEFAULT_DTYPE, "prefill/decode: the model's dtype", choices=DTYPES, group="precision"
     )
     quant: str = knob(
         "none",

@@ -58,8 +58,8 @@ def cache_assumptions(trace: Trace) -> list[str]:
             f"quantised: {facts.quant}; the LM head, embeddings and MoE routers keep the "
             "model's dtype"
         )
-    kv_dtype = facts.workload.get("kv_dtype", "model")
-    if kv_dtype not in ("model", None):
+    kv_dtype = facts.workload.kv_dtype if facts.workload else "model"
+    if kv_dtype != "model":
         lines.append(
             f"KV cache in {kv_dtype}: K and V quantised as they are written (per-tensor "
             "scale), read by the attention kernel at 1 B per element and widened in registers"

@@ -112,17 +112,17 @@ def _check_step(
 ) -> None:
     """Refuse a step the options or the hardware cannot price: a cluster too small for its
     ranks, routing imbalance without sharded experts, a recipe the accelerator cannot run."""
-    if cluster is not None:
-        check_cluster_fits(trace.facts.workload, cluster)
-    if pricing.routing_imbalance != 1.0 and int(trace.facts.workload.get("ep", 1) or 1) <= 1:
+    workload = trace.facts.workload
+    if cluster is not None and workload is not None:
+        check_cluster_fits(workload, cluster)
+    if pricing.routing_imbalance != 1.0 and (workload.ep if workload else 1) <= 1:
         raise OptionError(
             f"routing_imbalance={pricing.routing_imbalance:g} prices the busiest of the ep "
             "ranks; this step does not shard its experts (ep=1), so its experts get every "
             "routed token whatever the routing: trace it with ep > 1"
         )
-    check_hardware(
-        str(trace.facts.workload.get("quant", "none")), spec.tensor_flops_per_s, spec.display_name
-    )
+    quant = workload.quant if workload else "none"
+    check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)
 
 
 def _time_kernels(
@@ -187,7 +187,7 @@ def price_trace(
         progress.current().begin("scheduling compute and communication on their two streams")
         timed, step_time_s = _scheduled(timed, kernels, pricing)
     reference_dtype, reference_peak = _reference(tensor_flops, spec, pricing)
-    batch = int(trace.facts.workload.get("batch", 1))
+    batch = trace.facts.workload.batch if trace.facts.workload else 1
     return Estimate(
         hardware=spec.name,
         hardware_display=spec.display_name,
@@ -203,7 +203,7 @@ def price_trace(
             *step.assumptions(pricing.fusion),
             *trace_assumption_lines(trace),
         ],
-        options=pricing.to_dict(),
+        options=pricing,
         facts=replace(trace.facts),
         memory=footprint(
             trace,

@@ -8,8 +8,7 @@ traced back to the first op whose rule fails, and reported as one line naming it
 
 from __future__ import annotations
 
-from typing import Any
-
+from torchroof.config import Workload
 from torchroof.config.errors import OptionError, first_line
 from torchroof.counters import cost_of
 from torchroof.hardware import ClusterSpec
@@ -38,16 +37,15 @@ def recorded_tokens_problem(facts: StepFacts) -> str | None:
     """The recorded tokens against those the recorded workload's regime processes
     (prefill and train B x seq, x micro-batches; decode B), or None when they agree or
     there is no single-stage workload to check them by (a hand-traced block, a pipeline)."""
-    from torchroof.config import Workload
     from torchroof.workloads import regime
 
     recorded = facts.workload
-    if not recorded or not facts.tokens or recorded.get("pp", 1) != 1:
+    if recorded is None or not facts.tokens or recorded.pp != 1:
         return None
     sizes = ("regime", "batch", "seq", "context", "microbatches")
-    try:
-        workload = Workload(**{k: recorded[k] for k in sizes if k in recorded})
-    except (ValueError, TypeError):  # malformed fields are records' problems to report
+    try:  # the sizes alone: the tokens a regime processes depend on nothing else
+        workload = Workload(**{k: getattr(recorded, k) for k in sizes})
+    except (ValueError, TypeError):
         return None
     wanted = regime(workload.regime).tokens(workload)
     if facts.tokens == wanted:
@@ -58,14 +56,11 @@ def recorded_tokens_problem(facts: StepFacts) -> str | None:
     )
 
 
-def check_cluster_fits(workload: dict[str, Any], cluster: ClusterSpec) -> None:
+def check_cluster_fits(workload: Workload, cluster: ClusterSpec) -> None:
     """Refuse a step over more GPUs than the cluster has: one node without a [network],
     ``max_nodes`` nodes when the file states them (the report would otherwise price the
     step "over the N GPUs" of a cluster that has fewer)."""
-    world = 1
-    for name in ("tp", "dp", "fsdp", "cp", "pp"):
-        size = workload.get(name, 1)
-        world *= size if isinstance(size, int) and size > 0 else 1
+    world = workload.parallel_plan.world
     per_node = cluster.gpus_per_node
     if cluster.network is None:
         nodes, why = 1, "has no [network]: it is one node"

@@ -8,6 +8,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from torchroof.config.choices import REGIMES
+from torchroof.config.errors import first_line
+from torchroof.config.workload import Workload
 from torchroof.records.assumptions import ASSUMPTION_KINDS
 from torchroof.records.facts import StepFacts
 from torchroof.records.ops import PHASES
@@ -20,7 +23,7 @@ the count (see :meth:`Trace.from_dict`)."""
 OLDEST_TRACE_FORMAT_VERSION = 1
 PROBLEMS_LISTED = 5  # problems a TraceFileError message lists before "and N more"
 MAX_TENSOR_ELEMENTS = 2**53  # elements one saved tensor may hold (exact in a float)
-_TRACE_REGIMES = ("prefill", "decode", "train")  # the regimes a saved step can be from
+_TRACE_REGIMES = REGIMES  # the regimes a saved step can be from: every regime there is
 _PARALLEL_DEGREES = ("tp", "fsdp", "ep", "cp")  # a degree > 1 records collectives
 
 
@@ -56,6 +59,7 @@ def _facts_problems(data: Any) -> list[str]:
         if f.name not in data:
             continue
         value, wanted = data[f.name], str(f.type)  # a str: annotations are not evaluated
+        wanted = {"Workload | None": "dict[str, Any]"}.get(wanted, wanted)  # saved as its fields
         ok = {
             "str": isinstance(value, str),
             "int": _is_int(value),
@@ -194,8 +198,22 @@ def _facts_against_ops(data: dict[str, Any]) -> list[str]:
                 f'"metadata"."workload"."{name}" is {degree}, but the ops hold no collective: '
                 "the trace is of one GPU"
             )
+    if not problems:
+        problems += _workload_problems(workload)
     problems += _role_bytes_against_ops(data)
     return problems
+
+
+def _workload_problems(workload: dict[str, Any]) -> list[str]:
+    """The saved workload as the Workload the facts hold once read: a field this torchroof
+    lacks, or a combination a Workload refuses (checked as one is made)."""
+    if unknown := sorted(set(workload) - {f.name for f in fields(Workload)}):
+        return [f'"metadata"."workload" has fields this torchroof lacks: {unknown}']
+    try:
+        Workload(**workload)
+    except (TypeError, ValueError) as error:
+        return [f'"metadata"."workload": {first_line(error)}']
+    return []
 
 
 def _role_bytes_against_ops(data: dict[str, Any]) -> list[str]:

@@ -26,7 +26,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchroof.config import Workload
 from torchroof.hardware import (
     HardwareSpec,
     UnknownHardwareError,
@@ -70,7 +69,7 @@ def _reference_key(est: Estimate) -> str:
     """The ceiling MFU is measured against: the dominant matmul dtype's tensor peak, or the
     fp32 vector peak when no kernel runs on the tensor cores (pipeline._estimate_trace)."""
     if any(k.unit == "tensor" for k in est.kernels):
-        return peak_key("tensor", est.reference_dtype, bool(est.options.get("allow_tf32")))
+        return peak_key("tensor", est.reference_dtype, est.options.allow_tf32)
     return "vector|fp32"
 
 
@@ -124,7 +123,7 @@ def accelerators(keys: set[str], names: Sequence[str] = ()) -> list[dict[str, An
 
 def why_not_repriced(est: Estimate) -> str:
     """Why the page cannot re-price ``est`` from its kernels' W and Q ('' when it can)."""
-    if est.options.get("mode", "roofline") != "roofline":
+    if est.options.mode != "roofline":
         return (
             "realistic mode's tiles, waves and latency shelves are priced in Python: run "
             "torchroof estimate --mode realistic --hardware NAME for another accelerator"
@@ -134,7 +133,7 @@ def why_not_repriced(est: Estimate) -> str:
             "a pipelined step is priced per stage and laid on its schedule in Python: run "
             "torchroof estimate --hardware NAME (or a cluster) for another accelerator"
         )
-    if float(est.options.get("routing_imbalance", 1.0)) != 1.0:
+    if est.options.routing_imbalance != 1.0:
         return "the busiest expert rank (routing_imbalance) is re-priced in Python only"
     if est.step_time_s is not None and any(k.waits_on is None for k in est.kernels):
         return "this estimate was saved before format 3 and lacks its schedule's waits"
@@ -204,7 +203,7 @@ def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
 
 def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
     """The kernels column by column (a page of 10,000 kernels stays a few MB)."""
-    allow_tf32 = bool(est.options.get("allow_tf32"))
+    allow_tf32 = est.options.allow_tf32
     index = {key: i for i, key in enumerate(keys)}
     columns: dict[str, list[Any]] = {
         name: []
@@ -239,7 +238,7 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
 
 
 def _keys(est: Estimate) -> list[str]:
-    allow_tf32 = bool(est.options.get("allow_tf32"))
+    allow_tf32 = est.options.allow_tf32
     keys = {peak_key(k.unit, k.dtype, allow_tf32) for k in est.kernels if k.unit in PIPES}
     return sorted(keys | {_reference_key(est)})
 
@@ -253,20 +252,20 @@ def estimate_data(
     keys = _keys(est)
     world, shared = analysis.ranks(est)
     workload = est.workload
-    step = regime(workload["regime"]) if workload.get("regime") else None
+    step = regime(workload.regime) if workload else None
     options = est.options
     return {
         "label": label or estimate_label(est),
         "hardware": est.hardware,
         "hardware_display": est.hardware_display,
         "cluster": est.cluster,
-        "regime": workload.get("regime", ""),
-        "mode": options.get("mode", "roofline"),
-        "compute_efficiency": float(options.get("compute_efficiency", 1.0)),
-        "bandwidth_efficiency": float(options.get("bandwidth_efficiency", 1.0)),
-        "overlap": bool(options.get("overlap", True)),
-        "overlap_communication": bool(options.get("overlap_communication", True)),
-        "launch_overhead_s": float(options.get("launch_overhead_s", 0.0)),
+        "regime": workload.regime if workload else "",
+        "mode": options.mode,
+        "compute_efficiency": float(options.compute_efficiency),
+        "bandwidth_efficiency": float(options.bandwidth_efficiency),
+        "overlap": options.overlap,
+        "overlap_communication": options.overlap_communication,
+        "launch_overhead_s": float(options.launch_overhead_s),
         "why_not_repriced": why_not_repriced(est),
         "keys": keys,
         "reference_key": _reference_key(est),
@@ -282,7 +281,7 @@ def estimate_data(
         "shared": shared,
         "flops": est.pipeline.rank_flops if est.pipeline is not None else est.flops,
         "tokens": est.facts.tokens,
-        "batch": int(workload.get("batch", 1) or 1),
+        "batch": workload.batch if workload else 1,
         "weight_intensity": analysis.weight_gemm_intensity(est) or None,  # B* = b·ridge / it
         "kv_crossover_batch": _finite(est.kv_crossover_batch),
         "batching": step is not None and step.batching,
@@ -352,13 +351,9 @@ def describe(est: Estimate) -> str:
     plan) and how it was priced (``llama-3-8b prefill, batch 1 x 4096 tokens, bf16 on
     h100-sxm fused``); a step traced by hand has only the latter."""
     workload = est.workload
-    step = regime(workload["regime"]) if workload.get("regime") else None
-    if step is None:
+    if workload is None:
         return estimate_label(est)
-    try:
-        what = step.label(est.facts.model or "model", Workload(**workload))
-    except TypeError:  # a workload saved by another version: its fields differ
-        what = f"{est.facts.model} {step.name}"
+    what = regime(workload.regime).label(est.facts.model or "model", workload)
     return f"{what} on {estimate_label(est)}"
 
 

@@ -150,6 +150,6 @@ def sweep_plot(sweep: Any, path: str | Path) -> Path:
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(
         f"{sweep.points[0].estimate.facts.model} "
-        f"{sweep.points[0].estimate.workload.get('regime', '')} sweep"
+        f"{w.regime if (w := sweep.points[0].estimate.workload) else ''} sweep"
     )
     return save_figure(fig, path)

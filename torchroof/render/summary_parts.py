@@ -26,9 +26,9 @@ def timing_lines(est: Estimate) -> list[str]:
     """Which mode made the numbers, and the step's time by the boundary that binds each
     kernel (the hierarchical roofline, Yang, Kurth & Williams 2020)."""
     options = est.options
-    if options.get("mode", "roofline") == "realistic":
-        effects = [e for e in REALISTIC_EFFECTS if options.get(e, True)]
-        off = [e for e in REALISTIC_EFFECTS if not options.get(e, True)]
+    if options.mode == "realistic":
+        effects = [e for e in REALISTIC_EFFECTS if getattr(options, e)]
+        off = [e for e in REALISTIC_EFFECTS if not getattr(options, e)]
         line = "timing: realistic mode (" + (", ".join(effects) or "no effects") + ")"
         if off:
             line += "; off: " + ", ".join(off)
@@ -48,7 +48,7 @@ def timing_lines(est: Estimate) -> list[str]:
             counts[k.boundary] = counts.get(k.boundary, 0) + 1
     lines = [line]
     ranked = sorted(by_boundary, key=lambda name: -by_boundary[name])
-    if ranked and options.get("mode", "roofline") == "realistic":
+    if ranked and options.mode == "realistic":
         lines.append(
             "kernel time by the term that binds it: "
             + ", ".join(f"{name} {ms(by_boundary[name])} ms" for name in ranked)
@@ -69,12 +69,14 @@ def global_batch_lines(est: Estimate) -> list[str]:
     """Under data parallelism or micro-batches, the batch the whole step processes: --batch
     is per rank (tp and cp ranks share their sequences) and per micro-batch."""
     w = est.workload
-    dp, fsdp, micro = (int(w.get(key) or 1) for key in ("dp", "fsdp", "microbatches"))
-    if dp * fsdp * micro == 1 or not w.get("regime"):
+    if w is None:
         return []
-    batch = int(w.get("batch") or 1)
-    step = regime(w["regime"])
-    one = Workload(regime=step.name, batch=1, seq=w.get("seq"), context=w.get("context"))
+    dp, fsdp, micro = w.dp, w.fsdp, w.microbatches
+    if dp * fsdp * micro == 1:
+        return []
+    batch = w.batch
+    step = regime(w.regime)
+    one = Workload(regime=step.name, batch=1, seq=w.seq, context=w.context)
     per_sequence = step.tokens(one)  # prefill and train: seq; decode: its one new token
     sequences = batch * dp * fsdp * micro
     parts = [f"batch {batch} per rank"]
@@ -137,7 +139,8 @@ def pipeline_lines(est: Estimate) -> list[str]:
     if not p.trains:
         through = p.latency_s
         lines.append(
-            f"one micro-batch of {est.workload.get('batch', 1)} through every stage: "
+            f"one micro-batch of {est.workload.batch if est.workload else 1} through every "
+            "stage: "
             f"{ms(through)} ms (a decode step's time per output token, a prefill's time to "
             "first token); every micro-batch's sequences keep K/V on every stage"
         )

@@ -58,12 +58,15 @@ def _step_intensity(est: Estimate) -> str:
 
 def estimate_label(est: Estimate) -> str:
     """Short name of how an estimate was made (hardware or cluster, and kernel policies)."""
-    parts = [est.cluster or est.hardware, str(est.options.get("fusion", "eager"))]
-    for key, default in (("loss", "materialized"), ("attention", "flash")):
-        value = est.options.get(key, default)
+    options = est.options
+    parts = [est.cluster or est.hardware, options.fusion]
+    for key, value, default in (
+        ("loss", options.loss, "materialized"),
+        ("attention", options.attention, "flash"),
+    ):
         if value != default:
             parts.append(f"{key}={value}")
-    if est.options.get("epilogue"):
+    if options.epilogue:
         parts.append("epilogue")
     return " ".join(parts)
 
@@ -206,7 +209,7 @@ def kernel_module(kernel: KernelEstimate) -> str:
 
 def realistic(est: Estimate) -> bool:
     """Did the realistic mode time the estimate (else the pure roofline)?"""
-    return est.options.get("mode", "roofline") == "realistic"
+    return est.options.mode == "realistic"
 
 
 def mode_name(est: Estimate) -> str:
@@ -397,7 +400,7 @@ def summary(est: Estimate) -> str:
             )
         else:
             lines.append(f"throughput: {est.tokens_per_s:,.1f} tokens/s")
-    step = regime(est.workload["regime"]) if est.workload.get("regime") else None
+    step = regime(est.workload.regime) if est.workload else None
     if step is not None:
         lines += step.summary(est)
     if est.memory is not None:

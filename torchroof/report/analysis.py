@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchroof.config.parallel_plan import MESH_DIMS, ParallelPlan
+from torchroof.config.parallel_plan import ParallelPlan
 
 if TYPE_CHECKING:
     from torchroof.report.estimate import Estimate
@@ -47,7 +47,7 @@ def ranks(est: Estimate) -> tuple[int, int]:
     """(GPUs in the step, GPUs sharing one replica's tokens: pp · tp · cp) from the
     workload's plan."""
     workload = est.workload
-    plan = ParallelPlan(**{dim: int(workload.get(dim, 1) or 1) for dim in MESH_DIMS})
+    plan = workload.parallel_plan if workload else ParallelPlan()
     return plan.world, plan.pp * plan.tp * plan.cp
 
 
@@ -88,7 +88,7 @@ def ridge_batch(est: Estimate) -> float:
     """B*: the batch at which the weight GEMMs reach the ridge (B* = s·I*/2,
     295 for bf16 on an H100) — this step's batch times how far below the ridge its weight
     matmuls sit; infinite when no tensor-unit kernel reads weights."""
-    batch = int(est.workload.get("batch", 1))
+    batch = est.workload.batch if est.workload else 1
     intensity = weight_gemm_intensity(est)
     if not intensity:
         return float("inf")
@@ -100,7 +100,7 @@ def kv_crossover_batch(est: Estimate) -> float:
     """Batch at which KV-cache reads overtake weight reads (docs/concepts/attention-kv.md:
     B_cross = s·P / KV bytes per sequence), scaled from this step's batch;
     infinite when the step reads no KV cache."""
-    batch = int(est.workload.get("batch", 1))
+    batch = est.workload.batch if est.workload else 1
     per_sequence = kv_bytes_read(est) / batch
     return weight_bytes_read(est) / per_sequence if per_sequence else float("inf")
 

@@ -11,10 +11,11 @@ rows sum as if kernels ran back to back.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from torchroof.config import PricingOptions, Workload
 from torchroof.records.facts import StepFacts
 from torchroof.records.ops import PHASES, block_index, layer_key, stack_key
 from torchroof.report import analysis
@@ -293,7 +294,7 @@ class Estimate:
     op_count: int
     uncounted: dict[str, int]
     assumptions: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: PricingOptions = field(default_factory=PricingOptions)  # how it was priced
     facts: StepFacts = field(default_factory=StepFacts)  # what the traced step was
     memory: MemoryFootprint | None = None
     cluster: str | None = None
@@ -333,7 +334,8 @@ class Estimate:
         return total
 
     @property
-    def workload(self) -> dict[str, Any]:
+    def workload(self) -> Workload | None:
+        """The step's Workload (None for a step traced by hand)."""
         return self.facts.workload
 
     @property
@@ -406,7 +408,7 @@ class Estimate:
             "op_count": self.op_count,
             "uncounted": self.uncounted,
             "assumptions": self.assumptions,
-            "options": self.options,
+            "options": self.options.to_dict(),
             "metadata": self.facts.to_dict(),
             "memory": self.memory.to_dict() if self.memory else None,
             "cluster": self.cluster,
@@ -456,7 +458,7 @@ class Estimate:
             op_count=data["op_count"],
             uncounted=data["uncounted"],
             assumptions=data["assumptions"],
-            options=data["options"],
+            options=_pricing_options(data["options"]),
             facts=StepFacts.from_dict(data["metadata"]),
             memory=MemoryFootprint(**data["memory"]) if data.get("memory") else None,
             cluster=data.get("cluster"),
@@ -488,3 +490,12 @@ class Estimate:
             raise EstimateFileError(error.problems, where) from None
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
+
+
+def _pricing_options(saved: dict[str, Any]) -> PricingOptions:
+    """The PricingOptions an estimate file holds, rebuilt (and so re-checked); a field this
+    torchroof does not know is refused by name."""
+    known = {f.name for f in fields(PricingOptions)}
+    if unknown := sorted(set(saved) - known):
+        raise ValueError(f"the saved pricing options have fields this torchroof lacks: {unknown}")
+    return PricingOptions(**saved)

@@ -1,7 +1,7 @@
 """Drive a model through one step under capture: a regime per module (prefill, decode,
 train), found by name in :mod:`torchroof.workloads.registry`.
 
-One path for every regime (STYLE.md: no per-regime formula sheets): the real model runs
+One path for every regime, and no per-regime formula sheet: the real model runs
 on meta, and only what meta cannot do is supplied here: a KV cache built directly at
 context N, optimizer state allocated before the traced step, and the fused optimizer
 kernel a GPU would launch.

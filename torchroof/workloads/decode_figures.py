@@ -8,7 +8,9 @@ The regime sits below the report, so it reads them through the estimate's own pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from torchroof.config import Workload
 
 
 class Footprint(Protocol):
@@ -20,7 +22,7 @@ class DecodeEstimate(Protocol):
     """What :func:`decode_analysis` reads of an estimate."""
 
     @property
-    def workload(self) -> dict[str, Any]: ...
+    def workload(self) -> Workload | None: ...
 
     @property
     def weight_bytes_read(self) -> int: ...
@@ -54,7 +56,7 @@ def decode_analysis(est: DecodeEstimate) -> DecodeAnalysis:
         weight_bytes_read=est.weight_bytes_read,
         kv_bytes_read=est.kv_bytes_read,
         kv_crossover_batch=est.kv_crossover_batch,
-        cache=workload.get("cache"),
-        context=workload.get("context"),
+        cache=workload.cache if workload else None,
+        context=workload.context if workload else None,
         max_batch=est.memory.max_batch if est.memory is not None else None,
     )

@@ -57,9 +57,7 @@ def check_plan(config: Any, workload: Workload, name: str) -> None:
 
 
 @contextlib.contextmanager
-def parallel_program(
-    model: torch.nn.Module, workload: Workload, trains: bool = True
-) -> Iterator[None]:
+def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[None]:
     """Make ``model`` (built on meta) rank 0 of ``workload``'s parallel plan for the
     duration of the block: inside a fake process group of the plan's world, each strategy
     of :data:`torchroof.parallel.program.STRATEGIES` is checked, then applied in order
@@ -67,9 +65,9 @@ def parallel_program(
     they return (FSDP's fake parameters on CPU: inputs are made on the device of the
     model's parameters, :func:`torchroof.workloads.inputs.input_device`; context
     parallel's ring attention). A one-rank plan leaves the model alone. A strategy's
-    refusal is one WorkloadError line naming the plan. ``trains`` is the regime's (the
-    same as ``workload.trains``, which the strategies read: an inference step shards
-    nothing over dp). The model is left sharded (a meta copy, used once)."""
+    refusal is one WorkloadError line naming the plan. Whether the step trains is
+    ``workload.trains``, which the strategies read (an inference step shards nothing over
+    dp). The model is left sharded (a meta copy, used once)."""
     plan = workload.parallel_plan
     if plan.world == 1:
         yield

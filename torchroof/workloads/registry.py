@@ -82,13 +82,13 @@ def run_workload(
     plan = describe(workload.parallel_plan)
     if plan:  # ends when the first traced op begins the next stage
         report.begin(f"setting up rank 0 of {plan}")
-    with parallel_program(given[TARGET], workload, step.trains):
+    with parallel_program(given[TARGET], workload):
         trace = step.trace(given, workload)
     record_stage(given[TARGET], trace)
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:
         trace.facts.build_note = note
     trace.facts.quant = quantised.describe()
-    trace.facts.workload = workload.to_dict()
+    trace.facts.workload = workload
     trace.facts.tokens = step.tokens(workload)
     return trace

@@ -460,7 +460,7 @@ PRECISION_LINES = {
 
 def summary(est: Any) -> list[str]:
     """Which precision priced the step (the default is mixed)."""
-    precision = est.facts.precision or est.workload.get("precision", "")
+    precision = est.facts.precision or (est.workload.precision if est.workload else "")
     if not precision:
         return []
     return [f"precision: {PRECISION_LINES.get(precision, precision)}"]

@@ -150,7 +150,7 @@ def price(
     footprint of the rank that holds the most, and the :class:`PipelineStep`."""
     priced = {index: price_stage(t) for index, t in trace.traces.items()}
     count = len(trace.traced_as)
-    reshard = bool(trace.facts.workload.get("reshard_after_forward", True))
+    reshard = trace.facts.workload.reshard_after_forward if trace.facts.workload else True
     actions = {
         s: stage_actions(
             priced[trace.traced_as[s]],

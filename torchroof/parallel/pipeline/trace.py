@@ -84,7 +84,7 @@ def trace_pipeline(
         make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
         traces[split.index] = run(module, one_stage)
     facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline={})
-    facts.workload = workload.to_dict()
+    facts.workload = workload
     tokens = regime(workload.regime).tokens(workload)
     facts.tokens = tokens if trains else tokens * workload.microbatches
     plan = workload.parallel_plan

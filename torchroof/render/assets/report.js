@@ -3,7 +3,7 @@
 // The page holds every estimate's kernels (W, Q, the ceiling each is timed against,
 // Python's time and schedule) and every shipped accelerator. Switching the accelerator or
 // moving an efficiency slider re-prices every kernel with the rules of
-// torchroof.timing.roofline.time_kernel (pure roofline), torchroof.pricing.price.time_collective and
+// torchroof.timing.roofline.time_kernel (pure roofline), torchroof.pricing.collectives.time_collective and
 // torchroof.timing.streams.schedule, written here in the same floating-point order so that the
 // totals are Python's to the last digit (tests/test_html_browser.py checks them).
 (function () {
@@ -30,7 +30,7 @@
   const state = { accelerator: "", computeEfficiency: null, bandwidthEfficiency: null, view: 0 };
   const expanded = new Set();
 
-  // ---- formatting (render_text's units: ms, GB, GFLOP) ----------------------------------
+  // ---- formatting (torchroof.render.units: ms, GB, GFLOP) ----------------------------------
   const ms = (s) => (s * 1e3).toFixed(3);
   const us = (s) => (s * 1e6).toFixed(2);
   const gb = (b) => (b / 1e9).toFixed(3);
@@ -79,7 +79,7 @@
   // compute_efficiency; bandwidth = beta * bandwidth_efficiency; compute_s = W / peak (0
   // without FLOPs); memory_s = Q / bandwidth; time = max (or the sum without overlap) +
   // launch overhead; bound "compute" when compute_s > memory_s, else "memory". A
-  // collective over a link (torchroof.pricing.price.time_collective): max(memory_s, network_s),
+  // collective over a link (torchroof.pricing.collectives.time_collective): max(memory_s, network_s),
   // no launch, bound "network" when the link is the slower pipe.
   function reprice(est, acc, ce, be) {
     const k = est.kernels;
@@ -194,7 +194,7 @@
     for (let i = 0; i < priced.time.length; i++) {
       const phase = est.kernels.phase[i];
       kernelSum += priced.time[i];
-      // render_text.compute_stream_s: with collectives on their own stream, a phase is its
+      // torchroof.render.summary_parts.compute_stream_s: with collectives on their own stream, a phase is its
       // time on the compute stream (a collective counts the part the compute stream waited on)
       const onCommunication = est.communicates && est.kernels.stream[i] === "communication";
       byPhase[phase] = (byPhase[phase] || 0) + (onCommunication ? priced.exposed[i] : priced.time[i]);
