@@ -152,7 +152,8 @@ def test_decode_stage_holds_its_own_layers_cache() -> None:
     make_stage(model, split_layers(8, 4)[1])
     trace = run_workload(model, Workload(regime="decode", batch=2, context=256))
     assert trace.role_bytes["kv_cache"] == 2 * 2 * 2 * 257 * 2 * 64 * 2
-    assert trace.facts.pipeline["activation_bytes"] == 2 * 1 * 256 * 2  # one token each
+    assert trace.facts.pipeline is not None
+    assert trace.facts.pipeline.activation_bytes == 2 * 1 * 256 * 2  # one token each
 
 
 def test_zbv_splits_input_and_weight_gradients() -> None:
@@ -293,9 +294,9 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
     assert sync and tensor_parallel
     assert all(once_per_step(k, reshard_after_forward=True) for k in sync)
     assert not any(once_per_step(k, reshard_after_forward=True) for k in tensor_parallel)
-    marks = stage.facts.pipeline["marks"]
-    times = stage_actions(est, marks, trains=True)
-    assert times["after"] >= sum(k.exposed_s for k in sync)
+    assert stage.facts.pipeline is not None
+    times = stage_actions(est, stage.facts.pipeline.marks, trains=True)
+    assert times.after_s >= sum(k.exposed_s for k in sync)
     # with FSDP, its reduce-scatter (whose input, the unsharded gradients, is transient)
     # and the copy that fills it run once too; its all-gathers too when parameters stay
     # gathered, else in every micro-batch
@@ -312,11 +313,11 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
 def test_mixed_precision_accumulates_every_micro_batch() -> None:
     # the bf16 -> fp32 gradient accumulation follows every micro-batch's backward: the
     # stage's backward mark lies past it, so it is charged m times, not once.
-    from torchroof.records.facts import BACKWARD_END
-
     trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, microbatches=4, precision="mixed")
     for stage in trace.traces.values():
-        end = stage.facts.pipeline["marks"][BACKWARD_END]
+        assert stage.facts.pipeline is not None
+        end = stage.facts.pipeline.marks.backward_end
+        assert end is not None
         accumulation = [op.index for op in stage.ops if op.module == "gradient accumulation"]
         assert accumulation and max(accumulation) < end
 

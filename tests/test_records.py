@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from torchroof.config import Workload
-from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END, StepFacts
+from torchroof.records.facts import (
+    BACKWARD_END,
+    FORWARD_END,
+    INPUT_END,
+    StageFacts,
+    StageMarks,
+    StepFacts,
+)
 from torchroof.records.tensors import TensorMeta, storage_extent_bytes
 from torchroof.records.units import GIB, gib
 
@@ -30,10 +37,13 @@ def test_gib_labels_bytes() -> None:
     assert gib(GIB // 4) == "0.25 GiB"
 
 
-def test_pipeline_marks_round_trip_in_the_step_facts() -> None:
-    marks = {FORWARD_END: 10, INPUT_END: 15, BACKWARD_END: 20}
-    facts = StepFacts(pipeline={"marks": marks})
-    assert StepFacts.from_dict(facts.to_dict()).pipeline["marks"] == marks
+def test_a_stage_trace_keeps_its_place_and_marks_through_a_save() -> None:
+    marks = StageMarks(**{FORWARD_END: 10, INPUT_END: 15, BACKWARD_END: 20})
+    stage = StageFacts(stage=1, stages=4, layers=(8, 16), marks=marks, activation_bytes=4096)
+    saved = StepFacts(pipeline=stage).to_dict()
+    assert saved["pipeline"]["layers"] == (8, 16) and saved["pipeline"]["marks"]["input_end"] == 15
+    back = StepFacts.from_dict(saved).pipeline
+    assert back == stage and back is not None and back.marks.backward_end == 20
 
 
 def test_the_facts_hold_a_workload_saved_as_its_fields() -> None:

@@ -126,12 +126,7 @@ def _collective_group(
     objects of ``c10d`` ops replaced by the group's name and the op's name (``"sum"``).
     Empty for ops without a group (``wait_tensor``)."""
     import torch.distributed as dist
-
-    # torch's own name-to-group lookup; private in c10d, so its stub does not export it
-    from torch.distributed.distributed_c10d import (  # type: ignore[attr-defined]
-        GroupName,
-        _resolve_process_group,
-    )
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
     values = dict(zip(arg_names, args, strict=False))
     values.update(kwargs)

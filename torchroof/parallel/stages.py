@@ -36,7 +36,13 @@ from torch import nn
 from torchroof.capture.mode import Capture
 from torchroof.capture.storage import local_shard
 from torchroof.config.errors import WorkloadError
-from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END  # the trace's op marks
+from torchroof.records.facts import (  # the trace's op marks, by name
+    BACKWARD_END,
+    FORWARD_END,
+    INPUT_END,
+    StageFacts,
+    StageMarks,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -139,15 +145,15 @@ class StageState:
     sent: torch.Tensor | None = None  # the activation this stage sends on
     marks: dict[str, int] = field(default_factory=dict)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> StageFacts:
         boundary = self.received if self.received is not None else self.sent
-        return {
-            "stage": self.split.index,
-            "stages": self.split.count,
-            "layers": [self.split.layers.start, self.split.layers.stop],
-            "marks": dict(self.marks),
-            "activation_bytes": _bytes(boundary),
-        }
+        return StageFacts(
+            stage=self.split.index,
+            stages=self.split.count,
+            layers=(self.split.layers.start, self.split.layers.stop),
+            marks=StageMarks(**self.marks),
+            activation_bytes=_bytes(boundary),
+        )
 
 
 def _bytes(tensor: torch.Tensor | None) -> int:

@@ -7,9 +7,44 @@ from typing import Any
 
 from torchroof.config.workload import Workload
 
-# the op marks a pipeline stage's trace keeps in ``StepFacts.pipeline["marks"]``: the op
+# the op marks a pipeline stage's trace keeps (:class:`StageMarks`, by these names): the op
 # index where its forward, input-gradient and whole backward parts end
 FORWARD_END, INPUT_END, BACKWARD_END = "forward_end", "input_end", "backward_end"
+
+
+@dataclass(frozen=True)
+class StageMarks:
+    """Where each part of a pipeline stage's traced step ends, as op indices: its forward,
+    its input-gradient half (set only when the backward is split into input and weight
+    gradients, as zero-bubble schedules run it) and its whole backward (None: not traced)."""
+
+    forward_end: int | None = None
+    input_end: int | None = None
+    backward_end: int | None = None
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """What a pipeline stage's trace records of its place in the pipeline: which stage of
+    how many, the decoder layers it holds ``[start, stop)``, its op marks, and the bytes of
+    the activation it receives (or, the first stage, sends) per micro-batch."""
+
+    stage: int
+    stages: int
+    layers: tuple[int, int]
+    marks: StageMarks = field(default_factory=StageMarks)
+    activation_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageFacts:
+        start, stop = data["layers"]
+        return cls(
+            stage=data["stage"],
+            stages=data["stages"],
+            layers=(start, stop),
+            marks=StageMarks(**data.get("marks", {})),
+            activation_bytes=data.get("activation_bytes", 0),
+        )
 
 
 @dataclass
@@ -33,7 +68,7 @@ class StepFacts:
     precision: str = ""  # train: bf16, fp16, fp32 or mixed
     parameters: int = 0  # train: trainable parameters
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
-    pipeline: dict[str, Any] = field(default_factory=dict)  # a pipeline stage's split and marks
+    pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks
     quant: str = ""  # which linear layers a quantisation recipe changed, and how
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,6 +80,8 @@ class StepFacts:
     def from_dict(cls, data: dict[str, Any]) -> StepFacts:
         """The facts :meth:`to_dict` wrote; the Workload is rebuilt (and so re-checked) from
         its fields, a field this torchroof does not know refused by name."""
+        stage = data.get("pipeline")
+        data = {**data, "pipeline": StageFacts.from_dict(stage) if stage else None}
         saved = data.get("workload")
         if not saved:
             return cls(**{**data, "workload": None})

@@ -59,7 +59,8 @@ def _facts_problems(data: Any) -> list[str]:
         if f.name not in data:
             continue
         value, wanted = data[f.name], str(f.type)  # a str: annotations are not evaluated
-        wanted = {"Workload | None": "dict[str, Any]"}.get(wanted, wanted)  # saved as its fields
+        saved_as_fields = ("Workload | None", "StageFacts | None")  # a dataclass, as its fields
+        wanted = "dict[str, Any]" if wanted in saved_as_fields else wanted
         ok = {
             "str": isinstance(value, str),
             "int": _is_int(value),

@@ -30,10 +30,11 @@ from torchroof.parallel.pipeline.schedule import (
     BACKWARD_WEIGHT,
     FORWARD,
     Action,
+    ActionKind,
     PipelineTimeline,
     simulate,
 )
-from torchroof.records.facts import BACKWARD_END, FORWARD_END, INPUT_END, StepFacts
+from torchroof.records.facts import StageMarks, StepFacts
 from torchroof.records.trace import Trace
 from torchroof.report.memory import MemoryFootprint, saved_bytes
 from torchroof.report.pipeline_step import PipelineStep, RankRow, Span, StageRow
@@ -99,9 +100,32 @@ def once_per_step(kernel: KernelEstimate, reshard_after_forward: bool) -> bool:
     return not reshard_after_forward and any(name.startswith(GATHERS) for name in kernel.ops)
 
 
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds of each action of one micro-batch on a stage (F, B, and I + W when the
+    backward is split), of the work after the pipeline, and the FLOPs of both."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    input_s: float = 0.0
+    weight_s: float = 0.0
+    after_s: float = 0.0
+    flops: float = 0.0
+    after_flops: float = 0.0
+
+    def of(self, kind: ActionKind) -> float:
+        """The seconds of one action of ``kind`` (F, B, I or W)."""
+        return {
+            FORWARD: self.forward_s,
+            BACKWARD: self.backward_s,
+            BACKWARD_INPUT: self.input_s,
+            BACKWARD_WEIGHT: self.weight_s,
+        }[kind]
+
+
 def stage_actions(
-    est: Estimate, marks: dict[str, int], trains: bool, reshard_after_forward: bool = True
-) -> dict[str, float]:
+    est: Estimate, marks: StageMarks, trains: bool, reshard_after_forward: bool = True
+) -> StageTimes:
     """Seconds of each action of one micro-batch (F, B or I + W) and of the work after the
     pipeline (``after``), from a stage's priced kernels and its trace's op marks: a compute
     kernel counts its time, a communication kernel its exposed time. Work a training step
@@ -115,26 +139,38 @@ def stage_actions(
         part = "after" if once else _part(kernel, marks, trains)
         times[part] += kernel.exposed_s if kernel.stream == "communication" else kernel.time_s
         flops[part] += kernel.flops
-    if INPUT_END in marks:  # no kernel was filed under B: a whole backward is I + W
+    if marks.input_end is not None:  # no kernel was filed under B: a whole backward is I + W
         times[BACKWARD] = times[BACKWARD_INPUT] + times[BACKWARD_WEIGHT]
-    times["flops"] = float(flops[FORWARD] + flops[BACKWARD] + flops[BACKWARD_INPUT])
-    times["flops"] += flops[BACKWARD_WEIGHT]
-    times["after_flops"] = float(flops["after"])
-    return times
+    total = float(flops[FORWARD] + flops[BACKWARD] + flops[BACKWARD_INPUT])
+    total += flops[BACKWARD_WEIGHT]
+    return StageTimes(
+        forward_s=times[FORWARD],
+        backward_s=times[BACKWARD],
+        input_s=times[BACKWARD_INPUT],
+        weight_s=times[BACKWARD_WEIGHT],
+        after_s=times["after"],
+        flops=total,
+        after_flops=float(flops["after"]),
+    )
 
 
-def _part(kernel: KernelEstimate, marks: dict[str, int], trains: bool) -> str:
+def _marks(trace: Trace) -> StageMarks:
+    """A stage trace's op marks (none for a trace that is not a pipeline stage's)."""
+    return trace.facts.pipeline.marks if trace.facts.pipeline else StageMarks()
+
+
+def _part(kernel: KernelEstimate, marks: StageMarks, trains: bool) -> str:
     if not trains:
         return FORWARD
     at = kernel.first_op
-    if at < marks.get(FORWARD_END, 0):
+    if at < (marks.forward_end or 0):
         return FORWARD
-    if INPUT_END in marks:
-        if at < marks[INPUT_END]:
+    if marks.input_end is not None:
+        if at < marks.input_end:
             return BACKWARD_INPUT
-        if at < marks[BACKWARD_END]:
+        if at < (marks.backward_end or 0):
             return BACKWARD_WEIGHT
-    elif at < marks.get(BACKWARD_END, 0):
+    elif at < (marks.backward_end or 0):
         return BACKWARD
     return "after"
 
@@ -154,19 +190,21 @@ def price(
     actions = {
         s: stage_actions(
             priced[trace.traced_as[s]],
-            trace.traces[trace.traced_as[s]].facts.pipeline.get("marks", {}),
+            _marks(trace.traces[trace.traced_as[s]]),
             trace.trains,
             reshard,
         )
         for s in range(count)
     }
     host = {a.stage: rank for rank, listed in trace.order.items() for a in listed}
-    activation = max(t.facts.pipeline.get("activation_bytes", 0) for t in trace.traces.values())
+    activation = max(
+        t.facts.pipeline.activation_bytes if t.facts.pipeline else 0 for t in trace.traces.values()
+    )
     edges = _transfers(activation, host, trace.ranks_per_stage, trace.pp, cluster)
     transfer_s, link = max(edges.values()) if edges else (0.0, "none")
 
     def duration(action: Action) -> float:
-        return actions[action.stage][action.kind]
+        return actions[action.stage].of(action.kind)
 
     def transfer(source: int, target: int) -> float:
         return edges[(min(source, target), max(source, target))][0]
@@ -200,7 +238,7 @@ def price(
 def _spans(
     timeline: PipelineTimeline,
     ranks: list[RankRow],
-    actions: dict[int, dict[str, float]],
+    actions: dict[int, StageTimes],
     host: dict[int, int],
     transfer: Callable[[int, int], float],
 ) -> tuple[Span, ...]:
@@ -217,7 +255,7 @@ def _spans(
             end = timed.end_s + transfer(a.stage, target)
             spans.append(Span(timed.rank, "send", a.stage, a.microbatch, timed.end_s, end))
     for row in ranks:
-        after = sum(actions[s]["after"] for s in row.stages)
+        after = sum(actions[s].after_s for s in row.stages)
         if after:
             spans.append(Span(row.rank, "after", -1, -1, row.end_s - after, row.end_s))
     return tuple(spans)
@@ -253,14 +291,14 @@ def _transfers(
 def _rank_rows(
     trace: PipelineTrace,
     timeline: PipelineTimeline,
-    actions: dict[int, dict[str, float]],
+    actions: dict[int, StageTimes],
     host: dict[int, int],
 ) -> list[RankRow]:
     rows = []
     for rank in sorted(trace.order):
         stages = tuple(sorted(s for s, r in host.items() if r == rank))
         last = max((t.end_s for t in timeline.actions if t.rank == rank), default=0.0)
-        after = sum(actions[s]["after"] for s in stages)
+        after = sum(actions[s].after_s for s in stages)
         rows.append(RankRow(rank, stages, timeline.busy_s(rank), last + after))
     return rows
 
@@ -268,7 +306,7 @@ def _rank_rows(
 def _stage_rows(
     trace: PipelineTrace,
     priced: dict[int, Estimate],
-    actions: dict[int, dict[str, float]],
+    actions: dict[int, StageTimes],
     host: dict[int, int],
     timeline: PipelineTimeline,
     activation: int,
@@ -278,9 +316,9 @@ def _stage_rows(
     saved_cache: dict[int, int] = {}
     for s, traced in enumerate(trace.traced_as):
         t = trace.traces[traced]
-        marks = t.facts.pipeline.get("marks", {})
+        marks = _marks(t)
         if traced not in saved_cache:
-            end = marks.get(FORWARD_END, len(t.ops))
+            end = marks.forward_end if marks.forward_end is not None else len(t.ops)
             saved_cache[traced] = saved_bytes(t, end) if trace.trains else 0
         memory = priced[traced].memory
         fixed_and_peak = memory.total_bytes if memory is not None else 0
@@ -288,20 +326,20 @@ def _stage_rows(
             fixed_and_peak += (trace.microbatches - 1) * memory.kv_cache_bytes
         in_flight = timeline.in_flight(s) if trace.trains else trace.microbatches
         a = actions[s]
-        split = a[BACKWARD_INPUT] or a[BACKWARD_WEIGHT]  # B = I + W then (stage_actions)
+        split = a.input_s or a.weight_s  # B = I + W then (stage_actions)
         rows.append(
             StageRow(
                 stage=s,
                 rank=host[s],
                 layers=trace.layers[s],
                 traced_as=traced,
-                forward_s=a[FORWARD],
-                backward_s=a[BACKWARD],
-                input_s=a[BACKWARD_INPUT] if split else 0.0,
-                weight_s=a[BACKWARD_WEIGHT] if split else 0.0,
-                after_s=a["after"],
-                flops=int(a["flops"]),
-                after_flops=int(a["after_flops"]),
+                forward_s=a.forward_s,
+                backward_s=a.backward_s,
+                input_s=a.input_s if split else 0.0,
+                weight_s=a.weight_s if split else 0.0,
+                after_s=a.after_s,
+                flops=int(a.flops),
+                after_flops=int(a.after_flops),
                 activation_bytes=activation,
                 in_flight=in_flight,
                 saved_bytes=saved_cache[traced],

@@ -83,7 +83,7 @@ def trace_pipeline(
         module = reference if not traces else build(one_stage)[0]
         make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
         traces[split.index] = run(module, one_stage)
-    facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline={})
+    facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline=None)
     facts.workload = workload
     tokens = regime(workload.regime).tokens(workload)
     facts.tokens = tokens if trains else tokens * workload.microbatches
