@@ -8,7 +8,8 @@ quantisation recipe, timing mode, compare and sweep, each written as JSON and as
 A restructuring that changes no behaviour leaves every file byte-identical: ``write`` before
 the change, ``check`` after it. ``tests/data/behaviour_corpus.json`` holds the SHA-256 of
 every case's JSON and text, so ``digest`` (and tests/test_behaviour_corpus.py, which runs
-every case, about 40 seconds here) shows the same without the files. Only public names are used, so the script outlives any move.
+every case, about 40 seconds here) shows the same without the files. Only public names are
+used, so the script outlives any move.
 """
 
 from __future__ import annotations
