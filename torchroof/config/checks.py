@@ -1,10 +1,10 @@
 """The value checks every settings dataclass shares: one of a list, a positive integer, a
-finite number."""
+finite number, and the fields a saved copy holds that the dataclass lacks."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -33,3 +33,9 @@ def positive_int(name: str, value: Any, error: type[OptionError] = OptionError) 
     """``value`` an int (not a bool) above 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise error(f"{name} must be a positive integer, got {value!r}")
+
+
+def unknown_fields(cls: type, saved: Mapping[str, Any]) -> list[str]:
+    """The keys of ``saved`` (a dataclass written as its fields) that ``cls`` has no field
+    for, sorted: what a file written by another version holds that this one cannot read."""
+    return sorted(set(saved) - {f.name for f in fields(cls)})

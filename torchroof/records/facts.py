@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchroof.config.checks import unknown_fields
 from torchroof.config.workload import Workload
 
 # the op marks a pipeline stage's trace keeps (:class:`StageMarks`, by these names): the op
@@ -85,7 +86,6 @@ class StepFacts:
         saved = data.get("workload")
         if not saved:
             return cls(**{**data, "workload": None})
-        known = {f.name for f in fields(Workload)}
-        if unknown := sorted(set(saved) - known):
+        if unknown := unknown_fields(Workload, saved):
             raise ValueError(f"the saved workload has fields this torchroof lacks: {unknown}")
         return cls(**{**data, "workload": Workload(**saved)})

@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from torchroof.config.checks import unknown_fields
 from torchroof.config.choices import REGIMES
 from torchroof.config.errors import first_line
 from torchroof.config.workload import Workload
@@ -208,7 +209,7 @@ def _facts_against_ops(data: dict[str, Any]) -> list[str]:
 def _workload_problems(workload: dict[str, Any]) -> list[str]:
     """The saved workload as the Workload the facts hold once read: a field this torchroof
     lacks, or a combination a Workload refuses (checked as one is made)."""
-    if unknown := sorted(set(workload) - {f.name for f in fields(Workload)}):
+    if unknown := unknown_fields(Workload, workload):
         return [f'"metadata"."workload" has fields this torchroof lacks: {unknown}']
     try:
         Workload(**workload)

@@ -11,11 +11,12 @@ rows sum as if kernels ran back to back.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchroof.config import PricingOptions, Workload
+from torchroof.config.checks import unknown_fields
 from torchroof.records.facts import StepFacts
 from torchroof.records.ops import PHASES, block_index, layer_key, stack_key
 from torchroof.report import analysis
@@ -495,7 +496,6 @@ class Estimate:
 def _pricing_options(saved: dict[str, Any]) -> PricingOptions:
     """The PricingOptions an estimate file holds, rebuilt (and so re-checked); a field this
     torchroof does not know is refused by name."""
-    known = {f.name for f in fields(PricingOptions)}
-    if unknown := sorted(set(saved) - known):
+    if unknown := unknown_fields(PricingOptions, saved):
         raise ValueError(f"the saved pricing options have fields this torchroof lacks: {unknown}")
     return PricingOptions(**saved)
