@@ -157,6 +157,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.parallel.pipeline",),
     ("torchroof.render",),
     ("torchroof.api",),
+    ("torchroof.prepared",),
     ("torchroof.studies",),
     ("torchroof.labs", "torchroof.validation"),
     ("torchroof.cli",),

@@ -36,6 +36,7 @@ from torchroof.api import (
 from torchroof.capture.budget import OpBudgetExceeded, op_budget
 from torchroof.capture.mode import Capture
 from torchroof.config import PricingOptions, Workload
+from torchroof.prepared import PreparedModel, prepare
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import TensorMeta
 from torchroof.report.compare import Comparison, Sweep
@@ -54,6 +55,7 @@ __all__ = [
     "OpBudgetExceeded",
     "OpRecord",
     "PipelineTrace",
+    "PreparedModel",
     "PricingOptions",
     "Sweep",
     "TensorMeta",
@@ -61,6 +63,7 @@ __all__ = [
     "Workload",
     "compare",
     "estimate",
+    "prepare",
     "estimate_trace",
     "meta_copy",
     "op_budget",

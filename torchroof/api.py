@@ -163,6 +163,7 @@ def estimate(
     kv_dtype: str | None = None,
     allow_beyond_max_positions: bool | None = None,
     max_ops: int | None = None,
+    full_trace: bool | None = None,
     tp: int | None = None,
     sequence_parallel: bool | None = None,
     fsdp: int | None = None,
@@ -312,13 +313,16 @@ def trace_model(
 ) -> Trace | PipelineTrace:
     """The trace :func:`estimate` prices: ``workload``, or its fields as keywords;
     ``progress=True`` shows each stage on stderr as it runs."""
-    workload, cast = _traced_workload(regime, workload, knobs)
+    workload, cast = traced_workload(regime, workload, knobs)
     with reporting(progress):
         return trace_workload(model, workload, cast_module=cast)
 
 
-def _traced_workload(
-    step: str | None, workload: Workload | None, knobs: dict[str, Any]
+def traced_workload(
+    step: str | None,
+    workload: Workload | None,
+    knobs: dict[str, Any],
+    priced_by: str = "estimate() or estimate_trace()",
 ) -> tuple[Workload, bool]:
     """(the workload to trace, whether a module is cast to its compute dtype) from a
     regime, a workload and its fields as keywords; pricing knobs are refused here. A module
@@ -328,7 +332,7 @@ def _traced_workload(
     if pricing_knobs:
         raise OptionError(
             f"{', '.join(sorted(pricing_knobs))} choose how a trace is priced, not what is "
-            "traced: pass them to estimate() or estimate_trace()"
+            f"traced: pass them to {priced_by}"
         )
     cast = workload is not None or "dtype" in workload_knobs or "precision" in workload_knobs
     if step is not None:
@@ -344,6 +348,7 @@ def trace_module(
     *,
     workload: Workload | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    cast_module: bool | None = None,
     **knobs: Any,
 ) -> Trace:
     """One step of a plain ``nn.Module`` on the ``inputs`` given (tensors on any device:
@@ -364,7 +369,8 @@ def trace_module(
         raise WorkloadError(
             f"{type(model).__name__}: give the inputs its forward takes, inputs=(x,)"
         )
-    workload, cast = _traced_workload(regime, workload, knobs)
+    workload, cast = traced_workload(regime, workload, knobs)
+    cast = cast if cast_module is None else cast_module
     label = type(model).__name__
     if workload.parallel_plan.world > 1 or workload.microbatches > 1 or workload.quant != "none":
         raise WorkloadError(

@@ -1,11 +1,13 @@
-"""Many estimates of one model: variants side by side (:func:`compare`) and sweeps over a
-size (:func:`sweep`), each variant checked before any is traced, and variants that differ only
-in pricing sharing one trace."""
+"""Many estimates of one model: variants side by side (:func:`compare`), sweeps over a
+size (:func:`sweep`) and grids over several axes at once (:func:`sweep_grid`), each variant
+checked before any is traced, and variants that differ only in pricing sharing one trace."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import itertools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ from typing import Any
 from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_model
 from torchroof.config import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.prepared import prepare
 from torchroof.progress import reporting
-from torchroof.report.compare import Comparison, Sweep, SweepPoint, Variant
+from torchroof.report.compare import Comparison, Grid, GridPoint, Sweep, SweepPoint, Variant
 
 # The knobs, by name (torchroof/config/workload.py, pricing.py), plus where the step runs;
 # every other key compare is given is a model-config field.
@@ -25,6 +28,11 @@ _INT_KEYS = {f.name for f in fields(Workload) if value_type(f) is int}
 # microbatches, ...), not the op budget.
 SWEEP_KEYS = tuple(f.name for f in fields(Workload) if value_type(f) is int and f.name != "max_ops")
 DEFAULT_SWEEP_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the CLI's --values
+# What a grid may vary besides the sizes: where the step runs and how it is priced (points
+# that differ only in these share one trace).
+GRID_KEYS = (*SWEEP_KEYS, *sorted(PRICING_KEYS))
+MAX_GRID_POINTS = 100_000
+"""Points one grid may hold: each keeps its estimate (a 70B decode estimate is about 1 MB)."""
 
 
 def parse_value(key: str, text: str) -> Any:
@@ -218,3 +226,71 @@ def sweep(
             report.point(index, len(values), f"{over}={v}")
             points.append(SweepPoint(v, estimate(model, **{**base, over: v})))
     return Sweep(over, points)
+
+
+def sweep_grid(
+    model: Any = DEFAULT_MODEL,
+    axes: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    hardware: Any = "h100-sxm",
+    progress: bool = False,
+    max_points: int = MAX_GRID_POINTS,
+    **base: Any,
+) -> Grid:
+    """Estimate ``model`` at every combination of the ``axes`` values (``{"batch": [1, 8],
+    "context": [1024, 8192]}``: four points), as ``torchroof sweep MODEL --over
+    batch=1,8 --over context=1024,8192``. An axis is one of :data:`GRID_KEYS`: a size
+    (batch, seq, context, tp, ...), ``hardware`` or a pricing option (``mode``, ...);
+    ``base`` takes the names :func:`torchroof.estimate` takes. Each value of each axis is
+    checked before anything is traced; a grid of more than ``max_points`` is refused. Points
+    that differ only in hardware or pricing share one trace (:func:`torchroof.prepare`)."""
+    grid_axes = _grid_axes(axes, max_points)
+    base = {"hardware": hardware, **base}
+    for key, values in grid_axes:
+        for value in values:
+            check_variant(model, {**base, key: value}, f"{key}={value}")
+    workload_base = {k: v for k, v in base.items() if k not in PRICING_KEYS}
+    prepared = prepare(model, **workload_base)
+    combos = list(itertools.product(*(values for _, values in grid_axes)))
+    keys = [key for key, _ in grid_axes]
+    points = []
+    with reporting(progress) as report:  # progress=True: "point 2 of 300" and each stage
+        for index, combo in enumerate(combos, 1):
+            point = dict(zip(keys, combo, strict=True))
+            report.point(index, len(combos), ", ".join(f"{k}={v}" for k, v in point.items()))
+            settings = {**base, **point}
+            where = settings.pop("hardware")
+            priced = {k: v for k, v in settings.items() if k in PRICING_KEYS or k in point}
+            points.append(GridPoint(point, prepared.price(where, **priced)))
+    return Grid([(key, list(values)) for key, values in grid_axes], points)
+
+
+def _grid_axes(
+    axes: Mapping[str, Sequence[Any]] | None, max_points: int
+) -> list[tuple[str, list[Any]]]:
+    """The axes as (key, values), refused in one line: none, an unknown key, no values, a
+    repeated value, a size that is not a whole number, or more points than ``max_points``."""
+    if not axes:
+        raise ValueError("nothing to sweep: give at least one axis with its values")
+    out = []
+    for key, values in axes.items():
+        if key not in GRID_KEYS:
+            raise ValueError(f"sweep over one of {', '.join(GRID_KEYS)}, got {key!r}")
+        values = list(values)
+        if not values:
+            raise ValueError(f"{key}: no values to sweep")
+        if key in SWEEP_KEYS:
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+                    raise ValueError(f"variant {key}={v!r}: {key} takes whole numbers")
+            values = [int(v) for v in values]
+        if len({repr(v) for v in values}) != len(values):
+            raise ValueError(f"{key}: a value is given twice")
+        out.append((key, values))
+    count = math.prod(len(values) for _, values in out)
+    if count > max_points:
+        raise ValueError(
+            f"a grid of {count:,} points is more than max_points={max_points:,} (each point "
+            "keeps its estimate): sweep fewer values, or split the grid"
+        )
+    return out

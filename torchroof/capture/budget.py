@@ -101,6 +101,12 @@ class OpBudget:
                 "or torchroof.op_budget(max_ops=...) around estimate() / trace_model()",
             )
 
+    def count_ops(self, count: int) -> None:
+        """Count ``count`` ops a replayed layer stands for (its representative ran them)."""
+        self.op_count += count
+        if self.op_count > self.max_ops:
+            self.count_op("a replayed layer")
+
     def count_item_answer(self, in_optimizer: bool) -> None:
         """Count one ``.item()`` / ``tolist()`` answered on meta; too many in one module
         call, with no module entered or left in between, is a loop on those answers.

@@ -47,6 +47,7 @@ class ModuleStack:
         self._seq_modules: list[str] = []  # innermost module from that change on
         self._module_names: dict[int, str] = {}
         self._param_owner: dict[int, str] = {}  # id(param) -> module path
+        self._unrooted: set[int] = set()  # modules first met running, outside any root
 
     def __bool__(self) -> bool:
         return bool(self._stack)
@@ -58,9 +59,16 @@ class ModuleStack:
     def enter(self, module: torch.nn.Module, _inputs: Any) -> None:
         """The forward pre-hook: ``module`` starts running."""
         name = self._module_names.get(id(module))
-        if name is None:
+        if name is None or id(module) in self._unrooted:
+            # a module no model owns (an activation shared by every layer, made outside
+            # any __init__) is named after the module that calls it, at each call
             prefix = f"{self._stack[-1]}.{type(module).__name__}" if self._stack else ""
-            name = self.register_root(module, prefix)
+            if name is None:
+                name = self.register_root(module, prefix)
+                self._unrooted.add(id(module))
+            elif prefix:
+                name = prefix
+                self._module_types.setdefault(name, type(module).__name__)
         in_backward = torch._C._current_autograd_node() is not None
         self._stack.append(name)
         self._entered_in_backward.append(in_backward)
@@ -76,6 +84,10 @@ class ModuleStack:
             if self._reactivated.pop():
                 self._deactivate()
         self._log_stack_change()
+
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        """The path ``module`` was named (None for one not met yet)."""
+        return self._module_names.get(id(module))
 
     def register_root(self, root: torch.nn.Module, prefix: str) -> str:
         """Name ``root``'s modules ``prefix.<path>`` (a module already named keeps its first

@@ -47,6 +47,17 @@ class StorageIds:
         if key not in self._storages:
             self._storages[key] = (self.storage_id(base), StorageWeakRef(storage))
 
+    @property
+    def next_id(self) -> int:
+        """The id the next storage met will get: every id below it is taken."""
+        return self._next_storage
+
+    def bind(self, tensor: torch.Tensor, sid: int) -> None:
+        """Record ``tensor``'s storage under ``sid`` (a replayed layer's output, made
+        without running the op the ops recorded for it say wrote it)."""
+        storage = tensor.untyped_storage()
+        self._storages[storage._cdata] = (sid, StorageWeakRef(storage))
+
     def fresh_id(self) -> int:
         self._next_storage += 1
         return self._next_storage - 1

@@ -115,6 +115,11 @@ class Workload:
     max_ops: int = knob(
         DEFAULT_MAX_OPS, "stop a trace past this many aten ops (a data-dependent loop on meta)"
     )
+    full_trace: bool = knob(
+        False,
+        "run every decoder layer on meta (default: one of each distinct kind runs and the "
+        "others are its ops under their own names; the same trace, faster)",
+    )
     tp: int = knob(
         1,
         "tensor-parallel ranks (the model's own TP plan); rank 0 is traced",
@@ -249,7 +254,7 @@ class Workload:
     @property
     def limits(self) -> CaptureLimits:
         """How far the trace may run."""
-        return CaptureLimits(self.max_ops)
+        return CaptureLimits(self.max_ops, self.full_trace)
 
     # -- what the rest of torchroof reads ------------------------------------------------------
 

@@ -139,11 +139,18 @@ def _time_kernels(
     tensor_flops: dict[str, int] = defaultdict(int)
     unpriced: list[int] = []  # group sizes of collectives that need a cluster to be timed
     collectives = 0
+    # a repeated layer's kernels repeat: each distinct (work, traffic, unit, dtype, shape)
+    # is timed once, time_kernel reading nothing else of a kernel
+    times: dict[tuple[object, ...], KernelTime] = {}
     for index, kernel in enumerate(report.track(kernels)):
         cost = kernel.cost
         if cost.unit == "tensor":
             tensor_flops[cost.dtype] += cost.flops
-        t = time_kernel(cost, spec, pricing, *_geometry(kernel))
+        geometry = _geometry(kernel)
+        key = (cost.flops, cost.bytes_read, cost.bytes_written, cost.unit, cost.dtype, *geometry)
+        t = times.get(key)
+        if t is None:
+            t = times[key] = time_kernel(cost, spec, pricing, *geometry)
         estimate = _timed(index, kernel, cost, t, traffic_by_role(kernel, roles))
         if cost.unit == "network":
             collectives += 1

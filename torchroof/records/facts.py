@@ -71,6 +71,7 @@ class StepFacts:
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
     pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks
     quant: str = ""  # which linear layers a quantisation recipe changed, and how
+    repeated_layers: str = ""  # how many decoder layers ran, and how many were copies
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set (an empty string, dict, 0 or None is left out; the

@@ -25,13 +25,14 @@ from torchroof.render.chrome_trace import write_chrome_trace
 from torchroof.render.plots import (
     PLOT_SUFFIXES,
     check_plot_path,
+    grid_plot,
     layer_plot,
     roofline_plot,
     sweep_plot,
 )
 
 if TYPE_CHECKING:
-    from torchroof.report.compare import Sweep
+    from torchroof.report.compare import Grid, Sweep
     from torchroof.report.estimate import Estimate
 
 # The kernel fields the CSV holds, in column order.
@@ -258,3 +259,47 @@ def write_sweep(sweep: Sweep, path: str | Path, kind: str | None = None) -> Path
         sweep_html(sweep, path)
         return Path(path)
     return sweep_plot(sweep, path)
+
+
+GRID_OUTPUTS = {
+    "csv": "one row per point (CSV)",
+    "json": "one object per point (JSON)",
+    "plot": "heat maps of the first two axes",
+}
+
+
+def grid_output(path: str | Path, grid_axes: int = 2) -> str:
+    """The kind of grid output ``path`` is, from its suffix (``.csv``, ``.json``, a plot);
+    ValueError naming the supported ones otherwise, or for a plot of a one-axis grid."""
+    name = Path(path).name.lower()
+    for kind, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", PLOT_SUFFIXES)):
+        if name.endswith(suffixes):
+            if kind == "plot":
+                check_plot_path(path)
+                if grid_axes < 2:
+                    raise ValueError(f"{path}: a heat map needs two axes; this grid has one")
+            return kind
+    listed = "; ".join(
+        f"{suffix} ({GRID_OUTPUTS[kind]})"
+        for kind, suffix in (("csv", ".csv"), ("json", ".json"), ("plot", "/".join(PLOT_SUFFIXES)))
+    )
+    raise ValueError(f"{path}: a grid is written as {listed}")
+
+
+def write_grid(grid: Grid, path: str | Path) -> Path:
+    """Write a grid by the file's suffix: ``.csv`` or ``.json`` one row per point (the axis
+    values, then step time, tokens/s, MFU, traffic, memory and fit), a plot the heat maps."""
+    kind = grid_output(path, len(grid.axes))
+    path = Path(path)
+    if kind == "plot":
+        return grid_plot(grid, path)
+    rows = grid.rows()
+    if kind == "json":
+        axes = [{"key": key, "values": values} for key, values in grid.axes]
+        path.write_text(json.dumps({"axes": axes, "points": rows}, indent=1))
+        return path
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

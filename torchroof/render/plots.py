@@ -153,3 +153,39 @@ def sweep_plot(sweep: Any, path: str | Path) -> Path:
         f"{w.regime if (w := sweep.points[0].estimate.workload) else ''} sweep"
     )
     return save_figure(fig, path)
+
+
+def grid_plot(grid: Any, path: str | Path) -> Path:
+    """Heat maps of a grid's first two axes (any other at its first value): step time,
+    tokens/s, and the memory-fit boundary (hatched: the point does not fit)."""
+    plt = pyplot()
+    (down, downs), (across, acrosses) = grid.axes[0], grid.axes[1]
+    fixed = {key: values[0] for key, values in grid.axes[2:]}
+    cells = {
+        (r[down], r[across]): r for r in grid.rows() if all(r[k] == v for k, v in fixed.items())
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, (metric, title, scale) in zip(
+        axes,
+        (("step_time_s", "step time (ms)", 1e3), ("tokens_per_s", "tokens/s", 1.0)),
+        strict=True,
+    ):
+        values = [[cells[(d, a)][metric] * scale for a in acrosses] for d in downs]
+        image = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis")
+        fig.colorbar(image, ax=ax, label=title)
+        ax.set_xticks(range(len(acrosses)), [str(a) for a in acrosses], rotation=45)
+        ax.set_yticks(range(len(downs)), [str(d) for d in downs])
+        ax.set_xlabel(across)
+        ax.set_ylabel(down)
+        for i, d in enumerate(downs):
+            for j, a in enumerate(acrosses):
+                if not cells[(d, a)]["fits"]:
+                    ax.add_patch(
+                        plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", lw=0)
+                    )
+        ax.set_title(title + (" (hatched: does not fit)" if metric == "step_time_s" else ""))
+    first = grid.points[0].estimate
+    at = ", ".join(f"{k}={v}" for k, v in fixed.items())
+    fig.suptitle(f"{first.facts.model} {w.regime if (w := first.workload) else ''} {at}")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -8,6 +8,7 @@ here, where they become ms, MB and GFLOP.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from torchroof.report.analysis import communication
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
-    from torchroof.report.compare import Comparison, Sweep
+    from torchroof.report.compare import Comparison, Grid, Sweep
     from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
 
 # Byte categories, in the order reports show them, and their column labels.
@@ -516,3 +517,53 @@ def sweep_table(sweep: Sweep) -> str:
         "fits",
     ]
     return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def grid_tables(grid: Grid) -> str:
+    """A grid as text: one axis, a row per value (as :func:`sweep_table`); several, for each
+    pair of axes a table of step time (ms) and one of tokens/s, the first axis down and the
+    second across, every other axis at its first value (``*``: does not fit in memory)."""
+    rows = grid.rows()
+    if len(grid.axes) == 1:
+        ((key, _),) = grid.axes
+        body = [
+            [
+                r[key],
+                f"{r['step_time_s'] * 1e3:.3f}",
+                f"{r['tokens_per_s']:,.1f}",
+                f"{r['memory_bytes'] / GIB:.1f}",
+                "yes" if r["fits"] else "no",
+            ]
+            for r in rows
+        ]
+        return tabulate(
+            body, headers=[key, "step ms", "tokens/s", "memory GiB", "fits"], disable_numparse=True
+        )
+    first = {key: values[0] for key, values in grid.axes}
+    tables = []
+    for (down, downs), (across, acrosses) in itertools.combinations(grid.axes, 2):
+        fixed = {k: v for k, v in first.items() if k not in (down, across)}
+        at = ", ".join(f"{k}={v}" for k, v in fixed.items())
+        cells = {(r[down], r[across]): r for r in rows if all(r[k] == v for k, v in fixed.items())}
+        for title, shown in (
+            ("step ms", lambda r: f"{r['step_time_s'] * 1e3:.3f}"),
+            ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+        ):
+            body = [
+                [
+                    d,
+                    *(
+                        shown(cells[(d, a)]) + ("" if cells[(d, a)]["fits"] else "*")
+                        for a in acrosses
+                    ),
+                ]
+                for d in downs
+            ]
+            heading = f"{title}: {down} down, {across} across" + (f" ({at})" if at else "")
+            table = tabulate(
+                body, headers=[f"{down} \\ {across}", *map(str, acrosses)], disable_numparse=True
+            )
+            tables.append(f"{heading}\n{table}")
+    if not all(r["fits"] for r in rows):
+        tables.append("* does not fit in the accelerator's memory")
+    return "\n\n".join(tables)

@@ -94,6 +94,48 @@ def run_one(architecture: str, regime: str) -> ZooRow:
         )
 
 
+@dataclass
+class ReplayCheck:
+    """A zoo step traced copying repeated layers, held to the trace that ran them all."""
+
+    difference: str  # "" when the two traces and their estimates agree
+    uncounted: dict[str, int]  # ops of the copied trace no rule prices
+    cache: str  # the cache the inference step used
+    repeated_layers: str  # how the layers were traced (the estimate's metadata)
+
+
+def replay_check(architecture: str, regime: str, price_both: bool = False) -> ReplayCheck:
+    """Trace the zoo step twice, once running every layer (``full_trace``) and once copying
+    repeated layers (:mod:`torchroof.capture.replay`), and hold the second to the first op
+    for op (:func:`torchroof.records.equality.first_difference`: names, shapes, arguments,
+    module paths, phases, storages and their roles); the copied trace is priced, and with
+    ``price_both`` the full one too, their estimates compared."""
+    from torchroof.models.completions import default_config
+    from torchroof.models.sources import build_model
+    from torchroof.records.equality import first_difference
+
+    with warnings.catch_warnings(), quiet_imports(), quiet_trace():
+        warnings.simplefilter("ignore")  # no user code runs here, only shipped models
+        config = default_config(architecture)
+        workload = zoo_workload(config, regime)
+        full = run_workload(build_model(config, "bf16"), replace(workload, full_trace=True))
+        copied = run_workload(build_model(config, "bf16"), workload)
+        difference = first_difference(full, copied)
+        estimates = [
+            estimate_trace(t, "h100-sxm") for t in ((full, copied) if price_both else (copied,))
+        ]
+    priced = [e.to_dict() for e in estimates]
+    for data in priced:
+        data["metadata"].pop("repeated_layers", None)
+        data["metadata"].get("workload", {}).pop("full_trace", None)
+    if not difference and priced[0] != priced[-1]:
+        keys = [k for k in priced[0] if priced[0][k] != priced[-1].get(k)]
+        difference = f"the estimates differ in {', '.join(keys)}"
+    return ReplayCheck(
+        difference, dict(estimates[-1].uncounted), copied.facts.cache, copied.facts.repeated_layers
+    )
+
+
 def run_architecture(architecture: str, regimes: Sequence[str]) -> list[ZooRow]:
     return [run_one(architecture, regime) for regime in regimes]
 

@@ -23,6 +23,7 @@ from torchroof.parallel.stages import record_stage
 from torchroof.quant.recipes import ABSORBED_MLA_WIDE, quantize_model
 from torchroof.records.trace import Trace
 from torchroof.workloads.parallel_step import describe, parallel_program
+from torchroof.workloads.repeated import replayed
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -82,8 +83,9 @@ def run_workload(
     plan = describe(workload.parallel_plan)
     if plan:  # ends when the first traced op begins the next stage
         report.begin(f"setting up rank 0 of {plan}")
-    with parallel_program(given[TARGET], workload):
+    with parallel_program(given[TARGET], workload), replayed(given, workload) as replays:
         trace = step.trace(given, workload)
+    trace.facts.repeated_layers = replays.describe(trace)
     record_stage(given[TARGET], trace)
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:

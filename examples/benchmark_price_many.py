@@ -1,0 +1,135 @@
+"""Trace once, price many: what an estimate and a batch x context grid of Llama-3-70B decode
+cost, against FlopCounterMode's forward of the same model measured in the same run.
+
+Each measurement runs in its own process (imports warm, the model built inside the timed
+part for both tools) and is repeated; medians are printed with ratios:
+
+- FlopCounterMode, one forward at ``--seq`` tokens (the reference);
+- a prefill estimate at ``--seq`` tokens and a decode estimate (batch 8, context
+  ``--seq``), each with every decoder layer run (``full_trace=True``) and with the repeated
+  layers copied from one traced layer of each kind (the default);
+- the same decode step priced again on another accelerator from the prepared model
+  (``torchroof.prepare``): pricing only;
+- a decode grid of ``--batches`` x ``--contexts`` points (``torchroof.studies.sweep_grid``;
+  the issue's 1,000 points are ``--batches 40 --contexts 25``).
+
+    python examples/benchmark_price_many.py [--batches 40 --contexts 25] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+MODEL = "llama-3-70b"
+
+
+def _child(kind: str, seq: int, batches: int, contexts: int) -> None:
+    import time
+
+    import torch
+    import transformers.masking_utils as masking
+
+    import torchroof
+    from torchroof.models.sources import build_model, load_config
+    from torchroof.studies import sweep_grid
+
+    # FlopCounterMode cannot answer HF's packed-sequence .item() on meta: both tools get
+    # the same "not packed" answer up front
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    torchroof.estimate("gpt2", "decode", context=8)  # warm the imports and first-call caches
+    start = time.perf_counter()
+    points = 1
+    if kind == "flopcounter":
+        from torch.utils.flop_counter import FlopCounterMode
+
+        model = build_model(load_config(MODEL))
+        ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        with FlopCounterMode(display=False), torch.no_grad():
+            model(ids, use_cache=False, logits_to_keep=1)
+    elif kind in ("prefill-full", "prefill-copied"):
+        torchroof.estimate(MODEL, "prefill", seq=seq, full_trace=kind.endswith("full"))
+    elif kind in ("decode-full", "decode-copied"):
+        torchroof.estimate(MODEL, "decode", batch=8, context=seq, full_trace=kind.endswith("full"))
+    elif kind == "repriced":
+        prepared = torchroof.prepare(MODEL, "decode", batch=8, context=seq)
+        prepared.price("h100-sxm")
+        start = time.perf_counter()  # the second price only
+        prepared.price("b200")
+    else:
+        batch_values = list(range(1, batches + 1))
+        context_values = [256 * (i + 1) for i in range(contexts)]  # up to 6,400 for 25
+        grid = sweep_grid(
+            MODEL, {"batch": batch_values, "context": context_values}, regime="decode"
+        )
+        points = len(grid.points)
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"time_s": elapsed, "points": points}))
+
+
+def _measure(kind: str, args: argparse.Namespace) -> dict:
+    argv = ["--child", kind, "--seq", str(args.seq)]
+    argv += ["--batches", str(args.batches), "--contexts", str(args.contexts)]
+    out = subprocess.run(
+        [sys.executable, __file__, *argv], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+KINDS = (
+    "flopcounter",
+    "prefill-full",
+    "prefill-copied",
+    "decode-full",
+    "decode-copied",
+    "repriced",
+    "grid",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batches", type=int, default=40, help="batches 1, 2, ..., N")
+    parser.add_argument("--contexts", type=int, default=25, help="contexts 256, 512, ...")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", choices=KINDS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.seq, args.batches, args.contexts)
+        return
+    runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+    for repeat in range(args.repeats):
+        for kind in KINDS:  # interleaved, so machine noise hits every kind alike
+            if kind == "grid" and repeat:
+                continue  # the grid is long: measured once
+            runs[kind].append(_measure(kind, args))
+    median = {kind: statistics.median(r["time_s"] for r in rs) for kind, rs in runs.items()}
+    ref = median["flopcounter"]
+    print(f"{MODEL} on meta, {args.seq} tokens, median of {args.repeats} runs (grid: one run)")
+    print(f"  FlopCounterMode forward        : {ref:7.2f} s   (the reference, 1.00)")
+    for kind, label in (
+        ("prefill-full", "prefill, every layer run"),
+        ("prefill-copied", "prefill, layers copied"),
+        ("decode-full", "decode, every layer run"),
+        ("decode-copied", "decode, layers copied"),
+        ("repriced", "decode priced again (b200)"),
+    ):
+        print(f"  {label:31s}: {median[kind]:7.2f} s   {median[kind] / ref:5.2f}x the reference")
+    for regime in ("prefill", "decode"):
+        full, copied = median[f"{regime}-full"], median[f"{regime}-copied"]
+        print(f"  {regime} with copied layers / every layer run: {copied / full:.2f}")
+    grid = runs["grid"][0]
+    per_point = grid["time_s"] / grid["points"]
+    print(
+        f"  decode grid, {grid['points']} points: {grid['time_s']:.1f} s, "
+        f"{per_point:.2f} s a point, {grid['time_s'] / ref:.1f}x the reference "
+        f"(1,000 points at this rate: {1000 * per_point / ref:.0f}x; target <= 5x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

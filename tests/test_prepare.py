@@ -1,0 +1,131 @@
+"""A prepared model (torchroof.prepare) and grids over several axes (torchroof.studies.
+sweep_grid, ``torchroof sweep --over KEY=V1,V2``): a price equals a fresh estimate, a step
+is traced once whatever it is priced on, and bad input is answered in one line."""
+
+import csv
+import json
+
+import pytest
+
+import torchroof
+from torchroof.cli.main import main
+from torchroof.config.errors import OptionError
+from torchroof.render.text import grid_tables
+from torchroof.studies import sweep_grid
+
+
+def same(a, b) -> bool:
+    return json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+
+
+def test_a_price_equals_a_fresh_estimate_and_shares_its_trace():
+    prepared = torchroof.prepare("gpt2", "decode", context=64)
+    h100 = prepared.price("h100-sxm", batch=4)
+    a100 = prepared.price("a100-sxm", batch=4)
+    realistic = prepared.price("h100-sxm", batch=4, mode="realistic")
+    assert same(h100, torchroof.estimate("gpt2", "decode", context=64, batch=4))
+    assert same(a100, torchroof.estimate("gpt2", "decode", context=64, batch=4, hardware="a100"))
+    assert same(
+        realistic, torchroof.estimate("gpt2", "decode", context=64, batch=4, mode="realistic")
+    )
+    # one step (batch 4, context 64) priced three ways: traced once, found twice
+    info = prepared.cache_info()
+    assert (info.traced, info.reused, info.held) == (1, 2, 1)
+    prepared.price("h100-sxm", batch=8)  # another step: a second trace
+    assert prepared.cache_info().traced == 2
+
+
+def test_the_oldest_trace_is_dropped_past_max_traces():
+    prepared = torchroof.prepare("gpt2", "decode", context=16, max_traces=1)
+    prepared.price(batch=1)
+    prepared.price(batch=2)
+    prepared.price(batch=1)  # dropped when batch 2 was traced: traced again
+    info = prepared.cache_info()
+    assert (info.traced, info.reused, info.held) == (3, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: torchroof.prepare("gpt2", mode="realistic"), "pass them to PreparedModel.price"),
+        (lambda: torchroof.prepare("gpt2", batchsize=2), "unknown option batchsize"),
+        (lambda: torchroof.prepare("gpt2", max_traces=0), "max_traces must be a positive"),
+        (lambda: torchroof.prepare("gpt2").price("h900"), "h900"),
+        (lambda: torchroof.prepare("gpt2").price(bogus=1), "unknown option bogus"),
+    ],
+)
+def test_bad_input_is_one_line(call, message):
+    with pytest.raises((OptionError, ValueError, KeyError)) as error:
+        call()
+    text = str(error.value)
+    assert message in text and "\n" not in text.strip()
+
+
+def test_a_grid_prices_every_combination():
+    """2 batches x 2 accelerators = 4 points, 2 traces (one per batch)."""
+    grid = sweep_grid(
+        "gpt2",
+        {"batch": [1, 4], "hardware": ["h100-sxm", "a100-sxm"]},
+        regime="decode",
+        context=32,
+    )
+    assert [p.values for p in grid.points] == [
+        {"batch": 1, "hardware": "h100-sxm"},
+        {"batch": 1, "hardware": "a100-sxm"},
+        {"batch": 4, "hardware": "h100-sxm"},
+        {"batch": 4, "hardware": "a100-sxm"},
+    ]
+    fresh = torchroof.estimate("gpt2", "decode", batch=4, context=32, hardware="a100-sxm")
+    assert same(grid.at(batch=4, hardware="a100-sxm"), fresh)
+    text = grid_tables(grid)
+    assert text.startswith("step ms: batch down, hardware across")
+    assert f"{fresh.time_s * 1e3:.3f}" in text.splitlines()[4]  # batch 4's row, a100's column
+
+
+def test_grid_input_is_refused_before_tracing():
+    with pytest.raises(ValueError, match="a grid of 6 points is more than max_points=5"):
+        sweep_grid("gpt2", {"batch": [1, 2, 3], "context": [8, 16]}, max_points=5)
+    with pytest.raises(ValueError, match="context: no values"):
+        sweep_grid("gpt2", {"batch": [1], "context": []})
+    with pytest.raises(ValueError, match="batch: a value is given twice"):
+        sweep_grid("gpt2", {"batch": [1, 1]})
+    with pytest.raises(ValueError, match="sweep over one of"):
+        sweep_grid("gpt2", {"colour": [1]})
+    with pytest.raises(ValueError, match="variant seq=0"):  # checked before any tracing
+        sweep_grid("gpt2", {"batch": [1], "seq": [0]})
+
+
+def test_the_cli_sweeps_a_grid_to_csv_and_json(tmp_path, capsys):
+    out_csv, out_json = tmp_path / "grid.csv", tmp_path / "grid.json"
+    argv = ["sweep", "gpt2", "--regime", "decode", "--over", "batch=1,8", "--over",
+            "context=16,32", "--csv", str(out_csv), "--json", str(out_json)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "over batch (2) x context (2): 4 points" in printed
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [(r["batch"], r["context"]) for r in rows] == [
+        ("1", "16"), ("1", "32"), ("8", "16"), ("8", "32"),
+    ]  # fmt: skip
+    data = json.loads(out_json.read_text())
+    assert data["axes"] == [
+        {"key": "batch", "values": [1, 8]},
+        {"key": "context", "values": [16, 32]},
+    ]
+    assert [p["step_time_s"] for p in data["points"]] == [float(r["step_time_s"]) for r in rows]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--over", "batch=1,2", "--values", "3"], "give every axis that way (no --values)"),
+        (["--over", "batch=1", "--over", "batch=2"], "--over batch is given twice"),
+        (["--over", "batch=1", "--over", "seq"], "give every axis that way"),
+        (["--over", "batch=1", "--html", "x.html"], "--html shows a one-size sweep"),
+        (["--over", "batch=1", "--plot", "x.png"], "a heat map needs two axes"),
+        (["--over", "batch", "--json", "x.json"], "--json writes a grid"),
+    ],
+)
+def test_cli_grid_errors_are_one_line(argv, message, capsys):
+    assert main(["sweep", "gpt2", *argv]) != 0
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

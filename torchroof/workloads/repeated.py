@@ -1,0 +1,72 @@
+"""Which layers of a model are its repeated blocks, for :mod:`torchroof.capture.replay`:
+the decoder-layer list transformers' pipeline plan names (``model.layers``), in every model
+a step runs (a draft's and a target's)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchroof.capture.replay import LayerReplay
+from torchroof.config.errors import WorkloadError
+from torchroof.parallel.stages import decoder_layers
+from torchroof.records.trace import Trace
+
+if TYPE_CHECKING:
+    from torchroof.config import Workload
+
+
+class Replays:
+    """The layer replays of one step, and the line that says what they did."""
+
+    def __init__(self, replays: list[tuple[LayerReplay, int]]) -> None:
+        self._replays = replays
+
+    def describe(self, trace: Trace) -> str:
+        """``80 repeated layers, 1 distinct kind: 1 traced, 79 copied`` for the capture
+        that recorded ``trace``, with why a kind ran every time ("" when every layer ran
+        and none was asked to be copied)."""
+        lines = []
+        for replay, layers in self._replays:
+            counts = replay.counts_for(trace)
+            if counts is not None and (counts.replayed or counts.not_replayed):
+                lines.append(counts.describe(layers))
+        return "; ".join(lines)
+
+
+def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
+    """The model's stacks of repeated blocks: the decoder-layer list its pipeline plan
+    names, else every outermost ``nn.ModuleList`` in which two blocks share a class (an
+    encoder's and a decoder's layers; GPT-2's ``h``)."""
+    try:
+        _, _, layers = decoder_layers(model)
+        return [list(layers)]
+    except WorkloadError:
+        pass
+    stacks: list[list[torch.nn.Module]] = []
+    inside: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") for outer in inside):
+            continue  # a list inside a block (experts): the block's replay covers it
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            kinds = [type(m) for m in module]
+            if len(set(kinds)) < len(kinds):
+                stacks.append(list(module))
+                inside.append(name)
+    return stacks
+
+
+@contextlib.contextmanager
+def replayed(models: Mapping[str, torch.nn.Module], workload: Workload) -> Iterator[Replays]:
+    """Every model's repeated layers traced once per distinct kind while the step runs
+    (nothing with ``full_trace``)."""
+    replays: list[tuple[LayerReplay, int]] = []
+    with contextlib.ExitStack() as stack:
+        if not workload.full_trace:
+            for model in models.values():
+                for layers in repeated_layers(model):
+                    replays.append((stack.enter_context(LayerReplay(layers)), len(layers)))
+        yield Replays(replays)
