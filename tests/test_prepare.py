@@ -35,6 +35,20 @@ def test_a_price_equals_a_fresh_estimate_and_shares_its_trace():
     assert prepared.cache_info().traced == 2
 
 
+def test_each_price_makes_its_step_as_estimate_does():
+    """Context left out follows seq at each price (not the prepared seq's), and a module is
+    cast when a price asks for a dtype."""
+    prepared = torchroof.prepare("gpt2", "decode", seq=64)
+    longer = prepared.price(seq=128)
+    assert longer.workload.context == 128
+    assert same(longer, torchroof.estimate("gpt2", "decode", seq=128))
+    from conftest import meta_causal_lm
+
+    module = meta_causal_lm("llama")
+    fp32 = torchroof.prepare(module, "prefill", seq=8).price(dtype="fp32")
+    assert same(fp32, torchroof.estimate(module, "prefill", seq=8, dtype="fp32"))
+
+
 def test_the_oldest_trace_is_dropped_past_max_traces():
     prepared = torchroof.prepare("gpt2", "decode", context=16, max_traces=1)
     prepared.price(batch=1)
@@ -79,7 +93,9 @@ def test_a_grid_prices_every_combination():
     assert same(grid.at(batch=4, hardware="a100-sxm"), fresh)
     text = grid_tables(grid)
     assert text.startswith("step ms: batch down, hardware across")
-    assert f"{fresh.time_s * 1e3:.3f}" in text.splitlines()[4]  # batch 4's row, a100's column
+    row = text.splitlines()[4].split()  # batch 4's row: batch, the h100's and the a100's ms
+    assert row == ["4", f"{grid.at(batch=4, hardware='h100-sxm').time_s * 1e3:.3f}",
+                   f"{fresh.time_s * 1e3:.3f}"]  # fmt: skip
 
 
 def test_grid_input_is_refused_before_tracing():
@@ -93,6 +109,14 @@ def test_grid_input_is_refused_before_tracing():
         sweep_grid("gpt2", {"colour": [1]})
     with pytest.raises(ValueError, match="variant seq=0"):  # checked before any tracing
         sweep_grid("gpt2", {"batch": [1], "seq": [0]})
+    # a size the step does not read: every point would be the same
+    with pytest.raises(ValueError, match="a prefill step does not read context"):
+        sweep_grid("gpt2", {"context": [8, 16]})
+    with pytest.raises(ValueError, match="a decode step does not read seq"):
+        sweep_grid("gpt2", {"seq": [8, 16]}, regime="decode", context=8)
+    with pytest.raises(ValueError, match="a train step does not read context"):
+        torchroof.sweep("gpt2", "context", [8, 16], regime="train")
+    sweep_grid("gpt2", {"seq": [8, 16]}, regime="decode")  # context follows seq: it is read
 
 
 def test_the_cli_sweeps_a_grid_to_csv_and_json(tmp_path, capsys):

@@ -36,11 +36,12 @@ def traced(regime, full, **knobs):
     return run_workload(build_model(small_llama(), torch.bfloat16), workload)
 
 
-def test_a_decode_step_runs_one_layer_and_copies_three():
+def test_a_decode_step_runs_two_layers_and_copies_two():
     copied = traced("decode", False, batch=2, context=64)
     full = traced("decode", True, batch=2, context=64)
     assert first_difference(full, copied) == ""
-    assert copied.facts.repeated_layers == "4 repeated layers, 1 distinct kind: 1 traced, 3 copied"
+    # the first runs, the second runs and is held to it, the other two are copies
+    assert copied.facts.repeated_layers == "4 repeated layers, 1 distinct kind: 2 traced, 2 copied"
     assert full.facts.repeated_layers == ""
     # the copies are under their own names: every layer's q_proj GEMM is there, once
     q = [op for op in copied.ops if op.module.endswith("q_proj") and op.name == "aten.mm.default"]
@@ -87,7 +88,7 @@ def test_copies_equal_a_full_trace_at_any_size(regime, batch, length):
     full = traced(regime, True, batch=batch, **size)
     copied = traced(regime, False, batch=batch, **size)
     assert first_difference(full, copied) == ""
-    assert copied.facts.repeated_layers.endswith("1 traced, 3 copied")
+    assert copied.facts.repeated_layers.endswith("2 traced, 2 copied")
 
 
 class Block(nn.Module):
@@ -122,13 +123,13 @@ def trace_stack(model, replay=True, shape=(2, 8)):
 
 
 def test_a_plain_stack_of_blocks_is_copied():
-    """Three blocks of linear, relu, add: 4 ops each (t, addmm, relu, add), 12 in all, two
-    of the blocks copied."""
+    """Three blocks of linear, relu, add: 4 ops each (t, addmm, relu, add), 12 in all: the
+    first two run, the third is a copy."""
     model = Stack([Block() for _ in range(3)]).to("meta")
     full, _ = trace_stack(model, replay=False)
     copied, counts = trace_stack(model)
     assert len(copied.ops) == 12 and first_difference(full, copied) == ""
-    assert (counts.traced, counts.replayed, counts.kinds) == (1, 2, 1)
+    assert (counts.traced, counts.replayed, counts.kinds) == (2, 1, 1)
 
 
 def test_blocks_of_other_shapes_are_kinds_of_their_own():
@@ -136,7 +137,7 @@ def test_blocks_of_other_shapes_are_kinds_of_their_own():
     full, _ = trace_stack(model, replay=False)
     copied, counts = trace_stack(model)
     assert first_difference(full, copied) == ""
-    assert (counts.traced, counts.replayed, counts.kinds) == (2, 2, 2)
+    assert (counts.traced, counts.replayed, counts.kinds) == (3, 1, 2)
 
 
 class Nested(nn.Module):
@@ -202,9 +203,31 @@ def test_a_block_reading_another_blocks_weights_runs_every_time():
     assert counts.not_replayed == ["a layer read another layer's weights or cache"]
 
 
-def test_training_runs_every_layer():
-    """Autograd orders the backward pass: a training step is traced as it runs."""
-    est = torchroof.estimate(small_llama(), "train", seq=32)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_training_step_copies_forward_backward_and_recompute(checkpointing):
+    """Four layers: the first runs (its forward is copied), the second runs (held to the
+    first), the last runs (its backward and recompute are copied), the third is a copy; the
+    step is the full one op for op, the copy's weights get gradients of their own, priced
+    the same."""
+    full = traced("train", True, seq=32, checkpointing=checkpointing)
+    copied = traced("train", False, seq=32, checkpointing=checkpointing)
+    assert first_difference(full, copied) == ""
+    assert copied.facts.repeated_layers == "4 repeated layers, 1 distinct kind: 3 traced, 1 copied"
+    if checkpointing:  # the copies' recompute ops are there, under their own names
+        modules = {op.module.split(".")[2] for op in copied.ops if op.phase == "recompute"}
+        assert modules == {"0", "1", "2", "3"}
+    a = torchroof.estimate_trace(full, "h100-sxm").to_dict()
+    b = torchroof.estimate_trace(copied, "h100-sxm").to_dict()
+    for data in (a, b):
+        data["metadata"].pop("repeated_layers", None)
+        data["metadata"]["workload"].pop("full_trace")
+    assert a == b
+
+
+def test_training_across_gpus_or_micro_batches_runs_every_layer():
+    """A second micro-batch accumulates into the gradients the first left, and FSDP / TP
+    wrap the weights: those steps are traced as they run."""
+    est = torchroof.estimate(small_llama(), "train", seq=32, microbatches=2)
     assert est.facts.repeated_layers == ""
 
 
@@ -229,10 +252,108 @@ def test_copied_layers_price_as_running_them_all(architecture):
 
 
 def test_a_forward_patched_on_one_layer_makes_it_a_kind_of_its_own():
-    """Layer 1's MLP runs other code than layer 0's: it is traced, not copied."""
-    model = Stack([Block() for _ in range(3)]).to("meta")
+    """Layer 1's MLP runs other code than layer 0's: a kind of its own, traced; layers 0
+    and 2 run, layer 3 is a copy."""
+    model = Stack([Block() for _ in range(4)]).to("meta")
     model.layers[1].linear.forward = lambda x: x * 3  # one instance's forward replaced
     full, _ = trace_stack(model, replay=False)
     copied, counts = trace_stack(model)
     assert first_difference(full, copied) == ""
-    assert (counts.kinds, counts.traced, counts.replayed) == (2, 2, 1)
+    assert (counts.kinds, counts.traced, counts.replayed) == (2, 3, 1)
+
+
+class IndexScaled(Block):
+    """A block whose forward reads its own index (ImageGPT's scale by 1 / (layer_idx + 1))."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.layer_idx = index
+
+    def forward(self, x):
+        return self.linear(x) / (self.layer_idx + 1)
+
+
+SCALE = torch.ones(8, device="meta")  # a constant every block reads
+
+
+class ReadsConstant(Block):
+    def forward(self, x):
+        return self.linear(x) * SCALE
+
+
+class KeepsBuffer(Block):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        self.seen = self.seen + 1  # a buffer rebound: state a copy would not leave
+        return super().forward(x)
+
+
+def test_a_forward_reading_its_index_is_not_copied():
+    """The second block divides by 2, the first by 1: held to each other they differ."""
+    model = Stack([IndexScaled(i) for i in range(4)]).to("meta")
+    full, _ = trace_stack(model, replay=False)
+    copied, counts = trace_stack(model)
+    assert first_difference(full, copied) == ""
+    assert (counts.traced, counts.replayed) == (4, 0)
+    assert counts.not_replayed == ["layers of one kind ran other ops"]
+
+
+def test_a_constant_every_block_reads_stays_one_storage():
+    model = Stack([ReadsConstant() for _ in range(4)]).to("meta")
+    full, _ = trace_stack(model, replay=False)
+    copied, counts = trace_stack(model)
+    assert first_difference(full, copied) == "" and counts.replayed == 2
+    muls = [op for op in copied.ops if op.name == "aten.mul.Tensor"]
+    assert len({op.inputs[1].storage for op in muls}) == 1  # SCALE, read by all four
+
+
+def test_a_rebound_buffer_is_state_a_copy_would_not_leave():
+    model = Stack([KeepsBuffer() for _ in range(3)]).to("meta")
+    full, _ = trace_stack(model, replay=False)
+    copied, counts = trace_stack(model)
+    assert first_difference(full, copied) == "" and counts.replayed == 0
+    assert set(counts.not_replayed) == {"a layer kept state of its own"}
+
+
+def test_hooks_on_a_submodule_run_every_call():
+    model = Stack([Block() for _ in range(4)]).to("meta")
+    calls = []
+    for block in model.layers:
+        block.linear.register_forward_hook(lambda *args: calls.append(1))
+    copied, counts = trace_stack(model)
+    assert len(calls) == 4 and counts is None  # every block ran as it is, so every hook did
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, residual):
+        return self.linear(x) + residual
+
+
+class AliasedStack(nn.Module):
+    """The first two blocks are given x twice (an alias), the last two x and another
+    tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Residual() for _ in range(4))
+        self.register_buffer("other", torch.zeros(2, 8))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, x if i < 2 else self.other)
+        return x
+
+
+def test_calls_aliased_otherwise_are_kinds_of_their_own():
+    model = AliasedStack().to("meta")
+    full, _ = trace_stack(model, replay=False)
+    copied, counts = trace_stack(model)
+    assert first_difference(full, copied) == ""
+    assert (counts.kinds, counts.traced, counts.replayed) == (2, 4, 0)

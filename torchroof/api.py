@@ -19,6 +19,7 @@ import torch
 
 from torchroof.capture.budget import OpBudgetExceeded, op_budget
 from torchroof.capture.mode import Capture
+from torchroof.capture.replay_training import ReplayFallback
 from torchroof.config import (
     DEFAULT_SEQ,
     PRICING_KNOBS,
@@ -426,7 +427,13 @@ def trace_workload(
         )
     workload, note = resolve_seq(model, workload)
     module, label, beyond = _build(model, workload, cast_module)
-    trace = _run(module, workload)
+    try:
+        trace = _run(module, workload)
+    except ReplayFallback as why:  # a copied layer's backward could not be copied
+        module, label, beyond = _build(model, replace(workload, full_trace=True), cast_module)
+        trace = _run(module, replace(workload, full_trace=True))
+        trace.facts.workload = workload
+        trace.facts.repeated_layers = f"every layer run: {why}"
     trace.facts.model = label
     trace.facts.defaults = note
     if beyond:
@@ -516,9 +523,11 @@ def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
     try:  # other libraries' notes on what torchroof does are not the user's concern
         with op_budget(max_ops=workload.max_ops), quiet_trace(), current_progress().ending():
             return run_workload(module, workload)
-    except (WorkloadError, OpBudgetExceeded):
+    except (WorkloadError, OpBudgetExceeded, ReplayFallback):
         raise
     except Exception as error:  # noqa: BLE001 - the model's own code failed on meta
+        if isinstance(error.__cause__, ReplayFallback):
+            raise error.__cause__ from None
         raise ModelTraceError(
             f"{type(module).__name__} could not be traced for {workload.regime}: "
             f"{first_line(error)} (see README, 'Architectures that do not trace')"

@@ -38,9 +38,9 @@ from torchroof.pricing.hardware import resolve_hardware
 from torchroof.progress import reporting
 from torchroof.report.estimate import Estimate
 
-DEFAULT_MAX_TRACES = 64
+DEFAULT_MAX_TRACES = 16
 """Traces a prepared model keeps (the least recently priced is dropped past it): a 70B
-training trace holds about 18,000 ops, some 100 MB."""
+training trace holds about 18,000 ops, some 100 MB; 16 of them some 1.6 GB."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class PreparedModel:
         workload: Workload,
         *,
         cast_module: bool = False,
+        given: tuple[str | None, Workload | None, dict[str, Any]] | None = None,
         inputs: Sequence[Any] | None = None,
         loss_fn: Callable[[Any], torch.Tensor] | None = None,
         max_traces: int = DEFAULT_MAX_TRACES,
@@ -76,10 +77,13 @@ class PreparedModel:
         self.workload = workload
         self.progress = progress
         self._cast = cast_module
+        # what prepare() was given (regime, workload, its knobs): each price's workload is
+        # made from these and its own knobs as estimate() makes it (context follows seq)
+        self._given = given or (None, workload, {})
         self._inputs = inputs
         self._loss_fn = loss_fn
         self._max_traces = max_traces
-        self._traces: OrderedDict[Workload, Trace | PipelineTrace] = OrderedDict()
+        self._traces: OrderedDict[tuple[Workload, bool], Trace | PipelineTrace] = OrderedDict()
         self._traced = self._reused = 0
 
     def __repr__(self) -> str:
@@ -92,26 +96,26 @@ class PreparedModel:
 
     def workload_for(self, **knobs: Any) -> Workload:
         """The workload :meth:`price` traces for these workload keywords (checked)."""
-        workload_knobs, pricing_knobs = split_knobs(knobs)
-        if pricing_knobs:
-            raise OptionError(
-                f"{', '.join(sorted(pricing_knobs))} choose how a step is priced, not what is "
-                "traced: pass them to price()"
-            )
-        return replace(self.workload, **workload_knobs) if workload_knobs else self.workload
+        return self._step(knobs)[0]
+
+    def _step(self, knobs: dict[str, Any]) -> tuple[Workload, bool]:
+        """(the workload, whether a module is cast) as estimate() makes them from what
+        prepare() was given and ``knobs``."""
+        regime, workload, given = self._given
+        return traced_workload(regime, workload, {**given, **knobs}, priced_by="price()")
 
     def trace(self, **knobs: Any) -> Trace | PipelineTrace:
         """The trace of the step these workload keywords give (traced on first use)."""
-        workload = self.workload_for(**knobs)
-        found = self._traces.get(workload)
+        step = self._step(knobs)
+        found = self._traces.get(step)
         if found is not None:
-            self._traces.move_to_end(workload)
+            self._traces.move_to_end(step)
             self._reused += 1
             return found
         with reporting(self.progress):
-            traced = self._trace(workload)
+            traced = self._trace(*step)
         self._traced += 1
-        self._traces[workload] = traced
+        self._traces[step] = traced
         if len(self._traces) > self._max_traces:
             self._traces.popitem(last=False)
         return traced
@@ -137,16 +141,12 @@ class PreparedModel:
         with reporting(self.progress):
             return estimate_trace(trace, cluster or spec, options)
 
-    def _trace(self, workload: Workload) -> Trace | PipelineTrace:
+    def _trace(self, workload: Workload, cast: bool) -> Trace | PipelineTrace:
         if self._inputs is not None or self._loss_fn is not None:
             return trace_module(
-                self.model,
-                self._inputs,
-                workload=workload,
-                loss_fn=self._loss_fn,
-                cast_module=self._cast,
+                self.model, self._inputs, workload=workload, loss_fn=self._loss_fn, cast_module=cast
             )
-        return trace_workload(self.model, workload, cast_module=self._cast)
+        return trace_workload(self.model, workload, cast_module=cast)
 
 
 def prepare(
@@ -172,10 +172,12 @@ def prepare(
     priced is dropped); ``progress=True`` shows each stage on stderr.
     """
     base, cast = traced_workload(regime, workload, knobs, priced_by="PreparedModel.price()")
+    workload_knobs = dict(knobs)
     return PreparedModel(
         model,
         base,
         cast_module=cast,
+        given=(regime, workload, workload_knobs),
         inputs=inputs,
         loss_fn=loss_fn,
         max_traces=max_traces,

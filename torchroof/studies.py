@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_model
-from torchroof.config import PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
+from torchroof.config import DEFAULT_SEQ, PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
@@ -31,8 +31,9 @@ DEFAULT_SWEEP_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the CLI's --va
 # What a grid may vary besides the sizes: where the step runs and how it is priced (points
 # that differ only in these share one trace).
 GRID_KEYS = (*SWEEP_KEYS, *sorted(PRICING_KEYS))
-MAX_GRID_POINTS = 100_000
+MAX_GRID_POINTS = 10_000
 """Points one grid may hold: each keeps its estimate (a 70B decode estimate is about 1 MB)."""
+_PLAN_KEYS = ("tp", "fsdp", "dp", "ep", "cp", "pp")
 
 
 def parse_value(key: str, text: str) -> Any:
@@ -214,6 +215,7 @@ def sweep(
     if not values:
         raise ValueError("no values to sweep")
     base = {"hardware": hardware, **base}
+    check_axis(over, base)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
             raise ValueError(f"variant {over}={v!r}: {over} takes whole numbers")
@@ -246,23 +248,76 @@ def sweep_grid(
     that differ only in hardware or pricing share one trace (:func:`torchroof.prepare`)."""
     grid_axes = _grid_axes(axes, max_points)
     base = {"hardware": hardware, **base}
+    for key, _ in grid_axes:
+        check_axis(key, base)
     for key, values in grid_axes:
         for value in values:
             check_variant(model, {**base, key: value}, f"{key}={value}")
+    _check_clusters(grid_axes, base)
     workload_base = {k: v for k, v in base.items() if k not in PRICING_KEYS}
     prepared = prepare(model, **workload_base)
     combos = list(itertools.product(*(values for _, values in grid_axes)))
     keys = [key for key, _ in grid_axes]
-    points = []
+    # the axes that change the trace outermost, so each step is traced once whatever the
+    # pricing axes (the prepared model keeps only a few traces); the points keep their order
+    tracing = [i for i, key in enumerate(keys) if key not in PRICING_KEYS]
+    order = sorted(range(len(combos)), key=lambda n: [repr(combos[n][i]) for i in tracing])
+    estimates: dict[int, Any] = {}
     with reporting(progress) as report:  # progress=True: "point 2 of 300" and each stage
-        for index, combo in enumerate(combos, 1):
-            point = dict(zip(keys, combo, strict=True))
-            report.point(index, len(combos), ", ".join(f"{k}={v}" for k, v in point.items()))
+        for done, n in enumerate(order, 1):
+            point = dict(zip(keys, combos[n], strict=True))
+            label = ", ".join(f"{k}={v}" for k, v in point.items())
+            report.point(done, len(combos), label)
             settings = {**base, **point}
             where = settings.pop("hardware")
             priced = {k: v for k, v in settings.items() if k in PRICING_KEYS or k in point}
-            points.append(GridPoint(point, prepared.price(where, **priced)))
+            try:
+                estimates[n] = prepared.price(where, **priced)
+            except (ValueError, KeyError) as error:
+                if error.args and isinstance(error.args[0], str):
+                    error.args = (f"point {label}: {error.args[0]}", *error.args[1:])
+                raise
+    points = [
+        GridPoint(dict(zip(keys, combo, strict=True)), estimates[n])
+        for n, combo in enumerate(combos)
+    ]
     return Grid([(key, list(values)) for key, values in grid_axes], points)
+
+
+def _check_clusters(grid_axes: list[tuple[str, list[Any]]], base: dict[str, Any]) -> None:
+    """A grid whose steps span GPUs (a parallel size above 1 on an axis or in ``base``) on
+    an accelerator that is not a cluster, refused before tracing."""
+    from torchroof.pricing.hardware import resolve_hardware
+
+    axes = dict(grid_axes)
+    spans = any(max(axes.get(k, [base.get(k) or 1])) > 1 for k in _PLAN_KEYS)
+    if not spans:
+        return
+    for hardware in axes.get("hardware", [base["hardware"]]):
+        if resolve_hardware(hardware)[1] is None:
+            raise ValueError(
+                f"hardware={hardware}: a point of this grid spans GPUs (a parallel size above "
+                "1), which needs a cluster (dgx-h100, a cluster TOML)"
+            )
+
+
+def check_axis(key: str, base: dict[str, Any]) -> None:
+    """Refuse a length the step does not read, which would give every point the same
+    numbers (``context`` in a step whose length is ``seq``; ``seq`` in a step that reads its
+    given ``context``): the regime's own positions are asked at two values."""
+    from torchroof.workloads import regime
+
+    if key not in ("seq", "context"):
+        return
+    knobs = {k: v for k, v in base.items() if k in WORKLOAD_KNOBS}
+    step = regime(knobs.get("regime") or "prefill")
+    seq = knobs.get("seq") or DEFAULT_SEQ
+    lengths = {step.positions(Workload(**{**knobs, "seq": seq, key: n})) for n in (1024, 2048)}
+    if len(lengths) == 1:
+        raise ValueError(
+            f"a {step.name} step does not read {key} (its length stays {lengths.pop()}): "
+            "every point would be the same"
+        )
 
 
 def _grid_axes(
@@ -279,6 +334,8 @@ def _grid_axes(
         values = list(values)
         if not values:
             raise ValueError(f"{key}: no values to sweep")
+        if key == "hardware" and not all(isinstance(v, (str, Path)) for v in values):
+            raise ValueError("hardware: give accelerators and clusters by name or path")
         if key in SWEEP_KEYS:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:

@@ -113,8 +113,14 @@ def call_key(
     suppressed: bool,
     phase: str,
 ) -> tuple[Any, ...]:
-    """Calls with equal keys run the same ops on storages in the same places."""
-    tensors = tuple((path, describe(t)) for path, t in reach.items())
+    """Calls with equal keys run the same ops on storages in the same places: the tensors
+    they read alike, and aliased alike (each route keyed by the first route reaching the
+    same storage: ``layer(x, residual=x)`` is not ``layer(x, residual=y)``)."""
+    first_route: dict[int, int] = {}
+    tensors = tuple(
+        (path, describe(t), first_route.setdefault(t.untyped_storage()._cdata, n))
+        for n, (path, t) in enumerate(reach.items())
+    )
     others = tuple(_leaf_key(leaf) for leaf in leaves if not isinstance(leaf, torch.Tensor))
     return (shape, tensors, others, str(spec), suppressed, phase)
 
@@ -225,6 +231,26 @@ def entry_key(entry: Any) -> tuple[Any, ...]:
     )
 
 
-def module_state(layer: torch.nn.Module) -> list[dict[str, int]]:
-    """Identity of every attribute of every submodule (a replay sets none of them)."""
-    return [{k: id(v) for k, v in vars(m).items()} for m in layer.modules()]
+def module_state(layer: torch.nn.Module) -> list[dict[str, Any]]:
+    """Every submodule's attributes by identity, its parameters and buffers by identity, and
+    the contents of the lists and dicts it holds (a replay sets none of them): a buffer
+    rebound or a list appended to is state a copy would not leave."""
+    found = []
+    for m in layer.modules():
+        state: dict[str, Any] = {k: id(v) for k, v in vars(m).items()}
+        state["(tensors)"] = [(n, id(t)) for n, t in (*m._parameters.items(), *m._buffers.items())]
+        for k, v in vars(m).items():
+            if isinstance(v, (list, dict)) and not k.startswith("_"):
+                state[f"({k})"] = [id(x) for x in (v.values() if isinstance(v, dict) else v)]
+        found.append(state)
+    return found
+
+
+def hooked(layer: torch.nn.Module) -> bool:
+    """Whether a submodule of ``layer`` (not the layer itself: its own hooks run around the
+    copy) carries hooks, which a copy would not run."""
+    return any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in layer.modules()
+        if m is not layer
+    )

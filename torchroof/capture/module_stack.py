@@ -47,7 +47,9 @@ class ModuleStack:
         self._seq_modules: list[str] = []  # innermost module from that change on
         self._module_names: dict[int, str] = {}
         self._param_owner: dict[int, str] = {}  # id(param) -> module path
-        self._unrooted: set[int] = set()  # modules first met running, outside any root
+        # modules first met running, outside any root, and their children -> the name each
+        # takes after its caller's path
+        self._unrooted: dict[int, str] = {}
 
     def __bool__(self) -> bool:
         return bool(self._stack)
@@ -61,11 +63,19 @@ class ModuleStack:
         name = self._module_names.get(id(module))
         if name is None or id(module) in self._unrooted:
             # a module no model owns (an activation shared by every layer, made outside
-            # any __init__) is named after the module that calls it, at each call
-            prefix = f"{self._stack[-1]}.{type(module).__name__}" if self._stack else ""
-            if name is None:
+            # any __init__), and its children, are named after the module calling them, at
+            # each call
+            suffix = self._unrooted.get(id(module), type(module).__name__)
+            prefix = f"{self._stack[-1]}.{suffix}" if self._stack else ""
+            if name is None and not self._stack:  # the model itself: named once
                 name = self.register_root(module, prefix)
-                self._unrooted.add(id(module))
+            elif name is None:
+                owned = {id(m) for _, m in module.named_modules() if id(m) in self._module_names}
+                name = self.register_root(module, prefix)
+                self._unrooted[id(module)] = suffix
+                for child_name, child in module.named_modules():
+                    if child_name and id(child) not in owned:
+                        self._unrooted.setdefault(id(child), child_name.rsplit(".", 1)[-1])
             elif prefix:
                 name = prefix
                 self._module_types.setdefault(name, type(module).__name__)

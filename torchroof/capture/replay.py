@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
@@ -32,11 +32,13 @@ from torchroof.capture.layer_calls import (
     entry_changes,
     entry_key,
     entry_snapshot,
+    hooked,
     module_state,
     reachable,
     structure_key,
     tensors_of,
 )
+from torchroof.capture.replay_check import verified
 from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import Role, TensorMeta
@@ -66,7 +68,7 @@ class LayerCounts:
 
 
 @dataclass
-class _Template:
+class CallTemplate:
     """What a representative call did, in the terms a later call's replay needs."""
 
     path: str  # the representative's module path
@@ -78,22 +80,65 @@ class _Template:
     outputs: list[Any]  # per output leaf: ("new", sid, view) | ("path", path) | ("same", x)
     output_spec: Any
     cache_changes: list[dict[tuple[str, Any], Any]]  # per cache entry: (attribute, item) -> leaf
+    object_changes: list[tuple[int, str, Any]]  # (argument leaf, attribute, value at own index)
     roles: dict[int, Role]  # created storages given a role during the call
     role_bytes: dict[str, int]  # bytes the call added to each role
     op_count: int  # aten ops it ran (recorded or not), for the op budget
     refusal: str = ""  # why later calls of this kind run for real
 
 
+@dataclass
+class LayerCall:
+    """One call of a repeated layer, as the stand-in for its forward sees it."""
+
+    capture: Capture
+    layer: torch.nn.Module
+    position: int
+    original: Any  # the layer's own forward
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    leaves: list[Any]  # (args, kwargs) flattened
+    reach: dict[Route, torch.Tensor]
+
+    def run(self) -> Any:
+        return self.original(*self.args, **self.kwargs)
+
+    def record(self) -> tuple[Any, CallTemplate]:
+        """Run it for real, kept as a template (:func:`record_call`)."""
+        return record_call(
+            self.capture,
+            self.layer,
+            self.position,
+            self.reach,
+            self.leaves,
+            self.original,
+            self.args,
+            self.kwargs,
+        )
+
+
+class TrainingCopies(Protocol):
+    """How calls with gradients on are copied (:mod:`torchroof.capture.replay_training`)."""
+
+    def call(
+        self, call: LayerCall, key: tuple[Any, ...], shape: tuple[Any, ...], counts: LayerCounts
+    ) -> Any: ...
+
+
 class LayerReplay:
     """Context manager: ``layers`` (the model's list of repeated blocks) traced once per
     distinct kind under whichever capture is recording when they run."""
 
-    def __init__(self, layers: Sequence[torch.nn.Module]) -> None:
+    def __init__(
+        self, layers: Sequence[torch.nn.Module], training: TrainingCopies | None = None
+    ) -> None:
         self._layers = list(layers)
+        self._training = training
         self._shapes: dict[int, tuple[Any, ...]] = {}
-        self._templates: dict[tuple[Any, ...], _Template] = {}  # (id(capture), key, entries)
+        self._templates: dict[tuple[Any, ...], CallTemplate] = {}  # (id(capture), key, entries)
         self.counts: dict[int, LayerCounts] = {}  # id(capture) -> counts
         self._captures: dict[int, Capture] = {}  # held, so no capture's id is reused
+        self._checked: set[tuple[Any, ...]] = set()  # kinds whose second call was compared
         self._patched: list[tuple[torch.nn.Module, Any]] = []
 
     def __enter__(self) -> LayerReplay:
@@ -129,13 +174,16 @@ class LayerReplay:
     def _call(
         self, layer: torch.nn.Module, position: int, original: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        capture = _recording_capture()
+        capture = recording_capture()
         if (
             capture is None
-            or torch.is_grad_enabled()
             or not capture.modules
             or capture.modules.name_of(layer) != capture.modules.innermost()
-        ):  # training, or a forward called directly (not as a module): run as it is
+            or (torch.is_grad_enabled() and self._training is None)
+            or hooked(layer)
+            or _other_global_hooks()
+        ):  # a forward called directly (not as a module), training, or hooks a copy would
+            # not run: as it is
             return original(*args, **kwargs)
         phase = capture.context()[0]
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -152,11 +200,17 @@ class LayerReplay:
             if capture.suppressed
             else self.counts.setdefault(id(capture), LayerCounts())
         )
+        if torch.is_grad_enabled():
+            assert self._training is not None
+            call = LayerCall(capture, layer, position, original, args, kwargs, leaves, reach)
+            return self._training.call(call, key, self._shapes[id(layer)], counts)
         template = self._templates.get(key)
         if template is None:
             counts.kinds += 1
             counts.traced += 1
-            out, template = _record(capture, layer, position, reach, leaves, original, args, kwargs)
+            out, template = record_call(
+                capture, layer, position, reach, leaves, original, args, kwargs
+            )
             self._templates[key] = template
             if template.refusal:
                 counts.not_replayed.append(template.refusal)
@@ -164,15 +218,35 @@ class LayerReplay:
         if template.refusal:
             counts.traced += 1
             return original(*args, **kwargs)
-        out = _replay(capture, template, layer, position, reach, leaves)
-        if out is None:  # a storage it read has no counterpart here
+        if key not in self._checked:  # the second of its kind runs too, held to the first
+            self._checked.add(key)
+            counts.traced += 1
+            out, second = record_call(
+                capture, layer, position, reach, leaves, original, args, kwargs
+            )
+            template.refusal = second.refusal or verified(template, second)
+            if template.refusal:
+                counts.not_replayed.append(template.refusal)
+            return out
+        copied = replay_call(capture, template, layer, position, reach, leaves)
+        if copied is None:  # a storage it read has no counterpart here
             counts.traced += 1
             return original(*args, **kwargs)
         counts.replayed += 1
-        return out
+        return copied[0]
 
 
-def _recording_capture() -> Capture | None:
+def _other_global_hooks() -> bool:
+    """Module hooks registered for every module besides the capture's own pair."""
+    hooks = torch.nn.modules.module
+    return (
+        len(hooks._global_forward_pre_hooks) > 1
+        or len(hooks._global_forward_hooks) > 1
+        or bool(hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+    )
+
+
+def recording_capture() -> Capture | None:
     """The capture whose dispatch mode is innermost on the stack, if one is."""
     from torchroof.capture.dispatch import OpRecorder
 
@@ -200,7 +274,8 @@ class _Before:
     entries_before: list[dict[tuple[str, Any], Any]]
     caches: list[Any]
     caches_before: list[dict[tuple[str, Any], Any]]
-    modules: list[dict[str, int]]
+    modules: list[dict[str, Any]]
+    objects: dict[int, dict[tuple[str, Any], Any]]  # other argument objects' state, by leaf
 
 
 def _before(capture: Capture, layer: torch.nn.Module, position: int, leaves: list[Any]) -> _Before:
@@ -220,7 +295,40 @@ def _before(capture: Capture, layer: torch.nn.Module, position: int, leaves: lis
         caches,
         [entry_snapshot(c) for c in caches],
         module_state(layer),
+        {i: entry_snapshot(leaf) for i, leaf in enumerate(leaves) if _stateful(leaf)},
     )
+
+
+def _stateful(leaf: Any) -> bool:
+    """An argument whose attributes a call could change: an object, not a tensor, a plain
+    value or a module."""
+    plain = (torch.Tensor, torch.nn.Module, bool, int, float, str, type(None), type)
+    return not isinstance(leaf, plain) and hasattr(leaf, "__dict__")
+
+
+def object_changes(
+    before: _Before, leaves: list[Any], position: int
+) -> tuple[list[tuple[int, str, Any]], str]:
+    """(what the call set in its arguments' state, why that cannot be copied): only a plain
+    value at this layer's own index of a list or dict an argument holds can be
+    (an encoder-decoder cache's ``is_updated[layer_idx] = True``); any other change, a
+    list grown or an entry's list grown, is refused."""
+    found: list[tuple[int, str, Any]] = []
+    for index, snapshot in before.objects.items():
+        for (attr, item), value in entry_changes(snapshot, entry_snapshot(leaves[index])).items():
+            if item != position or not isinstance(value, (bool, int, float, str, type(None))):
+                return [], "a layer changed the state of an argument"
+            found.append((index, attr, value))
+    for entry, snapshot in zip(before.entries, before.entries_before, strict=True):
+        for attr, value in vars(entry).items():
+            kept = isinstance(value, list) and snapshot.get((attr, None)) is value
+            if kept and len(value) != _length(snapshot, attr):
+                return [], "a layer grew its cache entry"
+    return found, ""
+
+
+def _length(snapshot: dict[tuple[str, Any], Any], attr: str) -> int:
+    return sum(1 for (a, item) in snapshot if a == attr and item is not None)
 
 
 def _state_refusal(capture: Capture, layer: torch.nn.Module, before: _Before) -> str:
@@ -261,7 +369,7 @@ class _Returned:
             if tensors_of(value):
                 self.refusal = self.refusal or "a layer returned tensors in a container it made"
             return ("same", value)
-        if type(value) is not torch.Tensor or value.requires_grad:
+        if type(value) is not torch.Tensor:
             self.refusal = self.refusal or "a layer returned a tensor subclass"
             return ("same", value)
         if id(value) in self._by_object:
@@ -277,7 +385,7 @@ class _Returned:
         return ("same", value)
 
 
-def _record(
+def record_call(
     capture: Capture,
     layer: torch.nn.Module,
     position: int,
@@ -286,7 +394,7 @@ def _record(
     original: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> tuple[Any, _Template]:
+) -> tuple[Any, CallTemplate]:
     """Run the representative call for real and keep what a replay needs."""
     trace, storage = capture.trace, capture.storage
     external = {storage.storage_id(t): path for path, t in reach.items()}
@@ -294,6 +402,8 @@ def _record(
     out = original(*args, **kwargs)
     ops = trace.ops[before.first_op :]
     refusal = _state_refusal(capture, layer, before)
+    objects, changed = object_changes(before, leaves, position)
+    refusal = refusal or changed
     # per cache entry: (attribute, item or None) -> new value
     changes = [
         entry_changes(snapshot, entry_snapshot(entry))
@@ -319,7 +429,7 @@ def _record(
     new_roles = {sid: r for sid, r in trace.roles.items() if sid not in before.roles}
     if any(sid not in internal for sid in new_roles):
         refusal = refusal or "a layer labelled storages it did not create"
-    template = _Template(
+    template = CallTemplate(
         path=capture.modules.innermost(),
         ops=list(ops),
         assumptions=[
@@ -332,6 +442,7 @@ def _record(
         outputs=outputs,
         output_spec=out_spec,
         cache_changes=cache_changes,
+        object_changes=objects,
         roles=new_roles,
         role_bytes={
             role: size - before.role_bytes.get(role, 0)
@@ -351,17 +462,17 @@ def _storages_of(ops: list[OpRecord]) -> set[int]:
 # -- the replay --------------------------------------------------------------------------
 
 
-def _replay(
+def replay_call(
     capture: Capture,
-    template: _Template,
+    template: CallTemplate,
     layer: torch.nn.Module,
     position: int,
     reach: dict[Route, torch.Tensor],
     leaves: list[Any],
-) -> Any:
+) -> tuple[Any, dict[int, int]] | None:
     """The representative's ops recorded again for this call, and its outputs and cache
-    entry made at the shapes the representative's had; None when a storage it read has
-    no counterpart here."""
+    entry made at the shapes the representative's had, with the storage ids it gave the
+    representative's; None when a storage it read has no counterpart here."""
     storage, trace = capture.storage, capture.trace
     mapping: dict[int, int] = {}
     for sid, reached in template.external.items():
@@ -371,43 +482,20 @@ def _replay(
         mapping[sid] = storage.storage_id(tensor)
     for sid in template.internal:
         mapping[sid] = storage.fresh_id()
-    path = capture.modules.innermost()
-    first = len(trace.ops)
-    renamed: dict[str, str] = {}
-
-    def module_of(name: str) -> str:
-        found = renamed.get(name)
-        if found is None:
-            found = name
-            if name == template.path or name.startswith(template.path + "."):
-                found = path + name[len(template.path) :]
-            renamed[name] = found
-        return found
-
-    capture.budget.count_ops(template.op_count)
-    for op in template.ops:
-        trace.ops.append(
-            OpRecord(
-                len(trace.ops),
-                op.name,
-                _remapped(op.inputs, mapping),
-                _remapped(op.outputs, mapping),
-                dict(op.args),
-                module_of(op.module),
-                op.phase,
-                op.synthetic,
-            )
-        )
-        capture.writer.note_progress(op.phase)
-    trace.assumptions.extend(
-        Assumption(a.op_index + first, module_of(a.module), a.what, a.kind)
-        for a in template.assumptions
+    append_copies(
+        capture,
+        template.ops,
+        template.assumptions,
+        mapping,
+        template.path,
+        capture.modules.innermost(),
+        template.op_count,
     )
     for sid, role in template.roles.items():
         trace.roles[mapping[sid]] = role
     for held, size in template.role_bytes.items():
         trace.role_bytes[held] = trace.role_bytes.get(held, 0) + size
-    made = _made_storages(template, mapping, capture)
+    made = made_storages(template, mapping, capture)
     by_path = dict(reach)
 
     def value_of(leaf: Any) -> Any:
@@ -420,6 +508,8 @@ def _replay(
             return by_path[leaf[1]]
         return leaf[1]
 
+    for index, attr, value in template.object_changes:
+        getattr(leaves[index], attr)[position] = value
     entries = cache_entries(leaves, position)
     for entry, change in zip(entries, template.cache_changes, strict=True):
         for (attr, item), leaf in change.items():
@@ -427,20 +517,64 @@ def _replay(
                 setattr(entry, attr, value_of(leaf))
             else:  # an item of a list or dict the entry updates in place
                 getattr(entry, attr)[item] = value_of(leaf)
-    return pytree.tree_unflatten(
-        [value_of(leaf) for leaf in template.outputs], template.output_spec
+    outputs = [value_of(leaf) for leaf in template.outputs]
+    return pytree.tree_unflatten(outputs, template.output_spec), mapping
+
+
+def append_copies(
+    capture: Capture,
+    ops: list[OpRecord],
+    assumptions: list[Assumption],
+    mapping: dict[int, int],
+    source: str,
+    path: str,
+    op_count: int,
+) -> None:
+    """Record ``ops`` again (their storages through ``mapping``, the modules under
+    ``source`` renamed under ``path``) and the assumptions made on them (``op_index``
+    counted from the first of ``ops``); ``op_count`` ops more against the op budget."""
+    trace = capture.trace
+    first = len(trace.ops)
+    renamed: dict[str, str] = {}
+
+    def module_of(name: str) -> str:
+        found = renamed.get(name)
+        if found is None:
+            found = name
+            if name == source or name.startswith(source + "."):
+                found = path + name[len(source) :]
+            renamed[name] = found
+        return found
+
+    capture.budget.count_ops(op_count)
+    for op in ops:
+        trace.ops.append(
+            OpRecord(
+                len(trace.ops),
+                op.name,
+                remapped(op.inputs, mapping),
+                remapped(op.outputs, mapping),
+                dict(op.args),
+                module_of(op.module),
+                op.phase,
+                op.synthetic,
+            )
+        )
+        capture.writer.note_progress(op.phase)
+    trace.assumptions.extend(
+        Assumption(a.op_index + first, module_of(a.module), a.what, a.kind) for a in assumptions
     )
 
 
-def _remapped(tensors: tuple[TensorMeta, ...], mapping: dict[int, int]) -> tuple[TensorMeta, ...]:
+def remapped(tensors: tuple[TensorMeta, ...], mapping: dict[int, int]) -> tuple[TensorMeta, ...]:
     return tuple(
         TensorMeta(t.shape, t.stride, t.dtype, mapping.get(t.storage, t.storage), t.offset)
         for t in tensors
     )
 
 
-def _made_storages(
-    template: _Template, mapping: dict[int, int], capture: Capture
+def made_storages(
+    template: CallTemplate, mapping: dict[int, int], capture: Capture
 ) -> dict[int, torch.Tensor]:
     """A meta tensor over a fresh storage for each storage the call handed back (outputs,
     cache entries), of the representative's bytes, known to the capture by its new id."""

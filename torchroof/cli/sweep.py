@@ -88,12 +88,14 @@ def run(args: argparse.Namespace) -> None:
         return _run_sweep(args, over)
     from torchroof.studies import sweep_grid
 
-    outputs = [path for path in (args.csv, args.json, args.plot) if path]
+    flags = (("csv", args.csv), ("json", args.json), ("plot", args.plot))
+    outputs = [path for _, path in flags if path]
     if args.html:
         raise ValueError("--html shows a one-size sweep; write a grid as --csv, --json or --plot")
     writable(*outputs)
-    for path in outputs:
-        grid_output(path, len(axes))  # a plot named .jpg fails before any work
+    for flag, path in flags:  # a plot named .jpg, or --csv grid.png, fails before any work
+        if path and grid_output(path, len(axes)) != flag:
+            raise ValueError(f"--{flag} {path}: the suffix names another kind of output")
     base = base_settings(args)
     for key in axes:
         base.pop(key, None)

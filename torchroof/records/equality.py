@@ -2,8 +2,9 @@
 dtypes, arguments, module paths and phases, and storages shared in the same pattern
 (storage ids are numbered in the order a capture meets them, so two traces of one step
 may number them differently; what is compared is which ops touch the same storage), with
-the same roles and role bytes. How a trace whose repeated layers were copied
-(:mod:`torchroof.capture.replay`) is held to the trace that ran every layer."""
+the same roles and role bytes, parameter names and assumptions. How a trace whose repeated
+layers were copied (:mod:`torchroof.capture.replay`) is held to the trace that ran every
+layer."""
 
 from __future__ import annotations
 
@@ -30,7 +31,20 @@ def first_difference(full: Trace, other: Trace) -> str:
         return "the storages given roles (weights, gradients, KV cache) differ"
     if full.role_bytes != other.role_bytes:
         return f"role bytes differ: {full.role_bytes} against {other.role_bytes}"
+    names = [_names(t, n) for t, n in zip((full, other), numbering, strict=True)]
+    if names[0] != names[1]:
+        return "the parameters the ops read are named otherwise"
+    assumed = [
+        [(a.op_index, a.module, a.what, a.kind) for a in t.assumptions] for t in (full, other)
+    ]
+    if assumed[0] != assumed[1]:
+        return "the values capture had to assume differ"
     return ""
+
+
+def _names(trace: Trace, numbering: dict[int, int]) -> list[tuple[int, str]]:
+    """The names of the parameters the ops touch, by their place in the ops."""
+    return sorted((numbering[sid], n) for sid, n in trace.parameters.items() if sid in numbering)
 
 
 _FIELDS = ("names", "module paths", "phases", "synthetic marks", "inputs", "outputs", "arguments")

@@ -68,15 +68,13 @@ def architectures() -> list[str]:
 
 def run_one(architecture: str, regime: str) -> ZooRow:
     from torchroof.models.completions import default_config
-    from torchroof.models.sources import build_model
 
     start = time.perf_counter()
     try:
         with warnings.catch_warnings(), quiet_imports(), quiet_trace():
             warnings.simplefilter("ignore")  # no user code runs here, only shipped models
             config = default_config(architecture)
-            model = build_model(config, "bf16")
-            trace = run_workload(model, zoo_workload(config, regime))
+            trace = _traced(config, zoo_workload(config, regime))
             est = estimate_trace(trace, "h100-sxm")
         return ZooRow(
             architecture,
@@ -104,6 +102,20 @@ class ReplayCheck:
     repeated_layers: str  # how the layers were traced (the estimate's metadata)
 
 
+def _traced(config: Any, workload: Workload) -> Any:
+    """The zoo step on a model built from ``config``, running every layer again where a
+    copied layer's backward could not be copied (as :func:`torchroof.api.trace_workload`)."""
+    from torchroof.capture.replay_training import ReplayFallback
+    from torchroof.models.sources import build_model
+
+    try:
+        return run_workload(build_model(config, "bf16"), workload)
+    except ReplayFallback as why:
+        trace = run_workload(build_model(config, "bf16"), replace(workload, full_trace=True))
+        trace.facts.repeated_layers = f"every layer run: {why}"
+        return trace
+
+
 def replay_check(architecture: str, regime: str, price_both: bool = False) -> ReplayCheck:
     """Trace the zoo step twice, once running every layer (``full_trace``) and once copying
     repeated layers (:mod:`torchroof.capture.replay`), and hold the second to the first op
@@ -119,7 +131,7 @@ def replay_check(architecture: str, regime: str, price_both: bool = False) -> Re
         config = default_config(architecture)
         workload = zoo_workload(config, regime)
         full = run_workload(build_model(config, "bf16"), replace(workload, full_trace=True))
-        copied = run_workload(build_model(config, "bf16"), workload)
+        copied = _traced(config, workload)
         difference = first_difference(full, copied)
         estimates = [
             estimate_trace(t, "h100-sxm") for t in ((full, copied) if price_both else (copied,))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchroof.capture.replay import LayerReplay
+from torchroof.capture.replay_training import TrainingReplay
 from torchroof.config.errors import WorkloadError
 from torchroof.parallel.stages import decoder_layers
 from torchroof.records.trace import Trace
@@ -35,6 +36,18 @@ class Replays:
             if counts is not None and (counts.replayed or counts.not_replayed):
                 lines.append(counts.describe(layers))
         return "; ".join(lines)
+
+
+def trains_copied(workload: Workload) -> bool:
+    """Whether a training step copies its repeated layers: one GPU, one micro-batch (a
+    second accumulates into the gradients the first left; across GPUs, FSDP and DTensor
+    wrap the weights), every layer run otherwise."""
+    return (
+        workload.trains
+        and workload.parallel_plan.world == 1
+        and workload.pp == 1
+        and workload.microbatches == 1
+    )
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:
@@ -68,5 +81,7 @@ def replayed(models: Mapping[str, torch.nn.Module], workload: Workload) -> Itera
         if not workload.full_trace:
             for model in models.values():
                 for layers in repeated_layers(model):
-                    replays.append((stack.enter_context(LayerReplay(layers)), len(layers)))
+                    training = TrainingReplay(layers) if trains_copied(workload) else None
+                    replay = stack.enter_context(LayerReplay(layers, training))
+                    replays.append((replay, len(layers)))
         yield Replays(replays)
