@@ -96,8 +96,13 @@ class TrainingReplay:
         self, call: LayerCall, key: tuple[Any, ...], shape: tuple[Any, ...], counts: LayerCounts
     ) -> Any:
         capture = call.capture
-        if capture.context()[0] == "recompute" or capture.suppressed or not _plain(call):
-            return call.run()  # a checkpointed layer's re-run is its backward's business
+        if (
+            capture.context()[0] == "recompute"
+            or capture.suppressed
+            or not _plain(call)
+            or _aliased_inputs(call)
+        ):  # a checkpointed layer's re-run is its backward's business
+            return call.run()
         first = self._forward.get(key)
         if first is None:
             counts.kinds += 1
@@ -185,6 +190,17 @@ class TrainingReplay:
         return out
 
 
+def _aliased_inputs(call: LayerCall) -> bool:
+    """Two arguments that take gradients on one storage (``layer(x, residual=x)``): their
+    gradients are one sum, which a copy's hooks would see twice."""
+    held = [
+        t.untyped_storage()._cdata
+        for t in call.leaves
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+    return len(set(held)) != len(held)
+
+
 def _plain(call: LayerCall) -> bool:
     """Plain tensors only (no DTensor, no quantised weight), and no gradient yet held (a
     second micro-batch accumulates into it)."""
@@ -223,6 +239,10 @@ def _correspondence(own: CallTemplate, first: CallTemplate) -> dict[int, int]:
 def _close(record: _Backward, capture: Capture, layer: torch.nn.Module, grads: Any) -> None:
     """The last layer's backward is over: keep its ops and how each storage is reached."""
     trace = capture.trace
+    record.done = True
+    if record.first_op < 0:  # its outputs took no gradient, yet its inputs did
+        record.refusal = "the last layer of a kind had no gradient for its outputs"
+        return
     record.ops = list(trace.ops[record.first_op :])
     record.assumptions = [
         Assumption(a.op_index - record.first_op, a.module, a.what, a.kind)
@@ -238,7 +258,6 @@ def _close(record: _Backward, capture: Capture, layer: torch.nn.Module, grads: A
     made = {sid for sid, _ in (*record.grad_inputs.values(), *record.param_grads.values())}
     if any(sid < record.first_sid for sid in made):
         record.refusal = "a layer's gradients are not ones its backward made"
-    record.done = True
 
 
 def _copy(
@@ -282,6 +301,12 @@ class _Job:
         )
 
     def backward(self, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
+        try:
+            return self._backward(grads)
+        except KeyError as missing:  # a storage the last layer's backward has no place for
+            raise ReplayFallback(f"a copied layer's backward has no storage {missing}") from None
+
+    def _backward(self, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
         record = self.replay.backward_of(self.key)
         call, capture = self.call, self.call.capture
         mapping: dict[int, int] = {}
@@ -350,7 +375,9 @@ class _CopiedLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, job: _Job, *tensors: torch.Tensor) -> Any:
         ctx.job = job
-        made = job.forward()
+        ctx.set_materialize_grads(False)  # an output no loss reads gets None, not zeros
+        with _disable_current_modes():  # not views: the model may change them in place
+            made = tuple(t.detach() for t in job.forward())
         return made if len(made) != 1 else made[0]
 
     @staticmethod

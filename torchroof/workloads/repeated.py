@@ -13,7 +13,7 @@ import torch
 from torchroof.capture.replay import LayerReplay
 from torchroof.capture.replay_training import TrainingReplay
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.stages import decoder_layers
+from torchroof.parallel.stages import decoder_layers, owned_layers
 from torchroof.records.trace import Trace
 
 if TYPE_CHECKING:
@@ -80,8 +80,12 @@ def replayed(models: Mapping[str, torch.nn.Module], workload: Workload) -> Itera
     with contextlib.ExitStack() as stack:
         if not workload.full_trace:
             for model in models.values():
+                # a pipeline stage's step is traced one micro-batch at a time on one rank,
+                # under schedules that split the backward: its layers run as they are
+                staged = owned_layers(model) is not None
                 for layers in repeated_layers(model):
-                    training = TrainingReplay(layers) if trains_copied(workload) else None
+                    copies = trains_copied(workload) and not staged
+                    training = TrainingReplay(layers) if copies else None
                     replay = stack.enter_context(LayerReplay(layers, training))
                     replays.append((replay, len(layers)))
         yield Replays(replays)
