@@ -64,7 +64,6 @@ class PreparedModel:
         model: Any,
         workload: Workload,
         *,
-        cast_module: bool = False,
         given: tuple[str | None, Workload | None, dict[str, Any]] | None = None,
         inputs: Sequence[Any] | None = None,
         loss_fn: Callable[[Any], torch.Tensor] | None = None,
@@ -76,7 +75,6 @@ class PreparedModel:
         self.model = model
         self.workload = workload
         self.progress = progress
-        self._cast = cast_module
         # what prepare() was given (regime, workload, its knobs): each price's workload is
         # made from these and its own knobs as estimate() makes it (context follows seq)
         self._given = given or (None, workload, {})
@@ -171,12 +169,11 @@ def prepare(
     until the first price. ``max_traces`` bounds the traces kept (the least recently
     priced is dropped); ``progress=True`` shows each stage on stderr.
     """
-    base, cast = traced_workload(regime, workload, knobs, priced_by="PreparedModel.price()")
+    base, _ = traced_workload(regime, workload, knobs, priced_by="PreparedModel.price()")
     workload_knobs = dict(knobs)
     return PreparedModel(
         model,
         base,
-        cast_module=cast,
         given=(regime, workload, workload_knobs),
         inputs=inputs,
         loss_fn=loss_fn,
