@@ -266,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             (args.dir / f"{name}.json").write_text(j)
             (args.dir / f"{name}.txt").write_text(t)
         DIGESTS.parent.mkdir(parents=True, exist_ok=True)
-        DIGESTS.write_text(json.dumps(digests(rendered), indent=1, sort_keys=True) + "\n")
+        # --only rewrites those cases' digests and keeps every other case's
+        kept = json.loads(DIGESTS.read_text()) if args.only and DIGESTS.exists() else {}
+        kept.update(digests(rendered))
+        DIGESTS.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
         print(f"wrote {len(rendered)} cases to {args.dir} and their digests to {DIGESTS}")
         return 0
     if args.action == "check":
