@@ -28,9 +28,15 @@ def test_a_price_equals_a_fresh_estimate_and_shares_its_trace():
     assert same(
         realistic, torchroof.estimate("gpt2", "decode", context=64, batch=4, mode="realistic")
     )
-    # one step (batch 4, context 64) priced three ways: traced once, found twice
+    # one step (batch 4, context 64) priced three ways: traced once, found twice, and
+    # grouped into kernels once (the three share the kernel policy: fused, flash, ...)
     info = prepared.cache_info()
-    assert (info.traced, info.reused, info.held) == (1, 2, 1)
+    assert (info.traced, info.reused, info.held, info.plans) == (1, 2, 1, 1)
+    eager = prepared.price("a100-sxm", batch=4, fusion="eager")  # a second kernel policy
+    fresh = torchroof.estimate("gpt2", "decode", context=64, batch=4, fusion="eager", hardware="a100")
+    assert same(eager, fresh)
+    assert prepared.cache_info().plans == 2
+    assert same(prepared.price("a100-sxm", batch=4), a100)  # the first plan, kept
     prepared.price("h100-sxm", batch=8)  # another step: a second trace
     assert prepared.cache_info().traced == 2
 
@@ -49,13 +55,32 @@ def test_each_price_makes_its_step_as_estimate_does():
     assert same(fp32, torchroof.estimate(module, "prefill", seq=8, dtype="fp32"))
 
 
+def test_a_pipelined_step_priced_again_equals_a_fresh_estimate():
+    """Each stage's kernels are kept: the second cluster prices the same stage plans."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+    )
+    knobs = dict(seq=32, batch=4, pp=2, microbatches=4)
+    prepared = torchroof.prepare(config, "train", **knobs)
+    first = prepared.price("dgx-h100")
+    again = prepared.price("dgx-b200")
+    assert first.pipeline is not None
+    assert same(first, torchroof.estimate(config, "train", hardware="dgx-h100", **knobs))
+    assert same(again, torchroof.estimate(config, "train", hardware="dgx-b200", **knobs))
+    # one plan per distinct stage (two stages of two layers each: first and last differ)
+    assert prepared.cache_info().plans == 2
+
+
 def test_the_oldest_trace_is_dropped_past_max_traces():
     prepared = torchroof.prepare("gpt2", "decode", context=16, max_traces=1)
     prepared.price(batch=1)
     prepared.price(batch=2)
     prepared.price(batch=1)  # dropped when batch 2 was traced: traced again
     info = prepared.cache_info()
-    assert (info.traced, info.reused, info.held) == (3, 0, 1)
+    assert (info.traced, info.reused, info.held, info.plans) == (3, 0, 1, 1)  # plans dropped too
 
 
 @pytest.mark.parametrize(

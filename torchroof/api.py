@@ -41,7 +41,7 @@ from torchroof.models.sources import (
 from torchroof.parallel.pipeline import price as pp_step
 from torchroof.parallel.pipeline.trace import trace_pipeline
 from torchroof.pricing.hardware import resolve_hardware
-from torchroof.pricing.price import paused_gc, price_trace, pricing_options
+from torchroof.pricing.price import TracePlans, paused_gc, price_trace, pricing_options
 from torchroof.pricing.trace_checks import RULE_ERRORS, unpriceable_op
 from torchroof.progress import current as current_progress
 from torchroof.progress import reporting
@@ -251,6 +251,8 @@ def estimate_trace(
     trace: records.Trace | pp_step.PipelineTrace,
     hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
     pricing: PricingOptions | None = None,
+    *,
+    plans: TracePlans | None = None,
     **knobs: Any,
 ) -> Estimate:
     """Price and time every op of ``trace`` on ``hardware``: an accelerator, or a cluster
@@ -267,6 +269,7 @@ def estimate_trace(
     ``bandwidth_efficiency``, ``launch_overhead_s``) choose the kernels and how each is
     timed. With collectives the step time is the two-stream schedule's
     (:mod:`torchroof.timing.streams`); without, the plain sum of the kernels' times.
+    ``plans`` keeps each trace's kernels across calls (:class:`TracePlans`).
     """
     pricing = pricing_options(pricing, knobs)
     with paused_gc(), current_progress().ending():
@@ -275,12 +278,14 @@ def estimate_trace(
             chosen = pricing
             return pp_step.price(
                 trace,
-                lambda stage: price_trace(stage, cluster or spec, chosen),
+                lambda stage: price_trace(
+                    stage, cluster or spec, chosen, plans.of(stage) if plans is not None else None
+                ),
                 cluster,
                 int(spec.hbm_capacity_bytes.value),
             )
         try:
-            return price_trace(trace, hardware, pricing)
+            return price_trace(trace, hardware, pricing, plans.of(trace) if plans is not None else None)
         except OptionError:
             raise
         except RULE_ERRORS as e:

@@ -35,6 +35,7 @@ from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.price import TracePlans
 from torchroof.progress import reporting
 from torchroof.report.estimate import Estimate
 
@@ -50,6 +51,7 @@ class CacheInfo:
     traced: int  # steps traced (each distinct workload once, unless dropped and re-traced)
     reused: int  # prices that found their step already traced
     held: int  # traces kept now
+    plans: int = 0  # kernel plans kept (one per trace and kernel policy it was priced with)
 
 
 class PreparedModel:
@@ -82,6 +84,8 @@ class PreparedModel:
         self._loss_fn = loss_fn
         self._max_traces = max_traces
         self._traces: OrderedDict[tuple[Workload, bool], Trace | PipelineTrace] = OrderedDict()
+        # each trace's kernels per kernel policy: pricing a trace again times them only
+        self._plans: dict[tuple[Workload, bool], TracePlans] = {}
         self._traced = self._reused = 0
 
     def __repr__(self) -> str:
@@ -90,7 +94,8 @@ class PreparedModel:
         return f"PreparedModel({label}, {self.workload.regime}, {info.held} traces held)"
 
     def cache_info(self) -> CacheInfo:
-        return CacheInfo(self._traced, self._reused, len(self._traces))
+        plans = sum(len(held) for held in self._plans.values())
+        return CacheInfo(self._traced, self._reused, len(self._traces), plans)
 
     def workload_for(self, **knobs: Any) -> Workload:
         """The workload :meth:`price` traces for these workload keywords (checked)."""
@@ -114,8 +119,10 @@ class PreparedModel:
             traced = self._trace(*step)
         self._traced += 1
         self._traces[step] = traced
+        self._plans[step] = TracePlans()
         if len(self._traces) > self._max_traces:
-            self._traces.popitem(last=False)
+            dropped, _ = self._traces.popitem(last=False)
+            del self._plans[dropped]
         return traced
 
     def price(
@@ -136,8 +143,9 @@ class PreparedModel:
         check_quant_hardware(workload.quant, spec)
         options = replace(pricing or PricingOptions(), **pricing_knobs)
         trace = self.trace(**workload_knobs)
+        plans = self._plans[self._step(workload_knobs)]
         with reporting(self.progress):
-            return estimate_trace(trace, cluster or spec, options)
+            return estimate_trace(trace, cluster or spec, options, plans=plans)
 
     def _trace(self, workload: Workload, cast: bool) -> Trace | PipelineTrace:
         if self._inputs is not None or self._loss_fn is not None:

@@ -183,5 +183,27 @@ class PricingOptions:
         if self.launch_overhead_s < 0:
             raise OptionError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
 
+    def kernel_policy(self) -> tuple[object, ...]:
+        """The fields that choose the kernels (:data:`KERNEL_POLICY_FIELDS`), in order: two
+        options with the same policy make the same kernels of a trace."""
+        return tuple(getattr(self, name) for name in KERNEL_POLICY_FIELDS)
+
+    def kernels_only(self) -> PricingOptions:
+        """These options' kernel policy, every timing field at its default: what grouping a
+        trace into kernels is given, so that nothing else can change the kernels."""
+        return PricingOptions(**dict(zip(KERNEL_POLICY_FIELDS, self.kernel_policy(), strict=True)))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+KERNEL_POLICY_FIELDS = (
+    "fusion",
+    "epilogue",
+    "dequantise_in_gemm",
+    "loss",
+    "attention",
+    "on_chip_budget_bytes",
+)
+"""The :class:`PricingOptions` fields :func:`torchroof.kernels.fusion.build_kernels` reads;
+the others time the kernels."""

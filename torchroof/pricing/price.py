@@ -10,7 +10,7 @@ import contextlib
 import gc
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from torchroof.config.errors import OptionError
 from torchroof.counters import Cost
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
-from torchroof.kernels.fusion import Kernel, build_kernels
+from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
 from torchroof.pricing.assumptions import (
     cache_assumptions,
     routing_assumptions,
@@ -42,7 +42,7 @@ from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.kinds import Boundary
-from torchroof.report.memory import footprint
+from torchroof.report.memory import TransientPeak, footprint, transient_peak
 from torchroof.timing.kernel_shape import KernelShape, kernel_shape
 from torchroof.timing.roofline import KernelTime, time_kernel
 from torchroof.timing.streams import schedule, tasks_of
@@ -175,19 +175,74 @@ def _reference(
     return spec_dtype(dtype), peak
 
 
+@dataclass(frozen=True)
+class KernelPlan:
+    """What pricing makes of a trace before any accelerator is read: the optimizer step's
+    analysis, the roles, the kernels with their W and Q, the ops no rule counted and the
+    activations' transient peak. One plan serves every accelerator, cluster, timing mode
+    and efficiency the same kernel policy prices it with (:meth:`PricingOptions.kernel_policy`)."""
+
+    step: optimizer_step.OptimizerStep
+    roles: dict[int, str]
+    kernels: list[Kernel]
+    coverage: Coverage
+    peak: TransientPeak
+
+
+PlanCache = dict[tuple[object, ...], KernelPlan]
+"""One trace's plans, by kernel policy."""
+
+
+class TracePlans:
+    """Kernel plans kept per trace (a pipelined step's stages are one trace each) and kernel
+    policy: what a prepared model holds beside each trace, so that pricing a trace again
+    on another accelerator, cluster, timing mode or efficiency only times its kernels. A
+    trace must not change once priced through it."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[Trace, PlanCache]] = {}
+
+    def of(self, trace: Trace) -> PlanCache:
+        held = self._held.get(id(trace))
+        if held is None or held[0] is not trace:
+            held = self._held[id(trace)] = (trace, {})
+        return held[1]
+
+    def __len__(self) -> int:
+        return sum(len(plans) for _, plans in self._held.values())
+
+
+def plan_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
+    """Group ``trace``'s ops into kernels under ``pricing``'s kernel policy."""
+    policy = pricing.kernels_only()
+    step = optimizer_step.analyse(trace)
+    roles = {**step.roles, **trace.roles}
+    fused = policy.fusion == "fused"
+    ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
+    kernels, coverage = build_kernels(ops, policy, roles)
+    return KernelPlan(step, roles, kernels, coverage, transient_peak(trace, roles))
+
+
 def price_trace(
-    trace: Trace, hardware: str | Path | HardwareSpec | ClusterSpec, pricing: PricingOptions
+    trace: Trace,
+    hardware: str | Path | HardwareSpec | ClusterSpec,
+    pricing: PricingOptions,
+    plans: PlanCache | None = None,
 ) -> Estimate:
     """Price and time every op of one ``trace`` on ``hardware`` (an accelerator, or a cluster
     whose accelerator runs the kernels and whose links carry the collectives): group the ops
-    into kernels, time each, and lay a step with collectives on its two streams."""
+    into kernels, time each, and lay a step with collectives on its two streams. ``plans``
+    (this trace's, kept by the caller) holds the kernels made under each kernel policy, so
+    pricing the same trace again under it times the kernels only."""
     spec, cluster = resolve_hardware(hardware)
     _check_step(trace, spec, cluster, pricing)
-    step = optimizer_step.analyse(trace)
-    roles = {**step.roles, **trace.roles}
-    fused = pricing.fusion == "fused"
-    ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
-    kernels, coverage = build_kernels(ops, pricing, roles)
+    policy = pricing.kernel_policy()
+    plan = plans.get(policy) if plans is not None else None
+    if plan is None:
+        plan = plan_kernels(trace, pricing)
+        if plans is not None:
+            plans[policy] = plan
+    step, roles, kernels = plan.step, plan.roles, plan.kernels
     timed, tensor_flops, collectives = _time_kernels(kernels, roles, spec, cluster, pricing)
     step_time_s = None
     if collectives:
@@ -203,7 +258,7 @@ def price_trace(
         reference_dtype=reference_dtype,
         kernels=timed,
         op_count=len(trace.ops),
-        uncounted=coverage.uncounted,
+        uncounted=dict(plan.coverage.uncounted),
         assumptions=[
             *routing_assumptions(trace, pricing.routing_imbalance),
             *cache_assumptions(trace),
@@ -218,6 +273,7 @@ def price_trace(
             batch,
             roles,
             _add_counts(trace.role_bytes, step.role_bytes),
+            peak=plan.peak,
         ),
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_peak),

@@ -230,11 +230,14 @@ def footprint(
     batch: int = 1,
     roles: dict[int, str] | None = None,
     role_bytes: dict[str, int] | None = None,
+    peak: TransientPeak | None = None,
 ) -> MemoryFootprint:
     """The step's footprint; ``roles`` and ``role_bytes`` replace the trace's own labels
-    (pipeline adds what it reads from the optimizer phase of a step traced by hand)."""
+    (pipeline adds what it reads from the optimizer phase of a step traced by hand);
+    ``peak`` is :func:`transient_peak` of the same trace and roles, when already known."""
     role = trace.role_bytes if role_bytes is None else role_bytes
-    peak = transient_peak(trace, roles)
+    if peak is None:
+        peak = transient_peak(trace, roles)
     return MemoryFootprint(
         weights_bytes=role.get("weights", 0),
         gradients_bytes=role.get("gradients", 0),
