@@ -33,7 +33,9 @@ def test_a_price_equals_a_fresh_estimate_and_shares_its_trace():
     info = prepared.cache_info()
     assert (info.traced, info.reused, info.held, info.plans) == (1, 2, 1, 1)
     eager = prepared.price("a100-sxm", batch=4, fusion="eager")  # a second kernel policy
-    fresh = torchroof.estimate("gpt2", "decode", context=64, batch=4, fusion="eager", hardware="a100")
+    fresh = torchroof.estimate(
+        "gpt2", "decode", context=64, batch=4, fusion="eager", hardware="a100"
+    )
     assert same(eager, fresh)
     assert prepared.cache_info().plans == 2
     assert same(prepared.price("a100-sxm", batch=4), a100)  # the first plan, kept
@@ -60,8 +62,13 @@ def test_a_pipelined_step_priced_again_equals_a_fresh_estimate():
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
     )
     knobs = dict(seq=32, batch=4, pp=2, microbatches=4)
     prepared = torchroof.prepare(config, "train", **knobs)

@@ -20,6 +20,7 @@ import torch
 from torchroof.capture.budget import OpBudgetExceeded, op_budget
 from torchroof.capture.mode import Capture
 from torchroof.capture.replay_training import ReplayFallback
+from torchroof.collector import paused_gc
 from torchroof.config import (
     DEFAULT_SEQ,
     PRICING_KNOBS,
@@ -41,7 +42,7 @@ from torchroof.models.sources import (
 from torchroof.parallel.pipeline import price as pp_step
 from torchroof.parallel.pipeline.trace import trace_pipeline
 from torchroof.pricing.hardware import resolve_hardware
-from torchroof.pricing.price import TracePlans, paused_gc, price_trace, pricing_options
+from torchroof.pricing.price import TracePlans, price_trace, pricing_options
 from torchroof.pricing.trace_checks import RULE_ERRORS, unpriceable_op
 from torchroof.progress import current as current_progress
 from torchroof.progress import reporting
@@ -285,7 +286,9 @@ def estimate_trace(
                 int(spec.hbm_capacity_bytes.value),
             )
         try:
-            return price_trace(trace, hardware, pricing, plans.of(trace) if plans is not None else None)
+            return price_trace(
+                trace, hardware, pricing, plans.of(trace) if plans is not None else None
+            )
         except OptionError:
             raise
         except RULE_ERRORS as e:
@@ -347,6 +350,7 @@ def traced_workload(
     return workload, cast or workload.trains
 
 
+@paused_gc()
 def trace_module(
     model: torch.nn.Module,
     inputs: Sequence[Any] | torch.Tensor | None,
@@ -416,6 +420,7 @@ def trace_module(
     return Trace.of(trace)
 
 
+@paused_gc()
 def trace_workload(
     model: Any, workload: Workload, cast_module: bool = False
 ) -> Trace | PipelineTrace:

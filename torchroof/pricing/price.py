@@ -6,10 +6,7 @@ pipelined step's stages is :mod:`torchroof.api`'s."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -92,19 +89,6 @@ def pricing_options(pricing: PricingOptions | None, knobs: dict[str, Any]) -> Pr
             "priced: pass them to estimate() or trace_model()"
         )
     return replace(pricing or PricingOptions(), **pricing_knobs)
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: pricing allocates many small objects and nothing
-    cyclic, and each full collection would rescan the whole model and trace."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _check_step(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 from torchroof.records.tensors import TensorMeta, TensorRef
@@ -49,6 +50,12 @@ def stack_key(name: str) -> str:
     return f"{index[0]}.*" if index else name
 
 
+@cache
+def _split_name(name: str) -> tuple[str, ...]:
+    """(packet, overload) of an op name (a few hundred distinct names in any trace)."""
+    return tuple(name.rsplit(".", 1))
+
+
 @dataclass(slots=True)
 class OpRecord:
     """One aten op as it ran: its overload, tensors, non-tensor arguments and context."""
@@ -65,11 +72,11 @@ class OpRecord:
     @property
     def packet(self) -> str:
         """The overload packet (``aten.mm``), which is what rules are registered for."""
-        return self.name.rsplit(".", 1)[0]
+        return _split_name(self.name)[0]
 
     @property
     def overload(self) -> str:
-        return self.name.rsplit(".", 1)[1]
+        return _split_name(self.name)[1]
 
     def arg(self, name: str, default: Any = None) -> Any:
         """A non-tensor argument by schema name; tensor arguments come back as TensorMeta."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 Role = Literal["weights", "gradients", "optimizer_state", "kv_cache"]
@@ -35,18 +35,12 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return _numel(self.shape)
 
     @property
     def unique_numel(self) -> int:
         """Distinct elements addressed: a broadcast (stride-0) dimension is read once."""
-        count = 1
-        for size, step in zip(self.shape, self.stride, strict=True):
-            if size == 0:
-                return 0
-            if step:
-                count *= size
-        return count
+        return _unique_numel(self.shape, self.stride)
 
     @property
     def itemsize(self) -> int:
@@ -55,7 +49,7 @@ class TensorMeta:
     @property
     def nbytes(self) -> int:
         """Compulsory bytes to read or write this tensor once (unique elements only)."""
-        return self.unique_numel * self.itemsize
+        return _unique_numel(self.shape, self.stride) * dtype_itemsize(self.dtype)
 
     def to_json(self) -> list[Any]:
         return [list(self.shape), list(self.stride), self.dtype, self.storage, self.offset]
@@ -75,7 +69,34 @@ class TensorRef:
 
 def storage_extent_bytes(t: TensorMeta) -> int:
     """Bytes of storage a tensor view reaches: (offset + last element + 1) · itemsize."""
-    if t.numel == 0:
+    return _extent_elements(t.shape, t.stride, t.offset) * dtype_itemsize(t.dtype)
+
+
+# A trace repeats a few layouts thousands of times (every copy of a layer has its
+# representative's shapes): each is worked out once. Bounded, so a long search over many
+# shapes does not grow without end.
+_LAYOUTS = 1 << 16
+
+
+@lru_cache(maxsize=_LAYOUTS)
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+@lru_cache(maxsize=_LAYOUTS)
+def _unique_numel(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    count = 1
+    for size, step in zip(shape, stride, strict=True):
+        if size == 0:
+            return 0
+        if step:
+            count *= size
+    return count
+
+
+@lru_cache(maxsize=_LAYOUTS)
+def _extent_elements(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> int:
+    """Elements of storage a view reaches: offset + its last element + 1 (0 when empty)."""
+    if math.prod(shape) == 0:
         return 0
-    last = sum((size - 1) * step for size, step in zip(t.shape, t.stride, strict=True))
-    return (t.offset + last + 1) * t.itemsize
+    return offset + sum((size - 1) * step for size, step in zip(shape, stride, strict=True)) + 1
