@@ -10,6 +10,8 @@ part for both tools) and is repeated; medians are printed with ratios:
   layers copied from one traced layer of each kind (the default);
 - the same decode step priced again on another accelerator from the prepared model
   (``torchroof.prepare``): pricing only;
+- a training estimate (seq ``--seq``, AdamW, one H100) against FlopCounterMode's forward
+  and backward of the same model, the model built inside the timed part for both;
 - a decode grid of ``--batches`` x ``--contexts`` points (``torchroof.studies.sweep_grid``;
   the issue's 1,000 points are ``--batches 40 --contexts 25``).
 
@@ -50,6 +52,17 @@ def _child(kind: str, seq: int, batches: int, contexts: int) -> None:
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
         with FlopCounterMode(display=False), torch.no_grad():
             model(ids, use_cache=False, logits_to_keep=1)
+    elif kind == "flopcounter-train":  # forward and backward, the model built in the time
+        from torch.utils.flop_counter import FlopCounterMode
+
+        model = build_model(load_config(MODEL))
+        model.train()
+        ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        with FlopCounterMode(display=False):
+            model(ids, labels=ids).loss.backward()
+    elif kind == "train":  # forward, loss, backward and the AdamW step, built in the time
+        model = build_model(load_config(MODEL))
+        torchroof.estimate(model, "train", batch=1, seq=seq, optimizer="adamw", precision="bf16")
     elif kind in ("prefill-full", "prefill-copied"):
         torchroof.estimate(MODEL, "prefill", seq=seq, full_trace=kind.endswith("full"))
     elif kind in ("decode-full", "decode-copied"):
@@ -81,6 +94,8 @@ def _measure(kind: str, args: argparse.Namespace) -> dict:
 
 KINDS = (
     "flopcounter",
+    "flopcounter-train",
+    "train",
     "prefill-full",
     "prefill-copied",
     "decode-full",
@@ -119,6 +134,12 @@ def main() -> None:
         ("repriced", "decode priced again (b200)"),
     ):
         print(f"  {label:31s}: {median[kind]:7.2f} s   {median[kind] / ref:5.2f}x the reference")
+    train_ref = median["flopcounter-train"]
+    print(
+        f"  training estimate (AdamW, one H100): {median['train']:.2f} s against "
+        f"FlopCounterMode's forward+backward {train_ref:.2f} s: "
+        f"{median['train'] / train_ref:.2f}x (target <= 0.5x)"
+    )
     for regime in ("prefill", "decode"):
         full, copied = median[f"{regime}-full"], median[f"{regime}-copied"]
         print(f"  {regime} with copied layers / every layer run: {copied / full:.2f}")

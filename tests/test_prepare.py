@@ -185,3 +185,19 @@ def test_cli_grid_errors_are_one_line(argv, message, capsys):
     assert main(["sweep", "gpt2", *argv]) != 0
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_over_accelerators_shares_the_kernels_and_equals_fresh_estimates():
+    """Three variants of one step (two accelerators, a timing mode) priced from one trace
+    and its kernels: each variant's estimate is the fresh one of its settings, every field."""
+    comparison = torchroof.compare(
+        "gpt2",
+        {"hardware": ["h100-sxm", "a100-sxm"], "mode": ["realistic"]},
+        regime="decode",
+        context=32,
+    )
+    assert len(comparison.variants) == 3
+    for variant in comparison.variants:
+        settings = dict(variant.settings)
+        fresh = torchroof.estimate("gpt2", **settings)
+        assert same(variant.estimate, fresh), variant.label

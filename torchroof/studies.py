@@ -16,6 +16,7 @@ from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_
 from torchroof.config import DEFAULT_SEQ, PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
+from torchroof.pricing.price import TracePlans
 from torchroof.progress import reporting
 from torchroof.report.compare import Comparison, Grid, GridPoint, Sweep, SweepPoint, Variant
 
@@ -168,7 +169,10 @@ def compare(
         raise ValueError("nothing to vary: give at least one key with its values")
     base = {"hardware": hardware, **base}
     variants: list[Variant] = []
-    traces: dict[str, Any] = {}  # variants that differ only in pricing share one trace
+    # variants that differ only in pricing share one trace, and those that share its
+    # kernel policy too (another accelerator, timing mode, efficiency) its kernels
+    traces: dict[str, Any] = {}
+    plans: dict[str, TracePlans] = {}
     for key, values in vary.items():  # every variant is refused before any tracing
         if not values:
             raise ValueError(f"{key}: no values to compare")
@@ -185,7 +189,8 @@ def compare(
                 cache_key = repr(sorted(tracing.items(), key=lambda kv: kv[0]))
                 if cache_key not in traces:
                     traces[cache_key] = _trace(model, tracing)
-                est = estimate_trace(traces[cache_key], **pricing)
+                    plans[cache_key] = TracePlans()
+                est = estimate_trace(traces[cache_key], plans=plans[cache_key], **pricing)
                 variants.append(Variant(f"{key}={value}", settings, est))
     return Comparison(variants)
 
