@@ -108,7 +108,8 @@ class PreparedModel:
         return traced_workload(regime, workload, {**given, **knobs}, priced_by="price()")
 
     def trace(self, **knobs: Any) -> Trace | PipelineTrace:
-        """The trace of the step these workload keywords give (traced on first use)."""
+        """The trace of the step these workload keywords give (traced on first use): the
+        one held, whose kernels later prices reuse; do not change it."""
         step = self._step(knobs)
         found = self._traces.get(step)
         if found is not None:

@@ -191,7 +191,8 @@ class PricingOptions:
     def kernels_only(self) -> PricingOptions:
         """These options' kernel policy, every timing field at its default: what grouping a
         trace into kernels is given, so that nothing else can change the kernels."""
-        return PricingOptions(**dict(zip(KERNEL_POLICY_FIELDS, self.kernel_policy(), strict=True)))
+        policy: dict[str, Any] = {name: getattr(self, name) for name in KERNEL_POLICY_FIELDS}
+        return PricingOptions(**policy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
