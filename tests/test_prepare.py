@@ -201,3 +201,27 @@ def test_compare_over_accelerators_shares_the_kernels_and_equals_fresh_estimates
         settings = dict(variant.settings)
         fresh = torchroof.estimate("gpt2", **settings)
         assert same(variant.estimate, fresh), variant.label
+
+
+def test_the_kernel_policy_is_every_option_grouping_reads():
+    """Grouping is handed the kernel policy alone (PricingOptions.kernels_only), so an
+    option read in torchroof/kernels but left out of KERNEL_POLICY_FIELDS would be priced
+    at its default: every ``options.<field>`` / ``pricing.<field>`` read there is in it."""
+    import ast
+    from dataclasses import fields
+    from pathlib import Path
+
+    from torchroof.config.pricing import KERNEL_POLICY_FIELDS, PricingOptions
+
+    names = {f.name for f in fields(PricingOptions)}
+    read = set()
+    for path in (Path(torchroof.__file__).parent / "kernels").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("options", "pricing")
+                and node.attr in names
+            ):
+                read.add(node.attr)
+    assert read == set(KERNEL_POLICY_FIELDS)
