@@ -26,6 +26,7 @@ from torchroof.counters.registry import (
     kind_of,
     register,
     registered_packets,
+    registry_version,
     rule_for,
 )
 
@@ -40,5 +41,6 @@ __all__ = [
     "kind_of",
     "register",
     "registered_packets",
+    "registry_version",
     "rule_for",
 ]

@@ -124,6 +124,7 @@ class Registration(NamedTuple):
 
 
 _REGISTRY: dict[str, Registration] = {}
+_VERSION = 0  # bumped by every registration (registry_version)
 
 
 class DuplicateRuleError(ValueError):
@@ -146,9 +147,17 @@ def register(*packets: str, kind: OpKind) -> Callable[[Rule], Rule]:
                     f"{packet} already has a rule: {_REGISTRY[packet].rule.__name__}"
                 )
             _REGISTRY[packet] = Registration(rule, kind)
+        global _VERSION
+        _VERSION += 1
         return rule
 
     return decorate
+
+
+def registry_version() -> int:
+    """A number that changes whenever a rule is registered: kernels worked out under one
+    version are stale under another (an op priced as uncounted may now have a rule)."""
+    return _VERSION
 
 
 def aten_packets(*names: str) -> list[str]:

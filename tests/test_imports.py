@@ -2,9 +2,9 @@
 and no module reaching into another's private names.
 
 The order is the order data flows (the developer guide's layout page): the leaves
-(``config``, ``hardware`` and the two utilities ``progress`` and ``quiet``) import nothing of
-torchroof, not even under ``TYPE_CHECKING``; ``records`` reads only ``config`` (a step's
-facts hold the Workload it ran); ``counters`` reads only ``records`` and ``config``; then
+(``config``, ``hardware`` and the utilities ``progress``, ``quiet`` and ``collector``)
+import nothing of torchroof, not even under ``TYPE_CHECKING``; ``records`` reads only
+``config`` (a step's facts hold the Workload it ran); ``counters`` reads only ``records`` and ``config``; then
 capture, quantisation, models, parallel programs, workloads, kernels, timing, the report's
 data, pricing, pipeline parallelism (it traces and prices whole stages, so it sits above
 pricing), rendering, the public API, the labs and validation, and the command line on top.
@@ -142,7 +142,13 @@ def test_no_module_imports_another_modules_private_names():
 
 # bottom first: a module may import modules of its own room or of any lower rank
 LAYERS: list[tuple[str, ...]] = [
-    ("torchroof.config", "torchroof.hardware", "torchroof.progress", "torchroof.quiet"),
+    (
+        "torchroof.config",
+        "torchroof.hardware",
+        "torchroof.progress",
+        "torchroof.quiet",
+        "torchroof.collector",
+    ),
     ("torchroof.records",),
     ("torchroof.counters",),
     ("torchroof.capture",),

@@ -205,8 +205,9 @@ def test_compare_over_accelerators_shares_the_kernels_and_equals_fresh_estimates
 
 def test_the_kernel_policy_is_every_option_grouping_reads():
     """Grouping is handed the kernel policy alone (PricingOptions.kernels_only), so an
-    option read in torchroof/kernels but left out of KERNEL_POLICY_FIELDS would be priced
-    at its default: every ``options.<field>`` / ``pricing.<field>`` read there is in it."""
+    option read in torchroof/kernels or the cost rules but left out of KERNEL_POLICY_FIELDS
+    would be priced at its default: every ``options.<field>`` / ``pricing.<field>`` read
+    there is in it."""
     import ast
     from dataclasses import fields
     from pathlib import Path
@@ -215,7 +216,10 @@ def test_the_kernel_policy_is_every_option_grouping_reads():
 
     names = {f.name for f in fields(PricingOptions)}
     read = set()
-    for path in (Path(torchroof.__file__).parent / "kernels").glob("*.py"):
+    from torchroof import counters
+
+    kernel_stage = [Path(torchroof.__file__).parent / "kernels", Path(counters.__file__).parent]
+    for path in (p for folder in kernel_stage for p in folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Attribute)
@@ -225,3 +229,21 @@ def test_the_kernel_policy_is_every_option_grouping_reads():
             ):
                 read.add(node.attr)
     assert read == set(KERNEL_POLICY_FIELDS)
+
+
+def test_a_rule_registered_after_a_price_is_read_by_the_next(monkeypatch):
+    """Kept kernels are keyed on the rule registry's version: gpt2's Conv1D runs addmm;
+    priced with no addmm rule it is uncounted, and once the rule is registered again the
+    same prepared step counts it, as a fresh estimate does."""
+    from torchroof.counters import registry as registry_module
+
+    rules = dict(registry_module._REGISTRY)
+    addmm = rules.pop("aten.addmm")
+    monkeypatch.setattr(registry_module, "_REGISTRY", rules)
+    prepared = torchroof.prepare("gpt2", "decode", context=16)
+    assert "aten.addmm.default" in prepared.price().uncounted
+    registry_module.register("aten.addmm", kind=addmm.kind)(addmm.rule)
+    again = prepared.price()
+    assert "aten.addmm.default" not in again.uncounted
+    assert same(again, torchroof.estimate("gpt2", "decode", context=16))
+    assert prepared.cache_info().plans == 2

@@ -37,6 +37,7 @@ from torchroof.capture.budget import OpBudgetExceeded, op_budget
 from torchroof.capture.mode import Capture
 from torchroof.config import PricingOptions, Workload
 from torchroof.prepared import PreparedModel, prepare
+from torchroof.pricing.price import TracePlans
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import TensorMeta
 from torchroof.report.compare import Comparison, Sweep
@@ -60,6 +61,7 @@ __all__ = [
     "Sweep",
     "TensorMeta",
     "Trace",
+    "TracePlans",
     "Workload",
     "compare",
     "estimate",

@@ -41,7 +41,9 @@ from torchroof.report.estimate import Estimate
 
 DEFAULT_MAX_TRACES = 16
 """Traces a prepared model keeps (the least recently priced is dropped past it): a 70B
-training trace holds about 18,000 ops, some 100 MB; 16 of them some 1.6 GB."""
+training trace holds about 18,000 ops, some 100 MB; 16 of them some 1.6 GB. Each keeps
+up to :data:`~torchroof.pricing.price.MAX_PLANS_PER_TRACE` sets of kernels beside it,
+each much smaller than the trace (its kernels refer to the trace's own ops)."""
 
 
 @dataclass(frozen=True)

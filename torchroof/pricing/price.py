@@ -14,7 +14,7 @@ from typing import Any, cast
 from torchroof import progress
 from torchroof.config import PricingOptions, split_knobs
 from torchroof.config.errors import OptionError
-from torchroof.counters import Cost
+from torchroof.counters import Cost, registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
 from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
@@ -164,7 +164,8 @@ class KernelPlan:
     """What pricing makes of a trace before any accelerator is read: the optimizer step's
     analysis, the roles, the kernels with their W and Q, the ops no rule counted and the
     activations' transient peak. One plan serves every accelerator, cluster, timing mode
-    and efficiency the same kernel policy prices it with (:meth:`PricingOptions.kernel_policy`)."""
+    and efficiency the same kernel policy prices it with (:meth:`PricingOptions.kernel_policy`).
+    Every estimate priced from a plan shares its kernels, roles and step: read only."""
 
     step: optimizer_step.OptimizerStep
     roles: dict[int, str]
@@ -174,7 +175,11 @@ class KernelPlan:
 
 
 PlanCache = dict[tuple[object, ...], KernelPlan]
-"""One trace's plans, by kernel policy."""
+"""One trace's plans, by kernel policy (and the rule registry's version)."""
+
+MAX_PLANS_PER_TRACE = 8
+"""Kernel plans kept per trace (the oldest is dropped past it): a sweep over a kernel
+policy field (``on_chip_budget_bytes``, say) would otherwise keep one per value."""
 
 
 class TracePlans:
@@ -220,11 +225,13 @@ def price_trace(
     pricing the same trace again under it times the kernels only."""
     spec, cluster = resolve_hardware(hardware)
     _check_step(trace, spec, cluster, pricing)
-    policy = pricing.kernel_policy()
+    policy = (registry_version(), *pricing.kernel_policy())
     plan = plans.get(policy) if plans is not None else None
     if plan is None:
         plan = plan_kernels(trace, pricing)
         if plans is not None:
+            if len(plans) >= MAX_PLANS_PER_TRACE:
+                del plans[next(iter(plans))]
             plans[policy] = plan
     step, roles, kernels = plan.step, plan.roles, plan.kernels
     timed, tensor_flops, collectives = _time_kernels(kernels, roles, spec, cluster, pricing)
