@@ -1,16 +1,17 @@
-"""The package's layering: each folder imports only the folders below it, no import cycle,
-and no module reaching into another's private names.
+"""The package's layering: each folder imports only the folders below it, no import cycle, and
+no module reaching into another's private names.
 
 The order is the order data flows (the developer guide's layout page): the leaves
 (``config``, ``hardware`` and the utilities ``progress``, ``quiet`` and ``collector``)
 import nothing of torchroof, not even under ``TYPE_CHECKING``; ``records`` reads only
-``config`` (a step's facts hold the Workload it ran); ``counters`` reads only ``records`` and ``config``; then
-capture, quantisation, models, parallel programs, workloads, kernels, timing, the report's
-data, pricing, pipeline parallelism (it traces and prices whole stages, so it sits above
-pricing), rendering, the public API, the labs and validation, and the command line on top.
-The graph is read from the source: every ``import`` statement, including those inside
-functions (edges all the same once they run); ``if TYPE_CHECKING:`` blocks are left out of
-the cycle check, as they never run, but not out of the layering checks.
+``config`` (a step's facts hold the Workload it ran); ``counters`` reads only ``records``
+and ``config``; then capture, quantisation, models, parallel programs, workloads, kernels,
+timing, the report's data, pricing, pipeline parallelism (it traces and prices whole stages,
+so it sits above pricing), rendering, the public API, the labs and validation, and the
+command line on top. The graph is read from the source: every ``import`` statement,
+including those inside functions (edges all the same once they run); ``if TYPE_CHECKING:``
+blocks are left out of the cycle check, as they never run, but not out of the layering
+checks.
 """
 
 from __future__ import annotations
