@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import torchroof
+
 pytest.importorskip("plotly", reason="the HTML report needs plotly (pip install torchroof[html])")
 from torchroof.hardware import available, get_cluster
 
@@ -320,4 +322,37 @@ def test_a_file_of_its_own_under_a_shipped_name_is_not_repriced(browser, prefill
     slide(browser, "compute-efficiency", 0.9)
     assert text(browser, "step-time") == f"{est.time_s * 1e3:.3f} ms"
     assert "other figures than the shipped file" in text(browser, "pricing-note")
+    assert errors(browser) == []
+
+
+def test_a_grid_page_slides_to_each_point_and_reprices_it_as_python_does(browser, tmp_path):
+    """batch (1, 8) x context (256, 1024) decode: moving the two sliders to a point shows
+    that point's report (its step time as Python priced it), the heat map holds every
+    point, and on another accelerator each point's page total is a fresh estimate's there,
+    to the last digit."""
+    from conftest import meta_causal_lm
+    from selenium.webdriver.common.by import By
+
+    from torchroof.render.html import grid_html
+    from torchroof.studies import sweep_grid
+
+    model = meta_causal_lm("llama", **MID_LLAMA)
+    grid = sweep_grid(model, {"batch": [1, 8], "context": [256, 1024]}, regime="decode")
+    path = tmp_path / "grid.html"
+    grid_html(grid, path)
+    load(browser, path)
+    assert errors(browser) == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#grid-chart .main-svg")  # drawn
+    for index, point in enumerate(grid.points):  # the first axis slowest
+        slide(browser, "grid-axis-0", index // 2)
+        slide(browser, "grid-axis-1", index % 2)
+        assert text(browser, "step-time") == f"{point.estimate.time_s * 1e3:.3f} ms"
+        assert text(browser, "grid-axis-1-value") == str(point.values["context"])
+        price = "return window.torchroofPrice(arguments[0], 'l4', 1, 1)"
+        on_l4 = browser.execute_script(price, index)
+        fresh = torchroof.estimate(model, "decode", hardware="l4", **point.values)
+        assert on_l4["step"] == fresh.time_s
+    select(browser, "variant", "1")  # the picker moves the sliders back to its point
+    assert browser.execute_script("return document.getElementById('grid-axis-1').value") == "1"
+    assert browser.execute_script("return document.getElementById('grid-axis-0').value") == "0"
     assert errors(browser) == []

@@ -176,7 +176,14 @@ def test_the_cli_sweeps_a_grid_to_csv_and_json(tmp_path, capsys):
         (["--over", "batch=1,2", "--values", "3"], "give every axis that way (no --values)"),
         (["--over", "batch=1", "--over", "batch=2"], "--over batch is given twice"),
         (["--over", "batch=1", "--over", "seq"], "give every axis that way"),
-        (["--over", "batch=1", "--html", "x.html"], "--html shows a one-size sweep"),
+        # 11 x 10 = 110 points, past the page's 100: refused before anything is traced
+        (
+            ["--over", "batch=" + ",".join(map(str, range(1, 12)))]
+            + ["--over", "context=" + ",".join(str(16 * i) for i in range(1, 11))]
+            + ["--html", "x.html"],
+            "a grid's page holds at most 100 points",
+        ),
+        (["--over", "batch=1,2", "--csv", "x.html"], "the suffix names another kind of output"),
         (["--over", "batch=1", "--plot", "x.png"], "a heat map needs two axes"),
         (["--over", "batch", "--json", "x.json"], "--json writes a grid"),
     ],
@@ -247,3 +254,23 @@ def test_a_rule_registered_after_a_price_is_read_by_the_next(monkeypatch):
     assert "aten.addmm.default" not in again.uncounted
     assert same(again, torchroof.estimate("gpt2", "decode", context=16))
     assert prepared.cache_info().plans == 2
+
+
+def test_a_grid_page_embeds_every_point_at_its_place_on_each_axis(tmp_path):
+    """2 batches x 2 contexts: the page's data holds four estimates, each the grid's own
+    (its step time), and each point's index along each axis, the first axis slowest."""
+    pytest.importorskip("plotly")
+    from torchroof.render.html import grid_html
+
+    grid = sweep_grid("gpt2", {"batch": [1, 8], "context": [16, 32]}, regime="decode")
+    page = grid_html(grid, tmp_path / "grid.html")
+    start = page.index('id="torchroof-data">') + len('id="torchroof-data">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    assert data["kind"] == "grid"
+    assert data["grid"]["axes"] == [
+        {"key": "batch", "values": ["1", "8"]},
+        {"key": "context", "values": ["16", "32"]},
+    ]
+    assert data["grid"]["points"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert [e["time_s"] for e in data["estimates"]] == [p.estimate.time_s for p in grid.points]
+    assert data["estimates"][3]["label"] == "batch=8, context=32"

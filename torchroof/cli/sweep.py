@@ -4,6 +4,7 @@ or over a grid of several axes at once (``--over batch=1,8 --over context=1024,8
 from __future__ import annotations
 
 import argparse
+import math
 
 from torchroof.cli.common import (
     Subparsers,
@@ -21,6 +22,7 @@ from torchroof.render.files import (
     write_grid,
     write_sweep,
 )
+from torchroof.render.html import MAX_GRID_PAGE_POINTS
 from torchroof.render.text import grid_tables, sweep_table
 from torchroof.studies import GRID_KEYS, SWEEP_KEYS, parse_value
 from torchroof.workloads import regime
@@ -50,7 +52,11 @@ def add_parser(commands: Subparsers) -> None:
     swp.add_argument(
         "--plot", metavar="PATH", help="curve, or a grid's heat maps (.png, .svg, .pdf)"
     )
-    swp.add_argument("--html", metavar="PATH", help="the curves and every point, interactive")
+    swp.add_argument(
+        "--html",
+        metavar="PATH",
+        help="the curves and every point, interactive (a grid: a slider per axis)",
+    )
     add_quiet(swp)
 
 
@@ -88,10 +94,14 @@ def run(args: argparse.Namespace) -> None:
         return _run_sweep(args, over)
     from torchroof.studies import sweep_grid
 
-    flags = (("csv", args.csv), ("json", args.json), ("plot", args.plot))
+    flags = (("csv", args.csv), ("json", args.json), ("plot", args.plot), ("html", args.html))
     outputs = [path for _, path in flags if path]
-    if args.html:
-        raise ValueError("--html shows a one-size sweep; write a grid as --csv, --json or --plot")
+    points = math.prod(len(values) for values in axes.values())
+    if args.html and points > MAX_GRID_PAGE_POINTS:
+        raise ValueError(
+            f"--html {args.html}: a grid's page holds at most {MAX_GRID_PAGE_POINTS} points "
+            f"(each embeds every kernel of its step); this grid has {points}"
+        )
     writable(*outputs)
     for flag, path in flags:  # a plot named .jpg, or --csv grid.png, fails before any work
         if path and grid_output(path, len(axes)) != flag:

@@ -265,6 +265,7 @@ GRID_OUTPUTS = {
     "csv": "one row per point (CSV)",
     "json": "one object per point (JSON)",
     "plot": "heat maps of the first two axes",
+    "html": "a slider per axis and every point's report (HTML)",
 }
 
 
@@ -272,7 +273,13 @@ def grid_output(path: str | Path, grid_axes: int = 2) -> str:
     """The kind of grid output ``path`` is, from its suffix (``.csv``, ``.json``, a plot);
     ValueError naming the supported ones otherwise, or for a plot of a one-axis grid."""
     name = Path(path).name.lower()
-    for kind, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", PLOT_SUFFIXES)):
+    kinds = (
+        ("csv", (".csv",)),
+        ("json", (".json",)),
+        ("plot", PLOT_SUFFIXES),
+        ("html", (".html",)),
+    )
+    for kind, suffixes in kinds:
         if name.endswith(suffixes):
             if kind == "plot":
                 check_plot_path(path)
@@ -281,18 +288,29 @@ def grid_output(path: str | Path, grid_axes: int = 2) -> str:
             return kind
     listed = "; ".join(
         f"{suffix} ({GRID_OUTPUTS[kind]})"
-        for kind, suffix in (("csv", ".csv"), ("json", ".json"), ("plot", "/".join(PLOT_SUFFIXES)))
+        for kind, suffix in (
+            ("csv", ".csv"),
+            ("json", ".json"),
+            ("plot", "/".join(PLOT_SUFFIXES)),
+            ("html", ".html"),
+        )
     )
     raise ValueError(f"{path}: a grid is written as {listed}")
 
 
 def write_grid(grid: Grid, path: str | Path) -> Path:
     """Write a grid by the file's suffix: ``.csv`` or ``.json`` one row per point (the axis
-    values, then step time, tokens/s, MFU, traffic, memory and fit), a plot the heat maps."""
+    values, then step time, tokens/s, MFU, traffic, memory and fit), a plot the heat maps,
+    ``.html`` the interactive page (:func:`torchroof.render.html.grid_html`)."""
     kind = grid_output(path, len(grid.axes))
     path = Path(path)
     if kind == "plot":
         return grid_plot(grid, path)
+    if kind == "html":
+        from torchroof.render.html import grid_html
+
+        grid_html(grid, path)
+        return path
     rows = grid.rows()
     if kind == "json":
         axes = [{"key": key, "values": values} for key, values in grid.axes]

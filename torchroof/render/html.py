@@ -40,8 +40,12 @@ from torchroof.report import analysis
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
-    from torchroof.report.compare import Comparison, Sweep
+    from torchroof.report.compare import Comparison, Grid, Sweep
     from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
+
+MAX_GRID_PAGE_POINTS = 100
+"""Points a grid's page holds: each embeds every kernel of its step (a 70B decode step's
+1,400 kernels are some 300 kB of the page)."""
 
 REPORT_FORMAT = "torchroof-report"
 REPORT_VERSION = 1
@@ -307,9 +311,11 @@ def page_data(
     sweep: dict[str, Any] | None = None,
     depth: int | None = None,
     collapse: bool = True,
+    grid: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What one page embeds: its estimates, every shipped accelerator with the ceilings
-    they need, and (a sweep) the swept key and values."""
+    they need, (a sweep) the swept key and values, and (a grid) its axes and each point's
+    index along every axis."""
     views = [estimate_data(est, label, depth, collapse) for label, est in estimates]
     keys = {key for view in views for key in view["keys"]}
     return {
@@ -320,6 +326,7 @@ def page_data(
         "estimates": views,
         "accelerators": accelerators(keys, [est.hardware for _, est in estimates]),
         "sweep": sweep,
+        "grid": grid,
     }
 
 
@@ -393,3 +400,27 @@ def sweep_html(sweep: Sweep, path: str | Path | None = None, title: str = "") ->
     title = title or f"torchroof sweep over {sweep.key}: {describe(estimates[0][1])}"
     info = {"key": sweep.key, "values": [p.value for p in sweep.points]}
     return _write(render_page(page_data("sweep", title, estimates, info)), path)
+
+
+def grid_html(grid: Grid, path: str | Path | None = None, title: str = "") -> str:
+    """A grid's page: a slider per axis picks the point whose report is shown, a heat map
+    of step time over the first two axes, and every point in a table; switching the
+    accelerator or an efficiency re-prices every point from its kernels' W and Q."""
+    if len(grid.points) > MAX_GRID_PAGE_POINTS:
+        raise ValueError(
+            f"a grid's HTML page holds at most {MAX_GRID_PAGE_POINTS} points (each embeds "
+            f"every kernel of its step); this grid has {len(grid.points)}: write it as "
+            "--csv, --json or --plot, or narrow the axes"
+        )
+    estimates = [
+        (", ".join(f"{key}={value}" for key, value in point.values.items()), point.estimate)
+        for point in grid.points
+    ]
+    axes = [{"key": key, "values": [str(v) for v in values]} for key, values in grid.axes]
+    where = [
+        [values.index(point.values[key]) for key, values in grid.axes] for point in grid.points
+    ]
+    named = " x ".join(grid.keys)
+    title = title or f"torchroof grid over {named}: {describe(estimates[0][1])}"
+    info = {"axes": axes, "points": where}
+    return _write(render_page(page_data("grid", title, estimates, grid=info)), path)

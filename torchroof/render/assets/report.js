@@ -262,6 +262,62 @@
     );
   }
 
+  // ---- a grid: a slider per axis picks the point shown ------------------------------------
+  function gridControls() {
+    const box = el("div", { class: "controls", id: "grid-sliders" });
+    DATA.grid.axes.forEach((axis, a) => {
+      const at = DATA.grid.points[state.view][a];
+      const input = el("input", { type: "range", id: `grid-axis-${a}`, min: "0", max: String(axis.values.length - 1), step: "1", value: String(at) });
+      const shown = el("span", { class: "slider-value", id: `grid-axis-${a}-value`, text: axis.values[at] });
+      input.addEventListener("input", () => {
+        shown.textContent = axis.values[Number(input.value)];
+        const wanted = DATA.grid.axes.map((_, b) => Number(document.getElementById(`grid-axis-${b}`).value));
+        const found = DATA.grid.points.findIndex((p) => p.every((v, b) => v === wanted[b]));
+        if (found < 0) return; // every combination is a point: not reached
+        state.view = found;
+        expanded.clear();
+        const pick = document.getElementById("variant");
+        if (pick) pick.value = String(found);
+        render();
+      });
+      box.append(el("label", { class: "control" }, `${axis.key} `, input, shown));
+    });
+    return box;
+  }
+
+  function syncGridSliders() {
+    DATA.grid.points[state.view].forEach((at, a) => {
+      document.getElementById(`grid-axis-${a}`).value = String(at);
+      document.getElementById(`grid-axis-${a}-value`).textContent = DATA.grid.axes[a].values[at];
+    });
+  }
+
+  // Step time over the first two axes (any further axis at the shown point's value), as
+  // re-priced in the page; the shown point ringed. One axis: a line.
+  function renderGrid(all) {
+    const axes = DATA.grid.axes;
+    const at = DATA.grid.points[state.view];
+    const layout = { height: 440, margin: { l: 90, r: 20, t: 40, b: 60 }, showlegend: false };
+    if (axes.length === 1) {
+      Plotly.react("grid-chart", [
+        { type: "scatter", mode: "lines+markers", x: axes[0].values, y: all.map((f) => f.step * 1e3), name: "step time (ms)" },
+      ], { ...layout, title: { text: `step time (ms) over ${axes[0].key}`, x: 0.01, xanchor: "left" }, xaxis: { title: { text: axes[0].key }, type: "category" }, yaxis: { title: { text: "ms" } } }, PLOT_CONFIG);
+      return;
+    }
+    const z = axes[0].values.map(() => axes[1].values.map(() => null));
+    DATA.grid.points.forEach((p, i) => {
+      if (p.slice(2).every((v, b) => v === at[b + 2])) z[p[0]][p[1]] = all[i].step * 1e3;
+    });
+    const rest = axes.slice(2).map((axis, b) => `${axis.key}=${axis.values[at[b + 2]]}`).join(", ");
+    Plotly.react("grid-chart", [
+      { type: "heatmap", x: axes[1].values, y: axes[0].values, z, colorscale: "Viridis", colorbar: { title: { text: "ms" } }, hovertemplate: `${axes[0].key}=%{y}, ${axes[1].key}=%{x}: %{z:.3f} ms<extra></extra>` },
+      { type: "scatter", mode: "markers", x: [axes[1].values[at[1]]], y: [axes[0].values[at[0]]], marker: { symbol: "circle-open", size: 18, color: "#d62728", line: { width: 3 } }, hoverinfo: "skip" },
+    ], {
+      ...layout, title: { text: `step time (ms)${rest ? ` at ${rest}` : ""}`, x: 0.01, xanchor: "left" },
+      xaxis: { title: { text: axes[1].key }, type: "category" }, yaxis: { title: { text: axes[0].key }, type: "category" },
+    }, PLOT_CONFIG);
+  }
+
   function section(id, title, ...children) {
     return el("section", { id }, el("h2", { text: title }), ...children);
   }
@@ -280,12 +336,16 @@
     if (DATA.kind === "sweep") {
       app.append(section("sweep", `Sweep over ${DATA.sweep.key}`, el("div", { id: "sweep-chart", class: "chart" }), el("div", { id: "sweep-traffic-chart", class: "chart" }), el("div", { id: "variants-table" })));
     }
+    if (DATA.kind === "grid") {
+      app.append(section("grid", `Grid over ${DATA.grid.axes.map((a) => a.key).join(" x ")}`, gridControls(), el("div", { id: "grid-chart", class: "chart" }), el("div", { id: "variants-table" })));
+    }
     if (DATA.estimates.length > 1) {
       const pick = el("select", { id: "variant" });
       DATA.estimates.forEach((est, i) => pick.append(el("option", { value: String(i), text: est.label })));
       pick.addEventListener("change", () => {
         state.view = Number(pick.value);
         expanded.clear();
+        if (DATA.kind === "grid") syncGridSliders();
         render();
       });
       app.append(el("div", { class: "controls" }, el("label", { class: "control" }, "details of ", pick)));
@@ -601,6 +661,7 @@
     if (DATA.kind !== "estimate") renderVariants(all);
     if (DATA.kind === "comparison") renderCompare(all);
     if (DATA.kind === "sweep") renderSweep(all);
+    if (DATA.kind === "grid") renderGrid(all);
     const est = DATA.estimates[state.view];
     const f = all[state.view];
     renderSummary(est, f);
