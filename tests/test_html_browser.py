@@ -356,3 +356,20 @@ def test_a_grid_page_slides_to_each_point_and_reprices_it_as_python_does(browser
     assert browser.execute_script("return document.getElementById('grid-axis-1').value") == "1"
     assert browser.execute_script("return document.getElementById('grid-axis-0').value") == "0"
     assert errors(browser) == []
+
+
+def test_a_one_axis_grid_page_draws_a_line_and_follows_its_slider(browser, tmp_path):
+    from conftest import meta_causal_lm
+
+    from torchroof.render.html import grid_html
+    from torchroof.studies import sweep_grid
+
+    model = meta_causal_lm("llama", **MID_LLAMA)
+    grid = sweep_grid(model, {"batch": [1, 8, 64]}, regime="decode", context=256)
+    path = tmp_path / "line.html"
+    grid_html(grid, path)
+    load(browser, path)
+    slide(browser, "grid-axis-0", 2)
+    assert text(browser, "step-time") == f"{grid.points[2].estimate.time_s * 1e3:.3f} ms"
+    assert text(browser, "grid-axis-0-value") == "64"
+    assert errors(browser) == []

@@ -188,7 +188,14 @@ def test_the_cli_sweeps_a_grid_to_csv_and_json(tmp_path, capsys):
         (["--over", "batch", "--json", "x.json"], "--json writes a grid"),
     ],
 )
-def test_cli_grid_errors_are_one_line(argv, message, capsys):
+def test_cli_grid_errors_are_one_line(argv, message, capsys, monkeypatch):
+    import torchroof.studies as studies
+
+    def traced(*args, **kwargs):  # every refusal comes before any point is traced
+        raise AssertionError("traced")
+
+    monkeypatch.setattr(studies, "sweep_grid", traced)
+    monkeypatch.setattr(studies, "sweep", traced)
     assert main(["sweep", "gpt2", *argv]) != 0
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
@@ -274,3 +281,9 @@ def test_a_grid_page_embeds_every_point_at_its_place_on_each_axis(tmp_path):
     assert data["grid"]["points"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
     assert [e["time_s"] for e in data["estimates"]] == [p.estimate.time_s for p in grid.points]
     assert data["estimates"][3]["label"] == "batch=8, context=32"
+
+
+def test_values_equal_as_numbers_are_one_value_of_an_axis():
+    """1 and 1.0 are the same efficiency: a grid holding both could not find its points."""
+    with pytest.raises(ValueError, match="compute_efficiency: a value is given twice"):
+        sweep_grid("gpt2", {"compute_efficiency": [1, 1.0]}, regime="decode")

@@ -346,7 +346,10 @@ def _grid_axes(
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
                     raise ValueError(f"variant {key}={v!r}: {key} takes whole numbers")
             values = [int(v) for v in values]
-        if len({repr(v) for v in values}) != len(values):
+        # 1 and 1.0 (or True and 1) are one value too: a point is found by its values
+        if len({repr(v) for v in values}) != len(values) or any(
+            a == b for i, a in enumerate(values) for b in values[i + 1 :]
+        ):
             raise ValueError(f"{key}: a value is given twice")
         out.append((key, values))
     count = math.prod(len(values) for _, values in out)

@@ -277,7 +277,7 @@ def grid_output(path: str | Path, grid_axes: int = 2) -> str:
         ("csv", (".csv",)),
         ("json", (".json",)),
         ("plot", PLOT_SUFFIXES),
-        ("html", (".html",)),
+        ("html", HTML_SUFFIXES),
     )
     for kind, suffixes in kinds:
         if name.endswith(suffixes):
@@ -285,6 +285,8 @@ def grid_output(path: str | Path, grid_axes: int = 2) -> str:
                 check_plot_path(path)
                 if grid_axes < 2:
                     raise ValueError(f"{path}: a heat map needs two axes; this grid has one")
+            if kind == "html":
+                check_html_path(path)  # plotly importable, before any work
             return kind
     listed = "; ".join(
         f"{suffix} ({GRID_OUTPUTS[kind]})"
@@ -292,7 +294,7 @@ def grid_output(path: str | Path, grid_axes: int = 2) -> str:
             ("csv", ".csv"),
             ("json", ".json"),
             ("plot", "/".join(PLOT_SUFFIXES)),
-            ("html", ".html"),
+            ("html", "/".join(HTML_SUFFIXES)),
         )
     )
     raise ValueError(f"{path}: a grid is written as {listed}")

@@ -20,6 +20,7 @@ Python numbers, and the page says why its switch is off.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 from collections.abc import Sequence
 from importlib import resources
@@ -410,16 +411,21 @@ def grid_html(grid: Grid, path: str | Path | None = None, title: str = "") -> st
         raise ValueError(
             f"a grid's HTML page holds at most {MAX_GRID_PAGE_POINTS} points (each embeds "
             f"every kernel of its step); this grid has {len(grid.points)}: write it as "
-            "--csv, --json or --plot, or narrow the axes"
+            ".csv, .json or a plot (render.files.write_grid), or narrow the axes"
         )
     estimates = [
         (", ".join(f"{key}={value}" for key, value in point.values.items()), point.estimate)
         for point in grid.points
     ]
     axes = [{"key": key, "values": [str(v) for v in values]} for key, values in grid.axes]
-    where = [
-        [values.index(point.values[key]) for key, values in grid.axes] for point in grid.points
-    ]
+    # the points are every combination, the first axis slowest (studies.sweep_grid)
+    where = [list(at) for at in itertools.product(*(range(len(v)) for _, v in grid.axes))]
+    if len(where) != len(grid.points) or any(
+        point.values.get(key) != values[i]
+        for point, at in zip(grid.points, where, strict=False)
+        for (key, values), i in zip(grid.axes, at, strict=True)
+    ):
+        raise ValueError("a grid's points are every combination of its axes, the first slowest")
     named = " x ".join(grid.keys)
     title = title or f"torchroof grid over {named}: {describe(estimates[0][1])}"
     info = {"axes": axes, "points": where}

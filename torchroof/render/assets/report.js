@@ -301,6 +301,7 @@
     if (axes.length === 1) {
       Plotly.react("grid-chart", [
         { type: "scatter", mode: "lines+markers", x: axes[0].values, y: all.map((f) => f.step * 1e3), name: "step time (ms)" },
+        { type: "scatter", mode: "markers", x: [axes[0].values[at[0]]], y: [all[state.view].step * 1e3], marker: { symbol: "circle-open", size: 18, color: "#d62728", line: { width: 3 } }, hoverinfo: "skip" },
       ], { ...layout, title: { text: `step time (ms) over ${axes[0].key}`, x: 0.01, xanchor: "left" }, xaxis: { title: { text: axes[0].key }, type: "category" }, yaxis: { title: { text: "ms" } } }, PLOT_CONFIG);
       return;
     }
