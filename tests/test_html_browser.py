@@ -373,3 +373,25 @@ def test_a_one_axis_grid_page_draws_a_line_and_follows_its_slider(browser, tmp_p
     assert text(browser, "step-time") == f"{grid.points[2].estimate.time_s * 1e3:.3f} ms"
     assert text(browser, "grid-axis-0-value") == "64"
     assert errors(browser) == []
+
+
+def test_a_grid_page_crosses_the_points_that_do_not_fit(browser, tmp_path):
+    """batch 16,384 x context 2,048 of the mid Llama holds 4 layers x 2 x 2 heads x 128 x 2
+    bytes = 4 KiB of KV per token, 16,384 x 2,048 x 4 KiB = 128 GiB: past an H100's 80 GiB.
+    Its cell is crossed and says so; batch 1 at 256 tokens fits and is not crossed."""
+    from conftest import meta_causal_lm
+
+    from torchroof.render.html import grid_html
+    from torchroof.studies import sweep_grid
+
+    model = meta_causal_lm("llama", **MID_LLAMA)
+    grid = sweep_grid(model, {"batch": [1, 16384], "context": [256, 2048]}, regime="decode")
+    assert not grid.points[3].estimate.memory.fits and grid.points[0].estimate.memory.fits
+    path = tmp_path / "fit.html"
+    grid_html(grid, path)
+    load(browser, path)
+    chart = "return document.getElementById('grid-chart').data"
+    heat, crossed, _ = browser.execute_script(chart)  # the heat map, the crosses, the ring
+    assert heat["text"][1][1] == " (does NOT fit)" and heat["text"][0][0] == ""
+    assert (crossed["x"], crossed["y"]) == (["2048"], ["16384"])
+    assert errors(browser) == []

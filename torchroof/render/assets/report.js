@@ -306,15 +306,24 @@
       return;
     }
     const z = axes[0].values.map(() => axes[1].values.map(() => null));
+    const fit = axes[0].values.map(() => axes[1].values.map(() => ""));
+    const over = { x: [], y: [] }; // points whose step does not fit the accelerator's memory
     DATA.grid.points.forEach((p, i) => {
-      if (p.slice(2).every((v, b) => v === at[b + 2])) z[p[0]][p[1]] = all[i].step * 1e3;
+      if (!p.slice(2).every((v, b) => v === at[b + 2])) return;
+      z[p[0]][p[1]] = all[i].step * 1e3;
+      if (all[i].fits === false) {
+        fit[p[0]][p[1]] = " (does NOT fit)";
+        over.x.push(axes[1].values[p[1]]);
+        over.y.push(axes[0].values[p[0]]);
+      }
     });
     const rest = axes.slice(2).map((axis, b) => `${axis.key}=${axis.values[at[b + 2]]}`).join(", ");
     Plotly.react("grid-chart", [
-      { type: "heatmap", x: axes[1].values, y: axes[0].values, z, colorscale: "Viridis", colorbar: { title: { text: "ms" } }, hovertemplate: `${axes[0].key}=%{y}, ${axes[1].key}=%{x}: %{z:.3f} ms<extra></extra>` },
+      { type: "heatmap", x: axes[1].values, y: axes[0].values, z, text: fit, colorscale: "Viridis", colorbar: { title: { text: "ms" } }, hovertemplate: `${axes[0].key}=%{y}, ${axes[1].key}=%{x}: %{z:.3f} ms%{text}<extra></extra>` },
+      { type: "scatter", mode: "markers", x: over.x, y: over.y, marker: { symbol: "x", size: 12, color: "#ffffff" }, hoverinfo: "skip" },
       { type: "scatter", mode: "markers", x: [axes[1].values[at[1]]], y: [axes[0].values[at[0]]], marker: { symbol: "circle-open", size: 18, color: "#d62728", line: { width: 3 } }, hoverinfo: "skip" },
     ], {
-      ...layout, title: { text: `step time (ms)${rest ? ` at ${rest}` : ""}`, x: 0.01, xanchor: "left" },
+      ...layout, title: { text: `step time (ms)${rest ? ` at ${rest}` : ""}${over.x.length ? "; × does not fit" : ""}`, x: 0.01, xanchor: "left" },
       xaxis: { title: { text: axes[1].key }, type: "category" }, yaxis: { title: { text: axes[0].key }, type: "category" },
     }, PLOT_CONFIG);
   }
