@@ -59,17 +59,10 @@ def test_each_price_makes_its_step_as_estimate_does():
 
 def test_a_pipelined_step_priced_again_equals_a_fresh_estimate():
     """Each stage's kernels are kept: the second cluster prices the same stage plans."""
+    from conftest import SMALL
     from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
+    config = LlamaConfig(**{**SMALL, "num_hidden_layers": 4}, max_position_embeddings=64)
     knobs = dict(seq=32, batch=4, pp=2, microbatches=4)
     prepared = torchroof.prepare(config, "train", **knobs)
     first = prepared.price("dgx-h100")

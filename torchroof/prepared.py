@@ -85,9 +85,10 @@ class PreparedModel:
         self._inputs = inputs
         self._loss_fn = loss_fn
         self._max_traces = max_traces
-        self._traces: OrderedDict[tuple[Workload, bool], Trace | PipelineTrace] = OrderedDict()
-        # each trace's kernels per kernel policy: pricing a trace again times them only
-        self._plans: dict[tuple[Workload, bool], TracePlans] = {}
+        # each step's trace, and its kernels per kernel policy (pricing a trace again times
+        # them only), dropped together
+        self._traces: OrderedDict[tuple[Workload, bool], tuple[Trace | PipelineTrace, TracePlans]]
+        self._traces = OrderedDict()
         self._traced = self._reused = 0
 
     def __repr__(self) -> str:
@@ -96,7 +97,7 @@ class PreparedModel:
         return f"PreparedModel({label}, {self.workload.regime}, {info.held} traces held)"
 
     def cache_info(self) -> CacheInfo:
-        plans = sum(len(held) for held in self._plans.values())
+        plans = sum(len(held) for _, held in self._traces.values())
         return CacheInfo(self._traced, self._reused, len(self._traces), plans)
 
     def workload_for(self, **knobs: Any) -> Workload:
@@ -112,7 +113,10 @@ class PreparedModel:
     def trace(self, **knobs: Any) -> Trace | PipelineTrace:
         """The trace of the step these workload keywords give (traced on first use): the
         one held, whose kernels later prices reuse; do not change it."""
-        step = self._step(knobs)
+        return self._held(self._step(knobs))[0]
+
+    def _held(self, step: tuple[Workload, bool]) -> tuple[Trace | PipelineTrace, TracePlans]:
+        """The step's trace and its kernel plans, traced on first use."""
         found = self._traces.get(step)
         if found is not None:
             self._traces.move_to_end(step)
@@ -121,12 +125,10 @@ class PreparedModel:
         with reporting(self.progress):
             traced = self._trace(*step)
         self._traced += 1
-        self._traces[step] = traced
-        self._plans[step] = TracePlans()
+        held = self._traces[step] = (traced, TracePlans())
         if len(self._traces) > self._max_traces:
-            dropped, _ = self._traces.popitem(last=False)
-            del self._plans[dropped]
-        return traced
+            self._traces.popitem(last=False)
+        return held
 
     def price(
         self,
@@ -142,11 +144,10 @@ class PreparedModel:
         the same model and knobs; only a step not priced before is traced."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)  # a bad name fails before any tracing
-        workload = self.workload_for(**workload_knobs)
-        check_quant_hardware(workload.quant, spec)
+        step = self._step(workload_knobs)
+        check_quant_hardware(step[0].quant, spec)
         options = replace(pricing or PricingOptions(), **pricing_knobs)
-        trace = self.trace(**workload_knobs)
-        plans = self._plans[self._step(workload_knobs)]
+        trace, plans = self._held(step)
         with reporting(self.progress):
             return estimate_trace(trace, cluster or spec, options, plans=plans)
 

@@ -171,8 +171,7 @@ def compare(
     variants: list[Variant] = []
     # variants that differ only in pricing share one trace, and those that share its
     # kernel policy too (another accelerator, timing mode, efficiency) its kernels
-    traces: dict[str, Any] = {}
-    plans: dict[str, TracePlans] = {}
+    traces: dict[str, tuple[Any, TracePlans]] = {}
     for key, values in vary.items():  # every variant is refused before any tracing
         if not values:
             raise ValueError(f"{key}: no values to compare")
@@ -188,9 +187,9 @@ def compare(
                 tracing = {k: v for k, v in settings.items() if k not in PRICING_KEYS}
                 cache_key = repr(sorted(tracing.items(), key=lambda kv: kv[0]))
                 if cache_key not in traces:
-                    traces[cache_key] = _trace(model, tracing)
-                    plans[cache_key] = TracePlans()
-                est = estimate_trace(traces[cache_key], plans=plans[cache_key], **pricing)
+                    traces[cache_key] = (_trace(model, tracing), TracePlans())
+                trace, plans = traces[cache_key]
+                est = estimate_trace(trace, plans=plans, **pricing)
                 variants.append(Variant(f"{key}={value}", settings, est))
     return Comparison(variants)
 

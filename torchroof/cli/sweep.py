@@ -22,7 +22,7 @@ from torchroof.render.files import (
     write_grid,
     write_sweep,
 )
-from torchroof.render.html import MAX_GRID_PAGE_POINTS
+from torchroof.render.html import check_grid_page
 from torchroof.render.text import grid_tables, sweep_table
 from torchroof.studies import GRID_KEYS, SWEEP_KEYS, parse_value
 from torchroof.workloads import regime
@@ -96,12 +96,8 @@ def run(args: argparse.Namespace) -> None:
 
     flags = (("csv", args.csv), ("json", args.json), ("plot", args.plot), ("html", args.html))
     outputs = [path for _, path in flags if path]
-    points = math.prod(len(values) for values in axes.values())
-    if args.html and points > MAX_GRID_PAGE_POINTS:
-        raise ValueError(
-            f"--html {args.html}: a grid's page holds at most {MAX_GRID_PAGE_POINTS} points "
-            f"(each embeds every kernel of its step); this grid has {points}"
-        )
+    if args.html:
+        check_grid_page(math.prod(len(values) for values in axes.values()))
     writable(*outputs)
     for flag, path in flags:  # a plot named .jpg, or --csv grid.png, fails before any work
         if path and grid_output(path, len(axes)) != flag:

@@ -403,16 +403,22 @@ def sweep_html(sweep: Sweep, path: str | Path | None = None, title: str = "") ->
     return _write(render_page(page_data("sweep", title, estimates, info)), path)
 
 
+def check_grid_page(points: int) -> None:
+    """Refuse a grid of more points than one page holds (before any is traced, where the
+    command line can)."""
+    if points > MAX_GRID_PAGE_POINTS:
+        raise ValueError(
+            f"a grid's page holds at most {MAX_GRID_PAGE_POINTS} points (each embeds every "
+            f"kernel of its step); this grid has {points}: write it as .csv, .json or a "
+            "plot, or narrow the axes"
+        )
+
+
 def grid_html(grid: Grid, path: str | Path | None = None, title: str = "") -> str:
     """A grid's page: a slider per axis picks the point whose report is shown, a heat map
     of step time over the first two axes, and every point in a table; switching the
     accelerator or an efficiency re-prices every point from its kernels' W and Q."""
-    if len(grid.points) > MAX_GRID_PAGE_POINTS:
-        raise ValueError(
-            f"a grid's HTML page holds at most {MAX_GRID_PAGE_POINTS} points (each embeds "
-            f"every kernel of its step); this grid has {len(grid.points)}: write it as "
-            ".csv, .json or a plot (render.files.write_grid), or narrow the axes"
-        )
+    check_grid_page(len(grid.points))
     estimates = [
         (", ".join(f"{key}={value}" for key, value in point.values.items()), point.estimate)
         for point in grid.points
