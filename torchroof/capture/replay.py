@@ -41,7 +41,8 @@ from torchroof.capture.layer_calls import (
 from torchroof.capture.replay_check import verified
 from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
-from torchroof.records.tensors import Role, TensorMeta
+from torchroof.records.tensors import Role, remapped
+from torchroof.records.trace import CopiedSpan
 
 if TYPE_CHECKING:
     from torchroof.capture.mode import Capture
@@ -564,13 +565,8 @@ def append_copies(
     trace.assumptions.extend(
         Assumption(a.op_index + first, module_of(a.module), a.what, a.kind) for a in assumptions
     )
-
-
-def remapped(tensors: tuple[TensorMeta, ...], mapping: dict[int, int]) -> tuple[TensorMeta, ...]:
-    return tuple(
-        TensorMeta(t.shape, t.stride, t.dtype, mapping.get(t.storage, t.storage), t.offset)
-        for t in tensors
-    )
+    if ops:
+        trace.copies.append(CopiedSpan(first, len(ops), ops[0].index))
 
 
 def made_storages(

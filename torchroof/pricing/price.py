@@ -18,6 +18,7 @@ from torchroof.counters import Cost, registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
 from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
+from torchroof.kernels.repeats import repeated_kernels
 from torchroof.pricing.assumptions import (
     cache_assumptions,
     routing_assumptions,
@@ -208,7 +209,8 @@ def plan_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
     roles = {**step.roles, **trace.roles}
     fused = policy.fusion == "fused"
     ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
-    kernels, coverage = build_kernels(ops, policy, roles)
+    built = repeated_kernels(ops, trace.copies, policy, roles) if not step.groups else None
+    kernels, coverage = built or build_kernels(ops, policy, roles)
     return KernelPlan(step, roles, kernels, coverage, transient_peak(trace, roles))
 
 

@@ -67,6 +67,14 @@ class TensorRef:
     index: int
 
 
+def remapped(tensors: tuple[TensorMeta, ...], mapping: dict[int, int]) -> tuple[TensorMeta, ...]:
+    """``tensors`` with their storages through ``mapping`` (a storage not in it kept)."""
+    return tuple(
+        TensorMeta(t.shape, t.stride, t.dtype, mapping.get(t.storage, t.storage), t.offset)
+        for t in tensors
+    )
+
+
 def storage_extent_bytes(t: TensorMeta) -> int:
     """Bytes of storage a tensor view reaches: (offset + last element + 1) · itemsize."""
     return _extent_elements(t.shape, t.stride, t.offset) * dtype_itemsize(t.dtype)

@@ -26,6 +26,17 @@ def _legacy_kind(what: str) -> AssumptionKind:
     return "routing" if routed else "scalar"
 
 
+@dataclass(frozen=True)
+class CopiedSpan:
+    """``count`` ops from ``first`` on are a copy of those from ``source`` on: a repeated
+    layer given its representative's ops under its own module path and storages
+    (:mod:`torchroof.capture.replay`), so pricing may build its kernels once."""
+
+    first: int
+    count: int
+    source: int
+
+
 @dataclass
 class Trace:
     """Every aten op of a step in execution order, plus what capture had to assume.
@@ -42,6 +53,8 @@ class Trace:
     roles: dict[int, Role] = field(default_factory=dict)
     role_bytes: dict[str, int] = field(default_factory=dict)
     facts: StepFacts = field(default_factory=StepFacts)
+    # which ops are copies of which (not saved: a loaded trace is priced op by op)
+    copies: list[CopiedSpan] = field(default_factory=list, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[OpRecord]:
         return iter(self.ops)

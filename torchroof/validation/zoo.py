@@ -304,3 +304,48 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@dataclass
+class RepeatedKernelsCheck:
+    """A zoo step's kernels built once per repeated period against grouping every op."""
+
+    periods: int  # periods of the run built once (0: no run, grouped whole)
+    length: int  # ops in one period
+    kernels: int  # kernels of the step under the default policy
+    built_once: list[str]  # the policies under which the run's kernels were built once
+    differences: list[str]  # the policies under which the two kernel lists differ
+
+
+def repeated_kernels_check(architecture: str, regime: str) -> RepeatedKernelsCheck:
+    """Trace the zoo step copying repeated layers and group it twice under the fused,
+    eager and epilogue policies: once building the repeated periods' kernels once
+    (:func:`torchroof.kernels.repeats.repeated_kernels`), once op by op
+    (:func:`torchroof.kernels.fusion.build_kernels`); the kernels must be equal."""
+    from torchroof.config import PricingOptions
+    from torchroof.kernels.fusion import build_kernels
+    from torchroof.kernels.repeats import repeated_kernels, repeated_run
+    from torchroof.models.completions import default_config
+
+    with warnings.catch_warnings(), quiet_imports(), quiet_trace():
+        warnings.simplefilter("ignore")  # no user code runs here, only shipped models
+        config = default_config(architecture)
+        trace = _traced(config, zoo_workload(config, regime))
+    run = repeated_run(trace.ops, trace.copies)
+    differences, built_once = [], []
+    kernels = 0
+    for name, options in (
+        ("fused", PricingOptions()),
+        ("eager", PricingOptions(fusion="eager")),
+        ("epilogue", PricingOptions(epilogue=True)),
+    ):
+        policy, roles = options.kernels_only(), dict(trace.roles)
+        whole = build_kernels(trace.ops, policy, roles)
+        once = repeated_kernels(trace.ops, trace.copies, policy, roles)
+        kernels = kernels or len(whole[0])
+        if once is not None:
+            built_once.append(name)
+            if once != whole:
+                differences.append(name)
+    periods = run.periods if run is not None else 0
+    return RepeatedKernelsCheck(periods, run.length if run else 0, kernels, built_once, differences)
