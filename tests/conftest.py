@@ -73,6 +73,23 @@ TINY_JAMBA = dict(
     vocab_size=512,
 )
 
+
+def small_llama(layers: int = 4):
+    """The Llama config the repeated-layer tests copy: d = 128, 4 heads of 32, 2 KV heads,
+    MLP 352, vocab 1000, ``layers`` layers."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=4096,
+    )
+
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

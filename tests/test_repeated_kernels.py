@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import small_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,20 +65,9 @@ def test_a_rerun_matches_the_checked_in_result(architecture, regime):
 
 
 def eight_layers():
-    from transformers import LlamaConfig
-
     from torchroof.models.sources import build_model
 
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=4096,
-    )
-    return build_model(config, torch.bfloat16)
+    return build_model(small_llama(8), torch.bfloat16)
 
 
 def traced(regime="decode", full=False, **knobs):

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import small_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -13,20 +14,6 @@ import torchroof
 from torchroof.capture.replay import LayerReplay
 from torchroof.records.equality import first_difference
 from torchroof.workloads import run_workload
-
-
-def small_llama(layers: int = 4):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=4096,
-    )
 
 
 def traced(regime, full, **knobs):
