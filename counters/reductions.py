@@ -13,6 +13,7 @@ from torchroof.counters.cost import Cost
 from torchroof.counters.registry import register, register_per_element
 from torchroof.counters.tensors import compute_dtype, io_bytes, tensor_arg
 
+from torchroof.records.dims import log2
 from torchroof.records.ops import OpRecord
 
 # FLOPs per input element for one-pass reductions and scans, per kind (counters/registry.py
@@ -114,7 +115,7 @@ def sort(op: OpRecord) -> Cost:
     """
     read, written = io_bytes(op)
     length = _dim_size(op)
-    flops = tensor_arg(op, "self").numel * max(1, math.ceil(math.log2(max(length, 2))))
+    flops = tensor_arg(op, "self").numel * max(1, math.ceil(log2(max(length, 2))))
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 
@@ -123,7 +124,7 @@ def topk(op: OpRecord) -> Cost:
     """Top-k along a dim: each element is compared into a k-heap, n·log2(k) compares."""
     read, written = io_bytes(op)
     k = int(op.arg("k"))
-    flops = tensor_arg(op, "self").numel * max(1, math.ceil(math.log2(max(k, 2))))
+    flops = tensor_arg(op, "self").numel * max(1, math.ceil(log2(max(k, 2))))
     return Cost(flops, read, written, "vector", compute_dtype(op.inputs))
 
 

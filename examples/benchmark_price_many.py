@@ -10,6 +10,8 @@ part for both tools) and is repeated; medians are printed with ratios:
   layers copied from one traced layer of each kind (the default);
 - the same decode step priced again on another accelerator from the prepared model
   (``torchroof.prepare``): pricing only;
+- a decode step at a new batch and context from a prepared model that already holds the
+  step traced with its sizes as symbols: its trace made from the symbols, then priced;
 - a training estimate (seq ``--seq``, AdamW, one H100) against FlopCounterMode's forward
   and backward of the same model, the model built inside the timed part for both;
 - a decode grid of ``--batches`` x ``--contexts`` points (``torchroof.studies.sweep_grid``;
@@ -67,6 +69,12 @@ def _child(kind: str, seq: int, batches: int, contexts: int) -> None:
         torchroof.estimate(MODEL, "prefill", seq=seq, full_trace=kind.endswith("full"))
     elif kind in ("decode-full", "decode-copied"):
         torchroof.estimate(MODEL, "decode", batch=8, context=seq, full_trace=kind.endswith("full"))
+    elif kind == "new-size":
+        prepared = torchroof.prepare(MODEL, "decode", batch=8, context=seq)
+        prepared.price("h100-sxm")
+        prepared.price("h100-sxm", batch=9)  # the second size: traced on symbols
+        start = time.perf_counter()  # a third size only
+        prepared.price("h100-sxm", batch=12, context=seq // 2)
     elif kind == "repriced":
         prepared = torchroof.prepare(MODEL, "decode", batch=8, context=seq)
         prepared.price("h100-sxm")
@@ -101,6 +109,7 @@ KINDS = (
     "decode-full",
     "decode-copied",
     "repriced",
+    "new-size",
     "grid",
 )
 
@@ -132,6 +141,7 @@ def main() -> None:
         ("decode-full", "decode, every layer run"),
         ("decode-copied", "decode, layers copied"),
         ("repriced", "decode priced again (b200)"),
+        ("new-size", "decode at a new batch, context"),
     ):
         print(f"  {label:31s}: {median[kind]:7.2f} s   {median[kind] / ref:5.2f}x the reference")
     train_ref = median["flopcounter-train"]

@@ -164,6 +164,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.parallel.pipeline",),
     ("torchroof.render",),
     ("torchroof.api",),
+    ("torchroof.symbolic",),
     ("torchroof.prepared",),
     ("torchroof.studies",),
     ("torchroof.labs", "torchroof.validation"),

@@ -39,8 +39,17 @@ def test_a_price_equals_a_fresh_estimate_and_shares_its_trace():
     assert same(eager, fresh)
     assert prepared.cache_info().plans == 2
     assert same(prepared.price("a100-sxm", batch=4), a100)  # the first plan, kept
-    prepared.price("h100-sxm", batch=8)  # another step: a second trace
-    assert prepared.cache_info().traced == 2
+    # another size of the step: traced once more with its sizes as symbols, and this
+    # point's trace made from that, equal to a fresh one
+    batch8 = prepared.price("h100-sxm", batch=8)
+    assert same(batch8, torchroof.estimate("gpt2", "decode", context=64, batch=8))
+    info = prepared.cache_info()
+    assert (info.traced, info.symbolic, info.substituted) == (1, 1, 1)
+    # every further size it holds at is made, not traced
+    batch6 = prepared.price("h100-sxm", batch=6, context=100)
+    assert same(batch6, torchroof.estimate("gpt2", "decode", context=100, batch=6))
+    info = prepared.cache_info()
+    assert (info.traced, info.symbolic, info.substituted) == (1, 1, 2)
 
 
 def test_each_price_makes_its_step_as_estimate_does():
@@ -76,11 +85,13 @@ def test_a_pipelined_step_priced_again_equals_a_fresh_estimate():
 
 def test_the_oldest_trace_is_dropped_past_max_traces():
     prepared = torchroof.prepare("gpt2", "decode", context=16, max_traces=1)
-    prepared.price(batch=1)
-    prepared.price(batch=2)
-    prepared.price(batch=1)  # dropped when batch 2 was traced: traced again
+    prepared.price(batch=1)  # traced
+    prepared.price(batch=2)  # the step's second size: traced with its sizes as symbols
+    prepared.price(batch=1)  # dropped when batch 2 was made; a batch of 1 is another
+    # symbolic trace (it broadcasts where larger batches do not)
     info = prepared.cache_info()
-    assert (info.traced, info.reused, info.held, info.plans) == (3, 0, 1, 1)  # plans dropped too
+    assert (info.traced, info.reused, info.held, info.plans) == (1, 0, 1, 1)  # plans dropped too
+    assert (info.symbolic, info.substituted) == (2, 2)
 
 
 @pytest.mark.parametrize(
@@ -121,6 +132,42 @@ def test_a_grid_prices_every_combination():
     row = text.splitlines()[4].split()  # batch 4's row: batch, the h100's and the a100's ms
     assert row == ["4", f"{grid.at(batch=4, hardware='h100-sxm').time_s * 1e3:.3f}",
                    f"{fresh.time_s * 1e3:.3f}"]  # fmt: skip
+
+
+def test_a_grid_s_figures_equal_fresh_estimates():
+    """An inference grid's points are priced from kernels planned once for every size
+    (a batch of 1 with its own symbolic trace and plan): each point's figures are a
+    fresh estimate's, to the last bit, and its estimate is made when asked for."""
+    from conftest import small_llama
+
+    from torchroof.report.compare import point_metrics
+
+    config = small_llama(8)
+    grid = sweep_grid(config, {"batch": [1, 2, 5], "context": [16, 300]}, regime="decode")
+    for point in grid.points:
+        fresh = torchroof.estimate(config, "decode", **point.values)
+        assert point.metrics == point_metrics(fresh), point.values
+    assert grid.notes == []
+    assert same(
+        grid.at(batch=5, context=300), torchroof.estimate(config, "decode", batch=5, context=300)
+    )
+
+
+def test_a_step_that_cannot_be_traced_on_symbols_is_priced_whole_and_says_why():
+    from transformers import BloomConfig
+
+    from torchroof.report.compare import point_metrics
+
+    bloom = BloomConfig(hidden_size=64, n_head=4, n_layer=2, vocab_size=256)
+    grid = sweep_grid(bloom, {"batch": [2, 3], "seq": [8, 16]}, regime="prefill")
+    fresh = torchroof.estimate(bloom, "prefill", batch=3, seq=16)
+    assert grid.points[3].metrics == point_metrics(fresh)
+    assert len(grid.notes) == 1  # said once for the four points
+    assert grid.notes[0] == (
+        "4 points (the first batch=2, seq=16): traced at each size (the step does not trace "
+        "on symbolic sizes: "
+        "SymIntArrayRef expected to contain only concrete integers)"
+    )
 
 
 def test_grid_input_is_refused_before_tracing():

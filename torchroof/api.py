@@ -431,23 +431,21 @@ def trace_workload(
         return trace_pipeline(
             workload,
             resolve=lambda given: resolve_seq(model, given),
-            build=lambda given: _build(model, given, cast_module),
-            run=_run,
+            build=lambda given: build_step_model(model, given, cast_module),
+            run=run_step,
             trace_type=PipelineTrace,
         )
     workload, note = resolve_seq(model, workload)
-    module, label, beyond = _build(model, workload, cast_module)
+    module, label, beyond = build_step_model(model, workload, cast_module)
     try:
-        trace = _run(module, workload)
+        trace = run_step(module, workload)
     except ReplayFallback as why:  # a copied layer's backward could not be copied
-        module, label, beyond = _build(model, replace(workload, full_trace=True), cast_module)
-        trace = _run(module, replace(workload, full_trace=True))
+        full = replace(workload, full_trace=True)
+        module, label, beyond = build_step_model(model, full, cast_module)
+        trace = run_step(module, full)
         trace.facts.workload = workload
         trace.facts.repeated_layers = f"every layer run: {why}"
-    trace.facts.model = label
-    trace.facts.defaults = note
-    if beyond:
-        trace.facts.positions = beyond
+    step_facts(trace, label, note, beyond)
     return Trace.of(trace)
 
 
@@ -458,7 +456,7 @@ def config_of(model: Any) -> Any:
     return load_config(model)
 
 
-def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
+def resolve_seq(model: Any, workload: Workload, config: Any = None) -> tuple[Workload, str]:
     """``workload`` with ``seq`` given, and the line that says why when the model chose it.
 
     ``seq`` left out (None) is :data:`~torchroof.config.DEFAULT_SEQ` (4096), or, where that
@@ -466,11 +464,11 @@ def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
     the longest the model takes: ``seq`` for prefill and train, a decode's cache
     (``context`` left out follows ``seq``); the summary says so (``seq: 1024, the model's
     maximum positions ...``). An explicit ``seq`` (or ``context``) is left as given, and
-    refused past the maximum as before."""
+    refused past the maximum as before. ``config`` is the model's, when already loaded."""
     if workload.seq is not None:
         return workload, ""
     full = replace(workload, seq=DEFAULT_SEQ)
-    config = config_of(model)
+    config = config_of(model) if config is None else config
     limit = position_limit(config) if config is not None else None
     if not limit:
         return full, ""
@@ -493,9 +491,10 @@ def resolve_seq(model: Any, workload: Workload) -> tuple[Workload, str]:
     )
 
 
-def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.Module, str, str]:
-    """(the model on meta, its label, the positions note) after the checks that refuse a
-    workload before anything is built."""
+def step_checks(model: Any, workload: Workload, config: Any = None) -> tuple[str, Any, str]:
+    """(the model's label, its config or None, the positions note): the checks that refuse
+    a workload before anything is built, in the words a fresh trace refuses it with.
+    ``config`` is the model's, when already loaded."""
     if isinstance(model, torch.nn.Module):
         label = type(model).__name__
         config = getattr(model, "config", None)
@@ -509,7 +508,7 @@ def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.
             )
     else:
         label = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-        config = load_config(model)
+        config = load_config(model) if config is None else config
     beyond = None
     if config is not None:  # refused before anything is built
         check_layers(config, name=label)
@@ -519,6 +518,14 @@ def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.
         beyond = check_positions(config, length, allow, name=label) or check_new_positions(
             config, length, regime(workload.regime).new_positions, name=label
         )
+    return label, config, beyond or ""
+
+
+def build_step_model(
+    model: Any, workload: Workload, cast_module: bool
+) -> tuple[torch.nn.Module, str, str]:
+    """(the model on meta, its label, the positions note) after :func:`step_checks`."""
+    label, config, beyond = step_checks(model, workload)
     with current_progress().stage("building the model on the meta device"), quiet_trace():
         if isinstance(model, torch.nn.Module):
             module = meta_copy(model)
@@ -526,10 +533,19 @@ def _build(model: Any, workload: Workload, cast_module: bool) -> tuple[torch.nn.
                 module = module.to(compute_dtype(workload))
         else:
             module = build_model(config, compute_dtype(workload))
-    return module, label, beyond or ""
+    return module, label, beyond
 
 
-def _run(module: torch.nn.Module, workload: Workload) -> records.Trace:
+def step_facts(trace: records.Trace, label: str, note: str, beyond: str) -> None:
+    """Name the traced step's model, the default it changed and the positions it allowed."""
+    trace.facts.model = label
+    trace.facts.defaults = note
+    if beyond:
+        trace.facts.positions = beyond
+
+
+def run_step(module: torch.nn.Module, workload: Workload) -> records.Trace:
+    """Trace one step of ``workload`` on the built ``module``, its errors in one line."""
     try:  # other libraries' notes on what torchroof does are not the user's concern
         with op_budget(max_ops=workload.max_ops), quiet_trace(), current_progress().ending():
             return run_workload(module, workload)

@@ -1,7 +1,8 @@
 """A model prepared once and priced many times: :func:`prepare` returns a
 :class:`PreparedModel` whose :meth:`~PreparedModel.price` gives an :class:`Estimate` for
 any hardware, timing mode or pricing option, and any batch, length or plan, tracing only
-the steps it has not traced yet.
+the steps it has not traced yet, and whose :meth:`~PreparedModel.metrics` gives a point's
+figures (step time, tokens/s, MFU, traffic, memory and fit) without making its estimate.
 
 A trace is kept per distinct step (the :class:`~torchroof.config.Workload` it records:
 batch, sequence, context, the parallel plan, the quant recipe, the optimizer ...), so
@@ -9,6 +10,14 @@ prices that differ only in how the step is priced (the accelerator or cluster, `
 ``fusion``, efficiencies) share it and cost only the pricing. Each trace copies the
 repeated decoder layers of an inference step from one traced representative of each
 kind (:mod:`torchroof.capture.replay`), unless ``full_trace=True``.
+
+An inference step on one GPU priced at a second batch or length is traced once more with
+its sizes as symbols (:mod:`torchroof.symbolic`); every later point that keeps that
+trace's decisions has its trace by putting its numbers into it, op for op the trace a
+fresh trace records, and :meth:`~PreparedModel.metrics` prices such a point from kernels
+planned once for every size (:mod:`torchroof.pricing.symbolic_plan`). A point that does
+not keep them (a batch of 1 broadcasts differently) gets a symbolic trace of its own or is
+traced afresh; :attr:`PreparedModel.notes` says which and why.
 """
 
 from __future__ import annotations
@@ -25,19 +34,41 @@ from torchroof.api import (
     PipelineTrace,
     Trace,
     check_quant_hardware,
+    config_of,
     estimate_trace,
+    resolve_seq,
     trace_module,
     trace_workload,
     traced_workload,
 )
+from torchroof.capture.symbolic import NotSymbolic
 from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
+from torchroof.counters import registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans
+from torchroof.pricing.symbolic_plan import NotPlanned, SymbolicPlan, plan_symbolic
 from torchroof.progress import reporting
+from torchroof.records.symbolic_trace import SymbolicTrace
+from torchroof.report.compare import point_metrics
 from torchroof.report.estimate import Estimate
+from torchroof.symbolic import (
+    family_key,
+    point_facts,
+    symbolic_axes,
+    symbolic_point,
+    trace_symbolic,
+)
+
+MAX_SYMBOLIC_TRACES = 3
+"""Symbolic traces kept per step with its sizes left out (a batch of 1 and of more broadcast
+differently: two); a point that keeps none of them past it is traced afresh."""
+
+MAX_SYMBOLIC_PLANS = 8
+"""Kernel plans kept per symbolic trace and kernel policy (each holds where its decisions
+do); a point that keeps none of them past it is priced from its own trace."""
 
 DEFAULT_MAX_TRACES = 16
 """Traces a prepared model keeps (the least recently priced is dropped past it): a 70B
@@ -54,6 +85,9 @@ class CacheInfo:
     reused: int  # prices that found their step already traced
     held: int  # traces kept now
     plans: int = 0  # kernel plans kept (one per trace and kernel policy it was priced with)
+    symbolic: int = 0  # steps traced with their sizes as symbols
+    substituted: int = 0  # traces made from a symbolic trace (no tracing)
+    planned: int = 0  # points whose figures came from kernels planned for every size
 
 
 class PreparedModel:
@@ -90,6 +124,15 @@ class PreparedModel:
         self._traces: OrderedDict[tuple[Workload, bool], tuple[Trace | PipelineTrace, TracePlans]]
         self._traces = OrderedDict()
         self._traced = self._reused = 0
+        # symbolic traces per step with its sizes left out, or why it has none; the kernel
+        # plans of each per kernel policy, or why it has none
+        self._families: dict[tuple[Any, ...], list[SymbolicTrace] | str] = {}
+        self._seen: set[tuple[Any, ...]] = set()
+        self._plans: dict[tuple[Any, ...], list[SymbolicPlan] | str] = {}
+        self._symbolic = self._substituted = self._planned = 0
+        self._config: Any = None
+        # what was traced or priced the long way: why -> the points it held for
+        self._notes: dict[str, dict[str, None]] = {}
 
     def __repr__(self) -> str:
         label = self.model if isinstance(self.model, (str, Path)) else type(self.model).__name__
@@ -98,7 +141,15 @@ class PreparedModel:
 
     def cache_info(self) -> CacheInfo:
         plans = sum(len(held) for _, held in self._traces.values())
-        return CacheInfo(self._traced, self._reused, len(self._traces), plans)
+        return CacheInfo(
+            self._traced,
+            self._reused,
+            len(self._traces),
+            plans,
+            self._symbolic,
+            self._substituted,
+            self._planned,
+        )
 
     def workload_for(self, **knobs: Any) -> Workload:
         """The workload :meth:`price` traces for these workload keywords (checked)."""
@@ -123,8 +174,10 @@ class PreparedModel:
             self._reused += 1
             return found
         with reporting(self.progress):
-            traced = self._trace(*step)
-        self._traced += 1
+            traced: Trace | PipelineTrace | None = self._from_symbolic(step)
+            if traced is None:
+                traced = self._trace(*step)
+                self._traced += 1
         held = self._traces[step] = (traced, TracePlans())
         if len(self._traces) > self._max_traces:
             self._traces.popitem(last=False)
@@ -151,12 +204,166 @@ class PreparedModel:
         with reporting(self.progress):
             return estimate_trace(trace, cluster or spec, options, plans=plans)
 
+    def metrics(
+        self,
+        hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+        *,
+        pricing: PricingOptions | None = None,
+        **knobs: Any,
+    ) -> dict[str, Any]:
+        """:func:`~torchroof.report.compare.point_metrics` of :meth:`price` with the same
+        arguments (step time, tokens/s, GPUs, MFU, traffic by role, memory, fit), equal to
+        it; an inference step on one GPU is priced from kernels planned once for every
+        size where its point keeps their decisions, without making its estimate."""
+        workload_knobs, pricing_knobs = split_knobs(knobs)
+        spec, cluster = resolve_hardware(hardware)
+        step = self._step(workload_knobs)
+        check_quant_hardware(step[0].quant, spec)
+        options = replace(pricing or PricingOptions(), **pricing_knobs)
+        with reporting(self.progress):
+            planned = self._planned_metrics(step, spec, cluster, options)
+        if planned is not None:
+            self._planned += 1
+            return planned
+        return point_metrics(self.price(hardware, pricing=options, **workload_knobs))
+
+    # -- symbolic traces and plans ---------------------------------------------------------
+    def _model_config(self) -> Any:
+        if self._config is None:
+            self._config = config_of(self.model)
+        return self._config
+
+    @property
+    def notes(self) -> list[str]:
+        """What was traced or priced the long way, and why: a line per reason, with the
+        first point it held for and how many it held for."""
+        out = []
+        for why, points in self._notes.items():
+            first = next(iter(points))
+            where = first if len(points) == 1 else f"{len(points)} points (the first {first})"
+            out.append(f"{where}: {why}")
+        return out
+
+    def _note(self, point: str, why: str) -> None:
+        self._notes.setdefault(why, {})[point] = None
+
+    def _family(self, step: tuple[Workload, bool], eager: bool) -> SymbolicTrace | None:
+        """A symbolic trace whose decisions the step keeps: one held, or one traced at this
+        step (from its step's second point on, or at once when ``eager``); None where the
+        step is not one (training, several GPUs, a plain module) or cannot be."""
+        workload, cast = step
+        if self._inputs is not None or self._loss_fn is not None:
+            return None
+        axes = symbolic_axes(workload)
+        if isinstance(axes, str):
+            return None
+        key = (family_key(workload), cast)
+        held = self._families.setdefault(key, [])
+        resolved, _ = resolve_seq(self.model, workload, self._model_config())
+        numbers = {name: getattr(resolved, name) for name in axes}
+        if isinstance(held, str):
+            self._note(_point(numbers), f"traced at each size ({held})")
+            return None
+        for symbolic in held:
+            if symbolic.holds(numbers):
+                return symbolic
+        if not eager and key not in self._seen:
+            self._seen.add(key)  # a step's first point is traced as it is
+            return None
+        point = _point(numbers)
+        if len(held) >= MAX_SYMBOLIC_TRACES:
+            self._note(point, f"traced afresh (none of the {len(held)} symbolic traces holds)")
+            return None
+        try:
+            symbolic = trace_symbolic(self.model, workload, cast)
+        except NotSymbolic as why:
+            if not held:
+                self._families[key] = str(why)
+            self._note(point, f"traced at each size ({why})")
+            return None
+        self._symbolic += 1
+        held.append(symbolic)
+        return symbolic
+
+    def _from_symbolic(self, step: tuple[Workload, bool]) -> Trace | None:
+        """The step's trace from a symbolic trace, where one holds at it."""
+        symbolic = self._family(step, eager=False)
+        if symbolic is None:
+            return None
+        trace = symbolic_point(symbolic, self.model, step[0], self._model_config())
+        if trace is not None:
+            self._substituted += 1
+        return trace
+
+    def _planned_metrics(
+        self,
+        step: tuple[Workload, bool],
+        spec: HardwareSpec,
+        cluster: ClusterSpec | None,
+        pricing: PricingOptions,
+    ) -> dict[str, Any] | None:
+        """The point's figures from kernels planned for every size; None where there is
+        no symbolic trace or plan for it (then it is priced from its own trace)."""
+        symbolic = self._family(step, eager=True)
+        if symbolic is None:
+            return None
+        facts = point_facts(symbolic, self.model, step[0], self._model_config())
+        if facts is None or facts.workload is None:
+            return None
+        numbers = {name: getattr(facts.workload, name) for name in symbolic.axes}
+        plan = self._plan(symbolic, pricing, numbers)
+        if plan is None:
+            return None
+        try:
+            return plan.metrics(numbers, facts, spec, cluster, pricing)
+        except NotPlanned as why:
+            self._note(_point(numbers), f"priced from its own trace ({why})")
+            return None
+
+    def _plan(
+        self, symbolic: SymbolicTrace, pricing: PricingOptions, numbers: dict[str, int]
+    ) -> SymbolicPlan | None:
+        """A kernel plan of ``symbolic`` under ``pricing``'s kernel policy that holds at
+        ``numbers``: one held, or one planned with the sizes at these numbers."""
+        key = (id(symbolic), registry_version(), *pricing.kernel_policy())
+        held = self._plans.setdefault(key, [])
+        point = _point(numbers)
+        if isinstance(held, str):
+            self._note(point, f"priced from its own trace ({held})")
+            return None
+        for plan in held:
+            if plan.holds(numbers):
+                return plan
+        if len(held) >= MAX_SYMBOLIC_PLANS:
+            self._note(point, f"priced from its own trace (none of the {len(held)} plans holds)")
+            return None
+        if not symbolic.views_apart(numbers):  # no plan holds where two views become one
+            self._note(point, "priced from its own trace (two views of a tensor coincide)")
+            return None
+        at = symbolic if symbolic.axes == numbers else symbolic.anchored(numbers)
+        try:
+            plan = plan_symbolic(at, pricing)
+        except NotPlanned as why:
+            if not held:
+                self._plans[key] = str(why)
+            self._note(point, f"priced from its own trace ({why})")
+            return None
+        held.append(plan)
+        if not plan.holds(numbers):  # planned at these numbers: it holds here
+            self._note(point, "priced from its own trace (the plan made here does not hold)")
+            return None
+        return plan
+
     def _trace(self, workload: Workload, cast: bool) -> Trace | PipelineTrace:
         if self._inputs is not None or self._loss_fn is not None:
             return trace_module(
                 self.model, self._inputs, workload=workload, loss_fn=self._loss_fn, cast_module=cast
             )
         return trace_workload(self.model, workload, cast_module=cast)
+
+
+def _point(numbers: dict[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in numbers.items())
 
 
 def prepare(

@@ -38,6 +38,12 @@ TRACE_LOG_LINES: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# log lines of a step traced with its sizes as symbols that cannot run on them: torchroof
+# traces it at each size instead and says so in a line of its own
+SYMBOLIC_LOG_LINES: dict[str, tuple[str, ...]] = {
+    "torch._subclasses.fake_tensor": (r"failed while attempting to run meta for",),
+}
+
 # log lines printed while torchao is imported on a machine without its CUDA extensions
 IMPORT_LOG_LINES: dict[str, tuple[str, ...]] = {
     "torchao": (

@@ -4,10 +4,11 @@ checked before any is traced, and variants that differ only in pricing sharing o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ DEFAULT_SWEEP_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the CLI's --va
 # that differ only in these share one trace).
 GRID_KEYS = (*SWEEP_KEYS, *sorted(PRICING_KEYS))
 MAX_GRID_POINTS = 10_000
-"""Points one grid may hold: each keeps its estimate (a 70B decode estimate is about 1 MB)."""
+"""Points one grid may hold: each keeps its figures, and its estimate once asked for (a 70B
+decode estimate is about 1 MB)."""
 _PLAN_KEYS = ("tp", "fsdp", "dp", "ep", "cp", "pp")
 
 
@@ -266,26 +268,44 @@ def sweep_grid(
     # pricing axes (the prepared model keeps only a few traces); the points keep their order
     tracing = [i for i, key in enumerate(keys) if key not in PRICING_KEYS]
     order = sorted(range(len(combos)), key=lambda n: [repr(combos[n][i]) for i in tracing])
-    estimates: dict[int, Any] = {}
+    points: dict[int, GridPoint] = {}
     with reporting(progress) as report:  # progress=True: "point 2 of 300" and each stage
         for done, n in enumerate(order, 1):
-            point = dict(zip(keys, combos[n], strict=True))
-            label = ", ".join(f"{k}={v}" for k, v in point.items())
+            at = dict(zip(keys, combos[n], strict=True))
+            label = ", ".join(f"{k}={v}" for k, v in at.items())
             report.point(done, len(combos), label)
-            settings = {**base, **point}
+            settings = {**base, **at}
             where = settings.pop("hardware")
-            priced = {k: v for k, v in settings.items() if k in PRICING_KEYS or k in point}
-            try:
-                estimates[n] = prepared.price(where, **priced)
-            except (ValueError, KeyError) as error:
-                if error.args and isinstance(error.args[0], str):
-                    error.args = (f"point {label}: {error.args[0]}", *error.args[1:])
-                raise
-    points = [
-        GridPoint(dict(zip(keys, combo, strict=True)), estimates[n])
-        for n, combo in enumerate(combos)
-    ]
-    return Grid([(key, list(values)) for key, values in grid_axes], points)
+            priced = {k: v for k, v in settings.items() if k in PRICING_KEYS or k in at}
+            with _named(label):
+                metrics = prepared.metrics(where, **priced)
+            points[n] = GridPoint(at, metrics=metrics, make=_maker(prepared, where, priced, label))
+    return Grid(
+        [(key, list(values)) for key, values in grid_axes],
+        [points[n] for n in range(len(combos))],
+        notes=list(prepared.notes),
+    )
+
+
+@contextlib.contextmanager
+def _named(label: str) -> Iterator[None]:
+    """An error pricing a point says which point it is."""
+    try:
+        yield
+    except (ValueError, KeyError) as error:
+        if error.args and isinstance(error.args[0], str):
+            error.args = (f"point {label}: {error.args[0]}", *error.args[1:])
+        raise
+
+
+def _maker(prepared: Any, where: Any, priced: dict[str, Any], label: str) -> Any:
+    """The point's estimate, made when asked for (from the prepared model's traces)."""
+
+    def make() -> Any:
+        with _named(label):
+            return prepared.price(where, **priced)
+
+    return make
 
 
 def _check_clusters(grid_axes: list[tuple[str, list[Any]]], base: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torchroof.capture import routing
 from torchroof.capture.answers import needs_item_answer
 from torchroof.capture.storage import tensors_in
+from torchroof.capture.symbolic import active_sizes
 
 if TYPE_CHECKING:
     from torchroof.capture.mode import Capture
@@ -29,6 +30,9 @@ _REWRAPS = frozenset(
     for name in ("_wrap_tensor_autograd", "wait_tensor")
     if (op := getattr(torch.ops._c10d_functional, name, None)) is not None
 )
+# what a FakeTensor (a capture with symbolic sizes) dispatches where a meta tensor answers
+# from its own metadata: never a kernel, never in a trace recorded on meta
+_FAKE_QUERIES = frozenset({torch.ops.prim.device.default})
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 
 
@@ -44,6 +48,8 @@ class OpRecorder(TorchDispatchMode):
             _shape_inference_unrecorded()
             return NotImplemented  # the subclass unwraps; its local ops come back here
         kwargs = kwargs or {}
+        if active_sizes() is not None and _not_on_meta(func, args, kwargs):
+            return func(*args, **kwargs)
         capture = self.capture
         answers = capture.answers
         capture.budget.count_op(func)
@@ -80,6 +86,30 @@ class OpRecorder(TorchDispatchMode):
         if op.name.startswith(_COLLECTIVE_NAMESPACES):
             op.args.update(_collective_group(args, kwargs, capture.writer.arg_names(func)))
         return out
+
+
+_SLICE = aten.slice.Tensor
+_WHOLE = 2**62  # a slice's end past any size: Python's ``x[:]`` when the size is a symbol
+
+
+def _not_on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """An op a capture with symbolic sizes sees that the same step on meta never
+    dispatches: a fake tensor asking for its device, and the whole-dimension slice of
+    Python indexing (``x[:, None]``), which torch skips when it knows the size (it cuts the
+    slice's end to the size and returns the tensor itself: ``applySlice``)."""
+    if func in _FAKE_QUERIES:
+        return True
+    if func is not _SLICE:
+        return False
+    values = [*args[1:], *kwargs.values()]
+    start = values[1] if len(values) > 1 else 0
+    end = values[2] if len(values) > 2 else None
+    step = values[3] if len(values) > 3 else 1
+    return start in (0, None) and step == 1 and (end is None or _known_int(end) >= _WHOLE)
+
+
+def _known_int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
 
 
 def _wraps_local_tensors(types: Iterable[type]) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from torchroof.capture.storage import held_tensors
+from torchroof.capture.symbolic import keyed
 
 _INDEX_ATTRIBUTES = frozenset(
     {"layer_idx", "layer_id", "layer_index", "layer_number", "layer_num", "block_idx", "idx"}
@@ -128,10 +129,10 @@ def call_key(
 def describe(tensor: torch.Tensor) -> tuple[Any, ...]:
     return (
         type(tensor).__name__,
-        tuple(tensor.shape),
-        tuple(tensor.stride()),
+        tuple(keyed(s) for s in tensor.shape),
+        tuple(keyed(s) for s in tensor.stride()),
         tensor.dtype,
-        tensor.storage_offset(),
+        keyed(tensor.storage_offset()),
         tensor.requires_grad,
         tensor.device.type,
     )
@@ -140,6 +141,8 @@ def describe(tensor: torch.Tensor) -> tuple[Any, ...]:
 def _leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, _PLAIN):
         return leaf
+    if isinstance(leaf, torch.SymInt):  # a size in a capture with symbolic sizes
+        return keyed(leaf)
     if isinstance(leaf, (torch.dtype, torch.device)):
         return str(leaf)
     return (type(leaf).__name__, id(leaf))  # an object: alike only when it is the same one

@@ -30,6 +30,7 @@ from torchroof.capture.phases import Phases
 from torchroof.capture.recording import OpWriter
 from torchroof.capture.sdpa import SdpaSubstitution
 from torchroof.capture.storage import StorageIds, held_tensors
+from torchroof.capture.symbolic import sized
 from torchroof.records.ops import OpRecord, Phase
 from torchroof.records.tensors import Role, TensorMeta
 from torchroof.records.trace import Trace
@@ -128,7 +129,7 @@ class Capture:
             if sid in self.trace.roles:
                 continue
             self.trace.roles[sid] = role
-            size = tensor.untyped_storage().nbytes() if count_bytes else 0
+            size = sized(tensor.untyped_storage().nbytes()) if count_bytes else 0
             self.trace.role_bytes[role] = self.trace.role_bytes.get(role, 0) + size
 
     @contextlib.contextmanager

@@ -8,6 +8,7 @@ import torch
 
 from torchroof import progress
 from torchroof.capture.storage import StorageIds, tensors_in
+from torchroof.capture.symbolic import sized
 from torchroof.records.ops import OpRecord, Phase
 from torchroof.records.tensors import TensorMeta, TensorRef
 from torchroof.records.trace import Trace
@@ -97,8 +98,12 @@ class OpWriter:
             return [self.convert(v, inputs) for v in value]
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return value.node.hint if hasattr(value.node, "hint") else str(value)
+        if isinstance(value, torch.SymInt):
+            return sized(value)  # a Dim in a symbolic capture
+        if isinstance(value, torch.SymFloat):
+            return float(value)  # decided: the ShapeEnv guards its value
+        if isinstance(value, torch.SymBool):
+            return bool(value)
         return str(value).removeprefix("torch.")  # dtype, device, layout, memory_format
 
     def note_progress(self, phase: str) -> None:

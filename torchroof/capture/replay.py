@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
 from torchroof.capture.layer_calls import (
@@ -39,6 +40,7 @@ from torchroof.capture.layer_calls import (
     tensors_of,
 )
 from torchroof.capture.replay_check import verified
+from torchroof.capture.symbolic import active_sizes
 from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import Role, remapped
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from torchroof.capture.mode import Capture
 
 # a layer's own position, not what it computes: two layers that differ only here are alike
+
+_PLAIN_TENSORS = (torch.Tensor, FakeTensor)  # FakeTensor: a capture with symbolic sizes
 
 
 @dataclass
@@ -370,7 +374,7 @@ class _Returned:
             if tensors_of(value):
                 self.refusal = self.refusal or "a layer returned tensors in a container it made"
             return ("same", value)
-        if type(value) is not torch.Tensor:
+        if type(value) not in _PLAIN_TENSORS:
             self.refusal = self.refusal or "a layer returned a tensor subclass"
             return ("same", value)
         if id(value) in self._by_object:
@@ -381,7 +385,8 @@ class _Returned:
         elif sid in self._internal:
             dtype = str(value.dtype).removeprefix("torch.")
             self.created[sid] = (value.untyped_storage().nbytes(), dtype)
-            view = (tuple(value.shape), tuple(value.stride()), value.storage_offset())
+            view = (tuple(value.shape), tuple(value.stride()), value.storage_offset())  # SymInts
+
             return ("new", sid, view)
         return ("same", value)
 
@@ -456,6 +461,12 @@ def record_call(
     return out, template
 
 
+def _unrecorded(capture: Capture) -> Any:
+    """Tensors made outside the step: with every mode off (a meta tensor), or, in a capture
+    with its sizes as symbols, fake with symbolic sizes and not recorded."""
+    return capture.unrecorded() if active_sizes() is not None else _disable_current_modes()
+
+
 def _storages_of(ops: list[OpRecord]) -> set[int]:
     return {t.storage for op in ops for t in (*op.inputs, *op.outputs)}
 
@@ -503,7 +514,7 @@ def replay_call(
         if leaf[0] == "new":
             base = made[leaf[1]]
             shape, stride, offset = leaf[2]
-            with _disable_current_modes():
+            with _unrecorded(capture):
                 return base.as_strided(shape, stride, offset)
         if leaf[0] == "path":
             return by_path[leaf[1]]
@@ -577,7 +588,7 @@ def made_storages(
     made: dict[int, torch.Tensor] = {}
     for sid, (nbytes, dtype) in template.created.items():
         kind = getattr(torch, dtype)
-        with _disable_current_modes():
+        with _unrecorded(capture):
             raw = torch.empty(nbytes, dtype=torch.uint8, device="meta")
             base = raw.view(kind) if kind.itemsize else raw
         capture.storage.bind(base, mapping[sid])

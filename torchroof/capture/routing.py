@@ -177,7 +177,7 @@ class Means:
                 self._mean[out] = 0.0 if func in (aten.eq.Scalar, aten.eq.Tensor) else 1.0
                 return
         if func in _ARANGE:
-            self._arange[out] = int(out.shape[0])
+            self._arange[out] = out.shape[0]  # a SymInt stays one until a router reads it
         elif func in _ONES:
             self._ones[out] = True
         elif func in _ALL_TO_ALL and first is not None and first in self._mean:

@@ -9,6 +9,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TensorWithFlatten, is_traceable_wrapper_subclass_type
 
+from torchroof.capture.symbolic import active_sizes, sized
 from torchroof.records.tensors import TensorMeta
 
 
@@ -21,6 +22,10 @@ class StorageIds:
         self._next_storage = 0
 
     def storage_id(self, tensor: torch.Tensor) -> int:
+        sizes = active_sizes()
+        real = sizes.real_of(tensor) if sizes is not None else None
+        if real is not None:  # a fake copy of a meta weight or buffer: the weight's storage
+            tensor = real
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):
@@ -72,19 +77,35 @@ class StorageIds:
             offset = tensor.storage_offset()
         except (RuntimeError, NotImplementedError):
             stride, offset = contiguous_stride(tuple(tensor.shape)), 0
+        shape = tuple(sized(s) for s in tensor.shape)
         return TensorMeta(
-            tuple(int(s) for s in tensor.shape),
-            tuple(int(s) for s in stride),
+            shape,
+            unit_strides(shape, tuple(sized(s) for s in stride)),
             str(tensor.dtype).removeprefix("torch."),
             self.storage_id(tensor),
-            int(offset),
+            sized(offset),
         )
 
     def synthetic_meta(self, shape: Iterable[int], dtype: torch.dtype) -> TensorMeta:
         """A tensor the modelled kernel would produce but the captured run did not."""
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(sized(s) for s in shape)
         dtype_name = str(dtype).removeprefix("torch.")
         return TensorMeta(shape, contiguous_stride(shape), dtype_name, self.fresh_id())
+
+
+def unit_strides(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """``stride`` with each size-1 dimension's stride set to what it would be packed
+    against the dimension inside it (``(B, 4, 1, 32)`` strides ``(128, 32, *, 1)`` -> 32).
+    A size-1 dimension is never stepped along, so its stride is arbitrary: torch's C++
+    kernels and its symbolic-shape kernels (a capture with symbolic sizes) choose it
+    differently for the same tensor, and a trace records one choice for both."""
+    if 1 not in shape:
+        return stride
+    out = list(stride)
+    for d in range(len(shape) - 1, -1, -1):
+        if shape[d] == 1:
+            out[d] = out[d + 1] * shape[d + 1] if d + 1 < len(shape) else 1
+    return tuple(out)
 
 
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:

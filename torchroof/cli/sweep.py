@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> None:
     named = " x ".join(f"{key} ({len(values)})" for key, values in axes.items())
     print(f"torchroof sweep: {args.model} {args.regime} over {named}: {len(result.points)} points")
     print(grid_tables(result))
+    for line in result.notes:  # points traced afresh or priced whole, and why
+        print(f"note: {line}")
     for path in outputs:
         write_grid(result, path)
         wrote(GRID_OUTPUTS[grid_output(path, len(axes))], path)

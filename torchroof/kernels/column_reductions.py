@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 
 from torchroof.counters import kind_of
+from torchroof.records.dims import isqrt
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import TensorMeta, TensorRef
 
@@ -96,7 +97,7 @@ def split_factor(rows: int, cols: int) -> int:
 
 def _closest_divisor(n: int, target: int) -> int:
     best = 1
-    for d in range(1, math.isqrt(n) + 1):
+    for d in range(1, int(isqrt(n)) + 1):  # a size's bound decided (range reads ints)
         if n % d:
             continue
         for c in (d, n // d):

@@ -89,6 +89,27 @@ def repeated_kernels(
     """The kernels :func:`~torchroof.kernels.fusion.build_kernels` makes of ``ops``, built
     on two short versions of the step and checked alike (the module docstring); None where
     the step has no run to build once or the check fails (then build the whole step)."""
+    built = repeated_kernel_copies(ops, copies, options, roles)
+    return (built.kernels, built.coverage) if built is not None else None
+
+
+@dataclass(frozen=True)
+class RepeatedKernels:
+    """A step's kernels built once per period, and for each kernel the index of the one
+    it is a copy of (its own index where it is not a copy): copies are timed alike."""
+
+    kernels: list[Kernel]
+    coverage: Coverage
+    sources: tuple[int, ...]
+
+
+def repeated_kernel_copies(
+    ops: Sequence[OpRecord],
+    copies: Sequence[CopiedSpan],
+    options: PricingOptions,
+    roles: Mapping[int, str],
+) -> RepeatedKernels | None:
+    """:func:`repeated_kernels`, with which kernel each one copies."""
     if any(op.phase != "forward" for op in ops):
         return None  # a backward reads its forward's saved tensors across every layer
     run = repeated_run(ops, copies)
@@ -100,17 +121,21 @@ def repeated_kernels(
         return None
     two, cover_two = build_kernels(two_periods, options, roles)
     three, cover_three = build_kernels(three_periods, options, roles)
-    if _extended(two, run, 2, 3, two_periods, three_periods, roles) != three:
+    extended = _extended(two, run, 2, 3, two_periods, three_periods, roles)
+    if extended is None or [k for k, _ in extended] != three:
         return None
-    kernels = _extended(two, run, 2, run.periods, two_periods, ops, roles)
-    if kernels is None:
+    every = _extended(two, run, 2, run.periods, two_periods, ops, roles)
+    if every is None:
         return None
     per_period = Counter(cover_three.uncounted)
     per_period.subtract(cover_two.uncounted)
     uncounted = Counter(cover_two.uncounted)
     for name, n in per_period.items():
         uncounted[name] += n * (run.periods - 2)
-    return kernels, Coverage(len(ops), {k: n for k, n in uncounted.items() if n})
+    coverage = Coverage(len(ops), {k: n for k, n in uncounted.items() if n})
+    first: dict[int, int] = {}  # a kernel of the short step -> its first copy's place
+    sources = tuple(first.setdefault(source, i) for i, (_, source) in enumerate(every))
+    return RepeatedKernels([k for k, _ in every], coverage, sources)
 
 
 def _tensors(op: OpRecord) -> tuple[TensorMeta, ...]:
@@ -231,24 +256,25 @@ def _extended(
     source: Sequence[OpRecord],
     target: Sequence[OpRecord],
     roles: Mapping[int, str],
-) -> list[Kernel] | None:
+) -> list[tuple[Kernel, int]] | None:
     """``kernels`` of the ``k``-period step ``source`` as the ``periods``-period step
-    ``target`` has them, if nothing but their position differs: members moved by whole
-    periods, their tensors' storages followed by position (a role kept); None when a
-    member is not an op of the step or a storage cannot be followed."""
+    ``target`` has them, each with the index of the kernel of ``kernels`` it was moved
+    from, if nothing but their position differs: members moved by whole periods, their
+    tensors' storages followed by position (a role kept); None when a member is not an op
+    of the step or a storage cannot be followed."""
     if kernels is None:
         return None
     extra = (periods - k) * run.length
-    out: list[Kernel] = []
-    for kernel in kernels:
+    out: list[tuple[Kernel, int]] = []
+    for n, kernel in enumerate(kernels):
         if any(op.index >= len(source) or source[op.index] is not op for op in kernel.ops):
             return None  # an op the grouping made (a split column reduction)
         for shift in _shifts(kernel, run, extra):
             moved = _moved(kernel, shift, target, roles)
             if moved is None:
                 return None
-            out.append(moved)
-    out.sort(key=lambda kernel: kernel.ops[0].index)
+            out.append((moved, n))
+    out.sort(key=lambda pair: pair[0].ops[0].index)
     return out
 
 

@@ -38,6 +38,15 @@ def _rebuilds(op: OpRecord, group: Group, rebuilt: Recomputable, made_in: Phase)
     return group.kind == "fusable" and op.phase in ("backward", "recompute")
 
 
+def _may_rebuild(op: OpRecord) -> bool:
+    """Could ``op`` rebuild a tensor it reads (:func:`_rebuilds`): a column reduction, a
+    loss, or any op of the backward pass or a recompute."""
+    return op.phase in ("backward", "recompute") or kind_of(op.packet) in (
+        "column_reduction",
+        "loss",
+    )
+
+
 def save_plan(
     ops: Sequence[OpRecord],
     costs: Sequence[Cost],
@@ -48,6 +57,8 @@ def save_plan(
     """A forward tensor whose every reader outside its kernel can rebuild it is not
     written; those readers read its sources instead, and the sources are written."""
     plan = SavePlan()
+    if not any(_may_rebuild(op) for op in ops):
+        return plan  # no reader that rebuilds: a forward step without losses or column sums
     group_of = {i: n for n, g in enumerate(groups) for i in g.members}
     for storage, rebuilt in recomputable_tensors(ops, costs, roles).items():
         made_by = group_of[graph.writers[storage][0]]

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from torchroof import progress
-from torchroof.config import PricingOptions, split_knobs
+from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.counters import Cost, registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
 from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
-from torchroof.kernels.repeats import repeated_kernels
+from torchroof.kernels.repeats import repeated_kernel_copies
 from torchroof.pricing.assumptions import (
     cache_assumptions,
     routing_assumptions,
@@ -68,7 +68,7 @@ def _timed(
         bound=t.bound,
         read_by=traffic[0],
         written_by=traffic[1],
-        flags=kernel.flags,
+        flags=tuple(str(flag) for flag in kernel.flags),
         first_op=kernel.ops[0].index if kernel.ops else -1,
         boundary=cast(Boundary, t.boundary),  # torchroof.timing.roofline names its terms as str
         level_bytes=dict(t.level_bytes or {}),
@@ -92,12 +92,14 @@ def pricing_options(pricing: PricingOptions | None, knobs: dict[str, Any]) -> Pr
     return replace(pricing or PricingOptions(), **pricing_knobs)
 
 
-def _check_step(
-    trace: Trace, spec: HardwareSpec, cluster: ClusterSpec | None, pricing: PricingOptions
+def check_step(
+    workload: Workload | None,
+    spec: HardwareSpec,
+    cluster: ClusterSpec | None,
+    pricing: PricingOptions,
 ) -> None:
     """Refuse a step the options or the hardware cannot price: a cluster too small for its
     ranks, routing imbalance without sharded experts, a recipe the accelerator cannot run."""
-    workload = trace.facts.workload
     if cluster is not None and workload is not None:
         check_cluster_fits(workload, cluster)
     if pricing.routing_imbalance != 1.0 and (workload.ep if workload else 1) <= 1:
@@ -110,7 +112,7 @@ def _check_step(
     check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)
 
 
-def _time_kernels(
+def time_kernels(
     kernels: list[Kernel],
     roles: dict[int, str],
     spec: HardwareSpec,
@@ -148,7 +150,7 @@ def _time_kernels(
     return timed, tensor_flops, collectives
 
 
-def _reference(
+def reference_peak(
     tensor_flops: dict[str, int], spec: HardwareSpec, pricing: PricingOptions
 ) -> tuple[str, float]:
     """(the dtype MFU is measured in, its peak): the tensor-unit dtype with the most FLOPs,
@@ -172,7 +174,10 @@ class KernelPlan:
     roles: dict[int, str]
     kernels: list[Kernel]
     coverage: Coverage
-    peak: TransientPeak
+    peak: TransientPeak | None  # None: not worked out (group_kernels)
+    # per kernel, the index of the kernel it is a copy of (a repeated layer's; its own index
+    # where it is none): None when the step was grouped op by op
+    sources: tuple[int, ...] | None = None
 
 
 PlanCache = dict[tuple[object, ...], KernelPlan]
@@ -204,14 +209,23 @@ class TracePlans:
 
 def plan_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
     """Group ``trace``'s ops into kernels under ``pricing``'s kernel policy."""
+    grouped = group_kernels(trace, pricing)
+    return replace(grouped, peak=transient_peak(trace, grouped.roles))
+
+
+def group_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
+    """:func:`plan_kernels` but the transient peak (``peak`` is None)."""
     policy = pricing.kernels_only()
     step = optimizer_step.analyse(trace)
     roles = {**step.roles, **trace.roles}
     fused = policy.fusion == "fused"
     ops = optimizer_step.fused_ops(trace.ops, step) if fused else trace.ops
-    built = repeated_kernels(ops, trace.copies, policy, roles) if not step.groups else None
-    kernels, coverage = built or build_kernels(ops, policy, roles)
-    return KernelPlan(step, roles, kernels, coverage, transient_peak(trace, roles))
+    built = repeated_kernel_copies(ops, trace.copies, policy, roles) if not step.groups else None
+    if built is not None:
+        kernels, coverage, sources = built.kernels, built.coverage, built.sources
+    else:
+        (kernels, coverage), sources = build_kernels(ops, policy, roles), None
+    return KernelPlan(step, roles, kernels, coverage, None, sources)
 
 
 def price_trace(
@@ -226,7 +240,7 @@ def price_trace(
     (this trace's, kept by the caller) holds the kernels made under each kernel policy, so
     pricing the same trace again under it times the kernels only."""
     spec, cluster = resolve_hardware(hardware)
-    _check_step(trace, spec, cluster, pricing)
+    check_step(trace.facts.workload, spec, cluster, pricing)
     policy = (registry_version(), *pricing.kernel_policy())
     plan = plans.get(policy) if plans is not None else None
     if plan is None:
@@ -236,18 +250,18 @@ def price_trace(
                 del plans[next(iter(plans))]
             plans[policy] = plan
     step, roles, kernels = plan.step, plan.roles, plan.kernels
-    timed, tensor_flops, collectives = _time_kernels(kernels, roles, spec, cluster, pricing)
+    timed, tensor_flops, collectives = time_kernels(kernels, roles, spec, cluster, pricing)
     step_time_s = None
     if collectives:
         progress.current().begin("scheduling compute and communication on their two streams")
         timed, step_time_s = _scheduled(timed, kernels, pricing)
-    reference_dtype, reference_peak = _reference(tensor_flops, spec, pricing)
+    reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
     return Estimate(
         hardware=spec.name,
         hardware_display=spec.display_name,
         hbm_bytes_per_s=spec.hbm_bytes_per_s.value,
-        reference_peak_flops_per_s=reference_peak,
+        reference_peak_flops_per_s=reference_flops,
         reference_dtype=reference_dtype,
         kernels=timed,
         op_count=len(trace.ops),
@@ -265,11 +279,11 @@ def price_trace(
             spec.hbm_capacity_bytes.value,
             batch,
             roles,
-            _add_counts(trace.role_bytes, step.role_bytes),
+            add_counts(trace.role_bytes, step.role_bytes),
             peak=plan.peak,
         ),
         cluster=cluster.name if cluster is not None else None,
-        link_ridges=link_ridges(cluster, reference_peak),
+        link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
     )
 
@@ -297,5 +311,5 @@ def _scheduled(
     return placed, laid.step_time_s
 
 
-def _add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+def add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}

@@ -4,7 +4,8 @@ fused or eager — one estimate per variant (made by :mod:`torchroof.studies`, s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchroof.report import analysis
@@ -70,19 +71,52 @@ def point_metrics(e: Estimate) -> dict[str, Any]:
     }
 
 
-@dataclass
 class GridPoint:
-    values: dict[str, Any]  # axis -> its value at this point
-    estimate: Estimate
+    """One point of a grid: its axis values, its figures (:func:`point_metrics`) and its
+    estimate, made when first asked for where the grid was priced from its figures (a
+    grid of thousands of points keeps only those)."""
+
+    def __init__(
+        self,
+        values: dict[str, Any],
+        estimate: Estimate | None = None,
+        *,
+        metrics: dict[str, Any] | None = None,
+        make: Callable[[], Estimate] | None = None,
+    ) -> None:
+        if estimate is None and make is None:
+            raise ValueError("a grid point needs its estimate or a way to make it")
+        self.values = values  # axis -> its value at this point
+        self._estimate = estimate
+        self._metrics = metrics
+        self._make = make
+
+    @property
+    def estimate(self) -> Estimate:
+        if self._estimate is None:
+            assert self._make is not None
+            self._estimate = self._make()
+        return self._estimate
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        if self._metrics is None:
+            self._metrics = point_metrics(self.estimate)
+        return self._metrics
+
+    def __repr__(self) -> str:
+        return f"GridPoint({self.values})"
 
 
 @dataclass
 class Grid:
-    """One estimate per point of several axes at once (batch x context, hardware x tp),
-    every combination, the first axis slowest."""
+    """One point per combination of several axes at once (batch x context, hardware x tp),
+    the first axis slowest: each with its figures, and its estimate when asked for.
+    ``notes`` say which points were traced or priced the long way, and why."""
 
     axes: list[tuple[str, list[Any]]]
     points: list[GridPoint]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> list[str]:
@@ -99,4 +133,4 @@ class Grid:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per point: the axis values, then :func:`point_metrics`."""
-        return [{**point.values, **point_metrics(point.estimate)} for point in self.points]
+        return [{**point.values, **point.metrics} for point in self.points]

@@ -69,6 +69,13 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
     fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
     reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
     """
+    return first_peak(live_bytes(trace, roles))
+
+
+def live_bytes(trace: Trace, roles: dict[int, str] | None = None) -> list[TransientPeak]:
+    """The transient bytes alive after each op where they change, in execution order (of
+    which :func:`transient_peak` is the largest): sizes whose polynomials are evaluated
+    at every point of a grid at once (:mod:`torchroof.pricing.grid_plan`)."""
     known: Mapping[int, str] = trace.roles if roles is None else roles
     born, dies, size, buffers = _lifetimes(trace, known)
     delta: dict[int, list[int]] = {}
@@ -79,11 +86,19 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
             change[0] += sign * size[key]
             change[1] += sign * size[key] * in_buffers
     live = [0, 0]
-    peak = TransientPeak(0, 0)
+    out = []
     for index in sorted(delta):
         live = [live[0] + delta[index][0], live[1] + delta[index][1]]
-        if live[0] > peak.total_bytes:
-            peak = TransientPeak(live[0], live[1])
+        out.append(TransientPeak(live[0], live[1]))
+    return out
+
+
+def first_peak(lives: list[TransientPeak]) -> TransientPeak:
+    """The first of ``lives`` holding the most bytes in all (none: zero)."""
+    peak = TransientPeak(0, 0)
+    for live in lives:
+        if live.total_bytes > peak.total_bytes:
+            peak = live
     return peak
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchroof.capture.symbolic import step_size
 from torchroof.models.sources import model_dtype
 from torchroof.records.trace import Trace
 from torchroof.records.units import gib
@@ -26,7 +27,7 @@ def trace_decode(models: Mapping[str, torch.nn.Module], workload: Workload) -> T
     """One new token for each of B sequences against a cache already holding N tokens."""
     model = models[TARGET]
     model.eval()
-    return inference_step(model, workload, new=1, filled=context_of(workload))
+    return inference_step(model, workload, new=1, filled=step_size("context", context_of(workload)))
 
 
 def label(model: str, w: Workload) -> str:

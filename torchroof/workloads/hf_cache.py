@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from torchroof.capture.mode import Capture
+from torchroof.capture.symbolic import sized
 from torchroof.parallel.stages import owned_layers
 from torchroof.quant.kv_cache import is_kv_storage, quantise
 from torchroof.workloads.inputs import kv_shape, model_config, model_param_dtype, text_config
@@ -142,7 +143,7 @@ def state_tensors(cache: Any, depth: int = 4) -> list[torch.Tensor]:
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
-    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+    storages = {t.untyped_storage()._cdata: sized(t.untyped_storage().nbytes()) for t in tensors}
     return sum(storages.values())
 
 

@@ -14,6 +14,7 @@ import torch
 
 from torchroof.capture.budget import OpBudgetExceeded
 from torchroof.capture.mode import Capture
+from torchroof.capture.symbolic import sized, step_size
 from torchroof.config.errors import WorkloadError, first_line
 from torchroof.models.mla import absorbed_mla, dequantised_latents, mla_layers
 from torchroof.quant.kv_cache import narrow_dtype
@@ -142,7 +143,7 @@ def _prebuilt_cache_step(
 ) -> Trace | None:
     """The step against a cache that already holds ``filled`` tokens; None when the model
     ignored the cache it was given (a recurrent model that takes its state elsewhere)."""
-    batch = workload.batch
+    batch = step_size("batch", workload.batch)
     capacity = filled + new
     capture = Capture()
     kv_dtype = narrow_dtype(workload.kv_dtype)
@@ -172,7 +173,7 @@ def _prebuilt_cache_step(
     # The footprint is the cache as the step leaves it (a dynamic cache's old tensors die).
     trace.role_bytes["kv_cache"] = storage_bytes(held)
     trace.facts.cache = workload.cache
-    trace.facts.kv_cache_tokens = capacity
+    trace.facts.kv_cache_tokens = sized(capacity)
     return trace
 
 
@@ -184,7 +185,7 @@ def _warm_state_step(
     The state the step reads and writes (K/V, conv and SSM states) is the decode cache."""
     from transformers import StaticCache
 
-    batch = workload.batch
+    batch = step_size("batch", workload.batch)
     capacity = filled + new
     kv_dtype = narrow_dtype(workload.kv_dtype)
     if static:
@@ -222,7 +223,7 @@ def _warm_state_step(
         return _recompute_step(model, workload, capacity)
     trace.role_bytes["kv_cache"] = storage_bytes(held)
     trace.facts.cache = ("static" if static else "model") if held else "none"
-    trace.facts.kv_cache_tokens = capacity
+    trace.facts.kv_cache_tokens = sized(capacity)
     return trace
 
 
@@ -230,8 +231,9 @@ def _recompute_step(model: torch.nn.Module, workload: Workload, length: int) -> 
     """A model that keeps no cache (GPT-1, XLNet without memory) generates by running the
     whole sequence again: the step is a forward over all N + 1 tokens."""
     capture = Capture()
-    ids = token_ids(model, workload.batch, length)
-    positions = torch.arange(length, device="meta").unsqueeze(0).expand(workload.batch, -1)
+    batch = step_size("batch", workload.batch)
+    ids = token_ids(model, batch, length)
+    positions = torch.arange(length, device="meta").unsqueeze(0).expand(batch, -1)
     kwargs = forward_kwargs(model, positions, None)
     kwargs.pop("use_cache")
     with torch.no_grad(), capture as trace:
@@ -254,7 +256,7 @@ def _encoder_decoder_step(
     generated tokens, both cached (the context is run unrecorded first)."""
     from transformers.modeling_outputs import BaseModelOutput
 
-    batch = workload.batch
+    batch = step_size("batch", workload.batch)
     capture = Capture()
     source_length = new if not filled else filled
     source = torch.zeros(batch, source_length, dtype=torch.long, device="meta")
@@ -281,5 +283,5 @@ def _encoder_decoder_step(
         capture.mark(held, "kv_cache")
     trace.role_bytes["kv_cache"] = storage_bytes(held)
     trace.facts.cache = "encoder-decoder"
-    trace.facts.kv_cache_tokens = filled + 1
+    trace.facts.kv_cache_tokens = sized(filled + 1)
     return trace

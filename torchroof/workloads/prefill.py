@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchroof.capture.symbolic import step_size
 from torchroof.models.sources import model_dtype
 from torchroof.records.trace import Trace
 from torchroof.workloads.inference import inference_step, kv_label
@@ -23,7 +24,7 @@ def trace_prefill(models: Mapping[str, torch.nn.Module], workload: Workload) -> 
     """B sequences of T tokens, writing their K/V into the cache."""
     model = models[TARGET]
     model.eval()
-    return inference_step(model, workload, new=seq_of(workload), filled=0)
+    return inference_step(model, workload, new=step_size("seq", seq_of(workload)), filled=0)
 
 
 def label(model: str, w: Workload) -> str:

@@ -1,0 +1,128 @@
+"""Kernels planned once for every size (torchroof/pricing/symbolic_plan.py): at any point
+where the plan holds, a point's figures equal the figures of a fresh estimate of it, to
+the last bit; its kernels equal grouping that point's trace afresh; the transient peak is
+that trace's own; and a plan that would be wrong somewhere is not used."""
+
+from dataclasses import replace
+
+import pytest
+from conftest import small_llama
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchroof.api import estimate_trace
+from torchroof.config import PricingOptions, Workload
+from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.price import plan_kernels
+from torchroof.pricing.symbolic_plan import NotPlanned, plan_symbolic
+from torchroof.records.dims import dim
+from torchroof.records.expressions import Poly
+from torchroof.records.ops import OpRecord
+from torchroof.records.symbolic_trace import SymbolicTrace
+from torchroof.records.tensors import TensorMeta
+from torchroof.records.trace import Trace
+from torchroof.report.compare import point_metrics
+from torchroof.report.memory import transient_peak
+from torchroof.symbolic import symbolic_point, trace_symbolic
+
+CONFIG = small_llama(8)
+DECODE = Workload(regime="decode", batch=3, context=32)
+PREFILL = Workload(regime="prefill", batch=3, seq=32)
+LENGTH = {"decode": "context", "prefill": "seq"}
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {w.regime: trace_symbolic(CONFIG, w) for w in (DECODE, PREFILL)}
+
+
+@pytest.fixture(scope="module")
+def plans(traces):
+    return {regime: plan_symbolic(t, PricingOptions()) for regime, t in traces.items()}
+
+
+def _figures(traces, plans, regime, batch, length, hardware, pricing):
+    """(the plan's figures, a fresh estimate's) at a point, or None where the plan does
+    not hold there."""
+    workload = replace(DECODE if regime == "decode" else PREFILL, batch=batch)
+    workload = replace(workload, **{LENGTH[regime]: length})
+    trace = symbolic_point(traces[regime], CONFIG, workload)
+    numbers = {"batch": batch, LENGTH[regime]: length}
+    if trace is None or not plans[regime].holds(numbers):
+        return None
+    spec, cluster = resolve_hardware(hardware)
+    planned = plans[regime].metrics(numbers, trace.facts, spec, cluster, pricing)
+    return planned, point_metrics(estimate_trace(trace, hardware, pricing=pricing))
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(["decode", "prefill"]),
+    st.integers(2, 48),
+    st.integers(2, 2000),
+    st.sampled_from(["h100-sxm", "a100-sxm", "l4", "dgx-h100"]),
+    st.sampled_from(["roofline", "realistic"]),
+)
+def test_a_point_s_figures_equal_a_fresh_estimate_s(traces, plans, regime, batch, length, hw, mode):
+    found = _figures(traces, plans, regime, batch, length, hw, PricingOptions(mode=mode))
+    if found is not None:
+        planned, fresh = found
+        assert planned == fresh  # step time, tokens/s, MFU, traffic, memory, fit: every bit
+
+
+def test_the_plan_holds_over_the_whole_decode_grid(traces, plans):
+    """One plan serves every batch from 2 to 40 and every context from 256 to 6400: the
+    on-chip spill flag is decided per point, not by the plan."""
+    plan = plans["decode"]
+    assert all(
+        plan.holds({"batch": b, "context": c}) for b in range(2, 41) for c in range(256, 6401, 256)
+    )
+    assert sum(1 for _ in plan.order) == len(plan.plan.kernels)
+    assert len(plan.classes) < len(plan.plan.kernels)  # the copies' kernels timed once
+
+
+@pytest.mark.parametrize("regime, batch, length", [("decode", 9, 1500), ("prefill", 4, 77)])
+def test_kernels_and_peak_equal_the_point_s_own(traces, plans, regime, batch, length):
+    workload = replace(DECODE if regime == "decode" else PREFILL, batch=batch)
+    workload = replace(workload, **{LENGTH[regime]: length})
+    trace = symbolic_point(traces[regime], CONFIG, workload)
+    numbers = {"batch": batch, LENGTH[regime]: length}
+    fresh = plan_kernels(trace, PricingOptions())
+    assert plans[regime].kernels_at(numbers) == fresh.kernels
+    assert plans[regime].lives.peak(numbers) == fresh.peak == transient_peak(trace)
+
+
+def test_a_plan_held_to_a_second_point_refuses_what_differs(traces, monkeypatch):
+    """The check made once per plan: its kernels at a point near the traced one against
+    grouping that point's trace afresh."""
+    import torchroof.pricing.symbolic_plan as symbolic_plan
+
+    def off(trace, pricing):
+        plan = original(trace, pricing)
+        return replace(plan, kernels=plan.kernels[1:])
+
+    original = symbolic_plan.plan_kernels
+    monkeypatch.setattr(symbolic_plan, "plan_kernels", off)
+    with pytest.raises(NotPlanned, match="differ from grouping that trace afresh"):
+        plan_symbolic(traces["decode"], PricingOptions())
+
+
+def test_a_step_with_collectives_is_priced_whole():
+    op = OpRecord(0, "_c10d_functional.all_reduce.default", (), (), {}, "", "forward")
+    symbolic = SymbolicTrace(Trace(ops=[op]), {"batch": 2}, ())
+    with pytest.raises(NotPlanned, match="collectives"):
+        plan_symbolic(symbolic, PricingOptions())
+
+
+def test_views_of_a_storage_that_differ_must_stay_apart():
+    """Work on the sized trace keys a tensor by its layout: a view [b, 4] and a view [8, 4]
+    of one storage are two keys there, one at b = 8, where the plan would count twice what
+    a fresh plan counts once."""
+    b = dim(3, Poly.symbol("batch"))
+    views = (TensorMeta((b, 4), (4, 1), "float32", 7), TensorMeta((8, 4), (4, 1), "float32", 7))
+    op = OpRecord(0, "aten.add.Tensor", views, (), {}, "", "forward")
+    symbolic = SymbolicTrace(Trace(ops=[op]), {"batch": 3}, ())
+    assert symbolic.views_apart({"batch": 3}) and symbolic.views_apart({"batch": 9})
+    assert not symbolic.views_apart({"batch": 8})

@@ -1,0 +1,364 @@
+"""A step's kernels planned once for every batch and length, and a point's figures from them.
+
+Grouping a symbolic trace's ops (:class:`~torchroof.records.symbolic_trace.SymbolicTrace`:
+sizes as :mod:`~torchroof.records.dims` expressions) gives kernels whose W, Q and tensors are
+expressions, and the decisions the grouping took on sizes (a split reduction's threshold,
+siblings of equal size, a cost that is zero). A point where the trace's decisions and the
+grouping's all come out the same, and whose views of a storage stay apart, has exactly those
+kernels at its numbers: :class:`SymbolicPlan` gives its figures by evaluating them, with a
+repeated layer's kernels timed once (they are alike: :mod:`torchroof.kernels.repeats`). The
+activations' transient peak is the largest of the live-byte sums at every change, each a
+polynomial, all evaluated at the point (the point decides which is largest, not the trace).
+
+A plan is checked once when it is made: at a second point where its decisions hold, its
+kernels evaluated must equal grouping that point's trace afresh; any difference and the plan
+is not used (a size that left the expressions unseen). Pricing each point from its own trace
+(:func:`torchroof.pricing.price.price_trace`) is what remains, and gives the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchroof.config import PricingOptions
+from torchroof.counters import Cost
+from torchroof.hardware import ClusterSpec, HardwareSpec
+from torchroof.kernels.fusion import Kernel, SpillFlag
+from torchroof.pricing.price import (
+    KernelPlan,
+    add_counts,
+    check_step,
+    group_kernels,
+    plan_kernels,
+    reference_peak,
+    time_kernels,
+)
+from torchroof.records.dims import Dim, DimFloat
+from torchroof.records.expressions import (
+    Decision,
+    Poly,
+    compile_check,
+    compile_values,
+    deciding,
+)
+from torchroof.records.facts import StepFacts
+from torchroof.records.symbolic_trace import SymbolicTrace, Values, nearby, op_at, tensor_at
+from torchroof.report.analysis import added
+from torchroof.report.compare import point_metrics
+from torchroof.report.estimate import Estimate, KernelEstimate
+from torchroof.report.memory import TransientPeak, footprint, live_bytes
+
+
+class NotPlanned(Exception):
+    """The symbolic trace's kernels cannot be planned once for every size (why, in a line)."""
+
+
+@dataclass
+class SymbolicPlan:
+    """A symbolic trace's kernels under one kernel policy, with what a point must keep."""
+
+    symbolic: SymbolicTrace
+    plan: KernelPlan
+    decisions: tuple[Decision, ...]  # the grouping's and the trace's
+    classes: tuple[int, ...]  # the kernels timed at a point (one per repeated kernel)
+    order: tuple[int, ...]  # per kernel, its place in ``classes``
+    role_bytes: dict[str, Any]
+    lives: _LiveBytes
+
+    def __post_init__(self) -> None:
+        self._check = compile_check(self.decisions, self.symbolic.axes)
+        self._counts = [0] * len(self.classes)
+        for place in self.order:
+            self._counts[place] += 1
+        # the symbols each timed kernel follows: one that follows the batch alone is the
+        # same kernel at every context, timed once per batch
+        self._follows = [_symbols(self.plan.kernels[i]) for i in self.classes]
+        self._timings: dict[tuple[int, int, PricingOptions], Any] = {}
+
+    def holds(self, numbers: Mapping[str, int]) -> bool:
+        """Does the plan hold at ``numbers``: every decision as it was taken, each storage's
+        views apart?"""
+        named = {name: numbers[name] for name in self.symbolic.axes}
+        return bool(self._check(**named)) and self.symbolic.views_apart(named)
+
+    def kernels_at(self, numbers: Mapping[str, int]) -> list[Kernel]:
+        """Every kernel at ``numbers`` (which must hold)."""
+        values = Values(numbers)
+        return [kernel_at(k, values) for k in self.plan.kernels]
+
+    def metrics(
+        self,
+        numbers: Mapping[str, int],
+        facts: StepFacts,
+        spec: HardwareSpec,
+        cluster: ClusterSpec | None,
+        pricing: PricingOptions,
+    ) -> dict[str, Any]:
+        """:func:`~torchroof.report.compare.point_metrics` of the estimate at ``numbers``
+        (which must hold; ``facts`` are that step's), each repeated kernel timed once."""
+        check_step(facts.workload, spec, cluster, pricing)
+        timed = self._timed_classes(numbers, spec, cluster, pricing)
+        tensor_flops: dict[str, int] = defaultdict(int)
+        traffic: dict[str, int] = defaultdict(int)
+        for count, k in zip(self._counts, timed, strict=True):
+            if k.unit == "tensor":
+                tensor_flops[k.dtype] += count * k.flops
+            for role, size in k.traffic.items():
+                traffic[role] += count * size
+        reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
+        batch = facts.workload.batch if facts.workload else 1
+        values = Values(numbers)
+        memory = footprint(
+            self.symbolic.trace,
+            spec.hbm_capacity_bytes.value,
+            batch,
+            self.plan.roles,
+            {role: values.of(size) for role, size in self.role_bytes.items()},
+            peak=self.lives.peak(numbers),
+        )
+        repeated = _Repeated(
+            hardware=spec.name,
+            hardware_display=spec.display_name,
+            hbm_bytes_per_s=spec.hbm_bytes_per_s.value,
+            reference_peak_flops_per_s=reference_flops,
+            reference_dtype=reference_dtype,
+            kernels=timed,
+            op_count=len(self.symbolic.trace.ops),
+            uncounted={},
+            options=pricing,
+            facts=facts,
+            memory=memory,
+            cluster=cluster.name if cluster is not None else None,
+            # the kernels' times added in launch order, as Estimate.time_s adds them
+            step_time_s=added(timed[place].time_s for place in self.order),
+            counts=tuple(self._counts),
+            totals=dict(traffic),
+        )
+        return point_metrics(repeated)
+
+    def _timed_classes(
+        self,
+        numbers: Mapping[str, int],
+        spec: HardwareSpec,
+        cluster: ClusterSpec | None,
+        pricing: PricingOptions,
+    ) -> list[KernelEstimate]:
+        """Each timed kernel at ``numbers``, from the ones timed at earlier points where
+        the numbers it follows were the same."""
+        key = (id(spec), id(cluster), pricing)
+        held = self._timings.get(key)
+        if held is None:  # the spec and cluster are held too: their ids stay theirs
+            held = self._timings[key] = (spec, cluster, {})
+        known: dict[tuple[Any, ...], KernelEstimate] = held[2]
+        keys = [
+            (n, *(numbers[name] for name in follows)) for n, follows in enumerate(self._follows)
+        ]
+        missing = [n for n, k in enumerate(keys) if k not in known]
+        if missing:
+            values = Values(numbers)
+            kernels = [kernel_at(self.plan.kernels[self.classes[n]], values) for n in missing]
+            timed, _, collectives = time_kernels(kernels, self.plan.roles, spec, cluster, pricing)
+            if collectives:
+                raise NotPlanned("a step with collectives is laid on two streams: priced whole")
+            if len(known) > MAX_TIMED_KERNELS:
+                known.clear()
+            for n, estimate in zip(missing, timed, strict=True):
+                known[keys[n]] = estimate
+        return [known[k] for k in keys]
+
+
+MAX_TIMED_KERNELS = 200_000
+"""Timed kernels a plan keeps per accelerator and timing (a kernel that follows the batch
+alone is timed once per batch): past it, they are timed again."""
+
+
+@dataclass
+class _Repeated(Estimate):
+    """A step's figures from its distinct kernels, each repeated ``counts`` times (a
+    repeated layer's kernels are alike): its totals count every copy, its step time is
+    given (added in launch order). Only :func:`point_metrics` reads it."""
+
+    counts: tuple[int, ...] = ()
+    totals: dict[str, int] | None = None
+
+    @property
+    def flops(self) -> int:
+        return sum(count * k.flops for count, k in zip(self.counts, self.kernels, strict=True))
+
+    @property
+    def bytes(self) -> int:
+        return sum(count * k.bytes for count, k in zip(self.counts, self.kernels, strict=True))
+
+    def traffic(self) -> dict[str, int]:
+        return dict(self.totals or {})
+
+
+def _symbols(kernel: Kernel) -> tuple[str, ...]:
+    """The symbols a planned kernel's sizes follow."""
+    found: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, (Dim, DimFloat)):
+            found.update(value.expr.symbols)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+
+    for op in kernel.ops:
+        for t in (*op.inputs, *op.outputs):
+            visit((t.shape, t.stride, t.offset))
+        visit(op.args)
+    cost = kernel.cost
+    visit((cost.flops, cost.bytes_read, cost.bytes_written))
+    visit(tuple((t.shape, t.stride, t.offset, n) for t, n in (*cost.reads, *cost.writes)))
+    visit(tuple(f.live_row_bytes for f in kernel.flags))
+    return tuple(sorted(found))
+
+
+def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicPlan:
+    """Group ``symbolic``'s ops once under ``pricing``'s kernel policy (:class:`NotPlanned`
+    when the step is not one a plan can serve, or the check at a second point fails)."""
+    trace = symbolic.trace
+    if any(op.name.startswith(("c10d.", "_c10d_functional")) for op in trace.ops):
+        raise NotPlanned("a step with collectives is laid on two streams: priced whole")
+    with deciding() as log:
+        plan = group_kernels(trace, pricing)
+        lives = live_bytes(trace, plan.roles)
+        role_bytes = add_counts(trace.role_bytes, plan.step.role_bytes)
+    sources = plan.sources or tuple(range(len(plan.kernels)))
+    classes = tuple(sorted(set(sources)))
+    place = {kernel: n for n, kernel in enumerate(classes)}
+    planned = SymbolicPlan(
+        symbolic,
+        plan,
+        (*symbolic.decisions, *log),
+        classes,
+        tuple(place[s] for s in sources),
+        role_bytes,
+        _LiveBytes(lives, symbolic.axes),
+    )
+    _check_second_point(planned, pricing)
+    return planned
+
+
+def _check_second_point(planned: SymbolicPlan, pricing: PricingOptions) -> None:
+    """The plan's kernels and peak at a second point where it holds, against planning that
+    point's trace afresh (:class:`NotPlanned` on any difference, or no such point)."""
+    numbers = next((p for p in nearby(planned.symbolic.axes) if planned.holds(p)), None)
+    if numbers is None:
+        raise NotPlanned("no second point near the traced one keeps the plan's decisions")
+    fresh = plan_kernels(planned.symbolic.at(numbers), pricing)
+    if planned.kernels_at(numbers) != fresh.kernels:
+        raise NotPlanned(f"the kernels at {numbers} differ from grouping that trace afresh")
+    if planned.lives.peak(numbers) != fresh.peak:
+        raise NotPlanned(f"the transient peak at {numbers} differs from that trace's own")
+
+
+def kernel_at(kernel: Kernel, values: Values) -> Kernel:
+    """A planned kernel at one point: its ops, W, Q and the tensors its bytes come from."""
+    cost = kernel.cost
+    at = Cost(
+        values.of(cost.flops),
+        values.of(cost.bytes_read),
+        values.of(cost.bytes_written),
+        cost.unit,
+        cost.dtype,
+        cost.counted,
+        tuple((tensor_at(t, values), values.of(n)) for t, n in cost.reads),
+        tuple((tensor_at(t, values), values.of(n)) for t, n in cost.writes),
+    )
+    flags = tuple(
+        SpillFlag(live, f.budget_bytes)
+        for f in kernel.flags
+        if (live := values.of(f.live_row_bytes)) > f.budget_bytes  # decided at the point
+    )
+    return Kernel(tuple(op_at(op, values) for op in kernel.ops), at, flags)
+
+
+class _LiveBytes:
+    """The transient bytes alive after every change (in all, and FSDP's layer buffers) as
+    integer polynomials: at a point, two matrix products and the first largest total
+    (:func:`~torchroof.report.memory.first_peak`); an expression past a polynomial is
+    evaluated one by one instead."""
+
+    def __init__(self, lives: list[TransientPeak], axes: Mapping[str, int]) -> None:
+        self._axes = list(axes)
+        totals = [_poly(live.total_bytes) for live in lives]
+        buffers = [_poly(live.layer_buffers_bytes) for live in lives]
+        self._count = len(lives)
+        self._each: Any = None
+        if None in totals or None in buffers:
+            exprs = [getattr(x, "expr", x) for live in lives for x in _fields(live)]
+            self._each = compile_values(exprs, axes)
+            return
+        polys = [p for p in (*totals, *buffers) if p is not None]
+        self._monomials = sorted({m for p in polys for m, _ in p.terms})
+        self._totals = self._matrix([p for p in totals if p is not None])
+        self._buffers = self._matrix([p for p in buffers if p is not None])
+
+    def _matrix(self, polys: list[Poly]) -> _Exact:
+        column = {m: j for j, m in enumerate(self._monomials)}
+        out = np.zeros((len(polys), len(self._monomials)), dtype=object)
+        for i, p in enumerate(polys):
+            for m, c in p.terms:
+                out[i, column[m]] = c
+        return _Exact(out)
+
+    def peak(self, numbers: Mapping[str, int]) -> TransientPeak:
+        """The first largest live total at ``numbers`` (zero where none is above zero)."""
+        if not self._count:
+            return TransientPeak(0, 0)
+        named = {name: numbers[name] for name in self._axes}
+        if self._each is not None:
+            flat = self._each(**named)
+            totals, buffers = list(flat[0::2]), list(flat[1::2])
+            best = max(range(len(totals)), key=lambda i: (totals[i], -i))
+        else:
+            vector = [_monomial(m, named) for m in self._monomials]
+            totals, buffers = self._totals @ vector, self._buffers @ vector
+            best = int(np.argmax(totals))  # the first of the largest, as first_peak keeps
+        total = int(totals[best])
+        return TransientPeak(total, int(buffers[best])) if total > 0 else TransientPeak(0, 0)
+
+
+class _Exact:
+    """An integer matrix times integer vectors, exactly: in int64 where no sum can
+    overflow it, else in Python integers."""
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self._object = matrix
+        self._largest = max((abs(int(c)) for c in matrix.flat), default=0) * max(matrix.shape[1], 1)
+        self._int64 = matrix.astype(np.int64) if self._largest < 2**62 else None
+
+    def __matmul__(self, vector: list[int]) -> Any:
+        biggest = max((abs(v) for v in vector), default=0)
+        if self._int64 is not None and biggest * self._largest < 2**62:
+            return self._int64 @ np.array(vector, dtype=np.int64)
+        return self._object @ np.array(vector, dtype=object)
+
+
+def _fields(live: TransientPeak) -> tuple[Any, Any]:
+    return (live.total_bytes, live.layer_buffers_bytes)
+
+
+def _poly(value: Any) -> Poly | None:
+    if isinstance(value, Dim):
+        return value.expr if isinstance(value.expr, Poly) else None
+    if isinstance(value, int):
+        return Poly.constant(int(value))
+    return None
+
+
+def _monomial(mono: tuple[tuple[str, int], ...], numbers: Mapping[str, int]) -> int:
+    out = 1
+    for name, power in mono:
+        out *= numbers[name] ** power
+    return out
