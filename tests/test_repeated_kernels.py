@@ -17,9 +17,15 @@ from hypothesis import strategies as st
 import torchroof
 from torchroof.config import PricingOptions
 from torchroof.kernels.fusion import build_kernels
-from torchroof.kernels.repeats import MIN_PERIODS, RepeatedRun, repeated_kernels, repeated_run
+from torchroof.kernels.repeats import (
+    MIN_PERIODS,
+    RepeatedRun,
+    _periods_alike,
+    repeated_kernels,
+    repeated_run,
+)
 from torchroof.records.ops import OpRecord
-from torchroof.records.tensors import TensorMeta
+from torchroof.records.tensors import TensorMeta, TensorRef
 from torchroof.records.trace import CopiedSpan
 from torchroof.workloads import run_workload
 
@@ -194,3 +200,25 @@ def test_a_run_is_the_longest_chain_of_back_to_back_copies_at_its_shortest_perio
     assert repeated_run(OPS, spans(100, [0] * (MIN_PERIODS - 1))) is None
     # a run reaching past the ops is refused (spans of another trace)
     assert repeated_run(OPS[:150], spans(100, [0] * 12)) is None
+
+
+def test_a_period_reaching_two_periods_back_is_grouped_whole():
+    """x[t + 2] = x[t] + x[t + 1]: each period reads what the period before it made and what
+    the one before that made. Each period relates to the one before it as the second does
+    to the first, so labelling each storage by where the period before touched it passes;
+    a storage first touched two periods back refuses the periods as alike."""
+
+    def t(sid):
+        return TensorMeta((4,), (1,), "float32", 100 + sid)
+
+    def add(index, a, b, out):
+        args = {"self": TensorRef(0), "other": TensorRef(1)}
+        return OpRecord(index, "aten.add.Tensor", (t(a), t(b)), (t(out),), args, "m", "forward")
+
+    ops = [add(0, 90, 91, 0), add(1, 90, 91, 1)]  # x0 and x1, before the run
+    ops += [add(2 + k, k, k + 1, k + 2) for k in range(8)]  # eight periods of one op
+    copies = [CopiedSpan(2 + k, 1, 2) for k in range(1, 8)]
+    assert repeated_run(ops, copies) == RepeatedRun(3, 1, 7)  # the copies: periods 1 to 7
+    assert _periods_alike(ops, RepeatedRun(3, 1, 7)) is None
+    policy = PricingOptions().kernels_only()
+    assert repeated_kernels(ops, copies, policy, {}) is None

@@ -147,11 +147,14 @@ def _periods_alike(ops: Sequence[OpRecord], run: RepeatedRun) -> set[int] | None
     phases, tensor layouts) and relates to the period before it as the second relates to
     the first: each storage it touches is one the period before touched (at the same first
     place), one of its own, the same one from before the run, or one never seen, and none
-    is one only an earlier period touched; None otherwise."""
+    is one only an earlier period touched or first touched (a storage made two periods
+    back and read by each period since); None otherwise."""
     first = [ops[i] for i in run.period(0)]
     before_run: set[int] = {t.storage for op in ops[: run.start] for t in _tensors(op)}
     touched: set[int] = set()  # by the periods before the previous one, then by all
     previous = _first_places(ops, run.period(0))
+    # storage -> the period that first touched it (one from before the run: none)
+    born = {sid: 0 for sid in previous if sid not in before_run}
     expected: list[object] | None = None
     for t in range(1, run.periods):
         # a tensor's place: 2p for the previous period's first place p, 2p + 1 for this
@@ -164,23 +167,26 @@ def _periods_alike(ops: Sequence[OpRecord], run: RepeatedRun) -> set[int] | None
                 return None
             if op.args != template.args or len(op.inputs) != len(template.inputs):
                 return None
+            if len(op.outputs) != len(template.outputs):
+                return None
             for x, y in zip(_tensors(op), _tensors(template), strict=True):
                 if (x.shape, x.stride, x.dtype, x.offset) != (y.shape, y.stride, y.dtype, y.offset):
                     return None
                 sid = x.storage
                 if sid in own:
                     labels.append(2 * own[sid] + 1)
-                elif sid in previous:
+                elif sid in previous and born.get(sid, t - 1) == t - 1:
                     labels.append(2 * previous[sid])
                     own[sid] = len(labels) - 1
                 elif sid in before_run:
                     labels.append((sid,))
                     own[sid] = len(labels) - 1
-                elif sid in touched:
+                elif sid in touched or sid in previous:
                     return None  # reaches back past the period before it
                 else:
                     labels.append(-1)
                     own[sid] = len(labels) - 1
+                    born[sid] = t
         if expected is None:
             expected = labels
         elif labels != expected:
@@ -286,7 +292,7 @@ def _moved(
         return kernel
     mapping: dict[int, int] = {}
     for a, b in zip(kernel.ops, members, strict=True):
-        if a.name != b.name:
+        if a.name != b.name or (len(a.inputs), len(a.outputs)) != (len(b.inputs), len(b.outputs)):
             return None
         for x, y in zip(_tensors(a), _tensors(b), strict=True):
             if mapping.setdefault(x.storage, y.storage) != y.storage:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -33,7 +34,10 @@ class Poly:
     terms: tuple[tuple[Monomial, int], ...]  # sorted, no zero coefficient
     symbols: frozenset[str]
 
-    _interned: dict[tuple[tuple[Monomial, int], ...], Poly] = {}
+    # held weakly: a polynomial no size follows any more is let go
+    _interned: weakref.WeakValueDictionary[tuple[tuple[Monomial, int], ...], Poly] = (
+        weakref.WeakValueDictionary()
+    )
 
     def __new__(cls, terms: Mapping[Monomial, int]) -> Poly:
         key = tuple(sorted((m, c) for m, c in terms.items() if c))
@@ -177,7 +181,7 @@ class Node:
     args: tuple[Any, ...]
     symbols: frozenset[str]
 
-    _interned: dict[tuple[Any, ...], Node] = {}
+    _interned: weakref.WeakValueDictionary[tuple[Any, ...], Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, args: tuple[Any, ...]) -> Node:
         key = (op, *(_key(a) for a in args))
