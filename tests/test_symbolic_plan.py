@@ -126,3 +126,18 @@ def test_views_of_a_storage_that_differ_must_stay_apart():
     symbolic = SymbolicTrace(Trace(ops=[op]), {"batch": 3}, ())
     assert symbolic.views_apart({"batch": 3}) and symbolic.views_apart({"batch": 9})
     assert not symbolic.views_apart({"batch": 8})
+
+
+def test_a_kernel_made_by_its_generated_function_is_the_kernel_evaluated(traces, plans):
+    """The per-point path makes each timed kernel by one generated function
+    (symbolic_plan.KernelMaker); it must be what evaluating the planned kernel gives."""
+    from torchroof.pricing.symbolic_plan import KernelMaker, kernel_at
+    from torchroof.records.symbolic_trace import Values
+
+    for regime, plan in plans.items():
+        numbers = {"batch": 7, LENGTH[regime]: 333}
+        for i in plan.classes:
+            kernel = plan.plan.kernels[i]
+            made = KernelMaker(kernel, plan.symbolic.axes)(numbers)
+            assert made == kernel_at(kernel, Values(numbers))
+            assert made.ops == kernel_at(kernel, Values(numbers)).ops

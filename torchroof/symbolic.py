@@ -127,6 +127,7 @@ def _check_second_point(
         made = symbolic_point(symbolic, model, other)
         if made is None or made != fresh or made.facts != fresh.facts:
             raise NotSymbolic(f"the trace at {moved} differs from tracing it afresh")
+        symbolic.checked = (moved, fresh)  # a plan of it is checked there too
         return
     raise NotSymbolic("no second point near the traced one keeps its decisions")
 

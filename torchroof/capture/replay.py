@@ -589,8 +589,11 @@ def made_storages(
     for sid, (nbytes, dtype) in template.created.items():
         kind = getattr(torch, dtype)
         with _unrecorded(capture):
-            raw = torch.empty(nbytes, dtype=torch.uint8, device="meta")
-            base = raw.view(kind) if kind.itemsize else raw
+            if kind.itemsize and isinstance(nbytes, torch.SymInt):  # one op on symbols
+                base = torch.empty(nbytes // kind.itemsize, dtype=kind, device="meta")
+            else:
+                raw = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+                base = raw.view(kind) if kind.itemsize else raw
         capture.storage.bind(base, mapping[sid])
         made[sid] = base
     return made

@@ -18,8 +18,10 @@ is not used (a size that left the expressions unseen). Pricing each point from i
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,7 @@ from torchroof.pricing.price import (
     reference_peak,
     time_kernels,
 )
-from torchroof.records.dims import Dim, DimFloat
+from torchroof.records.dims import Dim, DimFloat, has_dims
 from torchroof.records.expressions import (
     Decision,
     Poly,
@@ -47,8 +49,9 @@ from torchroof.records.expressions import (
     deciding,
 )
 from torchroof.records.facts import StepFacts
+from torchroof.records.ops import OpRecord
 from torchroof.records.symbolic_trace import SymbolicTrace, Values, nearby, op_at, tensor_at
-from torchroof.report.analysis import added
+from torchroof.records.tensors import TensorMeta
 from torchroof.report.compare import point_metrics
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.memory import TransientPeak, footprint, live_bytes
@@ -79,6 +82,7 @@ class SymbolicPlan:
         # same kernel at every context, timed once per batch
         self._follows = [_symbols(self.plan.kernels[i]) for i in self.classes]
         self._timings: dict[tuple[int, int, PricingOptions], Any] = {}
+        self._makers: dict[int, KernelMaker] = {}
 
     def holds(self, numbers: Mapping[str, int]) -> bool:
         """Does the plan hold at ``numbers``: every decision as it was taken, each storage's
@@ -111,6 +115,7 @@ class SymbolicPlan:
             for role, size in k.traffic.items():
                 traffic[role] += count * size
         reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
+        times = [k.time_s for k in timed]
         batch = facts.workload.batch if facts.workload else 1
         values = Values(numbers)
         memory = footprint(
@@ -134,12 +139,22 @@ class SymbolicPlan:
             facts=facts,
             memory=memory,
             cluster=cluster.name if cluster is not None else None,
-            # the kernels' times added in launch order, as Estimate.time_s adds them
-            step_time_s=added(timed[place].time_s for place in self.order),
+            # the kernels' times added one by one in launch order, as Estimate.time_s adds
+            # them (report.analysis.added)
+            step_time_s=functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
             counts=tuple(self._counts),
             totals=dict(traffic),
         )
         return point_metrics(repeated)
+
+    def _maker(self, n: int) -> KernelMaker:
+        """How the ``n``-th timed kernel is made at a point (made once, when first needed)."""
+        maker = self._makers.get(n)
+        if maker is None:
+            maker = self._makers[n] = KernelMaker(
+                self.plan.kernels[self.classes[n]], self.symbolic.axes
+            )
+        return maker
 
     def _timed_classes(
         self,
@@ -160,8 +175,7 @@ class SymbolicPlan:
         ]
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
-            values = Values(numbers)
-            kernels = [kernel_at(self.plan.kernels[self.classes[n]], values) for n in missing]
+            kernels = [self._maker(n)(numbers) for n in missing]
             timed, _, collectives = time_kernels(kernels, self.plan.roles, spec, cluster, pricing)
             if collectives:
                 raise NotPlanned("a step with collectives is laid on two streams: priced whole")
@@ -252,10 +266,15 @@ def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicP
 def _check_second_point(planned: SymbolicPlan, pricing: PricingOptions) -> None:
     """The plan's kernels and peak at a second point where it holds, against planning that
     point's trace afresh (:class:`NotPlanned` on any difference, or no such point)."""
-    numbers = next((p for p in nearby(planned.symbolic.axes) if planned.holds(p)), None)
-    if numbers is None:
-        raise NotPlanned("no second point near the traced one keeps the plan's decisions")
-    fresh = plan_kernels(planned.symbolic.at(numbers), pricing)
+    checked = planned.symbolic.checked  # the trace's own second point, traced afresh
+    if checked is not None and planned.holds(checked[0]):
+        numbers, trace = checked
+    else:
+        found = next((p for p in nearby(planned.symbolic.axes) if planned.holds(p)), None)
+        if found is None:
+            raise NotPlanned("no second point near the traced one keeps the plan's decisions")
+        numbers, trace = found, planned.symbolic.at(found)
+    fresh = plan_kernels(trace, pricing)
     if planned.kernels_at(numbers) != fresh.kernels:
         raise NotPlanned(f"the kernels at {numbers} differ from grouping that trace afresh")
     if planned.lives.peak(numbers) != fresh.peak:
@@ -281,6 +300,104 @@ def kernel_at(kernel: Kernel, values: Values) -> Kernel:
         if (live := values.of(f.live_row_bytes)) > f.budget_bytes  # decided at the point
     )
     return Kernel(tuple(op_at(op, values) for op in kernel.ops), at, flags)
+
+
+class KernelMaker:
+    """One planned kernel made at any point by one generated function (what
+    :func:`kernel_at` makes, without walking its ops at every point): its sizes'
+    expressions evaluated by compiled code (:func:`~torchroof.records.expressions.
+    compile_values`), its ops, tensors and cost built from those numbers, and what holds no
+    size shared with the plan (a tensor without a symbolic size, an op's name)."""
+
+    def __init__(self, kernel: Kernel, axes: Iterable[str]) -> None:
+        self._held: list[Any] = []  # objects the generated code refers to
+        self._exprs: list[Any] = []
+        self._slots: dict[int, int] = {}  # id(expression) -> its place in the numbers
+        body = self._kernel(kernel)
+        self._values = compile_values(self._exprs, axes)
+        namespace = {
+            "Kernel": Kernel,
+            "Cost": Cost,
+            "OpRecord": OpRecord,
+            "TensorMeta": TensorMeta,
+            "SpillFlag": SpillFlag,
+            "H": self._held,
+        }
+        source = f"def make(v):\n    return {body}\n"
+        exec(compile(source, "<torchroof.pricing.symbolic_plan>", "exec"), namespace)  # noqa: S102
+        self._make = namespace["make"]
+
+    def __call__(self, numbers: Mapping[str, int]) -> Kernel:
+        return self._make(self._values(**numbers))
+
+    def _object(self, value: Any) -> str:
+        self._held.append(value)
+        return f"H[{len(self._held) - 1}]"
+
+    def _size(self, value: Any) -> str:
+        if isinstance(value, (Dim, DimFloat)):
+            slot = self._slots.get(id(value.expr))
+            if slot is None:
+                slot = self._slots[id(value.expr)] = len(self._exprs)
+                self._exprs.append(value.expr)
+            return f"v[{slot}]"
+        if type(value) is int or type(value) is bool:
+            return repr(value)
+        return self._object(value)
+
+    def _value(self, value: Any) -> str:
+        """An argument: sizes from the numbers, lists and tuples rebuilt, the rest held."""
+        if isinstance(value, (list, tuple)) and has_dims(value):
+            items = ", ".join(self._value(v) for v in value)
+            return f"[{items}]" if isinstance(value, list) else f"({items},)"
+        if isinstance(value, (Dim, DimFloat)):
+            return self._size(value)
+        return (
+            self._object(value)
+            if has_dims(value) or not isinstance(value, (int, bool))
+            else repr(value)
+        )
+
+    def _tensor(self, t: TensorMeta) -> str:
+        if not has_dims((t.shape, t.stride, t.offset)):
+            return self._object(t)
+        shape = "".join(f"{self._size(x)}, " for x in t.shape)
+        stride = "".join(f"{self._size(x)}, " for x in t.stride)
+        dtype = self._object(t.dtype)
+        return f"TensorMeta(({shape}), ({stride}), {dtype}, {t.storage}, {self._size(t.offset)})"
+
+    def _op(self, op: OpRecord) -> str:
+        inputs = "".join(f"{self._tensor(t)}, " for t in op.inputs)
+        outputs = "".join(f"{self._tensor(t)}, " for t in op.outputs)
+        if has_dims(op.args):
+            items = ", ".join(f"{k!r}: {self._value(v)}" for k, v in op.args.items())
+            args = f"{{{items}}}"
+        else:
+            args = f"dict({self._object(op.args)})"
+        name, module, phase = (self._object(x) for x in (op.name, op.module, op.phase))
+        return (
+            f"OpRecord({op.index}, {name}, ({inputs}), ({outputs}), {args}, {module}, {phase}, "
+            f"{op.synthetic!r})"
+        )
+
+    def _kernel(self, kernel: Kernel) -> str:
+        cost = kernel.cost
+        reads = "".join(f"({self._tensor(t)}, {self._size(n)}), " for t, n in cost.reads)
+        writes = "".join(f"({self._tensor(t)}, {self._size(n)}), " for t, n in cost.writes)
+        made = (
+            f"Cost({self._size(cost.flops)}, {self._size(cost.bytes_read)}, "
+            f"{self._size(cost.bytes_written)}, {self._object(cost.unit)}, "
+            f"{self._object(cost.dtype)}, {cost.counted!r}, ({reads}), ({writes}))"
+        )
+        flags = []
+        for flag in kernel.flags:  # decided at the point, as kernel_at decides it
+            live = self._size(flag.live_row_bytes)
+            flags.append(
+                f"*((SpillFlag({live}, {flag.budget_bytes}),) "
+                f"if {live} > {flag.budget_bytes} else ())"
+            )
+        ops = "".join(f"{self._op(op)}, " for op in kernel.ops)
+        return f"Kernel(({ops}), {made}, ({''.join(f + ', ' for f in flags)}))"
 
 
 class _LiveBytes:

@@ -28,6 +28,8 @@ class SymbolicTrace:
     trace: Trace
     axes: dict[str, int]
     decisions: tuple[Decision, ...]
+    # (a second point, its trace traced afresh): where the symbolic trace was checked
+    checked: tuple[dict[str, int], Trace] | None = field(default=None, repr=False, compare=False)
     _check: Any = field(default=None, repr=False, compare=False)
     _views: Any = field(default=None, repr=False, compare=False)
 
@@ -94,7 +96,9 @@ class SymbolicTrace:
             facts=facts,
             copies=list(trace.copies),
         )
-        return SymbolicTrace(at, {name: numbers[name] for name in self.axes}, self.decisions)
+        return SymbolicTrace(
+            at, {name: numbers[name] for name in self.axes}, self.decisions, self.checked
+        )
 
     def at(self, numbers: Mapping[str, int]) -> Trace:
         """The trace at ``numbers`` (which must hold: :meth:`holds`); its facts are the
