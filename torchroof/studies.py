@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_model
+from torchroof.collector import paused_gc
 from torchroof.config import DEFAULT_SEQ, PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
@@ -269,7 +270,9 @@ def sweep_grid(
     tracing = [i for i, key in enumerate(keys) if key not in PRICING_KEYS]
     order = sorted(range(len(combos)), key=lambda n: [repr(combos[n][i]) for i in tracing])
     points: dict[int, GridPoint] = {}
-    with reporting(progress) as report:  # progress=True: "point 2 of 300" and each stage
+    # progress=True: "point 2 of 300" and each stage; the collector paused over the whole
+    # grid (its full collections would rescan every trace and plan the grid holds)
+    with reporting(progress) as report, paused_gc():
         for done, n in enumerate(order, 1):
             at = dict(zip(keys, combos[n], strict=True))
             label = ", ".join(f"{k}={v}" for k, v in at.items())

@@ -18,6 +18,7 @@ from typing import Any
 from torchroof.api import Trace as PricedTrace
 from torchroof.api import build_step_model, resolve_seq, run_step, step_checks, step_facts
 from torchroof.capture.symbolic import NotSymbolic, SymbolicSizes
+from torchroof.collector import paused_gc
 from torchroof.config import Workload
 from torchroof.config.errors import first_line
 from torchroof.records.facts import StepFacts
@@ -63,6 +64,7 @@ def numbers_of(symbolic: SymbolicTrace, workload: Workload) -> dict[str, int]:
     return {name: getattr(workload, name) for name in symbolic.axes}
 
 
+@paused_gc()
 def trace_symbolic(model: Any, workload: Workload, cast_module: bool = False) -> SymbolicTrace:
     """Trace ``workload``'s step with its sizes as symbols (their numbers those of
     ``workload``); :class:`NotSymbolic` says why not (a size torch or the model fixed, a
@@ -156,6 +158,7 @@ def point_facts(
     return named.facts
 
 
+@paused_gc()
 def symbolic_point(
     symbolic: SymbolicTrace, model: Any, workload: Workload, config: Any = None
 ) -> PricedTrace | None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
 from torchroof.capture.layer_calls import (
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
 # a layer's own position, not what it computes: two layers that differ only here are alike
 
-_PLAIN_TENSORS = (torch.Tensor, FakeTensor)  # FakeTensor: a capture with symbolic sizes
 
 
 @dataclass
@@ -374,7 +372,7 @@ class _Returned:
             if tensors_of(value):
                 self.refusal = self.refusal or "a layer returned tensors in a container it made"
             return ("same", value)
-        if type(value) not in _PLAIN_TENSORS:
+        if type(value) is not torch.Tensor and not _fake(value):
             self.refusal = self.refusal or "a layer returned a tensor subclass"
             return ("same", value)
         if id(value) in self._by_object:
@@ -459,6 +457,15 @@ def record_call(
         refusal=refusal or returned.refusal,
     )
     return out, template
+
+
+def _fake(value: torch.Tensor) -> bool:
+    """A fake tensor of a capture with symbolic sizes (where every tensor is one)."""
+    if active_sizes() is None:
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return type(value) is FakeTensor
 
 
 def _unrecorded(capture: Capture) -> Any:

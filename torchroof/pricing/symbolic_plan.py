@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from torchroof.collector import paused_gc
 from torchroof.config import PricingOptions
 from torchroof.counters import Cost
 from torchroof.hardware import ClusterSpec, HardwareSpec
@@ -237,6 +238,7 @@ def _symbols(kernel: Kernel) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+@paused_gc()
 def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicPlan:
     """Group ``symbolic``'s ops once under ``pricing``'s kernel policy (:class:`NotPlanned`
     when the step is not one a plan can serve, or the check at a second point fails)."""
