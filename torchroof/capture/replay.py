@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 # a layer's own position, not what it computes: two layers that differ only here are alike
 
 
-
 @dataclass
 class LayerCounts:
     """How the repeated layers of one capture were traced."""
