@@ -153,6 +153,22 @@ def test_a_grid_s_figures_equal_fresh_estimates():
     )
 
 
+def test_a_point_made_from_symbols_says_its_own_positions():
+    """A symbolic trace taken past the model's maximum positions (allowed, with a note)
+    makes points within them: those carry no note, as a fresh trace of them carries none."""
+    from conftest import small_llama
+
+    config = small_llama(8)  # 4,096 positions
+    knobs = dict(allow_beyond_max_positions=True)
+    prepared = torchroof.prepare(config, "decode", batch=3, context=5000, **knobs)
+    prepared.price(batch=3, context=5000)
+    beyond = prepared.price(batch=4, context=5001)  # the second size: traced on symbols
+    within = prepared.price(batch=5, context=100)
+    assert beyond.facts.positions and not within.facts.positions
+    assert same(within, torchroof.estimate(config, "decode", batch=5, context=100, **knobs))
+    assert prepared.cache_info().substituted == 2
+
+
 def test_a_step_that_cannot_be_traced_on_symbols_is_priced_whole_and_says_why():
     from transformers import BloomConfig
 

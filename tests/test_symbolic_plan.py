@@ -141,3 +141,18 @@ def test_a_kernel_made_by_its_generated_function_is_the_kernel_evaluated(traces,
             made = KernelMaker(kernel, plan.symbolic.axes)(numbers)
             assert made == kernel_at(kernel, Values(numbers))
             assert made.ops == kernel_at(kernel, Values(numbers)).ops
+
+
+def test_a_plan_anchored_at_another_point_prices_it_as_fresh(traces):
+    """A point that keeps the trace's decisions but not a plan's gets a plan of its own,
+    with the sizes' traced values moved to the point (SymbolicTrace.anchored): the same
+    expressions, decided there."""
+    symbolic = traces["decode"]
+    numbers = {"batch": 9, "context": 1500}
+    moved = symbolic.anchored(numbers)
+    assert moved.axes == numbers and moved.at({"batch": 4, "context": 77}) == symbolic.at(
+        {"batch": 4, "context": 77}
+    )
+    plan = plan_symbolic(moved, PricingOptions())
+    found = _figures(traces, {"decode": plan}, "decode", 9, 1500, "h100-sxm", PricingOptions())
+    assert found is not None and found[0] == found[1]

@@ -43,7 +43,7 @@ from torchroof.api import (
 )
 from torchroof.capture.symbolic import NotSymbolic
 from torchroof.config import PricingOptions, Workload, split_knobs
-from torchroof.config.errors import OptionError
+from torchroof.config.errors import OptionError, first_line
 from torchroof.counters import registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
@@ -215,6 +215,17 @@ class PreparedModel:
         arguments (step time, tokens/s, GPUs, MFU, traffic by role, memory, fit), equal to
         it; an inference step on one GPU is priced from kernels planned once for every
         size where its point keeps their decisions, without making its estimate."""
+        return self.figures(hardware, pricing=pricing, **knobs)[0]
+
+    def figures(
+        self,
+        hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+        *,
+        pricing: PricingOptions | None = None,
+        **knobs: Any,
+    ) -> tuple[dict[str, Any], Estimate | None]:
+        """(:meth:`metrics`, the estimate they were read from, or None where they were
+        priced from kernels planned for every size and no estimate was made)."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)
         step = self._step(workload_knobs)
@@ -224,8 +235,9 @@ class PreparedModel:
             planned = self._planned_metrics(step, spec, cluster, options)
         if planned is not None:
             self._planned += 1
-            return planned
-        return point_metrics(self.price(hardware, pricing=options, **workload_knobs))
+            return planned, None
+        priced = self.price(hardware, pricing=options, **workload_knobs)
+        return point_metrics(priced), priced
 
     # -- symbolic traces and plans ---------------------------------------------------------
     def _model_config(self) -> Any:
@@ -272,7 +284,9 @@ class PreparedModel:
             return None
         point = _point(numbers)
         if len(held) >= MAX_SYMBOLIC_TRACES:
-            self._note(point, f"traced afresh (none of the {len(held)} symbolic traces holds)")
+            self._note(
+                point, f"not made from symbols (none of the {len(held)} symbolic traces holds)"
+            )
             return None
         try:
             symbolic = trace_symbolic(self.model, workload, cast)
@@ -347,6 +361,9 @@ class PreparedModel:
             if not held:
                 self._plans[key] = str(why)
             self._note(point, f"priced from its own trace ({why})")
+            return None
+        except Exception as error:  # noqa: BLE001 - the point's own trace says it in a line
+            self._note(point, f"priced from its own trace ({first_line(error)})")
             return None
         held.append(plan)
         if not plan.holds(numbers):  # planned at these numbers: it holds here

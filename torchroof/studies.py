@@ -281,8 +281,11 @@ def sweep_grid(
             where = settings.pop("hardware")
             priced = {k: v for k, v in settings.items() if k in PRICING_KEYS or k in at}
             with _named(label):
-                metrics = prepared.metrics(where, **priced)
-            points[n] = GridPoint(at, metrics=metrics, make=_maker(prepared, where, priced, label))
+                metrics, made = prepared.figures(where, **priced)
+            # an estimate made for the figures is kept; one not made is made when asked for
+            points[n] = GridPoint(
+                at, made, metrics=metrics, make=_maker(prepared, where, priced, label)
+            )
     return Grid(
         [(key, list(values)) for key, values in grid_axes],
         [points[n] for n in range(len(combos))],

@@ -149,6 +149,7 @@ def point_facts(
         return None
     facts = replace(
         symbolic.trace.facts,
+        positions="",  # the traced point's note: this point's is set below, if any
         workload=workload,
         tokens=regime(workload.regime).tokens(workload),
         kv_cache_tokens=Values(numbers).of(symbolic.trace.facts.kv_cache_tokens),

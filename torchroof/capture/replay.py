@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from torchroof.capture.layer_calls import (
     Route,
@@ -39,7 +39,7 @@ from torchroof.capture.layer_calls import (
     tensors_of,
 )
 from torchroof.capture.replay_check import verified
-from torchroof.capture.symbolic import active_sizes
+from torchroof.capture.symbolic import is_fake, tensors_made_aside
 from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import Role, remapped
@@ -371,7 +371,7 @@ class _Returned:
             if tensors_of(value):
                 self.refusal = self.refusal or "a layer returned tensors in a container it made"
             return ("same", value)
-        if type(value) is not torch.Tensor and not _fake(value):
+        if type(value) is not torch.Tensor and not is_fake(value):
             self.refusal = self.refusal or "a layer returned a tensor subclass"
             return ("same", value)
         if id(value) in self._by_object:
@@ -458,21 +458,6 @@ def record_call(
     return out, template
 
 
-def _fake(value: torch.Tensor) -> bool:
-    """A fake tensor of a capture with symbolic sizes (where every tensor is one)."""
-    if active_sizes() is None:
-        return False
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return type(value) is FakeTensor
-
-
-def _unrecorded(capture: Capture) -> Any:
-    """Tensors made outside the step: with every mode off (a meta tensor), or, in a capture
-    with its sizes as symbols, fake with symbolic sizes and not recorded."""
-    return capture.unrecorded() if active_sizes() is not None else _disable_current_modes()
-
-
 def _storages_of(ops: list[OpRecord]) -> set[int]:
     return {t.storage for op in ops for t in (*op.inputs, *op.outputs)}
 
@@ -520,7 +505,7 @@ def replay_call(
         if leaf[0] == "new":
             base = made[leaf[1]]
             shape, stride, offset = leaf[2]
-            with _unrecorded(capture):
+            with tensors_made_aside(capture):
                 return base.as_strided(shape, stride, offset)
         if leaf[0] == "path":
             return by_path[leaf[1]]
@@ -594,7 +579,7 @@ def made_storages(
     made: dict[int, torch.Tensor] = {}
     for sid, (nbytes, dtype) in template.created.items():
         kind = getattr(torch, dtype)
-        with _unrecorded(capture):
+        with tensors_made_aside(capture):
             if kind.itemsize and isinstance(nbytes, torch.SymInt):  # one op on symbols
                 base = torch.empty(nbytes // kind.itemsize, dtype=kind, device="meta")
             else:

@@ -22,6 +22,7 @@ import torch
 from torchroof.quiet import SYMBOLIC_LOG_LINES, drop_log_lines
 from torchroof.records.dims import Dim, follow, value_of
 from torchroof.records.expressions import Decision, Decisions, Node, Poly, combined, deciding
+from torchroof.records.tensors import clear_layout_caches
 
 _ACTIVE: contextvars.ContextVar[SymbolicSizes | None] = contextvars.ContextVar(
     "torchroof_symbolic_sizes", default=None
@@ -81,6 +82,7 @@ class SymbolicSizes:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         token = _ACTIVE.set(self)
+        clear_layout_caches()  # each comparison on a size is made, and written down, here
         try:
             fake = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
             with fake as mode, drop_log_lines(SYMBOLIC_LOG_LINES):
@@ -224,6 +226,24 @@ def _folded(operation: str, args: list[Any]) -> Any:
                 continue
         out = combined(operation, out, arg)
     return out
+
+
+def is_fake(value: torch.Tensor) -> bool:
+    """A fake tensor of a capture with symbolic sizes (where every tensor is one)."""
+    if _ACTIVE.get() is None:
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return type(value) is FakeTensor
+
+
+def tensors_made_aside(capture: Any) -> Any:
+    """Where a capture makes tensors that are not part of the step (a copied layer's
+    outputs): with every mode off (meta tensors), or, with symbolic sizes, fake and not
+    recorded."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return capture.unrecorded() if _ACTIVE.get() is not None else _disable_current_modes()
 
 
 def active_sizes() -> SymbolicSizes | None:

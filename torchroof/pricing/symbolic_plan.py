@@ -52,7 +52,7 @@ from torchroof.records.expressions import (
 from torchroof.records.facts import StepFacts
 from torchroof.records.ops import OpRecord
 from torchroof.records.symbolic_trace import SymbolicTrace, Values, nearby, op_at, tensor_at
-from torchroof.records.tensors import TensorMeta
+from torchroof.records.tensors import TensorMeta, clear_layout_caches
 from torchroof.report.compare import point_metrics
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.memory import TransientPeak, footprint, live_bytes
@@ -148,7 +148,7 @@ class SymbolicPlan:
         )
         return point_metrics(repeated)
 
-    def _maker(self, n: int) -> KernelMaker:
+    def maker(self, n: int) -> KernelMaker:
         """How the ``n``-th timed kernel is made at a point (made once, when first needed)."""
         maker = self._makers.get(n)
         if maker is None:
@@ -171,17 +171,17 @@ class SymbolicPlan:
         if held is None:  # the spec and cluster are held too: their ids stay theirs
             held = self._timings[key] = (spec, cluster, {})
         known: dict[tuple[Any, ...], KernelEstimate] = held[2]
+        if len(known) > MAX_TIMED_KERNELS:
+            known.clear()  # timed again from here: none is dropped while a point needs it
         keys = [
             (n, *(numbers[name] for name in follows)) for n, follows in enumerate(self._follows)
         ]
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
-            kernels = [self._maker(n)(numbers) for n in missing]
+            kernels = [self.maker(n)(numbers) for n in missing]
             timed, _, collectives = time_kernels(kernels, self.plan.roles, spec, cluster, pricing)
             if collectives:
                 raise NotPlanned("a step with collectives is laid on two streams: priced whole")
-            if len(known) > MAX_TIMED_KERNELS:
-                known.clear()
             for n, estimate in zip(missing, timed, strict=True):
                 known[keys[n]] = estimate
         return [known[k] for k in keys]
@@ -245,6 +245,7 @@ def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicP
     trace = symbolic.trace
     if any(op.name.startswith(("c10d.", "_c10d_functional")) for op in trace.ops):
         raise NotPlanned("a step with collectives is laid on two streams: priced whole")
+    clear_layout_caches()  # each comparison on a size is made, and written down, here
     with deciding() as log:
         plan = group_kernels(trace, pricing)
         lives = live_bytes(trace, plan.roles)
@@ -277,8 +278,13 @@ def _check_second_point(planned: SymbolicPlan, pricing: PricingOptions) -> None:
             raise NotPlanned("no second point near the traced one keeps the plan's decisions")
         numbers, trace = found, planned.symbolic.at(found)
     fresh = plan_kernels(trace, pricing)
-    if planned.kernels_at(numbers) != fresh.kernels:
+    every = planned.kernels_at(numbers)
+    if every != fresh.kernels:
         raise NotPlanned(f"the kernels at {numbers} differ from grouping that trace afresh")
+    # the timed kernels as the points make them (their generated makers), held to the same
+    made = [planned.maker(n)(numbers) for n in range(len(planned.classes))]
+    if made != [every[i] for i in planned.classes]:
+        raise NotPlanned(f"the kernels made at {numbers} differ from the plan's")
     if planned.lives.peak(numbers) != fresh.peak:
         raise NotPlanned(f"the transient peak at {numbers} differs from that trace's own")
 
@@ -352,6 +358,9 @@ class KernelMaker:
         if isinstance(value, (list, tuple)) and has_dims(value):
             items = ", ".join(self._value(v) for v in value)
             return f"[{items}]" if isinstance(value, list) else f"({items},)"
+        if isinstance(value, dict) and has_dims(value):
+            items = ", ".join(f"{self._object(k)}: {self._value(v)}" for k, v in value.items())
+            return f"{{{items}}}"
         if isinstance(value, (Dim, DimFloat)):
             return self._size(value)
         return (

@@ -243,9 +243,6 @@ class Dim(_Sized, int):  # type: ignore[misc]  # int's __rpow__ would drop the e
     def __int__(self) -> int:
         return self.fixed()
 
-    def __index__(self) -> int:
-        return self.fixed()
-
     def __float__(self) -> float:
         return float(self.fixed())
 
@@ -257,6 +254,12 @@ class Dim(_Sized, int):  # type: ignore[misc]  # int's __rpow__ would drop the e
 
     def __rshift__(self, other: Any) -> Any:
         return self.fixed() >> other
+
+    def __rlshift__(self, other: Any) -> Any:
+        return other << self.fixed()
+
+    def __rrshift__(self, other: Any) -> Any:
+        return other >> self.fixed()
 
     def __and__(self, other: Any) -> Any:
         return self.fixed() & other

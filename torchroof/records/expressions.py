@@ -362,16 +362,20 @@ class _Emitter:
 
 
 def _function(
-    symbols: Iterable[str], lines: list[str], result: str, failed: Any
+    symbols: Iterable[str], lines: list[str], result: str, failed: bool | None
 ) -> Callable[..., Any]:
-    """``def _f(<symbols>): <lines>; return <result>``, answering ``failed`` where the
-    numbers raise (a size that divides by zero at that point)."""
+    """``def _f(<symbols>): <lines>; return <result>``: where the numbers raise (a size
+    that divides by zero at that point), ``failed`` is the answer, or (None) the error
+    is raised as the same code run at that point raises it."""
     names = sorted(symbols)
-    body = ["    try:", *(f"    {line}" for line in lines), f"        return {result}"]
-    body += [
-        "    except (ZeroDivisionError, OverflowError, ValueError):",
-        f"        return {failed!r}",
-    ]
+    if failed is None:
+        body = [*lines, f"    return {result}"]
+    else:
+        body = ["    try:", *(f"    {line}" for line in lines), f"        return {result}"]
+        body += [
+            "    except (ZeroDivisionError, OverflowError, ValueError):",
+            f"        return {failed!r}",
+        ]
     source = "\n".join([f"def _f({', '.join(names)}):", *body])
     namespace = dict(_NAMESPACE, _float=float)
     exec(compile(source, "<torchroof.records.dims>", "exec"), namespace)  # noqa: S102
@@ -380,7 +384,8 @@ def _function(
 
 def compile_values(exprs: Iterable[Any], symbols: Iterable[str]) -> Callable[..., tuple[Any, ...]]:
     """One Python function of the symbols (keywords) that returns the expressions' values,
-    in order: the same integer and float operations as :func:`evaluate`, generated once."""
+    in order: the same integer and float operations as :func:`evaluate`, generated once
+    (raising what they raise at the numbers given)."""
     emit = _Emitter()
     items = [emit.of(e) for e in exprs]
     return _function(symbols, emit.lines, f"({', '.join(items)}{',' if items else ''})", None)

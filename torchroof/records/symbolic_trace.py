@@ -54,72 +54,32 @@ class SymbolicTrace:
     def anchored(self, numbers: Mapping[str, int]) -> SymbolicTrace:
         """The same symbolic trace with every size's traced value that of ``numbers``
         (where it :meth:`holds`): what is decided on it afterwards is decided there."""
-        values = Values(numbers)
-
-        def moved(value: Any) -> Any:
-            if isinstance(value, (Dim, DimFloat)):
-                return follow(values.of(value), value.expr)
-            if isinstance(value, tuple):
-                return tuple(moved(v) for v in value)
-            if isinstance(value, list):
-                return [moved(v) for v in value]
-            if isinstance(value, dict):
-                return {k: moved(v) for k, v in value.items()}
-            return value
-
-        def tensor(t: TensorMeta) -> TensorMeta:
-            if not (_sized(t.shape) or _sized(t.stride) or isinstance(t.offset, Dim)):
-                return t
-            return TensorMeta(moved(t.shape), moved(t.stride), t.dtype, t.storage, moved(t.offset))
-
-        trace = self.trace
-        ops = [
-            OpRecord(
-                op.index,
-                op.name,
-                tuple(tensor(t) for t in op.inputs),
-                tuple(tensor(t) for t in op.outputs),
-                moved(op.args),
-                op.module,
-                op.phase,
-                op.synthetic,
-            )
-            for op in trace.ops
-        ]
-        facts = replace(trace.facts, kv_cache_tokens=moved(trace.facts.kv_cache_tokens))
-        at = Trace(
-            ops=ops,
-            assumptions=list(trace.assumptions),
-            parameters=dict(trace.parameters),
-            roles=dict(trace.roles),
-            role_bytes=moved(dict(trace.role_bytes)),
-            facts=facts,
-            copies=list(trace.copies),
-        )
-        return SymbolicTrace(
-            at, {name: numbers[name] for name in self.axes}, self.decisions, self.checked
-        )
+        moved = _mapped(self.trace, Values(numbers, anchored=True))
+        named = {name: numbers[name] for name in self.axes}
+        return SymbolicTrace(moved, named, self.decisions, self.checked)
 
     def at(self, numbers: Mapping[str, int]) -> Trace:
         """The trace at ``numbers`` (which must hold: :meth:`holds`); its facts are the
         traced ones with their sizes evaluated (the caller sets what the workload says)."""
-        values = Values(numbers)
-        trace = self.trace
-        ops = [op_at(op, values) for op in trace.ops]
-        facts = replace(
-            trace.facts,
-            kv_cache_tokens=values.of(trace.facts.kv_cache_tokens),
-            tokens=values.of(trace.facts.tokens),
-        )
-        return Trace(
-            ops=ops,
-            assumptions=list(trace.assumptions),
-            parameters=dict(trace.parameters),
-            roles=dict(trace.roles),
-            role_bytes={k: values.of(v) for k, v in trace.role_bytes.items()},
-            facts=facts,
-            copies=list(trace.copies),
-        )
+        return _mapped(self.trace, Values(numbers))
+
+
+def _mapped(trace: Trace, values: Values) -> Trace:
+    """``trace`` with every size through ``values`` (numbers, or sizes anchored there)."""
+    facts = replace(
+        trace.facts,
+        kv_cache_tokens=values.of(trace.facts.kv_cache_tokens),
+        tokens=values.of(trace.facts.tokens),
+    )
+    return Trace(
+        ops=[op_at(op, values) for op in trace.ops],
+        assumptions=list(trace.assumptions),
+        parameters=dict(trace.parameters),
+        roles=dict(trace.roles),
+        role_bytes={k: values.of(v) for k, v in trace.role_bytes.items()},
+        facts=facts,
+        copies=list(trace.copies),
+    )
 
 
 NEARBY_STEPS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
@@ -167,9 +127,10 @@ class _ViewsApart:
     def holds(self, numbers: Mapping[str, int]) -> bool:
         if self._values is None:
             return True
-        values = self._values(**numbers)
-        if values is None:
-            return False
+        try:
+            values = self._values(**numbers)
+        except (ZeroDivisionError, OverflowError, ValueError):
+            return False  # a layout that cannot be made at these numbers
         return all(len({values[a:b] for a, b in spans}) == len(spans) for spans in self._groups)
 
 
@@ -189,24 +150,27 @@ def _flat(value: Any) -> list[Any]:
 
 
 class Values:
-    """Sizes at one point: each expression's number worked out once."""
+    """Sizes at one point: each expression's number worked out once; ``anchored``, each
+    size stays a Dim of its expression with this point's number as its traced value."""
 
-    def __init__(self, numbers: Mapping[str, int]) -> None:
+    def __init__(self, numbers: Mapping[str, int], anchored: bool = False) -> None:
         self.numbers = dict(numbers)
         self._known: dict[Any, Any] = {}
+        self._anchored = anchored
+
+    def _at(self, size: Dim | DimFloat) -> Any:
+        value = evaluate(size.expr, self.numbers, self._known)
+        return follow(value, size.expr) if self._anchored else value
 
     def sizes(self, sizes: tuple[Any, ...]) -> tuple[Any, ...]:
         """A flat tuple of sizes at this point."""
-        known, numbers = self._known, self.numbers
-        return tuple(
-            evaluate(x.expr, numbers, known) if isinstance(x, (Dim, DimFloat)) else x for x in sizes
-        )
+        return tuple(self._at(x) if isinstance(x, (Dim, DimFloat)) else x for x in sizes)
 
     def of(self, value: Any) -> Any:
         """``value`` with every Dim in it (nested in tuples, lists and dicts) replaced by
         its number at this point."""
         if isinstance(value, (Dim, DimFloat)):
-            return evaluate(value.expr, self.numbers, self._known)
+            return self._at(value)
         if isinstance(value, tuple):
             return tuple(self.of(v) for v in value)
         if isinstance(value, list):

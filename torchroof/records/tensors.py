@@ -86,6 +86,14 @@ def storage_extent_bytes(t: TensorMeta) -> int:
 _LAYOUTS = 1 << 16
 
 
+def clear_layout_caches() -> None:
+    """Forget every layout worked out so far: work whose decisions on symbolic sizes are
+    written down (:func:`torchroof.records.expressions.deciding`) must make them itself,
+    not find a result a cache kept from earlier work on the same sizes."""
+    for cached in (_numel, _unique_numel, _extent_elements):
+        cached.cache_clear()
+
+
 @lru_cache(maxsize=_LAYOUTS)
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)

@@ -75,7 +75,7 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
 def live_bytes(trace: Trace, roles: dict[int, str] | None = None) -> list[TransientPeak]:
     """The transient bytes alive after each op where they change, in execution order (of
     which :func:`transient_peak` is the largest): sizes whose polynomials are evaluated
-    at every point of a grid at once (:mod:`torchroof.pricing.grid_plan`)."""
+    at every point of a grid at once (:mod:`torchroof.pricing.symbolic_plan`)."""
     known: Mapping[int, str] = trace.roles if roles is None else roles
     born, dies, size, buffers = _lifetimes(trace, known)
     delta: dict[int, list[int]] = {}
