@@ -15,9 +15,14 @@ part for both tools) and is repeated; medians are printed with ratios:
 - a training estimate (seq ``--seq``, AdamW, one H100) against FlopCounterMode's forward
   and backward of the same model, the model built inside the timed part for both;
 - a decode grid of ``--batches`` x ``--contexts`` points (``torchroof.studies.sweep_grid``;
-  the issue's 1,000 points are ``--batches 40 --contexts 25``).
+  1,000 points are ``--batches 40 --contexts 25``);
+- a training estimate on 8 GPUs with FSDP (``fsdp=8``, seq ``--seq``, AdamW), every layer
+  run against the layers copied.
+
+``--kinds`` measures some of these only (comma-separated names from ``KINDS``).
 
     python examples/benchmark_price_many.py [--batches 40 --contexts 25] [--repeats 3]
+    python examples/benchmark_price_many.py --kinds fsdp-train-full,fsdp-train-copied
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ def _child(kind: str, seq: int, batches: int, contexts: int) -> None:
     elif kind == "train":  # forward, loss, backward and the AdamW step, built in the time
         model = build_model(load_config(MODEL))
         torchroof.estimate(model, "train", batch=1, seq=seq, optimizer="adamw", precision="bf16")
+    elif kind in ("fsdp-train-full", "fsdp-train-copied"):
+        torchroof.estimate(
+            MODEL, "train", hardware="dgx-h100", batch=1, seq=seq, fsdp=8,
+            full_trace=kind.endswith("full"),
+        )  # fmt: skip
     elif kind in ("prefill-full", "prefill-copied"):
         torchroof.estimate(MODEL, "prefill", seq=seq, full_trace=kind.endswith("full"))
     elif kind in ("decode-full", "decode-copied"):
@@ -111,6 +121,8 @@ KINDS = (
     "repriced",
     "new-size",
     "grid",
+    "fsdp-train-full",
+    "fsdp-train-copied",
 )
 
 
@@ -121,20 +133,26 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=25, help="contexts 256, 512, ...")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", choices=KINDS)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which to measure")
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.seq, args.batches, args.contexts)
         return
-    runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+    kinds = [kind for kind in KINDS if kind in args.kinds.split(",")]
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown kinds {', '.join(sorted(unknown))}; kinds are {', '.join(KINDS)}")
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
-        for kind in KINDS:  # interleaved, so machine noise hits every kind alike
+        for kind in kinds:  # interleaved, so machine noise hits every kind alike
             if kind == "grid" and repeat:
                 continue  # the grid is long: measured once
             runs[kind].append(_measure(kind, args))
     median = {kind: statistics.median(r["time_s"] for r in rs) for kind, rs in runs.items()}
-    ref = median["flopcounter"]
     print(f"{MODEL} on meta, {args.seq} tokens, median of {args.repeats} runs (grid: one run)")
-    print(f"  FlopCounterMode forward        : {ref:7.2f} s   (the reference, 1.00)")
+    ref = median.get("flopcounter")
+    if ref is not None:
+        print(f"  FlopCounterMode forward        : {ref:7.2f} s   (the reference, 1.00)")
     for kind, label in (
         ("prefill-full", "prefill, every layer run"),
         ("prefill-copied", "prefill, layers copied"),
@@ -143,23 +161,32 @@ def main() -> None:
         ("repriced", "decode priced again (b200)"),
         ("new-size", "decode at a new batch, context"),
     ):
-        print(f"  {label:31s}: {median[kind]:7.2f} s   {median[kind] / ref:5.2f}x the reference")
-    train_ref = median["flopcounter-train"]
-    print(
-        f"  training estimate (AdamW, one H100): {median['train']:.2f} s against "
-        f"FlopCounterMode's forward+backward {train_ref:.2f} s: "
-        f"{median['train'] / train_ref:.2f}x (target <= 0.5x)"
-    )
-    for regime in ("prefill", "decode"):
-        full, copied = median[f"{regime}-full"], median[f"{regime}-copied"]
-        print(f"  {regime} with copied layers / every layer run: {copied / full:.2f}")
-    grid = runs["grid"][0]
-    per_point = grid["time_s"] / grid["points"]
-    print(
-        f"  decode grid, {grid['points']} points: {grid['time_s']:.1f} s, "
-        f"{per_point:.2f} s a point, {grid['time_s'] / ref:.1f}x the reference "
-        f"(1,000 points at this rate: {1000 * per_point / ref:.0f}x; target <= 5x)"
-    )
+        if kind in median and ref is not None:
+            print(
+                f"  {label:31s}: {median[kind]:7.2f} s   {median[kind] / ref:5.2f}x the reference"
+            )
+    if "train" in median and "flopcounter-train" in median:
+        train_ref = median["flopcounter-train"]
+        print(
+            f"  training estimate (AdamW, one H100): {median['train']:.2f} s against "
+            f"FlopCounterMode's forward+backward {train_ref:.2f} s: "
+            f"{median['train'] / train_ref:.2f}x (target <= 0.5x)"
+        )
+    for step in ("prefill", "decode", "fsdp-train"):
+        if f"{step}-full" in median and f"{step}-copied" in median:
+            full, copied = median[f"{step}-full"], median[f"{step}-copied"]
+            print(
+                f"  {step} with copied layers / every layer run: {copied:.2f} s / {full:.2f} s"
+                f" = {copied / full:.2f}"
+            )
+    if "grid" in runs and ref is not None:
+        grid = runs["grid"][0]
+        per_point = grid["time_s"] / grid["points"]
+        print(
+            f"  decode grid, {grid['points']} points: {grid['time_s']:.1f} s, "
+            f"{per_point:.2f} s a point, {grid['time_s'] / ref:.1f}x the reference "
+            f"(1,000 points at this rate: {1000 * per_point / ref:.0f}x; target <= 5x)"
+        )
 
 
 if __name__ == "__main__":

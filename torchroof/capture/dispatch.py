@@ -48,7 +48,9 @@ class OpRecorder(TorchDispatchMode):
             _shape_inference_unrecorded()
             return NotImplemented  # the subclass unwraps; its local ops come back here
         kwargs = kwargs or {}
-        if active_sizes() is not None and _not_on_meta(func, args, kwargs):
+        if func in _FAKE_QUERIES or (
+            active_sizes() is not None and _not_on_meta(func, args, kwargs)
+        ):  # a fake tensor's device query is no work, and meta never dispatches it
             return func(*args, **kwargs)
         capture = self.capture
         answers = capture.answers

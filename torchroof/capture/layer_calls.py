@@ -27,13 +27,16 @@ def structure_key(layer: torch.nn.Module) -> tuple[Any, ...]:
     (head counts, sliding window, layer type; not its index), any other attribute by
     identity (a forward patched on one instance, a per-layer object: a kind of its own;
     the config every layer shares: alike), and whether it carries hooks of its own (a
-    replay would skip them)."""
+    replay would skip them). The layer's own FSDP2 state is left out: its hooks run around
+    a copy as around the layer."""
     parts: list[Any] = [type(layer).__name__]
     for name, module in layer.named_modules():
         attributes = tuple(
             (attr, _attribute_key(value, module))
             for attr, value in sorted(vars(module).items())
-            if attr not in _INDEX_ATTRIBUTES and attr not in _MODULE_INTERNALS
+            if attr not in _INDEX_ATTRIBUTES
+            and attr not in _MODULE_INTERNALS
+            and not (module is layer and attr.startswith(COMPOSABLE_STATE))
         )
         hooked = bool(name) and bool(
             module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
@@ -42,6 +45,9 @@ def structure_key(layer: torch.nn.Module) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+# where torch.distributed's composable APIs (fully_shard) keep a module's state
+# (torch/distributed/_composable/contract.py: a key of this prefix and a uuid)
+COMPOSABLE_STATE = "__composable_api_state_key"
 # what every nn.Module holds (parameters, buffers, submodules, hooks): keyed elsewhere
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 

@@ -9,8 +9,8 @@ and buffers' shapes and dtypes, and every tensor the call reads (arguments, the 
 entry of a transformers ``Cache``) by shape, stride and dtype. A call whose representative
 read a storage it could not place (another layer's weights or cache), left state behind
 that is not its cache entry's, or returned a view of its input runs for real every time:
-replaying is an optimisation, never a guess. Training steps run every layer for real (the
-backward pass is autograd's to order).
+replaying is an optimisation, never a guess. Training steps copy their layers' backward
+too (:mod:`torchroof.capture.replay_training`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class CallTemplate:
     assumptions: list[Assumption]  # op_index relative to the first op
     external: dict[int, Route]  # storages the call read that its caller owns -> how reached
     internal: list[int]  # storages the call created, in the order it created them
-    created: dict[int, tuple[int, str]]  # created storage -> (bytes, dtype) of its tensors
+    created: dict[int, tuple[int, str, str]]  # created storage -> (bytes, dtype, device)
     outputs: list[Any]  # per output leaf: ("new", sid, view) | ("path", path) | ("same", x)
     output_spec: Any
     cache_changes: list[dict[tuple[str, Any], Any]]  # per cache entry: (attribute, item) -> leaf
@@ -129,12 +129,17 @@ class TrainingCopies(Protocol):
 
 class LayerReplay:
     """Context manager: ``layers`` (the model's list of repeated blocks) traced once per
-    distinct kind under whichever capture is recording when they run."""
+    distinct kind under whichever capture is recording when they run; with ``positions``,
+    only the layers at those (a pipeline stage's own), the others run as they are."""
 
     def __init__(
-        self, layers: Sequence[torch.nn.Module], training: TrainingCopies | None = None
+        self,
+        layers: Sequence[torch.nn.Module],
+        training: TrainingCopies | None = None,
+        positions: Sequence[int] | None = None,
     ) -> None:
         self._layers = list(layers)
+        self._positions = range(len(self._layers)) if positions is None else positions
         self._training = training
         self._shapes: dict[int, tuple[Any, ...]] = {}
         self._templates: dict[tuple[Any, ...], CallTemplate] = {}  # (id(capture), key, entries)
@@ -147,7 +152,7 @@ class LayerReplay:
         seen: set[int] = set()
         shared = {id(m) for m in self._layers if self._layers.count(m) > 1}
         for position, layer in enumerate(self._layers):
-            if id(layer) in seen or id(layer) in shared:
+            if id(layer) in seen or id(layer) in shared or position not in self._positions:
                 continue  # one module run at several depths: its calls differ only by order
             seen.add(id(layer))
             self._shapes[id(layer)] = structure_key(layer)
@@ -363,7 +368,7 @@ class _Returned:
     ) -> None:
         self._storage, self._external = storage, external
         self._by_object, self._internal = by_object, internal
-        self.created: dict[int, tuple[int, str]] = {}
+        self.created: dict[int, tuple[int, str, str]] = {}
         self.refusal = ""
 
     def __call__(self, value: Any) -> tuple[Any, ...]:
@@ -381,7 +386,7 @@ class _Returned:
             self.refusal = self.refusal or "a layer returned a view of its input"
         elif sid in self._internal:
             dtype = str(value.dtype).removeprefix("torch.")
-            self.created[sid] = (value.untyped_storage().nbytes(), dtype)
+            self.created[sid] = (value.untyped_storage().nbytes(), dtype, str(value.device))
             view = (tuple(value.shape), tuple(value.stride()), value.storage_offset())  # SymInts
 
             return ("new", sid, view)
@@ -574,16 +579,17 @@ def append_copies(
 def made_storages(
     template: CallTemplate, mapping: dict[int, int], capture: Capture
 ) -> dict[int, torch.Tensor]:
-    """A meta tensor over a fresh storage for each storage the call handed back (outputs,
-    cache entries), of the representative's bytes, known to the capture by its new id."""
+    """A tensor over a fresh storage for each storage the call handed back (outputs, cache
+    entries), of the representative's bytes and device (meta, or a fake tensor's), known
+    to the capture by its new id."""
     made: dict[int, torch.Tensor] = {}
-    for sid, (nbytes, dtype) in template.created.items():
+    for sid, (nbytes, dtype, device) in template.created.items():
         kind = getattr(torch, dtype)
         with tensors_made_aside(capture):
             if kind.itemsize and isinstance(nbytes, torch.SymInt):  # one op on symbols
-                base = torch.empty(nbytes // kind.itemsize, dtype=kind, device="meta")
+                base = torch.empty(nbytes // kind.itemsize, dtype=kind, device=device)
             else:
-                raw = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+                raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
                 base = raw.view(kind) if kind.itemsize else raw
         capture.storage.bind(base, mapping[sid])
         made[sid] = base

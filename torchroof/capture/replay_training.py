@@ -13,6 +13,11 @@ made, weights to its own), hands autograd gradients for its inputs and sets its 
 gradients, made at the last layer's shapes. The second layer of each kind runs too, held to
 the first (:mod:`torchroof.capture.replay_check`). Where the last layer's backward turns out
 not to be copyable, the step is traced again running every layer (:class:`ReplayFallback`).
+
+Under FSDP2 a layer's parameters are fake tensors and its all-gathers, prefetches and
+reduce-scatters are done by hooks on the layer and on its outputs' gradients, which run
+around a copy as around the layer: the last layer's backward is recorded from when its
+own autograd node starts, after those hooks, and a copy makes its tensors fake like theirs.
 """
 
 from __future__ import annotations
@@ -22,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 
-from torchroof.capture.layer_calls import Route, reachable, structure_key
+from torchroof.capture.layer_calls import COMPOSABLE_STATE, Route, reachable, structure_key
 from torchroof.capture.replay import (
     CallTemplate,
     LayerCall,
@@ -33,12 +37,14 @@ from torchroof.capture.replay import (
     replay_call,
 )
 from torchroof.capture.replay_check import verified
+from torchroof.capture.symbolic import is_fake, tensors_made_aside
 from torchroof.records.assumptions import Assumption
 
 if TYPE_CHECKING:
     from torchroof.capture.mode import Capture
 
-View = tuple[tuple[int, ...], tuple[int, ...], int, int, str]  # shape, stride, offset, bytes, dtype
+# shape, stride, offset, bytes, dtype, device
+View = tuple[tuple[int, ...], tuple[int, ...], int, int, str, str]
 
 
 class ReplayFallback(RuntimeError):
@@ -78,6 +84,7 @@ def _view(t: torch.Tensor, capture: Capture) -> tuple[int, View]:
         int(t.storage_offset()),
         nbytes,
         dtype,
+        str(t.device),
     )
 
 
@@ -108,7 +115,7 @@ class TrainingReplay:
             counts.kinds += 1
             counts.traced += 1
             out, first = call.record()
-            first.refusal = first.refusal or _outputs_refusal(first)
+            first.refusal = first.refusal or _outputs_refusal(first) or _made_inside(call, out)
             if first.refusal:
                 counts.not_replayed.append(first.refusal)
             self._forward[key] = first
@@ -184,10 +191,29 @@ class TrainingReplay:
         def end(grads: Any) -> None:
             _close(record, capture, layer, grads)
 
-        torch.autograd.graph.register_multi_grad_hook(outputs, begin, mode="all")
+        _when_nodes_run(outputs, begin)
         held = [call.leaves[i] for i in inputs]
         torch.autograd.graph.register_multi_grad_hook(held, end, mode="all")
         return out
+
+
+def _when_nodes_run(outputs: list[torch.Tensor], begin: Any) -> None:
+    """Call ``begin`` with the gradients of ``outputs`` when the autograd node that made
+    them all is about to run: after the hooks on the outputs themselves (FSDP2's
+    pre-backward, which gathers this layer's weights and prefetches the next layer's: work
+    its hooks do around a copy too), which a hook on the tensors would precede (tensor
+    hooks run before the node's pre-hooks: PyTorch docs, "Backward Hooks execution").
+    Outputs of several nodes (or none) are hooked as tensors."""
+    nodes = {t.grad_fn for t in outputs}
+    node = next(iter(nodes))
+    if len(nodes) != 1 or node is None:
+        torch.autograd.graph.register_multi_grad_hook(outputs, begin, mode="all")
+        return
+
+    def run(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        begin([grad_outputs[t.output_nr] for t in outputs])
+
+    node.register_prehook(run)
 
 
 def _aliased_inputs(call: LayerCall) -> bool:
@@ -202,13 +228,18 @@ def _aliased_inputs(call: LayerCall) -> bool:
 
 
 def _plain(call: LayerCall) -> bool:
-    """Plain tensors only (no DTensor, no quantised weight), and no gradient yet held (a
-    second micro-batch accumulates into it)."""
+    """Plain or fake tensors only (FSDP2's unsharded parameters are fake; no DTensor, no
+    quantised weight), and no gradient yet held (a second micro-batch accumulates into
+    it)."""
     params = list(call.layer.parameters())
     tensors = [t for t in call.leaves if isinstance(t, torch.Tensor)]
-    return all(
-        type(p) in (torch.nn.Parameter, torch.Tensor) and p.grad is None for p in params
-    ) and all(type(t) in (torch.nn.Parameter, torch.Tensor) for t in tensors)
+    return all(_plain_tensor(p) and p.grad is None for p in params) and all(
+        _plain_tensor(t) for t in tensors
+    )
+
+
+def _plain_tensor(t: torch.Tensor) -> bool:
+    return type(t) in (torch.nn.Parameter, torch.Tensor) or is_fake(t)
 
 
 def _outputs_refusal(first: CallTemplate) -> str:
@@ -219,6 +250,22 @@ def _outputs_refusal(first: CallTemplate) -> str:
         if leaf[0] == "path" or (leaf[0] == "same" and isinstance(leaf[1], torch.Tensor))
     ]
     return "a layer returned a tensor it did not make" if handed else ""
+
+
+def _made_inside(call: LayerCall, out: Any) -> str:
+    """FSDP2's pre-backward hook on a layer's outputs runs as part of the autograd node
+    that made them, and its ops are labelled with that node's module; a copy's outputs are
+    made by its own node, in the layer. So under FSDP2 a layer whose outputs a submodule
+    made (BERT's output LayerNorm) is not copied."""
+    if not any(attr.startswith(COMPOSABLE_STATE) for attr in vars(call.layer)):
+        return ""
+    modules = call.capture.modules
+    path = modules.name_of(call.layer)
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+            if modules.module_of_node(t.grad_fn) != path:
+                return "a layer's output was made inside a submodule, where FSDP hooks it"
+    return ""
 
 
 def _correspondence(own: CallTemplate, first: CallTemplate) -> dict[int, int]:
@@ -358,12 +405,12 @@ class _Job:
 
 
 def _made(capture: Capture, sid: int, view: View) -> torch.Tensor:
-    shape, stride, offset, nbytes, dtype = view
+    shape, stride, offset, nbytes, dtype, device = view
     kind = getattr(torch, dtype)
-    with _disable_current_modes():
-        tensor = torch.empty_strided(shape, stride, dtype=kind, device="meta")
+    with tensors_made_aside(capture):
+        tensor = torch.empty_strided(shape, stride, dtype=kind, device=device)
         if offset or tensor.untyped_storage().nbytes() != nbytes:  # a view into a larger one
-            raw = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+            raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
             tensor = raw.view(kind).as_strided(shape, stride, offset)
     capture.storage.bind(tensor, sid)
     return tensor
@@ -376,8 +423,9 @@ class _CopiedLayer(torch.autograd.Function):
     def forward(ctx: Any, job: _Job, *tensors: torch.Tensor) -> Any:
         ctx.job = job
         ctx.set_materialize_grads(False)  # an output no loss reads gets None, not zeros
-        with _disable_current_modes():  # not views: the model may change them in place
-            made = tuple(t.detach() for t in job.forward())
+        made = job.forward()
+        with tensors_made_aside(job.call.capture):  # not views: the model may change them
+            made = tuple(t.detach() for t in made)
         return made if len(made) != 1 else made[0]
 
     @staticmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -229,21 +230,29 @@ def _folded(operation: str, args: list[Any]) -> Any:
 
 
 def is_fake(value: torch.Tensor) -> bool:
-    """A fake tensor of a capture with symbolic sizes (where every tensor is one)."""
-    if _ACTIVE.get() is None:
-        return False
-    from torch._subclasses.fake_tensor import FakeTensor
+    """A fake tensor: every tensor of a capture with symbolic sizes, and of a step whose
+    parameters are fake (FSDP2's, :func:`torchroof.parallel.fsdp.fake_parameters`)."""
+    fake = sys.modules.get("torch._subclasses.fake_tensor")  # imported by whoever made one
+    return fake is not None and type(value) is fake.FakeTensor
 
-    return type(value) is FakeTensor
+
+def fake_mode_on() -> bool:
+    """Whether a fake tensor mode is on the dispatch mode stack."""
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake is None:
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(isinstance(m, fake.FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 
 def tensors_made_aside(capture: Any) -> Any:
     """Where a capture makes tensors that are not part of the step (a copied layer's
-    outputs): with every mode off (meta tensors), or, with symbolic sizes, fake and not
-    recorded."""
+    outputs): with every mode off (meta tensors), or, under a fake tensor mode (symbolic
+    sizes, FSDP2's fake parameters), fake and not recorded."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    return capture.unrecorded() if _ACTIVE.get() is not None else _disable_current_modes()
+    return capture.unrecorded() if fake_mode_on() else _disable_current_modes()
 
 
 def active_sizes() -> SymbolicSizes | None:

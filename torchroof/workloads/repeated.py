@@ -13,7 +13,7 @@ import torch
 from torchroof.capture.replay import LayerReplay
 from torchroof.capture.replay_training import TrainingReplay
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.stages import decoder_layers, owned_layers
+from torchroof.parallel.stages import decoder_layers, stage_of
 from torchroof.records.trace import Trace
 
 if TYPE_CHECKING:
@@ -39,14 +39,19 @@ class Replays:
 
 
 def trains_copied(workload: Workload) -> bool:
-    """Whether a training step copies its repeated layers: one GPU, one micro-batch (a
-    second accumulates into the gradients the first left; across GPUs, FSDP and DTensor
-    wrap the weights), every layer run otherwise."""
+    """Whether a training step copies its repeated layers: one micro-batch (a second
+    accumulates into the gradients the first left), on one GPU or with the weights
+    sharded over data ranks (FSDP2, HSDP), a pipeline stage's included; tensor, context,
+    sequence and expert parallel steps (DTensor weights, hooks inside the layer) run every
+    layer."""
+    plan = workload.parallel_plan
     return (
         workload.trains
-        and workload.parallel_plan.world == 1
-        and workload.pp == 1
         and workload.microbatches == 1
+        and plan.tp == 1
+        and plan.cp == 1
+        and plan.ep == 1
+        and not workload.sequence_parallel
     )
 
 
@@ -80,12 +85,14 @@ def replayed(models: Mapping[str, torch.nn.Module], workload: Workload) -> Itera
     with contextlib.ExitStack() as stack:
         if not workload.full_trace:
             for model in models.values():
-                # a pipeline stage's step is traced one micro-batch at a time on one rank,
-                # under schedules that split the backward: its layers run as they are
-                staged = owned_layers(model) is not None
+                # a pipeline stage copies the layers it owns (the others are identities,
+                # which run as they are), unless its schedule splits the backward
+                state = stage_of(model)
+                split = state is not None and state.split_backward
+                owned = state.split.layers if state is not None else None
                 for layers in repeated_layers(model):
-                    copies = trains_copied(workload) and not staged
+                    copies = trains_copied(workload) and not split
                     training = TrainingReplay(layers) if copies else None
-                    replay = stack.enter_context(LayerReplay(layers, training))
-                    replays.append((replay, len(layers)))
+                    replay = stack.enter_context(LayerReplay(layers, training, owned))
+                    replays.append((replay, len(layers if owned is None else owned)))
         yield Replays(replays)
