@@ -218,66 +218,6 @@ def test_training_with_micro_batches_runs_every_layer():
     assert est.facts.repeated_layers == ""
 
 
-def _full_and_copied(**knobs):
-    """The 8-layer Llama's training step under ``knobs``, every layer run and copied."""
-    model = small_llama(8)
-    full = torchroof.trace_model(model, "train", seq=32, full_trace=True, **knobs)
-    copied = torchroof.trace_model(model, "train", seq=32, **knobs)
-    if isinstance(full, torchroof.PipelineTrace):
-        return list(full.traces.values()), list(copied.traces.values())
-    return [full], [copied]
-
-
-@pytest.mark.parametrize(
-    "knobs",
-    [
-        dict(fsdp=2),
-        dict(fsdp=4, reshard_after_forward=False),
-        dict(dp=2, fsdp=2),  # HSDP
-    ],
-)
-def test_a_sharded_training_step_copies_its_layers(knobs):
-    """FSDP2 runs each layer's all-gather and reduce-scatter in hooks around it, which run
-    around a copy too: of 8 layers the first, the second (held to the first) and the last
-    (whose backward is copied) run, 8 - 3 = 5 are copies, and the step is the full one op
-    for op (collectives, storages, phases), priced the same."""
-    (full,), (copied,) = _full_and_copied(**knobs)
-    assert first_difference(full, copied) == ""
-    assert copied.facts.repeated_layers == "8 repeated layers, 1 distinct kind: 3 traced, 5 copied"
-    a = torchroof.estimate_trace(full, "dgx-h100").to_dict()
-    b = torchroof.estimate_trace(copied, "dgx-h100").to_dict()
-    for data in (a, b):
-        data["metadata"].pop("repeated_layers", None)
-        data["metadata"]["workload"].pop("full_trace")
-    assert a == b
-    # a fake parameter's device query is no work and is not recorded
-    assert not any(op.name == "prim.device.default" for op in full.ops)
-
-
-def test_a_pipeline_stage_copies_the_layers_it_owns():
-    """pp 2 over 8 layers: each stage owns 4, of which 3 run and 1 is a copy (the other
-    stage's layers are identities and are not counted); each stage's trace is the full
-    one op for op."""
-    fulls, copies = _full_and_copied(pp=2, microbatches=4, fsdp=2)
-    assert len(copies) == 2
-    for full, copied in zip(fulls, copies, strict=True):
-        assert first_difference(full, copied) == ""
-        assert copied.facts.repeated_layers == (
-            "4 repeated layers, 1 distinct kind: 3 traced, 1 copied"
-        )
-
-
-@pytest.mark.parametrize("knobs", [dict(tp=2), dict(pp=2, microbatches=4, pp_schedule="zbv")])
-def test_tensor_parallel_and_split_backward_steps_run_every_layer(knobs):
-    """Tensor parallel weights are DTensors (a copy would hand autograd plain gradients
-    for them), and a schedule that splits each backward in two runs each layer's backward
-    twice: those steps run every layer, and are the full step."""
-    fulls, copies = _full_and_copied(**knobs)
-    for full, copied in zip(fulls, copies, strict=True):
-        assert first_difference(full, copied) == ""
-        assert copied.facts.repeated_layers == ""
-
-
 def test_first_difference_names_what_differs():
     a = traced("decode", True, batch=1, context=8)
     b = traced("decode", True, batch=1, context=8)

@@ -30,8 +30,8 @@ _REWRAPS = frozenset(
     for name in ("_wrap_tensor_autograd", "wait_tensor")
     if (op := getattr(torch.ops._c10d_functional, name, None)) is not None
 )
-# what a FakeTensor (a capture with symbolic sizes) dispatches where a meta tensor answers
-# from its own metadata: never a kernel, never in a trace recorded on meta
+# what a FakeTensor (symbolic sizes, FSDP2's fake parameters) dispatches where a meta
+# tensor answers from its own metadata: never a kernel, never recorded
 _FAKE_QUERIES = frozenset({torch.ops.prim.device.default})
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 

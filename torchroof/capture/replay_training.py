@@ -4,26 +4,29 @@ forward-only case).
 With gradients on, a copied layer needs a backward pass too, and autograd runs the layers'
 backward passes last layer first. So the first layer of each kind runs for real, whose
 forward ops the others copy, and the last of that kind, whose backward (and, with activation
-checkpointing, recompute) ops the others copy; hooks on the gradients of its outputs and
-inputs mark where its backward begins and ends. A copied layer is one autograd node
-(:class:`_CopiedLayer`): its forward records the first layer's ops under its own names and
-makes its outputs; its backward records the last layer's backward ops, its storages mapped
-(gradients of the outputs to the gradients it is given, activations to the ones its forward
-made, weights to its own), hands autograd gradients for its inputs and sets its weights'
-gradients, made at the last layer's shapes. The second layer of each kind runs too, held to
-the first (:mod:`torchroof.capture.replay_check`). Where the last layer's backward turns out
-not to be copyable, the step is traced again running every layer (:class:`ReplayFallback`).
+checkpointing, recompute) ops the others copy; a pre-hook on the autograd node that made
+its outputs and a hook on its inputs' gradients mark where its backward begins and ends. A
+copied layer is one autograd node (:class:`_CopiedLayer`): its forward records the first
+layer's ops under its own names and makes its outputs; its backward records the last
+layer's backward ops, its storages mapped (gradients of the outputs to the gradients it is
+given, activations to the ones its forward made, weights to its own), hands autograd
+gradients for its inputs and sets its weights' gradients, made at the last layer's shapes.
+The second layer of each kind runs too, held to the first
+(:mod:`torchroof.capture.replay_check`). Where the last layer's backward turns out not to
+be copyable, the step is traced again running every layer (:class:`ReplayFallback`).
 
 Under FSDP2 a layer's parameters are fake tensors and its all-gathers, prefetches and
 reduce-scatters are done by hooks on the layer and on its outputs' gradients, which run
 around a copy as around the layer: the last layer's backward is recorded from when its
 own autograd node starts, after those hooks, and a copy makes its tensors fake like theirs.
+Under tensor parallelism a weight is a DTensor: its ops are recorded on its local shard,
+and a copy sets its gradient as a DTensor of the weight's mesh and placements.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -37,6 +40,7 @@ from torchroof.capture.replay import (
     replay_call,
 )
 from torchroof.capture.replay_check import verified
+from torchroof.capture.storage import local_shard
 from torchroof.capture.symbolic import is_fake, tensors_made_aside
 from torchroof.records.assumptions import Assumption
 
@@ -76,6 +80,8 @@ class _Backward:
 
 
 def _view(t: torch.Tensor, capture: Capture) -> tuple[int, View]:
+    """(storage, view) of ``t``, a DTensor by its local shard (what its ops read)."""
+    t = local_shard(t)
     dtype = str(t.dtype).removeprefix("torch.")
     nbytes = t.untyped_storage().nbytes()
     return capture.storage.storage_id(t), (
@@ -169,6 +175,9 @@ class TrainingReplay:
         )
         if own.refusal or not outputs or not inputs or len(outputs) != len(tensors):
             record.refusal = own.refusal or "a layer output or input takes no gradient"
+        elif len({t.grad_fn for t in outputs}) != 1 or outputs[0].grad_fn is None:
+            # where its backward begins is no one node's start
+            record.refusal = "a layer's outputs come from several autograd nodes"
         self._backward[key] = record
         if record.refusal or not record.correspondence and own.ops:
             record.refusal = record.refusal or "the last layer of a kind ran other ops"
@@ -191,24 +200,20 @@ class TrainingReplay:
         def end(grads: Any) -> None:
             _close(record, capture, layer, grads)
 
-        _when_nodes_run(outputs, begin)
+        _when_node_runs(outputs, begin)
         held = [call.leaves[i] for i in inputs]
         torch.autograd.graph.register_multi_grad_hook(held, end, mode="all")
         return out
 
 
-def _when_nodes_run(outputs: list[torch.Tensor], begin: Any) -> None:
-    """Call ``begin`` with the gradients of ``outputs`` when the autograd node that made
-    them all is about to run: after the hooks on the outputs themselves (FSDP2's
+def _when_node_runs(outputs: list[torch.Tensor], begin: Any) -> None:
+    """Call ``begin`` with the gradients of ``outputs`` when the one autograd node that
+    made them all is about to run: after the hooks on the outputs themselves (FSDP2's
     pre-backward, which gathers this layer's weights and prefetches the next layer's: work
     its hooks do around a copy too), which a hook on the tensors would precede (tensor
-    hooks run before the node's pre-hooks: PyTorch docs, "Backward Hooks execution").
-    Outputs of several nodes (or none) are hooked as tensors."""
-    nodes = {t.grad_fn for t in outputs}
-    node = next(iter(nodes))
-    if len(nodes) != 1 or node is None:
-        torch.autograd.graph.register_multi_grad_hook(outputs, begin, mode="all")
-        return
+    hooks run before the node's pre-hooks: PyTorch docs, "Backward Hooks execution")."""
+    node = outputs[0].grad_fn
+    assert node is not None  # outputs that take gradients, of one node (checked before)
 
     def run(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         begin([grad_outputs[t.output_nr] for t in outputs])
@@ -228,14 +233,14 @@ def _aliased_inputs(call: LayerCall) -> bool:
 
 
 def _plain(call: LayerCall) -> bool:
-    """Plain or fake tensors only (FSDP2's unsharded parameters are fake; no DTensor, no
-    quantised weight), and no gradient yet held (a second micro-batch accumulates into
-    it)."""
+    """Plain or fake tensors only (FSDP2's unsharded parameters are fake; weights may be
+    tensor parallel's DTensors; no quantised weight), and no gradient yet held (a second
+    micro-batch accumulates into it)."""
     params = list(call.layer.parameters())
     tensors = [t for t in call.leaves if isinstance(t, torch.Tensor)]
-    return all(_plain_tensor(p) and p.grad is None for p in params) and all(
-        _plain_tensor(t) for t in tensors
-    )
+    return all(
+        (_plain_tensor(p) or _plain_tensor(local_shard(p))) and p.grad is None for p in params
+    ) and all(_plain_tensor(t) for t in tensors)
 
 
 def _plain_tensor(t: torch.Tensor) -> bool:
@@ -373,7 +378,7 @@ class _Job:
         for name, param in self.params:
             given = record.param_grads.get(name)
             if given is not None:
-                param.grad = _made(capture, mapping[given[0]], given[1])
+                param.grad = _like(param, _made(capture, mapping[given[0]], given[1]), capture)
         return tuple(out)
 
     def _place(
@@ -414,6 +419,26 @@ def _made(capture: Capture, sid: int, view: View) -> torch.Tensor:
             tensor = raw.view(kind).as_strided(shape, stride, offset)
     capture.storage.bind(tensor, sid)
     return tensor
+
+
+def _like(param: torch.Tensor, local: torch.Tensor, capture: Capture) -> torch.Tensor:
+    """A gradient for ``param`` whose local part is ``local``: a DTensor of the
+    parameter's mesh and placements for a tensor-parallel weight, ``local`` itself
+    otherwise."""
+    if local_shard(param) is param:
+        return local
+    from torch.distributed.tensor import DTensor
+
+    dtensor = cast("DTensor", param)
+    with tensors_made_aside(capture):
+        return DTensor.from_local(
+            local,
+            dtensor.device_mesh,
+            dtensor.placements,
+            run_check=False,
+            shape=dtensor.shape,
+            stride=dtensor.stride(),
+        )
 
 
 class _CopiedLayer(torch.autograd.Function):

@@ -39,20 +39,11 @@ class Replays:
 
 
 def trains_copied(workload: Workload) -> bool:
-    """Whether a training step copies its repeated layers: one micro-batch (a second
-    accumulates into the gradients the first left), on one GPU or with the weights
-    sharded over data ranks (FSDP2, HSDP), a pipeline stage's included; tensor, context,
-    sequence and expert parallel steps (DTensor weights, hooks inside the layer) run every
-    layer."""
-    plan = workload.parallel_plan
-    return (
-        workload.trains
-        and workload.microbatches == 1
-        and plan.tp == 1
-        and plan.cp == 1
-        and plan.ep == 1
-        and not workload.sequence_parallel
-    )
+    """Whether a training step copies its repeated layers: with one micro-batch (a second
+    accumulates into the gradients the first left), on any plan; each layer call is then
+    checked (:mod:`torchroof.capture.replay_training`): sequence parallel's DTensor
+    activations and expert parallel's hooks inside the layer run every layer."""
+    return workload.trains and workload.microbatches == 1
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:

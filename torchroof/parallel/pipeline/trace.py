@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from torch import nn
 
+from torchroof.capture.replay_training import ReplayFallback
 from torchroof.config import DEFAULT_PP_SCHEDULE, DEFAULT_VIRTUAL_STAGES, Workload
 from torchroof.config.choices import SPLIT_BACKWARD
 from torchroof.config.errors import WorkloadError
@@ -65,7 +66,9 @@ def trace_pipeline(
     pp · stages-per-rank stages (:func:`torchroof.parallel.stages.split_layers`), and each
     distinct stage traced once as rank 0 of its own program (tp, fsdp, dp), one
     micro-batch, on a model from ``build`` run by ``run`` (the caller's: the public API
-    builds, checks and runs every step alike). Returned as ``trace_type``."""
+    builds, checks and runs every step alike). A stage whose copied layers' backward
+    turns out not to be copyable is traced again running every layer, and says so.
+    Returned as ``trace_type``."""
     trains = regime(workload.regime).trains
     schedule, order = pipeline_order(workload, trains)
     count = workload.pp * stages_per_rank(schedule, workload.virtual_stages)
@@ -80,9 +83,16 @@ def trace_pipeline(
     for split in splits:
         if traced_as[split.index] != split.index:
             continue
+        split_backward = trains and schedule in SPLIT_BACKWARD
         module = reference if not traces else build(one_stage)[0]
-        make_stage(module, split, split_backward=trains and schedule in SPLIT_BACKWARD)
-        traces[split.index] = run(module, one_stage)
+        try:
+            traces[split.index] = run(make_stage(module, split, split_backward), one_stage)
+        except ReplayFallback as why:
+            full = replace(one_stage, full_trace=True)
+            module = make_stage(build(full)[0], split, split_backward)
+            traces[split.index] = run(module, full)
+            traces[split.index].facts.workload = one_stage
+            traces[split.index].facts.repeated_layers = f"every layer run: {why}"
     facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline=None)
     facts.workload = workload
     tokens = regime(workload.regime).tokens(workload)
