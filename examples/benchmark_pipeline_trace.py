@@ -1,8 +1,14 @@
-"""How long a pipelined step takes to estimate (the target: Llama-3.1-405B training at
-pp=8, tp=8, fsdp=16 on 1,024 simulated GPUs in under a minute on a 2-core machine), against
-the same model's single-stage step at the same tp and fsdp measured in the same run.
+"""How long a pipelined step takes to estimate: Llama-3.1-405B training at pp=8, tp=8,
+fsdp=16 on 1,024 simulated GPUs (the first estimate in the process, so the imports it
+makes are in its time), then the same step under the interleaved 1F1B schedule.
+
+To hold one version against another, run this script of each, in turn, several times on
+the same machine and compare the first figures pair by pair. The distinct stages are
+traced side by side on a machine with several processors; ``TORCHROOF_WORKERS=1``
+traces them in turn.
 
     python examples/benchmark_pipeline_trace.py
+    TORCHROOF_WORKERS=1 python examples/benchmark_pipeline_trace.py
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -14,7 +15,14 @@ from torchroof.config.choices import SPLIT_BACKWARD
 from torchroof.config.errors import WorkloadError
 from torchroof.parallel.pipeline.price import PipelineTrace
 from torchroof.parallel.pipeline.schedule import Action, action_order, stages_per_rank
-from torchroof.parallel.stages import decoder_layers, make_stage, split_layers, stage_key
+from torchroof.parallel.pipeline.workers import run_shared
+from torchroof.parallel.stages import (
+    StageSplit,
+    decoder_layers,
+    make_stage,
+    split_layers,
+    stage_key,
+)
 from torchroof.records.trace import Trace
 from torchroof.workloads import regime
 
@@ -66,7 +74,8 @@ def trace_pipeline(
     pp · stages-per-rank stages (:func:`torchroof.parallel.stages.split_layers`), and each
     distinct stage traced once as rank 0 of its own program (tp, fsdp, dp), one
     micro-batch, on a model from ``build`` run by ``run`` (the caller's: the public API
-    builds, checks and runs every step alike). A stage whose copied layers' backward
+    builds, checks and runs every step alike), the stages shared out between processes
+    (:mod:`torchroof.parallel.pipeline.workers`). A stage whose copied layers' backward
     turns out not to be copyable is traced again running every layer, and says so.
     Returned as ``trace_type``."""
     trains = regime(workload.regime).trains
@@ -79,20 +88,23 @@ def trace_pipeline(
     splits = split_layers(len(layers), count, workload.pipeline_split)
     keys = [stage_key(reference, split) for split in splits]
     traced_as = [keys.index(key) for key in keys]
-    traces: dict[int, Trace] = {}
-    for split in splits:
-        if traced_as[split.index] != split.index:
-            continue
-        split_backward = trains and schedule in SPLIT_BACKWARD
-        module = reference if not traces else build(one_stage)[0]
+    split_backward = trains and schedule in SPLIT_BACKWARD
+
+    def stage(split: StageSplit, module: nn.Module | None = None) -> Trace:
+        module = build(one_stage)[0] if module is None else module
         try:
-            traces[split.index] = run(make_stage(module, split, split_backward), one_stage)
+            return run(make_stage(module, split, split_backward), one_stage)
         except ReplayFallback as why:
             full = replace(one_stage, full_trace=True)
-            module = make_stage(build(full)[0], split, split_backward)
-            traces[split.index] = run(module, full)
-            traces[split.index].facts.workload = one_stage
-            traces[split.index].facts.repeated_layers = f"every layer run: {why}"
+            trace = run(make_stage(build(full)[0], split, split_backward), full)
+            trace.facts.workload = one_stage
+            trace.facts.repeated_layers = f"every layer run: {why}"
+            return trace
+
+    distinct = [split for split in splits if traced_as[split.index] == split.index]
+    jobs = [functools.partial(stage, split) for split in distinct]
+    jobs[0] = functools.partial(stage, distinct[0], reference)  # the first, here, built
+    traces = dict(zip([split.index for split in distinct], run_shared(jobs), strict=True))
     facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline=None)
     facts.workload = workload
     tokens = regime(workload.regime).tokens(workload)
