@@ -51,3 +51,30 @@ def test_a_rerun_matches_the_checked_in_result(architecture, regime):
     check = replay_check(architecture, regime)
     row = ROWS[(architecture, regime)]
     assert check.difference == "" and check.repeated_layers == row["repeated_layers"]
+
+
+# Training steps across GPUs: examples/copied_layers_check.py --plan fsdp=2 and --plan tp=2
+PLANS = {
+    plan: json.loads((Path(__file__).parent / "data" / f"copied_layers_{plan}.json").read_text())
+    for plan in ("fsdp2", "tp2")
+}
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS))
+def test_training_across_gpus_agrees_with_running_every_layer(plan):
+    """Every zoo architecture the plan runs gives the full step, op for op, every op priced;
+    the ones it cannot run say why (tied embeddings FSDP cannot group here, no tensor-
+    parallel plan)."""
+    rows = PLANS[plan]
+    assert len(rows) == 29
+    ran = [r for r in rows if r.get("runs", True)]
+    assert [r["architecture"] for r in ran if r["difference"] or r["uncounted"]] == []
+    assert all(r["why"] for r in rows if not r.get("runs", True))
+    copied = {r["architecture"] for r in ran if copies(r["repeated_layers"]) > 0}
+    assert {"llama", "mixtral", "deepseek_v3"} <= copied
+
+
+def test_a_sharded_rerun_matches_the_checked_in_result():
+    row = next(r for r in PLANS["fsdp2"] if r["architecture"] == "mixtral")
+    check = replay_check("mixtral", "train", plan={"fsdp": 2})
+    assert check.difference == "" and check.repeated_layers == row["repeated_layers"]

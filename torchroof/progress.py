@@ -123,10 +123,19 @@ def silenced() -> Iterator[None]:
 
 
 def _tqdm() -> Any:
-    """tqdm's bar class, imported when a terminal first needs one."""
-    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+    """tqdm's bar class, imported when a terminal first needs one: a subclass of our own
+    without tqdm's monitor thread (it only tunes how often a stalled bar redraws), so a
+    pipeline's stages may still be traced in forked processes
+    (:mod:`torchroof.parallel.pipeline.workers`); other bars in the process keep theirs."""
+    global _BAR
+    if _BAR is None:
+        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-    return tqdm
+        _BAR = type("TorchroofBar", (tqdm,), {"monitor_interval": 0})
+    return _BAR
+
+
+_BAR: Any = None
 
 
 def _seconds(elapsed: float) -> str:

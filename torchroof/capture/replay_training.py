@@ -26,7 +26,7 @@ and a copy sets its gradient as a DTensor of the weight's mesh and placements.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -75,6 +75,9 @@ class _Backward:
     assumptions: list[Any] = field(default_factory=list)
     grad_inputs: dict[int, tuple[int, View]] = field(default_factory=dict)  # leaf -> grad
     param_grads: dict[str, tuple[int, View]] = field(default_factory=dict)
+    # a DTensor weight's gradient: its mesh, placements (Partial where the step reduces it
+    # later), shape and stride
+    grad_specs: dict[str, tuple[Any, Any, Any, Any]] = field(default_factory=dict)
     refusal: str = ""
     done: bool = False
 
@@ -234,12 +237,17 @@ def _aliased_inputs(call: LayerCall) -> bool:
 
 def _plain(call: LayerCall) -> bool:
     """Plain or fake tensors only (FSDP2's unsharded parameters are fake; weights may be
-    tensor parallel's DTensors; no quantised weight), and no gradient yet held (a second
-    micro-batch accumulates into it)."""
+    tensor parallel's DTensors; no quantised weight), no gradient yet held (a second
+    micro-batch accumulates into it), and no hook on a weight's gradient (a copy sets its
+    gradient without running one: transformers' all-reduce of a replicated norm's)."""
     params = list(call.layer.parameters())
     tensors = [t for t in call.leaves if isinstance(t, torch.Tensor)]
     return all(
-        (_plain_tensor(p) or _plain_tensor(local_shard(p))) and p.grad is None for p in params
+        (_plain_tensor(p) or _plain_tensor(local_shard(p)))
+        and p.grad is None
+        and not getattr(p, "_post_accumulate_grad_hooks", None)
+        and not getattr(p, "_backward_hooks", None)
+        for p in params
     ) and all(_plain_tensor(t) for t in tensors)
 
 
@@ -307,6 +315,10 @@ def _close(record: _Backward, capture: Capture, layer: torch.nn.Module, grads: A
     for name, param in layer.named_parameters():
         if param.grad is not None:
             record.param_grads[name] = _view(param.grad, capture)
+            if local_shard(param.grad) is not param.grad:
+                dtensor: Any = param.grad
+                mesh, placements = dtensor.device_mesh, dtensor.placements
+                record.grad_specs[name] = (mesh, placements, dtensor.shape, dtensor.stride())
     made = {sid for sid, _ in (*record.grad_inputs.values(), *record.param_grads.values())}
     if any(sid < record.first_sid for sid in made):
         record.refusal = "a layer's gradients are not ones its backward made"
@@ -378,7 +390,8 @@ class _Job:
         for name, param in self.params:
             given = record.param_grads.get(name)
             if given is not None:
-                param.grad = _like(param, _made(capture, mapping[given[0]], given[1]), capture)
+                local = _made(capture, mapping[given[0]], given[1])
+                param.grad = _dtensor(local, record.grad_specs.get(name), capture)
         return tuple(out)
 
     def _place(
@@ -421,23 +434,20 @@ def _made(capture: Capture, sid: int, view: View) -> torch.Tensor:
     return tensor
 
 
-def _like(param: torch.Tensor, local: torch.Tensor, capture: Capture) -> torch.Tensor:
-    """A gradient for ``param`` whose local part is ``local``: a DTensor of the
-    parameter's mesh and placements for a tensor-parallel weight, ``local`` itself
-    otherwise."""
-    if local_shard(param) is param:
+def _dtensor(
+    local: torch.Tensor, spec: tuple[Any, Any, Any, Any] | None, capture: Capture
+) -> torch.Tensor:
+    """A weight's gradient whose local part is ``local``: with the last layer's gradient
+    ``spec`` (a tensor-parallel weight's), a DTensor of its mesh, placements, shape and
+    stride; ``local`` itself otherwise."""
+    if spec is None:
         return local
     from torch.distributed.tensor import DTensor
 
-    dtensor = cast("DTensor", param)
+    mesh, placements, shape, stride = spec
     with tensors_made_aside(capture):
         return DTensor.from_local(
-            local,
-            dtensor.device_mesh,
-            dtensor.placements,
-            run_check=False,
-            shape=dtensor.shape,
-            stride=dtensor.stride(),
+            local, mesh, placements, run_check=False, shape=shape, stride=stride
         )
 
 

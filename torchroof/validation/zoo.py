@@ -13,7 +13,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,12 +116,18 @@ def _traced(config: Any, workload: Workload) -> Any:
         return trace
 
 
-def replay_check(architecture: str, regime: str, price_both: bool = False) -> ReplayCheck:
+def replay_check(
+    architecture: str,
+    regime: str,
+    price_both: bool = False,
+    plan: Mapping[str, int] | None = None,
+) -> ReplayCheck:
     """Trace the zoo step twice, once running every layer (``full_trace``) and once copying
     repeated layers (:mod:`torchroof.capture.replay`), and hold the second to the first op
     for op (:func:`torchroof.records.equality.first_difference`: names, shapes, arguments,
     module paths, phases, storages and their roles); the copied trace is priced, and with
-    ``price_both`` the full one too, their estimates compared."""
+    ``price_both`` the full one too, their estimates compared; with ``plan`` (``{"fsdp": 2}``)
+    the step runs across GPUs, priced on a DGX H100."""
     from torchroof.models.completions import default_config
     from torchroof.models.sources import build_model
     from torchroof.records.equality import first_difference
@@ -129,12 +135,14 @@ def replay_check(architecture: str, regime: str, price_both: bool = False) -> Re
     with warnings.catch_warnings(), quiet_imports(), quiet_trace():
         warnings.simplefilter("ignore")  # no user code runs here, only shipped models
         config = default_config(architecture)
-        workload = zoo_workload(config, regime)
+        sizes: dict[str, Any] = dict(plan or {})  # parallel sizes: Workload fields
+        workload = replace(zoo_workload(config, regime), **sizes)
         full = run_workload(build_model(config, "bf16"), replace(workload, full_trace=True))
         copied = _traced(config, workload)
         difference = first_difference(full, copied)
         estimates = [
-            estimate_trace(t, "h100-sxm") for t in ((full, copied) if price_both else (copied,))
+            estimate_trace(t, "dgx-h100" if plan else "h100-sxm")  # a cluster across GPUs
+            for t in ((full, copied) if price_both else (copied,))
         ]
     priced = [e.to_dict() for e in estimates]
     for data in priced:
