@@ -52,6 +52,7 @@ from torchroof.records import trace as records
 from torchroof.report.estimate import Estimate
 from torchroof.workloads import compute_dtype, regime, run_workload
 from torchroof.workloads.parallel_step import check_plan
+from torchroof.workloads.repeated import copied_or_every_layer
 
 
 class Trace(records.Trace):
@@ -437,14 +438,11 @@ def trace_workload(
         )
     workload, note = resolve_seq(model, workload)
     module, label, beyond = build_step_model(model, workload, cast_module)
-    try:
-        trace = run_step(module, workload)
-    except ReplayFallback as why:  # a copied layer's backward could not be copied
-        full = replace(workload, full_trace=True)
-        module, label, beyond = build_step_model(model, full, cast_module)
-        trace = run_step(module, full)
-        trace.facts.workload = workload
-        trace.facts.repeated_layers = f"every layer run: {why}"
+    trace = copied_or_every_layer(
+        workload,
+        lambda: run_step(module, workload),
+        lambda full: run_step(build_step_model(model, full, cast_module)[0], full),
+    )
     step_facts(trace, label, note, beyond)
     return Trace.of(trace)
 

@@ -105,15 +105,14 @@ class ReplayCheck:
 def _traced(config: Any, workload: Workload) -> Any:
     """The zoo step on a model built from ``config``, running every layer again where a
     copied layer's backward could not be copied (as :func:`torchroof.api.trace_workload`)."""
-    from torchroof.capture.replay_training import ReplayFallback
     from torchroof.models.sources import build_model
+    from torchroof.workloads.repeated import copied_or_every_layer
 
-    try:
-        return run_workload(build_model(config, "bf16"), workload)
-    except ReplayFallback as why:
-        trace = run_workload(build_model(config, "bf16"), replace(workload, full_trace=True))
-        trace.facts.repeated_layers = f"every layer run: {why}"
-        return trace
+    return copied_or_every_layer(
+        workload,
+        lambda: run_workload(build_model(config, "bf16"), workload),
+        lambda full: run_workload(build_model(config, "bf16"), full),
+    )
 
 
 def replay_check(

@@ -5,15 +5,16 @@ a step runs (a draft's and a target's)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from torchroof.capture.replay import LayerReplay
-from torchroof.capture.replay_training import TrainingReplay
+from torchroof.capture.replay_training import ReplayFallback, TrainingReplay
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.stages import decoder_layers, stage_of
+from torchroof.parallel.stages import decoder_layers, owned_layers, stage_of
 from torchroof.records.trace import Trace
 
 if TYPE_CHECKING:
@@ -36,6 +37,24 @@ class Replays:
             if counts is not None and (counts.replayed or counts.not_replayed):
                 lines.append(counts.describe(layers))
         return "; ".join(lines)
+
+
+def copied_or_every_layer(
+    workload: Workload,
+    traced: Callable[[], Trace],
+    every_layer: Callable[[Workload], Trace],
+) -> Trace:
+    """``traced()``, the step of ``workload`` with its repeated layers copied; where a
+    copied layer's backward turns out not to be copyable (:class:`ReplayFallback`),
+    ``every_layer`` of the same workload with ``full_trace``, its facts keeping
+    ``workload`` and saying why."""
+    try:
+        return traced()
+    except ReplayFallback as why:
+        trace = every_layer(replace(workload, full_trace=True))
+        trace.facts.workload = workload
+        trace.facts.repeated_layers = f"every layer run: {why}"
+        return trace
 
 
 def trains_copied(workload: Workload) -> bool:
@@ -80,7 +99,7 @@ def replayed(models: Mapping[str, torch.nn.Module], workload: Workload) -> Itera
                 # which run as they are), unless its schedule splits the backward
                 state = stage_of(model)
                 split = state is not None and state.split_backward
-                owned = state.split.layers if state is not None else None
+                owned = owned_layers(model)
                 for layers in repeated_layers(model):
                     copies = trains_copied(workload) and not split
                     training = TrainingReplay(layers) if copies else None

@@ -9,7 +9,6 @@ from typing import TypeVar
 
 from torch import nn
 
-from torchroof.capture.replay_training import ReplayFallback
 from torchroof.config import DEFAULT_PP_SCHEDULE, DEFAULT_VIRTUAL_STAGES, Workload
 from torchroof.config.choices import SPLIT_BACKWARD
 from torchroof.config.errors import WorkloadError
@@ -25,6 +24,7 @@ from torchroof.parallel.stages import (
 )
 from torchroof.records.trace import Trace
 from torchroof.workloads import regime
+from torchroof.workloads.repeated import copied_or_every_layer
 
 PipelineTraceT = TypeVar("PipelineTraceT", bound=PipelineTrace)
 Resolve = Callable[[Workload], tuple[Workload, str]]
@@ -92,14 +92,11 @@ def trace_pipeline(
 
     def stage(split: StageSplit, module: nn.Module | None = None) -> Trace:
         module = build(one_stage)[0] if module is None else module
-        try:
-            return run(make_stage(module, split, split_backward), one_stage)
-        except ReplayFallback as why:
-            full = replace(one_stage, full_trace=True)
-            trace = run(make_stage(build(full)[0], split, split_backward), full)
-            trace.facts.workload = one_stage
-            trace.facts.repeated_layers = f"every layer run: {why}"
-            return trace
+        return copied_or_every_layer(
+            one_stage,
+            lambda: run(make_stage(module, split, split_backward), one_stage),
+            lambda full: run(make_stage(build(full)[0], split, split_backward), full),
+        )
 
     distinct = [split for split in splits if traced_as[split.index] == split.index]
     jobs = [functools.partial(stage, split) for split in distinct]
