@@ -185,6 +185,7 @@ def hardware_format_page() -> str:
             headers, rows = headers[:-1], [row[:-1] for row in rows]
         body += [f"## {cls.__name__}", "", f"{what}.", ""]
         body += [*_table(headers, rows), ""]
+    body += _runtime_format()
     intro = (
         "The fields the loader fills from a hardware TOML (`torchroof.hardware`). A *figure* "
         'is an inline table `{ value = <number>, source = "<where it came from>" }` with an '
@@ -192,6 +193,36 @@ def hardware_format_page() -> str:
         "each key and shows an example file."
     )
     return _page("Hardware file format", intro, body)
+
+
+def _runtime_format() -> list[str]:
+    """The runtime profile's keys, table by table, from its loader's schema."""
+    from torchroof.hardware import runtime
+
+    kinds = {
+        "setting": "setting",
+        "figure": "figure",
+        "whole": "figure (whole number)",
+        "fraction": "figure (at most 1)",
+    }
+    rows: list[list[object]] = [
+        [f"`{key}`", "str", "-", "yes" if needed else "no"]
+        for key, needed in runtime._STRING_KEYS.items()
+    ]
+    rows.append(["`aliases`", "array of strings", "-", "no"])
+    for table, keys in runtime._SCHEMA.items():
+        for key, (kind, choices) in keys.items():
+            allowed = "true, false" if choices == ("bool",) else ", ".join(choices) or "-"
+            needed = "yes" if key in runtime._REQUIRED.get(table, ()) else "no"
+            rows.append([f"`[{table}] {key}`", kinds[kind], allowed, needed])
+    what = (
+        "A runtime profile (`hardware/runtimes/<name>.toml`, or a TOML path given to "
+        "`--runtime`). A *setting* is `{ value = <string or boolean>, source = "
+        '"<where it is documented>" }`. The [runtimes guide](../guide/runtimes.md) explains '
+        "what each one changes."
+    )
+    headers = ["field", "type", "values", "required"]
+    return ["## RuntimeProfile", "", what, "", *_table(headers, rows), ""]
 
 
 def _value(value: float) -> str:

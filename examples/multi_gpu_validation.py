@@ -66,12 +66,13 @@ EAGER_DEFAULT = (
     "torch.compile would launch), and again with one kernel per op (eager_kernels)"
 )
 SAC_OP = (
-    "selective AC (per op: torchtitan recomputes every 2nd matmul and the pointwise ops, "
-    "~0.4 of a forward) is not modelled: priced without checkpointing, the nearer choice"
+    "selective AC (per op: torchtitan recomputes every 2nd matmul and the pointwise ops "
+    "between, keeps attention): checkpoint_policy 'selective'"
 )
+SELECTIVE = {"checkpoint_policy": "selective"}
 SAC_LAYER = (
-    "selective AC (every 2nd layer fully recomputed, 0.5 of a forward) is not modelled: "
-    "priced without checkpointing, as its per-op sibling"
+    "selective AC (every 2nd layer fully recomputed, 0.5 of a forward): checkpointing with "
+    "checkpoint_every=2"
 )
 TITAN_H100 = (
     "torchtitan's H100s are 96 GB HBM2e parts at 500 W, slower than an SXM H100: priced on "
@@ -145,28 +146,49 @@ TT_405B_FP8_WORKLOAD = {"quant": "fp8", "reshard_after_forward": False}
 
 CHOICES: dict[str, Choice] = {
     "tt-a100x64-llama3-8b-fsdp-sac-op": Choice(
-        "dgx-a100", f"{SAC_OP}; {EAGER_DEFAULT}; {FP32_REDUCE}"
+        "dgx-a100",
+        f"{SAC_OP}; {EAGER_DEFAULT}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-a100x64-llama3-8b-fsdp-sac-layer": Choice(
-        "dgx-a100", f"{SAC_LAYER}; {EAGER_DEFAULT}; {FP32_REDUCE}"
+        "dgx-a100",
+        f"{SAC_LAYER}; {EAGER_DEFAULT}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload={"checkpoint_every": 2},
     ),
     "tt-a100x64-llama3-70b-fsdp-fullac": Choice(
         "dgx-a100", f"full AC; {EAGER_DEFAULT}; {FP32_REDUCE}", checkpointing=True
     ),
     "tt-h100x8-llama31-8b-fsdp": Choice(
-        "dgx-h100", f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}"
+        "dgx-h100",
+        f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-h100x8-llama31-8b-fsdp-compile": Choice(
-        "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}"
+        "dgx-h100",
+        f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-h100x128-llama31-8b-fsdp": Choice(
-        "dgx-h100", f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}"
+        "dgx-h100",
+        f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-h100x128-llama31-8b-fsdp-compile": Choice(
-        "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}"
+        "dgx-h100",
+        f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-h100x64-llama31-8b-fsdp8-tp8-bf16": Choice(
-        "dgx-h100", f"{SAC_OP}; compiled (fusion 'fused'); {SP}; {TITAN_H100}"
+        "dgx-h100",
+        f"{SAC_OP}; compiled (fusion 'fused'); {SP}; {TITAN_H100}",
+        checkpointing=True,
+        workload=SELECTIVE,
     ),
     "tt-h100x256-llama31-70b-fsdp32-tp8-bf16": Choice(
         "dgx-h100",
@@ -211,7 +233,8 @@ CHOICES: dict[str, Choice] = {
     "tt-h200x32-llama31-8b-fsdp32-fp8": Choice(
         "dgx-h200",
         f"{SAC_OP}; compiled (fusion 'fused'); {FLOAT8}; {FLOAT8_GATHER}",
-        workload={"quant": "fp8"},
+        checkpointing=True,
+        workload={"quant": "fp8", **SELECTIVE},
     ),
     "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8": Choice(
         "dgx-h100",
@@ -327,6 +350,7 @@ class Phase:
     workload: Mapping[str, Any]  # torchroof.config.Workload fields
     fusion: str
     weight: float
+    runtime: str = ""  # a runtime profile: its kernels (fusion the profile's) and figures
 
     @property
     def trace_key(self) -> str:
@@ -336,7 +360,11 @@ class Phase:
     @property
     def key(self) -> str:
         """Equal keys trace and price the same step (computed once)."""
-        return f"{self.trace_key}|{self.hardware}|{self.fusion}"
+        return f"{self.trace_key}|{self.hardware}|{self.fusion}|{self.runtime}"
+
+    def pricing(self) -> dict[str, Any]:
+        """The pricing keywords: the runtime's kernels where it names one, else its fusion."""
+        return {"runtime": self.runtime} if self.runtime else {"fusion": self.fusion}
 
 
 @dataclass(frozen=True)
@@ -540,7 +568,7 @@ class Pricer:
             self._trace = None  # free the last one first
             self._trace = torchroof.trace_model(model, phase.regime, **phase.workload)
             self._key = phase.trace_key
-        return step_times(self._trace.estimate(phase.hardware, fusion=phase.fusion, mode=self.mode))
+        return step_times(self._trace.estimate(phase.hardware, mode=self.mode, **phase.pricing()))
 
 
 def weighted_s(phases: tuple[Phase, ...], steps: tuple[StepTimes, ...]) -> float:

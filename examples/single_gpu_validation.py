@@ -296,7 +296,7 @@ class TwoModePricer:
         steps = {}
         for mode in MODES:
             est = self.pricer._trace.estimate(
-                phase.hardware, fusion=phase.fusion, mode=mode, **extra
+                phase.hardware, mode=mode, **{**phase.pricing(), **extra}
             )
             steps[mode] = mgv.step_times(est)
         self.realistic[phase.key] = steps["realistic"]

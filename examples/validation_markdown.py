@@ -174,10 +174,18 @@ def quant_tables() -> dict[str, str]:
     return {"quant-speedups": mgv.markdown(rows, qv.SPEEDUP_HEADERS) + "\n\n" + line}
 
 
+def runtime_tables() -> dict[str, str]:
+    import runtime_validation as rv
+
+    tables: dict[str, str] = rv.markdown_tables(_stored("runtime_predictions.json"))
+    return tables
+
+
 PAGES: dict[str, tuple[str, Callable[[], dict[str, str]]]] = {
     "single-gpu.md": ("single_gpu_validation.py", single_gpu_tables),
     "multi-gpu.md": ("multi_gpu_validation.py", multi_gpu_tables),
     "quantised.md": ("quant_validation.py", quant_tables),
+    "runtimes.md": ("runtime_validation.py", runtime_tables),
 }
 """Each validation page under docs/validation/: the script that writes it and its tables."""
 

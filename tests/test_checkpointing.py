@@ -10,6 +10,7 @@ from torch.overrides import _get_current_function_mode_stack
 
 import torchroof
 from torchroof.api import trace_model
+from torchroof.config.errors import WorkloadError
 
 FLASH = "aten._scaled_dot_product_flash_attention.default"
 FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_backward.default"
@@ -108,3 +109,62 @@ def test_recompute_costs_no_more_than_the_forward_at_7b_width_8k(family):
     }
     assert len(attention["recompute"]) == WIDE_LAYERS
     assert attention["recompute"] == pytest.approx(attention["forward"])
+
+
+def test_checkpointing_every_second_layer_recomputes_half_the_layers(meta_lm):
+    """torchtitan's selective layer policy (checkpoint every 2nd block): with 4 layers,
+    layers 0 and 2 re-run their forward in backward and 1 and 3 keep their activations, so
+    the recompute is half of full checkpointing's (2 flash kernels of 4), exactly half its
+    FLOPs, and the step keeps more activations than under full checkpointing."""
+    model = meta_lm("llama", attn_implementation="sdpa", num_hidden_layers=4)
+    every = trace_model(model, "train", batch=1, seq=128, checkpointing=True, checkpoint_every=2)
+    full = trace_model(model, "train", batch=1, seq=128, checkpointing=True)
+    recomputed = [op.module for op in every.ops if op.name == FLASH and op.phase == "recompute"]
+    assert len(recomputed) == 2 and all(".layers.0." in m or ".layers.2." in m for m in recomputed)
+    flops_every = torchroof.estimate_trace(every, "h100-sxm")
+    flops_full = torchroof.estimate_trace(full, "h100-sxm")
+
+    def recompute_flops(est: torchroof.Estimate) -> int:
+        return sum(k.flops for k in est.kernels if k.phase == "recompute")
+
+    assert recompute_flops(flops_full) > 0
+    assert recompute_flops(flops_every) * 2 == recompute_flops(flops_full)
+    assert flops_every.memory.activations_peak_bytes > flops_full.memory.activations_peak_bytes
+
+
+def test_checkpoint_every_is_refused_without_checkpointing():
+    with pytest.raises(WorkloadError, match="checkpoint_every=2 chooses which layers"):
+        torchroof.estimate("gpt2", "train", seq=64, checkpoint_every=2)
+    with pytest.raises(WorkloadError, match="must be a positive integer, got 0"):
+        torchroof.estimate("gpt2", "train", seq=64, checkpointing=True, checkpoint_every=0)
+
+
+def test_selective_policy_recomputes_every_second_matmul_and_keeps_attention(meta_lm):
+    """torchtitan's per-op policy: a Llama layer runs 7 mm (q, k, v, o, gate, up, down);
+    the 1st, 3rd, 5th and 7th outputs are kept, the 2nd, 4th and 6th (k, o, up) recomputed,
+    with the norms, rope and activations between them; attention's output is kept, so no
+    flash kernel runs again and its backward reads the forward's output."""
+    model = meta_lm("llama", attn_implementation="sdpa", num_hidden_layers=2)
+    trace = trace_model(
+        model, "train", batch=1, seq=128, checkpointing=True, checkpoint_policy="selective"
+    )
+    for layer in (0, 1):
+        where = f".layers.{layer}."
+        forward = [op for op in trace.ops if op.phase == "forward" and where in op.module]
+        again = [op for op in trace.ops if op.phase == "recompute" and where in op.module]
+        mm = [op for op in forward if op.name == "aten.mm.default"]
+        redone = [op for op in again if op.name == "aten.mm.default"]
+        assert len(mm) == 7
+        assert [op.module for op in redone] == [mm[i].module for i in (1, 3, 5)]
+        assert [op.outputs[0].shape for op in redone] == [mm[i].outputs[0].shape for i in (1, 3, 5)]
+        assert not [op for op in again if op.name == FLASH]
+        first = next(op for op in forward if op.name == FLASH)
+        back = next(op for op in trace.ops if op.name == FLASH_BACKWARD and where in op.module)
+        assert back.inputs[4].storage == first.outputs[0].storage  # the kept output
+        # q and k come out of rope, recomputed; v is the kept v projection's output
+        forward_qkv = [t.storage for t in first.inputs[:3]]
+        backward_qkv = [t.storage for t in back.inputs[1:4]]
+        assert backward_qkv[0] != forward_qkv[0] and backward_qkv[1] != forward_qkv[1]
+        assert backward_qkv[2] == forward_qkv[2]
+    with pytest.raises(WorkloadError, match="checkpoint_policy=selective chooses what"):
+        trace_model(model, "train", batch=1, seq=128, checkpoint_policy="selective")

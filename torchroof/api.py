@@ -43,6 +43,7 @@ from torchroof.parallel.pipeline import price as pp_step
 from torchroof.parallel.pipeline.trace import trace_pipeline
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans, price_trace, pricing_options
+from torchroof.pricing.runtime import check_runtime_regime, with_knobs, workload_defaults
 from torchroof.pricing.trace_checks import RULE_ERRORS, unpriceable_op
 from torchroof.progress import current as current_progress
 from torchroof.progress import reporting
@@ -160,6 +161,8 @@ def estimate(
     optimizer: str | None = None,
     precision: str | None = None,
     checkpointing: bool | None = None,
+    checkpoint_policy: str | None = None,
+    checkpoint_every: int | None = None,
     mla: str | None = None,
     dtype: str | None = None,
     quant: str | None = None,
@@ -181,6 +184,7 @@ def estimate(
     pp_split: str | None = None,
     defer_gradient_sync: bool | None = None,
     # -- the fields of torchroof.config.PricingOptions (None: the field's default) -------
+    runtime: str | None = None,
     fusion: str | None = None,
     epilogue: bool | None = None,
     dequantise_in_gemm: bool | None = None,
@@ -235,7 +239,9 @@ def estimate(
     split_knobs(unknown)  # any name here is not a knob: the error lists them
     workload_knobs, pricing_knobs = split_knobs(knobs)
     spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
-    pricing = replace(pricing or PricingOptions(), **pricing_knobs)
+    pricing = with_knobs(pricing, pricing_knobs)  # a bad runtime fails here too
+    check_runtime_regime(pricing, regime or (workload.regime if workload else "prefill"))
+    workload_knobs = workload_defaults(pricing, workload_knobs, workload)
     quant = workload_knobs.get("quant", workload.quant if workload else "none")
     check_quant_hardware(quant, spec)  # before tracing
     with reporting(progress):  # progress=True: each stage on stderr as it runs

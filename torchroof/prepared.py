@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans
+from torchroof.pricing.runtime import check_runtime_regime, with_knobs, workload_defaults
 from torchroof.pricing.symbolic_plan import NotPlanned, SymbolicPlan, plan_symbolic
 from torchroof.progress import reporting
 from torchroof.records.symbolic_trace import SymbolicTrace
@@ -155,11 +156,16 @@ class PreparedModel:
         """The workload :meth:`price` traces for these workload keywords (checked)."""
         return self._step(knobs)[0]
 
-    def _step(self, knobs: dict[str, Any]) -> tuple[Workload, bool]:
+    def _step(
+        self, knobs: dict[str, Any], pricing: PricingOptions | None = None
+    ) -> tuple[Workload, bool]:
         """(the workload, whether a module is cast) as estimate() makes them from what
-        prepare() was given and ``knobs``."""
+        prepare() was given and ``knobs``, with the defaults of ``pricing``'s runtime."""
         regime, workload, given = self._given
-        return traced_workload(regime, workload, {**given, **knobs}, priced_by="price()")
+        merged = {**given, **knobs}
+        if pricing is not None:
+            merged = workload_defaults(pricing, merged, workload)
+        return traced_workload(regime, workload, merged, priced_by="price()")
 
     def trace(self, **knobs: Any) -> Trace | PipelineTrace:
         """The trace of the step these workload keywords give (traced on first use): the
@@ -197,9 +203,10 @@ class PreparedModel:
         the same model and knobs; only a step not priced before is traced."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)  # a bad name fails before any tracing
-        step = self._step(workload_knobs)
+        options = with_knobs(pricing, pricing_knobs)
+        step = self._step(workload_knobs, options)
+        check_runtime_regime(options, step[0].regime)  # before anything is traced
         check_quant_hardware(step[0].quant, spec)
-        options = replace(pricing or PricingOptions(), **pricing_knobs)
         trace, plans = self._held(step)
         with reporting(self.progress):
             return estimate_trace(trace, cluster or spec, options, plans=plans)
@@ -228,9 +235,10 @@ class PreparedModel:
         priced from kernels planned for every size and no estimate was made)."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)
-        step = self._step(workload_knobs)
+        options = with_knobs(pricing, pricing_knobs)
+        step = self._step(workload_knobs, options)
+        check_runtime_regime(options, step[0].regime)  # before anything is traced
         check_quant_hardware(step[0].quant, spec)
-        options = replace(pricing or PricingOptions(), **pricing_knobs)
         with reporting(self.progress):
             planned = self._planned_metrics(step, spec, cluster, options)
         if planned is not None:

@@ -19,6 +19,7 @@ from torchroof.config import DEFAULT_SEQ, PRICING_KNOBS, WORKLOAD_KNOBS, Workloa
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.pricing.price import TracePlans
+from torchroof.pricing.runtime import with_knobs, workload_defaults
 from torchroof.progress import reporting
 from torchroof.report.compare import Comparison, Grid, GridPoint, Sweep, SweepPoint, Variant
 
@@ -122,6 +123,7 @@ def check_variant(model: Any, settings: dict[str, Any], name: str) -> None:
     from torchroof.config import PricingOptions, split_knobs
     from torchroof.models.sources import check_layers, check_positions
     from torchroof.pricing.hardware import resolve_hardware
+    from torchroof.pricing.runtime import check_runtime_regime
     from torchroof.workloads import regime
     from torchroof.workloads.parallel_step import check_plan
 
@@ -130,7 +132,8 @@ def check_variant(model: Any, settings: dict[str, Any], name: str) -> None:
         knobs = {k: v for k, v in settings.items() if k in ESTIMATE_KEYS and k != "hardware"}
         workload_knobs, pricing_knobs = split_knobs(knobs)
         workload = Workload(**workload_knobs)
-        PricingOptions(**pricing_knobs)
+        pricing = PricingOptions(**pricing_knobs)
+        check_runtime_regime(pricing, workload.regime)  # a runtime known, and this step's
         hardware = settings.get("hardware", "h100-sxm")
         resolve_hardware(hardware)
         check_quant_hardware(workload.quant, hardware)
@@ -188,6 +191,9 @@ def compare(
                 settings = {**base, key: value}
                 pricing = {k: v for k, v in settings.items() if k in PRICING_KEYS}
                 tracing = {k: v for k, v in settings.items() if k not in PRICING_KEYS}
+                # the runtime's workload defaults (torchtitan's reshard under a pipeline)
+                knobs = {k: v for k, v in pricing.items() if k in PRICING_KNOBS}
+                tracing = workload_defaults(with_knobs(None, knobs), tracing)
                 cache_key = repr(sorted(tracing.items(), key=lambda kv: kv[0]))
                 if cache_key not in traces:
                     traces[cache_key] = (_trace(model, tracing), TracePlans())

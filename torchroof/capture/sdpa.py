@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,6 +54,9 @@ class SdpaSubstitution:
         self._groups: list[SdpaGroup] = []
         self._group_starts: list[int] = []
         self.flash_gradients: set[int] = set()
+        # selective checkpointing that saves attention's output (torchtitan's per-op policy):
+        # a recomputed call is not a kernel, its output is the forward's
+        self.keep_forward_outputs = False
 
     def __bool__(self) -> bool:
         """True once a call with a backward to replace was recorded."""
@@ -82,6 +85,15 @@ class SdpaSubstitution:
                 out = out.transpose(1, 2).contiguous().transpose(1, 2)
         end_seq = torch._C._autograd._get_sequence_nr()
         phase, module, _ = context
+        if phase == "recompute" and self.keep_forward_outputs:
+            kept = self._recomputed_group(module)
+            if kept is not None:  # the math path re-ran unrecorded, as autograd needs it
+                # no kernel: the output and log-sum-exp are the forward's, kept; the
+                # backward reads them with the recomputed q, k and v
+                self._storage.bind(out, kept.forward.outputs[0].storage)
+                again = self._forward_record(params, out, phase, module)
+                kept.recomputed = replace(again, outputs=kept.forward.outputs)
+                return out
         forward = self._forward_record(params, out, phase, module)
         self._trace.ops.append(forward)
         if phase == "recompute":
@@ -128,12 +140,18 @@ class SdpaSubstitution:
         """Pair a recomputed SDPA call with the forward call it repeats: the latest one of
         the same module whose backward has not run (checkpointing recomputes a block just
         before its backward, in the forward's order)."""
+        group = self._recomputed_group(recomputed.module)
+        if group is not None:
+            group.recomputed = recomputed
+
+    def _recomputed_group(self, module: str) -> SdpaGroup | None:
+        """The forward call of ``module`` a recompute repeats (see :meth:`_attach_recompute`)."""
         for group in reversed(self._groups):
             forward = group.forward
-            if forward.module == recomputed.module and forward.phase == "forward":
+            if forward.module == module and forward.phase == "forward":
                 if not group.backward_done and group.recomputed is None:
-                    group.recomputed = recomputed
-                    return
+                    return group
+        return None
 
     def group_of(self, node: Any) -> SdpaGroup | None:
         """The SDPA call whose math-path backward the autograd node ``node`` belongs to."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from torchroof.config import PricingOptions, Workload, add_flags, flag_group, from_flags
+from torchroof.config.pricing import KERNEL_POLICY_FIELDS
 from torchroof.models.sources import DEFAULT_MODEL
 
 DEFAULT_HARDWARE = "h100-sxm"
@@ -56,13 +58,65 @@ def workload_args(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, PricingOptions)
 
 
+def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the options written on the command line ``argv`` (``--fusion``,
+    ``--fusion=eager`` and the prefix ``--fus`` alike), the command's own parser's included:
+    what a runtime's settings must not replace."""
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions += sub._actions
+    written = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    options = {o: a.dest for a in actions for o in a.option_strings if o.startswith("--")}
+    given = set()
+    for word in written:
+        if word in options:
+            given.add(options[word])
+        else:  # argparse takes a unique prefix of a long option (--fus for --fusion)
+            given.update(dest for o, dest in options.items() if o.startswith(word))
+    return given
+
+
+def workload_settings(args: argparse.Namespace, *, written_only: bool = False) -> dict[str, Any]:
+    """The workload fields as parsed, with the runtime's defaults for those not written
+    (:func:`torchroof.pricing.runtime.workload_defaults`); ``written_only``: only those
+    written and the runtime's defaults (compare and sweep apply the defaults per point)."""
+    from torchroof.pricing.runtime import workload_defaults
+
+    values = from_flags(args, Workload)
+    given: set[str] = getattr(args, "given", set())
+    written = {k: v for k, v in values.items() if k in given or k == "pp"}
+    pricing = PricingOptions(runtime=getattr(args, "runtime", "") or "")
+    if written_only and hasattr(args, "given"):
+        return {k: v for k, v in values.items() if k in given}
+    return {**values, **workload_defaults(pricing, written)}
+
+
+def pricing_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The pricing fields as parsed; with ``--runtime``, its kernel settings for the kernel
+    flags not written (:func:`torchroof.pricing.runtime.with_knobs`)."""
+    from torchroof.pricing.runtime import with_knobs
+
+    values = from_flags(args, PricingOptions)
+    if not values.get("runtime"):
+        return values
+    given: set[str] = getattr(args, "given", set())
+    written = {k: v for k, v in values.items() if k in given or k == "runtime"}
+    resolved = with_knobs(None, written).to_dict()
+    return {**values, **{k: resolved[k] for k in KERNEL_POLICY_FIELDS}, **written}
+
+
 def base_settings(args: argparse.Namespace) -> dict:
-    """Every knob as parsed: the hardware, the workload's fields, the pricing fields."""
-    return {
-        "hardware": args.hardware,
-        **from_flags(args, Workload),
-        **from_flags(args, PricingOptions),
-    }
+    """The knobs as parsed: the hardware, the workload's fields, and the pricing fields
+    written on the command line (the others keep their defaults, so that a runtime varied
+    with ``--vary runtime=...`` sets its own kernels)."""
+    given = getattr(args, "given", None)
+    pricing = from_flags(args, PricingOptions)
+    if given is not None:
+        pricing = {k: v for k, v in pricing.items() if k in given}
+    workload = workload_settings(args, written_only=True)
+    return {"hardware": args.hardware, **workload, **pricing}
 
 
 def writable(*paths: str | None) -> None:

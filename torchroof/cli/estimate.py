@@ -16,10 +16,12 @@ from torchroof.cli.common import (
     Subparsers,
     add_quiet,
     positive_int,
+    pricing_settings,
+    workload_settings,
     writable,
     wrote,
 )
-from torchroof.config import PricingOptions, Workload, add_flags, flag_group, from_flags
+from torchroof.config import PricingOptions, Workload, add_flags, flag_group
 from torchroof.config.errors import OptionError
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.parallel.pipeline.price import NOT_SAVED
@@ -101,18 +103,30 @@ def _estimate_outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(kind, path) for kind, path in flags if path]
 
 
+def _policies(args: argparse.Namespace) -> list[str]:
+    """The one or two fusion policies --fusion names; without --fusion, the runtime's
+    (--runtime) or the default."""
+    if "fusion" not in getattr(args, "given", {"fusion"}):
+        return [pricing_settings(args)["fusion"]]
+    policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
+    if not 1 <= len(policies) <= 2:
+        raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
+    return policies
+
+
 def _check_pricing(args: argparse.Namespace) -> None:
     """Build each pricing policy --fusion names and resolve --hardware, so a knob out of
     range or an unknown accelerator is refused before the model is traced."""
     from torchroof.pricing.hardware import resolve_hardware
+    from torchroof.pricing.runtime import check_runtime_regime
 
-    policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
-    if not 1 <= len(policies) <= 2:
-        raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
-    pricing = from_flags(args, PricingOptions)
+    policies = _policies(args)
+    pricing = pricing_settings(args)
     for policy in policies:
         PricingOptions(**{**pricing, "fusion": policy})
     resolve_hardware(args.hardware)
+    if not args.from_trace:
+        check_runtime_regime(PricingOptions(runtime=pricing["runtime"]), args.regime)
 
 
 def _refuse_workload_flags(args: argparse.Namespace) -> None:
@@ -146,7 +160,7 @@ def run(args: argparse.Namespace) -> None:
         trace = Trace.load(args.from_trace)
         label = f"trace {args.from_trace}"
     else:
-        workload = Workload(**from_flags(args, Workload))
+        workload = Workload(**workload_settings(args))
         check_quant_hardware(workload.quant, args.hardware)  # a bad name fails before tracing
         if args.save_trace and workload.pp > 1:
             raise OptionError(NOT_SAVED)
@@ -157,10 +171,8 @@ def run(args: argparse.Namespace) -> None:
     if args.save_trace:
         trace.save(args.save_trace)
         wrote("the trace", args.save_trace)
-    policies = [p.strip() for p in args.fusion.split(",") if p.strip()]
-    if not 1 <= len(policies) <= 2:
-        raise ValueError(f"--fusion takes one policy or two to compare, got {args.fusion!r}")
-    pricing = from_flags(args, PricingOptions)
+    policies = _policies(args)
+    pricing = pricing_settings(args)
     estimates = [
         estimate_trace(trace, args.hardware, PricingOptions(**{**pricing, "fusion": policy}))
         for policy in policies

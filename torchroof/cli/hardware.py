@@ -22,6 +22,12 @@ from torchroof.hardware import (
     get_cluster,
     is_cluster,
 )
+from torchroof.hardware.runtime import (
+    RuntimeProfile,
+    UnknownRuntimeError,
+    available_runtimes,
+    get_runtime,
+)
 
 
 def add_parser(commands: Subparsers) -> None:
@@ -30,7 +36,8 @@ def add_parser(commands: Subparsers) -> None:
     hw.add_argument(
         "name",
         nargs="?",
-        help="show one accelerator's or cluster's figures and sources (a cluster: its link ridges)",
+        help="show one accelerator's, cluster's or runtime's figures and sources (a cluster: "
+        "its link ridges)",
     )
 
 
@@ -125,9 +132,21 @@ def _unknown_hardware_or_cluster(name: str) -> UnknownHardwareError:
     )
 
 
+def _runtime_named(name: str) -> RuntimeProfile | None:
+    """The shipped runtime profile ``name`` names (name or alias), else None."""
+    try:
+        return get_runtime(name) if not name.endswith(".toml") else None
+    except UnknownRuntimeError:
+        return None
+
+
 def run(args: argparse.Namespace) -> None:
     if args.name and is_cluster(args.name):
         _print_cluster(get_cluster(args.name))
+        return
+    profile = _runtime_named(args.name) if args.name else None
+    if profile is not None:
+        _print_runtime(profile)
         return
     if args.name:
         try:
@@ -173,3 +192,43 @@ def run(args: argparse.Namespace) -> None:
         "I* fp32",
     ]
     print(tabulate(rows, headers=headers, disable_numparse=True))
+    print()
+    print("Runtimes (--runtime NAME; torchroof hardware NAME shows one with its sources):")
+    _print_runtimes()
+
+
+def _print_runtimes() -> None:
+    """One row per shipped runtime profile: what it runs, its kernels and its launches."""
+    rows = []
+    for profile in available_runtimes():
+        graphs = profile.setting("cuda_graphs") or "none"
+        limit = profile.figure("graph_max_batch")
+        host = profile.figure("host_overhead_s")
+        custom = profile.figure("custom_all_reduce_max_bytes")
+        rows.append(
+            [
+                profile.name,
+                profile.runs,
+                str(profile.setting("fusion")),
+                str(profile.setting("attention_kernel")),
+                f"{profile.launch_s('prefill', 1) * 1e6:.2f}",
+                graphs + (f" (batch <= {limit:.0f})" if limit else ""),
+                f"{host * 1e3:.2f}" if host else "-",
+                f"{custom / 2**20:g} MiB" if custom else "-",
+            ]
+        )
+    headers = ["runtime", "runs", "kernels", "attention", "launch us", "CUDA graphs"]
+    headers += ["host ms/step", "own all-reduce"]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
+
+
+def _print_runtime(profile: RuntimeProfile) -> None:
+    """A runtime profile's settings and figures, each with its source."""
+    aliases = f"; aliases: {', '.join(profile.aliases)}" if profile.aliases else ""
+    print(f"{profile.display_name} ({profile.name}), runs {profile.runs} steps{aliases}")
+    rows = [[key, str(s.value), "", s.source] for key, s in profile.settings.items()]
+    rows += [
+        [key, f"{fig.value:.4g}", "yes" if fig.approximate else "", fig.source]
+        for key, fig in profile.figures.items()
+    ]
+    print(tabulate(rows, headers=["setting", "value", "approx", "source"], disable_numparse=True))

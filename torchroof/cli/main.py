@@ -18,7 +18,7 @@ from torchroof.cli import (
     validate,
     zoo,
 )
-from torchroof.cli.common import Parser, UsageError
+from torchroof.cli.common import Parser, UsageError, given_dests
 from torchroof.hardware import UnknownHardwareError, UnsupportedDtypeError
 from torchroof.models.sources import UnknownModelError
 from torchroof.progress import reporting
@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    args.given = given_dests(parser, sys.argv[1:] if argv is None else argv)
     try:  # long commands show their progress on stderr unless --quiet
         with reporting(not getattr(args, "quiet", True)):
             HANDLERS[args.command](args)

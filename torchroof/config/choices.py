@@ -52,6 +52,9 @@ OPTIMIZERS = (
     "muon",
 )
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
+CHECKPOINT_POLICIES = ("full", "selective")
+"""What a checkpointed layer recomputes: its whole forward, or what torchtitan's per-op
+policy does not keep (torchroof.workloads.selective)."""
 
 # the inference steps (torchroof.workloads.inference)
 CACHES = ("static", "dynamic")

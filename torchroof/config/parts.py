@@ -81,11 +81,35 @@ class Training:
     precision: str
     checkpointing: bool
     defer_gradient_sync: bool
+    checkpoint_every: int = 1
+    checkpoint_policy: str = "full"
 
     def validate(self) -> None:
         """A known optimizer and precision."""
         choose("optimizer", self.optimizer, choices.OPTIMIZERS, WorkloadError)
         choose("precision", self.precision, choices.PRECISIONS, WorkloadError)
+
+    def validate_checkpointing(self, trains: bool) -> None:
+        """``checkpoint_every`` is a positive whole number and ``checkpoint_policy`` a known
+        one, each other than its default only with checkpointing on in a training step
+        (it would be ignored otherwise)."""
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise WorkloadError(f"checkpoint_every must be a positive integer, got {every!r}")
+        policy = self.checkpoint_policy
+        choose("checkpoint_policy", policy, choices.CHECKPOINT_POLICIES, WorkloadError)
+        if policy != "full" and not (self.checkpointing and trains):
+            raise WorkloadError(
+                f"checkpoint_policy={policy} chooses what activation checkpointing "
+                "recomputes: give it with checkpointing=True on a training step (CLI: "
+                "--checkpointing --checkpoint-policy selective)"
+            )
+        if every != 1 and not (self.checkpointing and trains):
+            raise WorkloadError(
+                f"checkpoint_every={every} chooses which layers activation checkpointing "
+                "recomputes: give it with checkpointing=True on a training step (CLI: "
+                "--checkpointing --checkpoint-every N)"
+            )
 
     def validate_dtype(self, dtype: str, trains: bool) -> None:
         """A training step computes in its precision's dtype; a dtype other than the default

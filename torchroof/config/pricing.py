@@ -40,6 +40,14 @@ class PricingOptions:
     (:mod:`torchroof.timing.roofline`). Defaults are the compiled kernels on the ideal
     roofline."""
 
+    runtime: str = knob(
+        "",
+        "the software that runs the step (a shipped runtime profile such as torchtitan, "
+        "megatron-te, vllm or eager, or a profile TOML): it sets the kernels the step "
+        "launches (fusion, loss, attention, unless given), small all-reduces, and in "
+        "realistic mode its launches and host overhead per step",
+        group="pricing",
+    )
     fusion: str = knob(
         "fused",
         "kernel policy: eager (one per op) or fused (what torch.compile launches)",

@@ -8,6 +8,7 @@ from typing import Any
 
 from torchroof.config.choices import (
     CACHES,
+    CHECKPOINT_POLICIES,
     DEFAULT_PP_SCHEDULE,
     DEFAULT_SEQ,  # 4096, or the model's maximum if shorter
     DEFAULT_VIRTUAL_STAGES,
@@ -86,6 +87,18 @@ class Workload:
         group="precision",
     )
     checkpointing: bool = knob(False, "train: activation checkpointing (recompute in backward)")
+    checkpoint_policy: str = knob(
+        "full",
+        "train with --checkpointing: full (a checkpointed layer recomputes its whole forward) "
+        "or selective (torchtitan's per-op policy: keeps matmul outputs but every second, "
+        "attention's and reduce-scatters', recomputes the rest)",
+        choices=CHECKPOINT_POLICIES,
+    )
+    checkpoint_every: int = knob(
+        1,
+        "train with --checkpointing: checkpoint every Nth decoder layer, the others keep their "
+        "activations (torchtitan's selective layer policy checkpoints every 2nd)",
+    )
     mla: str = knob(
         DEFAULT_MLA,
         "decode of latent-attention models (DeepSeek): absorbed (FlashMLA) or expanded",
@@ -199,6 +212,7 @@ class Workload:
         shape, training, quantisation = self.shape, self.training, self.quantisation
         shape.validate()  # a known regime, positive sizes, a known cache
         training.validate()
+        training.validate_checkpointing(shape.facts.trains)
         shape.validate_attention()
         quantisation.validate(shape.facts.trains, self.tp)
         training.validate_dtype(self.dtype, shape.facts.trains)
@@ -225,7 +239,12 @@ class Workload:
     def training(self) -> Training:
         """How a step that trains updates its weights."""
         return Training(
-            self.optimizer, self.precision, self.checkpointing, self.defer_gradient_sync
+            self.optimizer,
+            self.precision,
+            self.checkpointing,
+            self.defer_gradient_sync,
+            self.checkpoint_every,
+            self.checkpoint_policy,
         )
 
     @property

@@ -14,8 +14,9 @@ from torchroof.kernels.fusion import Kernel
 from torchroof.records.ops import OpRecord
 from torchroof.report.estimate import KernelEstimate
 from torchroof.report.kinds import Link
-from torchroof.timing.network import NETWORK, NO_LINK, collective_time
+from torchroof.timing.network import NETWORK, NO_LINK, collective_time, custom_all_reduce_time
 from torchroof.timing.roofline import KernelTime
+from torchroof.timing.runtime import StepRuntime
 
 
 class ClusterRequiredError(OptionError):
@@ -38,6 +39,7 @@ def time_collective(
     hbm: KernelTime,  # the roofline's time of its HBM bytes
     cluster: ClusterSpec | None,
     unpriced: list[int],
+    runtime: StepRuntime | None = None,
 ) -> KernelEstimate:
     """A collective at the network boundary (docs/concepts/network-ridges.md):
     alpha + wire bytes / beta on the link its group's ranks span
@@ -49,7 +51,9 @@ def time_collective(
     launch included. Bound "network" when the link is the slower pipe, else "memory". A
     group of one crosses no link: its HBM time only. Without a cluster, a group of more
     than one rank is noted in ``unpriced`` (its size) and the kernel returned as is, for
-    the caller to refuse."""
+    the caller to refuse. A runtime with its own all-reduce for small tensors
+    (``runtime.all_reduce``) runs the all-reduces it takes with that kernel
+    (:func:`torchroof.timing.network.custom_all_reduce_time`)."""
     ranks = op.arg("group_ranks")
     size = group_size(op)
     if size == 1:
@@ -62,7 +66,12 @@ def time_collective(
             f"op {op.index} ({op.name}) has no recorded group ranks (group_ranks={ranks!r}); "
             "trace it again with this torchroof, which records each collective's group"
         )
-    net = collective_time(collective_kind(op), message_bytes(op), ranks, cluster)
+    kind, size = collective_kind(op), message_bytes(op)
+    net = None
+    if kind == "all_reduce" and runtime is not None and runtime.all_reduce is not None:
+        net = custom_all_reduce_time(size, ranks, cluster, runtime.all_reduce)
+    if net is None:
+        net = collective_time(kind, size, ranks, cluster)
     wire = {cluster.intra_node.kind: round(net.intra_node_bytes_per_rank)}
     wire[NETWORK] = round(net.network_bytes_per_rank)
     return replace(

@@ -33,6 +33,7 @@ from torchroof.pricing.collectives import (
 )
 from torchroof.pricing.experts import busiest_rank, routed
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
 from torchroof.pricing.trace_checks import check_cluster_fits
 from torchroof.pricing.traffic import traffic_by_role
 from torchroof.quant.recipes import check_hardware
@@ -42,7 +43,8 @@ from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.kinds import Boundary
 from torchroof.report.memory import TransientPeak, footprint, transient_peak
 from torchroof.timing.kernel_shape import KernelShape, kernel_shape
-from torchroof.timing.roofline import KernelTime, time_kernel
+from torchroof.timing.roofline import NO_RUNTIME, KernelTime, time_kernel
+from torchroof.timing.runtime import StepRuntime
 from torchroof.timing.streams import schedule, tasks_of
 
 
@@ -89,7 +91,7 @@ def pricing_options(pricing: PricingOptions | None, knobs: dict[str, Any]) -> Pr
             f"{', '.join(sorted(workload_knobs))} choose what is traced, not how a trace is "
             "priced: pass them to estimate() or trace_model()"
         )
-    return replace(pricing or PricingOptions(), **pricing_knobs)
+    return with_knobs(pricing, pricing_knobs)
 
 
 def check_step(
@@ -100,6 +102,7 @@ def check_step(
 ) -> None:
     """Refuse a step the options or the hardware cannot price: a cluster too small for its
     ranks, routing imbalance without sharded experts, a recipe the accelerator cannot run."""
+    check_runtime(pricing, workload)
     if cluster is not None and workload is not None:
         check_cluster_fits(workload, cluster)
     if pricing.routing_imbalance != 1.0 and (workload.ep if workload else 1) <= 1:
@@ -118,8 +121,10 @@ def time_kernels(
     spec: HardwareSpec,
     cluster: ClusterSpec | None,
     pricing: PricingOptions,
+    runtime: StepRuntime = NO_RUNTIME,
 ) -> tuple[list[KernelEstimate], dict[str, int], int]:
-    """(every kernel timed, the tensor-unit FLOPs by dtype, how many are collectives)."""
+    """(every kernel timed, the tensor-unit FLOPs by dtype, how many are collectives), under
+    the ``runtime`` running the step."""
     report = progress.current()
     report.begin(f"timing {len(kernels):,} kernels on the {spec.display_name}", len(kernels))
     timed: list[KernelEstimate] = []
@@ -137,11 +142,12 @@ def time_kernels(
         key = (cost.flops, cost.bytes_read, cost.bytes_written, cost.unit, cost.dtype, *geometry)
         t = times.get(key)
         if t is None:
-            t = times[key] = time_kernel(cost, spec, pricing, *geometry)
+            t = times[key] = time_kernel(cost, spec, pricing, *geometry, runtime=runtime)
         estimate = _timed(index, kernel, cost, t, traffic_by_role(kernel, roles))
         if cost.unit == "network":
             collectives += 1
-            estimate = time_collective(estimate, collective_op(kernel), t, cluster, unpriced)
+            op = collective_op(kernel)
+            estimate = time_collective(estimate, op, t, cluster, unpriced, runtime)
         if pricing.routing_imbalance != 1.0 and routed(kernel):
             estimate = busiest_rank(estimate, pricing.routing_imbalance, t, pricing, spec)
         timed.append(estimate)
@@ -250,7 +256,9 @@ def price_trace(
                 del plans[next(iter(plans))]
             plans[policy] = plan
     step, roles, kernels = plan.step, plan.roles, plan.kernels
-    timed, tensor_flops, collectives = time_kernels(kernels, roles, spec, cluster, pricing)
+    workload = trace.facts.workload
+    runtime = timing_of(pricing, workload)
+    timed, tensor_flops, collectives = time_kernels(kernels, roles, spec, cluster, pricing, runtime)
     step_time_s = None
     if collectives:
         progress.current().begin("scheduling compute and communication on their two streams")
@@ -267,6 +275,7 @@ def price_trace(
         op_count=len(trace.ops),
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
+            *runtime_lines(pricing, workload),
             *routing_assumptions(trace, pricing.routing_imbalance),
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
@@ -285,6 +294,7 @@ def price_trace(
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
+        host_overhead_s=runtime.host_overhead_s if pricing.mode == "realistic" else 0.0,
     )
 
 

@@ -41,6 +41,7 @@ from torchroof.pricing.price import (
     reference_peak,
     time_kernels,
 )
+from torchroof.pricing.runtime import timing_of
 from torchroof.records.dims import Dim, DimFloat, has_dims
 from torchroof.records.expressions import (
     Decision,
@@ -56,6 +57,7 @@ from torchroof.records.tensors import TensorMeta, clear_layout_caches
 from torchroof.report.compare import point_metrics
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.memory import TransientPeak, footprint, live_bytes
+from torchroof.timing.runtime import StepRuntime
 
 
 class NotPlanned(Exception):
@@ -82,7 +84,7 @@ class SymbolicPlan:
         # the symbols each timed kernel follows: one that follows the batch alone is the
         # same kernel at every context, timed once per batch
         self._follows = [_symbols(self.plan.kernels[i]) for i in self.classes]
-        self._timings: dict[tuple[int, int, PricingOptions], Any] = {}
+        self._timings: dict[tuple[int, int, PricingOptions, StepRuntime], Any] = {}
         self._makers: dict[int, KernelMaker] = {}
 
     def holds(self, numbers: Mapping[str, int]) -> bool:
@@ -107,7 +109,8 @@ class SymbolicPlan:
         """:func:`~torchroof.report.compare.point_metrics` of the estimate at ``numbers``
         (which must hold; ``facts`` are that step's), each repeated kernel timed once."""
         check_step(facts.workload, spec, cluster, pricing)
-        timed = self._timed_classes(numbers, spec, cluster, pricing)
+        runtime = timing_of(pricing, facts.workload)
+        timed = self._timed_classes(numbers, spec, cluster, pricing, runtime)
         tensor_flops: dict[str, int] = defaultdict(int)
         traffic: dict[str, int] = defaultdict(int)
         for count, k in zip(self._counts, timed, strict=True):
@@ -145,6 +148,7 @@ class SymbolicPlan:
             step_time_s=functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
             counts=tuple(self._counts),
             totals=dict(traffic),
+            host_overhead_s=runtime.host_overhead_s if pricing.mode == "realistic" else 0.0,
         )
         return point_metrics(repeated)
 
@@ -163,10 +167,11 @@ class SymbolicPlan:
         spec: HardwareSpec,
         cluster: ClusterSpec | None,
         pricing: PricingOptions,
+        runtime: StepRuntime,
     ) -> list[KernelEstimate]:
         """Each timed kernel at ``numbers``, from the ones timed at earlier points where
-        the numbers it follows were the same."""
-        key = (id(spec), id(cluster), pricing)
+        the numbers it follows were the same, under the ``runtime`` of that point's step."""
+        key = (id(spec), id(cluster), pricing, runtime)
         held = self._timings.get(key)
         if held is None:  # the spec and cluster are held too: their ids stay theirs
             held = self._timings[key] = (spec, cluster, {})
@@ -179,7 +184,9 @@ class SymbolicPlan:
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
             kernels = [self.maker(n)(numbers) for n in missing]
-            timed, _, collectives = time_kernels(kernels, self.plan.roles, spec, cluster, pricing)
+            timed, _, collectives = time_kernels(
+                kernels, self.plan.roles, spec, cluster, pricing, runtime
+            )
             if collectives:
                 raise NotPlanned("a step with collectives is laid on two streams: priced whole")
             for n, estimate in zip(missing, timed, strict=True):

@@ -111,8 +111,12 @@ def estimate_problems(data: Any, kernel_class: type) -> list[str]:
                 f'"step_time_s" is {step!r}, but its kernels end at {last!r} s (edited?)'
             )
     totals = data.get("totals")
+    host = data.get("host_overhead_s", 0.0)
+    if not _number(host) or host < 0:
+        problems.append(f'"host_overhead_s" is {host!r}: a number of seconds >= 0')
+        host = 0.0
     if isinstance(totals, dict):
-        time_s = step if step is not None else summed
+        time_s = (step if step is not None else summed) + host
         if _number(totals.get("time_s")) and not math.isclose(
             totals["time_s"], time_s, rel_tol=_REL, abs_tol=1e-12
         ):

@@ -304,15 +304,19 @@ class Estimate:
     pipeline: PipelineStep | None = (
         None  # a pipelined step's schedule (torchroof.parallel.pipeline.price)
     )
+    # host time per step the GPU waits on under the runtime (realistic mode: a serving
+    # engine's scheduling, sampling and detokenisation), added to the step time
+    host_overhead_s: float = 0.0
 
     # -- totals ---------------------------------------------------------------------------
     @property
     def time_s(self) -> float:
         """The step time: the two-stream schedule's last end when the step has collectives
-        (torchroof.timing.streams), else the kernels' times summed (they run back to back)."""
+        (torchroof.timing.streams), else the kernels' times summed (they run back to back);
+        plus the runtime's host time per step."""
         if self.step_time_s is not None:
-            return self.step_time_s
-        return analysis.added(k.time_s for k in self.kernels)
+            return self.step_time_s + self.host_overhead_s
+        return analysis.added(k.time_s for k in self.kernels) + self.host_overhead_s
 
     @property
     def flops(self) -> int:
@@ -415,6 +419,7 @@ class Estimate:
             "cluster": self.cluster,
             "link_ridges": self.link_ridges,
             "step_time_s": self.step_time_s,
+            "host_overhead_s": self.host_overhead_s,
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "totals": {
                 "time_s": self.time_s,
@@ -465,6 +470,7 @@ class Estimate:
             cluster=data.get("cluster"),
             link_ridges=data.get("link_ridges", {}),
             step_time_s=data.get("step_time_s"),
+            host_overhead_s=data.get("host_overhead_s", 0.0),
             pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 

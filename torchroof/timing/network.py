@@ -75,6 +75,7 @@ from typing import TypedDict
 
 from torchroof.counters.bus import bus_factor, check_kind
 from torchroof.hardware.cluster import ClusterSpec, Link
+from torchroof.timing.runtime import CustomAllReduce
 
 NETWORK = "network"
 HIERARCHICAL = "hierarchical"
@@ -107,7 +108,8 @@ class CollectiveTime:
     ranks_per_node: int  # the busiest node's count
     link: str
     bound_link: str
-    algorithm: str  # "ring", "nvls", "direct" (all_to_all, send_recv), "hierarchical", "none"
+    algorithm: str  # "ring", "nvls", "direct" (all_to_all, send_recv), "hierarchical", "none",
+    # a runtime's own all-reduce: "one-shot" or "two-shot"
     time_s: float
     alpha_s: float
     beta_bytes_per_s: float
@@ -233,4 +235,40 @@ def collective_time(
         time_s=network.alpha_s + max(intra_s, network_s), alpha_s=network.alpha_s,
         beta_bytes_per_s=net_beta if network_bound else intra_beta,
         intra_node_bytes_per_rank=intra_bytes, network_bytes_per_rank=network_bytes,
+    )  # fmt: skip
+
+
+def custom_all_reduce_time(
+    message_bytes: float,
+    group_ranks: Sequence[int],
+    cluster: ClusterSpec,
+    custom: CustomAllReduce,
+) -> CollectiveTime | None:
+    """A runtime's own all-reduce (vLLM's and TensorRT-LLM's custom all-reduce kernels),
+    or None where the runtime hands it to NCCL: a group on more than one node or over PCIe,
+    an odd group or one above ``custom.max_ranks`` (vLLM takes 2, 4, 6 or 8 ranks), or a
+    message of ``custom.max_bytes`` or more.
+
+    One shot, up to ``custom.one_shot_max_bytes``: every rank reads each peer's whole
+    buffer over NVLink and reduces locally, (n-1) x S bytes through each GPU's link. Two
+    shots above it: a reduce-scatter, then an all-gather, 2(n-1)/n x S, as a ring moves
+    but with the runtime's fixed cost instead of NCCL's (vLLM's csrc/custom_all_reduce.cuh,
+    cross_device_reduce_1stage and _2stage)."""
+    ranks = _check_ranks("all_reduce", group_ranks, cluster)
+    n = len(ranks)
+    nodes = {cluster.node_of(r) for r in ranks}
+    if n == 1 or n % 2 or n > custom.max_ranks or len(nodes) > 1:
+        return None
+    if cluster.intra_node.kind == "pcie" or message_bytes >= custom.max_bytes:
+        return None
+    size = float(message_bytes)
+    one_shot = size < custom.one_shot_max_bytes
+    wire = (n - 1) * size if one_shot else 2 * (n - 1) / n * size
+    beta = _intra_rate(cluster.intra_node, n, cluster.gpus_per_node)
+    return CollectiveTime(
+        kind="all_reduce", message_bytes=size, group_size=n, nodes=1, ranks_per_node=n,
+        link=cluster.intra_node.kind, bound_link=cluster.intra_node.kind,
+        algorithm="one-shot" if one_shot else "two-shot",
+        time_s=custom.latency_s + wire / beta, alpha_s=custom.latency_s,
+        beta_bytes_per_s=beta, intra_node_bytes_per_rank=wire, network_bytes_per_rank=0.0,
     )  # fmt: skip

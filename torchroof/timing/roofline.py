@@ -39,6 +39,9 @@ from torchroof.timing.hierarchy import (
     waves,
 )
 from torchroof.timing.kernel_shape import KernelShape
+from torchroof.timing.runtime import StepRuntime
+
+NO_RUNTIME = StepRuntime()
 
 Bound = Literal["compute", "memory"]
 # A memory-bound kernel is called latency-bound when too little in flight costs it more
@@ -125,9 +128,12 @@ def time_kernel(
     options: PricingOptions,
     shape: KernelShape | None = None,
     out_itemsize: int = 2,
+    runtime: StepRuntime = NO_RUNTIME,
 ) -> KernelTime:
     """T = max(W/pi, Q/beta) (or the sum without overlap), plus launch overhead; in
-    realistic mode, the switched-on effects on top (module docstring)."""
+    realistic mode, the switched-on effects on top (module docstring), with the launch, the
+    attention kernel and the GEMM library's share of peak of the ``runtime`` running the
+    step where its profile gives them."""
     realistic = options.mode == "realistic"
     peak = hardware.peak(cost.unit, cost.dtype, allow_tf32=options.allow_tf32)
     peak *= options.compute_efficiency
@@ -136,6 +142,8 @@ def time_kernel(
         bandwidth *= _fraction(hardware.achievable_hbm_fraction)
         if cost.unit == "tensor":
             peak *= _fraction(hardware.achievable_tensor_fraction)
+            if shape is not None and shape.kind == "gemm":
+                peak *= runtime.gemm_efficiency
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
     attention = shape is not None and shape.kind == "attention"
@@ -146,7 +154,12 @@ def time_kernel(
         and shape is not None
         and levels is not None
     ):
-        compute_s += softmax_seconds(shape, hardware)
+        softmax_s = softmax_seconds(shape, hardware)
+        # FlashAttention-3 runs one block's softmax under the next block's matmuls
+        # (runtime.softmax_overlapped); FlashAttention-2 runs them one after the other
+        compute_s = (
+            max(compute_s, softmax_s) if runtime.softmax_overlapped else compute_s + softmax_s
+        )
     wave = waves(levels, hardware) if levels is not None else None
     tiled = shape is not None and shape.kind in ("gemm", "attention")
     if realistic and options.waves and wave is not None and tiled and compute_s:
@@ -176,7 +189,9 @@ def time_kernel(
     # on chip, both true); ``boundary`` names the term that binds the time
     bound: Bound = "compute" if compute_s > memory_s else "memory"
     overhead = options.launch_overhead_s
-    if realistic and options.launch and hardware.launch_overhead_s is not None:
+    if realistic and options.launch and runtime.launch_s is not None:
+        overhead += runtime.launch_s
+    elif realistic and options.launch and hardware.launch_overhead_s is not None:
         overhead += hardware.launch_overhead_s.value
     return KernelTime(
         peak,

@@ -5,11 +5,13 @@ al. 2020; optimizer bytes: docs/concepts/optimizer-bytes.md)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import transformers
 
 from torchroof.capture.mode import Capture
 from torchroof.capture.storage import local_shard
@@ -28,6 +30,7 @@ from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, seq_of, token_ids
 from torchroof.workloads.parallel_step import plan_label
+from torchroof.workloads.selective import torchtitan_op_policy
 from torchroof.workloads.spec import TARGET, Regime
 
 if TYPE_CHECKING:
@@ -226,13 +229,15 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
         )
     model.train()
     if workload.checkpointing:
-        _checkpoint_activations(model)
+        selective = workload.checkpoint_policy == "selective"
+        _checkpoint_activations(model, workload.checkpoint_every, selective)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
     state = _allocate_state([local_shard(p) for p in params], workload)
     opt = _warmed_up_optimizer(workload, state, names, params)
     ids = token_ids(model, workload.batch, seq_of(workload))
     capture = Capture()
+    capture.sdpa.keep_forward_outputs = workload.checkpoint_policy == "selective"
     with capture as trace:
         _mark_state(capture, state, workload, opt)
         for micro in range(workload.microbatches):
@@ -249,15 +254,32 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
     return trace
 
 
-def _checkpoint_activations(model: torch.nn.Module) -> None:
-    """transformers' activation checkpointing (non-reentrant) on the model's layers."""
+def _checkpoint_activations(
+    model: torch.nn.Module, every: int = 1, selective: bool = False
+) -> None:
+    """transformers' activation checkpointing (non-reentrant) on the model's layers, every
+    ``every``-th decoder layer (``every_n_layers``; the others keep their activations, as
+    torchtitan's selective layer policy does with ``selective_ac_option = "2"``); with
+    ``selective``, each checkpointed layer under torchtitan's per-op policy
+    (:func:`torchroof.workloads.selective.torchtitan_op_policy`)."""
     enable_activations = getattr(model, "activation_checkpointing_enable", None)
     enable_gradients = getattr(model, "gradient_checkpointing_enable", None)
     if enable_gradients is None and enable_activations is None:
         raise WorkloadError("activation checkpointing needs a transformers model")
-    kwargs = {"use_reentrant": False}
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if selective:
+        kwargs["context_fn"] = torchtitan_op_policy
+    takes_every = enable_activations is not None and (
+        "every_n_layers" in inspect.signature(enable_activations).parameters
+    )
+    if every != 1 and not takes_every:
+        raise WorkloadError(
+            "checkpoint_every needs a transformers whose activation_checkpointing_enable "
+            f"takes every_n_layers (this is {transformers.__version__}): upgrade transformers"
+        )
     if enable_activations is not None:  # transformers >= 5.x
-        enable_activations(activation_checkpointing_kwargs=kwargs)
+        layers = {"every_n_layers": every} if takes_every else {}
+        enable_activations(activation_checkpointing_kwargs=kwargs, **layers)
     elif enable_gradients is not None:
         enable_gradients(gradient_checkpointing_kwargs=kwargs)
 
@@ -446,7 +468,10 @@ def label(model: str, w: Workload) -> str:
     label = f"{model} train, batch {w.batch} x {w.seq} tokens"
     label += f" x {w.microbatches} micro-batches" if w.microbatches > 1 else ""
     label += f", {w.optimizer}, {w.precision} precision"
-    label += ", activation checkpointing" if w.checkpointing else ""
+    if w.checkpointing:
+        every = f" every {w.checkpoint_every} layers" if w.checkpoint_every > 1 else ""
+        kind = "selective " if w.checkpoint_policy == "selective" else ""
+        label += f", {kind}activation checkpointing{every}"
     return label + plan_label(w)
 
 

@@ -1,0 +1,269 @@
+"""Runtime profiles (hardware/runtimes/*.toml): the file format and its one-line errors, the
+kernel policy a runtime sets, and each effect on timing checked against numbers worked by
+hand from the profile, the H100 datasheet and the DGX H100 cluster file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torchroof.counters import Cost
+from torchroof.hardware import get, get_cluster
+from torchroof.hardware.runtime import (
+    KERNEL_SETTINGS,
+    RuntimeProfileError,
+    available_runtimes,
+    get_runtime,
+    load_runtime_file,
+)
+
+import torchroof
+from torchroof.cli.main import main
+from torchroof.config import PricingOptions
+from torchroof.config.errors import OptionError
+from torchroof.pricing.runtime import runtime_options, with_knobs, workload_defaults
+from torchroof.timing.network import collective_time, custom_all_reduce_time
+from torchroof.timing.roofline import time_kernel
+from torchroof.timing.runtime import CustomAllReduce, StepRuntime, step_runtime
+
+H100 = get("h100-sxm")
+DGX = get_cluster("dgx-h100")
+SHIPPED = (
+    "deepspeed",
+    "eager",
+    "gpt-fast",
+    "hf-trainer",
+    "llama-cpp",
+    "megatron-te",
+    "sglang",
+    "torchtitan",
+    "torchtitan-compile",
+    "torchtune",
+    "trtllm",
+    "vllm",
+)
+
+PROFILE = """\
+name = "test-engine"
+runs = "serving"
+
+[kernels]
+fusion = { value = "eager", source = "test" }
+attention_kernel = { value = "fa3", source = "test" }
+
+[launches]
+kernel_launch_s = { value = 5e-6, source = "test" }
+cuda_graphs = { value = "decode", source = "test" }
+graph_kernel_launch_s = { value = 1e-6, source = "test" }
+graph_max_batch = { value = 8, source = "test" }
+host_overhead_s = { value = 1e-3, source = "test" }
+"""
+
+
+def _profile(tmp_path: Path, text: str = PROFILE) -> str:
+    path = tmp_path / "engine.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_shipped_runtime_loads_with_a_source_for_each_claim():
+    profiles = {p.name: p for p in available_runtimes()}
+    assert tuple(sorted(profiles)) == SHIPPED
+    for profile in profiles.values():
+        assert profile.settings["fusion"].value in ("eager", "fused")
+        for claim in (*profile.settings.values(), *profile.figures.values()):
+            assert claim.source.strip(), profile.name
+        # a launch in (0.5 us, 50 us): a CUDA graph's node to an eager op's Python dispatch
+        assert 0.5e-6 <= profile.launch_s("decode", 1) <= 50e-6
+
+
+def test_a_bad_profile_names_every_problem_in_one_line(tmp_path):
+    bad = _profile(
+        tmp_path,
+        """\
+        name = "x"
+        runs = "sometimes"
+        colour = "blue"
+        [kernels]
+        fusion = { value = "compiled", source = "" }
+        [launches]
+        kernel_launch_s = { value = -1, source = "a" }
+        graph_kernel_launch_s = { value = 1e-6, source = "a" }
+        """.replace("        ", ""),
+    )
+    with pytest.raises(RuntimeProfileError) as error:
+        load_runtime_file(bad)
+    message = str(error.value)
+    assert "\n" not in message
+    for problem in (
+        "colour: unknown key",
+        "kernels.fusion.value: expected one of eager, fused, got 'compiled'",
+        "kernels.fusion.source: missing",
+        "kernels.attention_kernel: required key is missing",
+        "launches.kernel_launch_s.value: must be positive",
+        "graph figures are given but cuda_graphs is none",
+        "runs: expected one of training, serving, both",
+    ):
+        assert problem in message, problem
+
+
+def test_an_unknown_runtime_is_refused_before_tracing_with_the_known_names():
+    with pytest.raises(OptionError, match=r"unknown runtime 'vlm'; did you mean vllm"):
+        torchroof.estimate("gpt2", "decode", seq=64, runtime="vlm")
+
+
+def test_a_runtime_sets_its_kernels_unless_they_are_given():
+    assert runtime_options("torchtitan").fusion == "eager"
+    assert runtime_options("torchtitan-compile").fusion == "fused"
+    assert runtime_options("torchtitan", fusion="fused").fusion == "fused"
+    assert with_knobs(None, {}).runtime == ""
+    # a profile's kernel settings are the PricingOptions fields of the same name
+    assert set(KERNEL_SETTINGS) <= set(PricingOptions().to_dict())
+
+
+def test_a_serving_engine_does_not_train():
+    with pytest.raises(OptionError, match="runtime vllm runs serving steps, not training"):
+        torchroof.estimate("gpt2", "train", seq=64, runtime="vllm")
+
+
+def test_torchtitan_keeps_gathered_parameters_for_backward_under_a_pipeline():
+    titan = PricingOptions(runtime="torchtitan")
+    assert workload_defaults(titan, {"pp": 2})["reshard_after_forward"] is False
+    assert "reshard_after_forward" not in workload_defaults(titan, {"pp": 1})
+    given = workload_defaults(titan, {"pp": 2, "reshard_after_forward": True})
+    assert given["reshard_after_forward"] is True
+    assert workload_defaults(PricingOptions(), {"pp": 2}) == {"pp": 2}
+
+
+def test_launch_is_the_graph_figure_up_to_the_captured_batch(tmp_path):
+    profile = get_runtime(_profile(tmp_path))
+    assert step_runtime(profile, "decode", 8).launch_s == 1e-6  # graph replayed
+    assert step_runtime(profile, "decode", 9).launch_s == 5e-6  # past the capture limit
+    assert step_runtime(profile, "prefill", 1).launch_s == 5e-6  # prefill is not captured
+    # one 16 KB copy kernel: realistic time = its body + the runtime's launch, not the
+    # accelerator file's 2 us
+    cost = Cost(0, 8192, 8192, "vector", "bfloat16")
+    options = PricingOptions(mode="realistic", latency_shelf=False)
+    plain = time_kernel(cost, H100, options)
+    graphed = time_kernel(cost, H100, options, runtime=StepRuntime(launch_s=1e-6))
+    assert plain.overhead_s == pytest.approx(2e-6)
+    assert graphed.overhead_s == pytest.approx(1e-6)
+    assert plain.time_s - graphed.time_s == pytest.approx(1e-6)
+    # the pure roofline pays no launch under any runtime
+    pure = time_kernel(cost, H100, PricingOptions(), runtime=StepRuntime(launch_s=1e-6))
+    assert pure.overhead_s == 0.0
+
+
+def test_host_overhead_is_added_once_per_step_in_realistic_mode(tmp_path):
+    path = _profile(tmp_path)
+    with torchroof.trace() as t:
+        x = torch.empty(64, 64, device="meta")
+        (x @ x).relu()
+    real = t.estimate("h100-sxm", mode="realistic", runtime=path)
+    assert real.host_overhead_s == 1e-3
+    assert real.time_s == pytest.approx(sum(k.time_s for k in real.kernels) + 1e-3)
+    pure = t.estimate("h100-sxm", runtime=path)
+    assert pure.host_overhead_s == 0.0
+    assert pure.time_s == pytest.approx(sum(k.time_s for k in pure.kernels))
+    # the runtime's eager kernels: two kernels, the matmul and the relu, not one fused
+    assert len(real.kernels) == 2
+    line = next(line for line in real.assumptions if line.startswith("runtime: test-engine"))
+    assert f"({Path(path).resolve()}): eager kernels" in line  # a user's file, by path
+    # saved and loaded back, the step time keeps its host overhead
+    again = torchroof.Estimate.from_dict(real.to_dict())
+    assert again.host_overhead_s == 1e-3 and again.time_s == pytest.approx(real.time_s)
+
+
+def test_flashattention_3_hides_the_softmax_under_its_matmuls(tmp_path):
+    """FlashAttention-3's benchmark shape (as test_hierarchy's): the matmuls take 2954.5 us
+    at the H100 file's sustained 80% of peak, the softmax's SFU and fp32 work 546.2 us; FA2
+    adds them (3500.7 us), FA3 overlaps them (the larger, 2954.5 us), each + the launch."""
+    with torchroof.trace() as t:
+        q = torch.empty(4, 16, 8448, 128, dtype=torch.float16, device="meta")
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    pairs = 64 * 8448**2
+    matmul_s = 4 * pairs * 128 / (989.4e12 * 0.80)
+    softmax_s = pairs / 16.725e12 + 4 * pairs / 66.9e12
+    fa3 = _profile(tmp_path)
+    served = t.estimate("h100-sxm", mode="realistic", runtime=fa3, fusion="fused")
+    assert served.kernels[0].time_s == pytest.approx(matmul_s + 5e-6, rel=1e-6)
+    plain = t.estimate("h100-sxm", mode="realistic")
+    assert plain.kernels[0].time_s == pytest.approx(matmul_s + softmax_s + 2e-6, rel=1e-6)
+
+
+def test_a_custom_all_reduce_takes_small_tensors_in_one_node():
+    """vLLM's kernel on 8 GPUs of a DGX H100 (NVLink at 370 GB/s achieved per GPU):
+    128 KiB one shot: 7 x 131072 B / 370e9 = 2.480 us + its latency; 2 MiB two shots:
+    2 x 7/8 x 2097152 / 370e9 = 9.919 us + its latency. NCCL would take 25.6 us + the
+    NVLS bus time for either."""
+    custom = CustomAllReduce(max_bytes=8 * 2**20, one_shot_max_bytes=256 * 2**10, latency_s=5e-6)
+    ranks = list(range(8))
+    beta = 450e9 * 0.8222
+    one = custom_all_reduce_time(131072, ranks, DGX, custom)
+    assert one is not None and one.algorithm == "one-shot"
+    assert one.time_s == pytest.approx(5e-6 + 7 * 131072 / beta, rel=1e-9)
+    two = custom_all_reduce_time(2 * 2**20, ranks, DGX, custom)
+    assert two is not None and two.algorithm == "two-shot"
+    assert two.time_s == pytest.approx(5e-6 + 2 * 7 / 8 * 2 * 2**20 / beta, rel=1e-9)
+    nccl = collective_time("all_reduce", 131072, ranks, DGX)
+    assert nccl.time_s == pytest.approx(25.6e-6 + 2 * 7 / 8 * 131072 / 480e9, rel=1e-9)
+    # NCCL's: past the runtime's limit, and across nodes
+    assert custom_all_reduce_time(9 * 2**20, ranks, DGX, custom) is None
+    assert custom_all_reduce_time(1024, [0, 8], DGX, custom) is None
+
+
+def test_the_summary_says_which_runtime_is_assumed():
+    with torchroof.trace() as t:
+        x = torch.empty(64, 64, device="meta")
+        x @ x
+    lines = t.estimate("h100-sxm").assumptions
+    assert any(line.startswith("runtime: none named (--runtime)") for line in lines)
+
+
+def test_cli_runtime_flag_sets_the_kernels_and_is_stated(capsys):
+    argv = ["estimate", "gpt2", "--seq", "64", "--regime", "train", "--kernels", "0"]
+    code = main([*argv, "--runtime", "torchtitan"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "runtime: torchtitan" in out and "eager kernels" in out
+    code = main([*argv, "--runtime", "torchtitan", "--fusion", "fused"])
+    out = capsys.readouterr().out
+    assert code == 0 and "fused kernels" in out
+    assert main(["estimate", "gpt2", "--runtime", "nonesuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown runtime 'nonesuch'" in err
+    # a training runtime's prefill is refused before the model is built
+    assert main(["estimate", "gpt2", "--runtime", "torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert "building the model" not in err
+    assert "runtime torchtitan runs training steps, not prefill (serving) steps" in err
+
+
+def test_the_hardware_command_lists_the_runtimes_and_shows_one_with_sources(capsys):
+    assert main(["hardware"]) == 0
+    listing = capsys.readouterr().out.split("Runtimes (--runtime NAME")[1]
+    for name in SHIPPED:
+        assert f"\n{name} " in listing
+    assert main(["hardware", "torchtitan"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("torchtitan (eager) (torchtitan), runs training steps")
+    assert "reshard_after_forward_with_pp  False" in shown and "parallelize.py" in shown
+
+
+def test_compare_varies_the_runtime_and_each_variant_takes_its_kernels(capsys):
+    result = torchroof.compare(
+        "gpt2", vary={"runtime": ["torchtitan", "torchtitan-compile"]}, regime="train", seq=64
+    )
+    eager, fused = (v.estimate for v in result.variants)
+    assert (eager.options.fusion, fused.options.fusion) == ("eager", "fused")
+    assert len(eager.kernels) > len(fused.kernels)
+    # the command line passes only the pricing flags written, so each runtime's own
+    # kernels apply there too
+    argv = ["compare", "gpt2", "--regime", "train", "--seq", "64", "--vary"]
+    assert main([*argv, "runtime=torchtitan,torchtitan-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "runtime=torchtitan " in out and "runtime=torchtitan-compile" in out
+    assert main([*argv, "runtime=vllm,torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert "variant runtime=vllm: runtime vllm runs serving steps, not training" in err

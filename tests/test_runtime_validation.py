@@ -1,0 +1,100 @@
+"""examples/runtime_validation.py: every measured run names its runtime, the collected runs
+are asked in torchroof's terms with the arithmetic beside them, the stored predictions cover
+every asked run, one run priced live equals its stored figures, and the pure roofline stays
+a floor under every runtime."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_example
+from torchroof.hardware.runtime import available_runtimes
+
+rv = load_example("runtime_validation")
+ABOVE_THE_FLOOR = (
+    "gptfast-a100x8-llama31-8b-tp8-decode-bs1",
+    "llamacpp-4090-llama3-8b-f16-pp1024",
+    "nemo2502-b200x64-mixtral-8x7b-ep8-fp8",
+    "trtllm090-a100x2-mixtral-tp2-bs32-in2048-out2048-fp16",
+)
+NEW = {run["id"]: run for run in rv.runtime_runs()}
+RUNTIMES = {p.name for p in available_runtimes()} | {rv.UNKNOWN}
+
+
+def test_every_model_run_names_a_shipped_runtime_or_unknown():
+    files = ["single_gpu_runs", "multi_gpu_runs", "pp_ep_runs", "quant_runs", "runtime_runs"]
+    for name in files:
+        data = json.loads((rv.HERE / "validation" / f"{name}.json").read_text())
+        for run in data["runs"]:
+            if (run.get("kind") or run.get("regime")) in rv.sgv.KERNELS:
+                assert "runtime" not in run, run["id"]
+            else:
+                assert run["runtime"] in RUNTIMES, run["id"]
+
+
+def test_a_collected_training_run_is_tokens_per_gpu_of_its_micro_batches():
+    """Megatron-Bridge, Llama-3-70B on 64 H100s at TP 4 PP 8 VP 5 and DP 2: one pipeline's
+    step is 64 micro-batches of 1 x 8192 tokens shared by its tp x pp = 32 GPUs, 16,384
+    tokens per GPU; Megatron's TP runs sequence parallel, its fp8 is priced as fp8."""
+    req = rv.new_request(NEW["mb2511-h100x64-llama3-70b-tp4-pp8-vp5-fp8cs"])
+    (phase,) = req.phases
+    assert req.figure.work == 64 * 8192 / 32 == 16384
+    assert phase.workload["tp"] == 4 and phase.workload["sequence_parallel"] is True
+    assert phase.workload["pp"] == 8 and phase.workload["virtual_stages"] == 5
+    assert phase.workload["dp"] == 2 and phase.workload["fsdp"] == 1
+    assert phase.workload["quant"] == "fp8" and phase.workload["microbatches"] == 64
+
+
+def test_a_static_batch_is_its_prefill_and_the_first_and_last_decode_step():
+    """TensorRT-LLM, Mistral-7B, batch 56, 2048 in / 2048 out on one A100: the prefill,
+    then 2047 decode steps priced at contexts 2048 and 4094 (half the weight each);
+    56 x 2048 output tokens over the one GPU."""
+    req = rv.new_request(NEW["trtllm090-a100-mistral7b-bs56-in2048-out2048-fp16"])
+    prefill, first, last = req.phases
+    assert prefill.workload["seq"] == 2048 and prefill.weight == 1.0
+    assert (first.workload["context"], last.workload["context"]) == (2048, 4094)
+    assert first.weight == last.weight == 2047 / 2
+    assert req.figure.work == 56 * 2048
+    assert prefill.workload["dtype"] == "fp16"  # TensorRT-LLM's fp16 build
+
+
+def test_quantised_serving_across_gpus_is_refused_with_the_reason():
+    reason = rv.new_request(NEW["vllm073-mi300x8-llama31-70b-tp8-fp8-bs1-in128-out2048"])
+    assert isinstance(reason, str) and "fp8 serving with TP 8" in reason
+    refused = {row[0] for row in rv.not_predicted()}
+    asked = {a.run["id"] for a in rv.asked_runs() if a.source == "runtime"}
+    assert refused | asked == set(NEW) and not refused & asked
+
+
+def test_the_stored_predictions_cover_every_asked_run_and_the_floor_holds():
+    stored = json.loads(rv.PREDICTIONS_JSON.read_text())
+    rows = stored["predictions"]
+    asked = {a.run["id"] for a in rv.asked_runs()}
+    assert asked <= {r["run"] for r in rows}
+    assert len(asked) >= 90  # 95 when written: every model run a script can ask
+    collected = [r for r in rows if r["source"] == "runtime"]
+    assert len(collected) >= 15
+    # the pure roofline stays a floor under every runtime but on the runs the docs page
+    # names with their reason (docs/validation/runtimes.md, "Above the floor")
+    above = {r["run"] for r in rows if r["pure_ratio"] > 1.0}
+    assert above == set(ABOVE_THE_FLOOR)
+    page = (rv.HERE.parent / "docs" / "validation" / "runtimes.md").read_text()
+    for run_id in ABOVE_THE_FLOOR:
+        assert f"`{run_id}`" in page
+    for kind in ("train", "prefill", "decode", "kernel"):
+        group = stored["by_kind"][kind]
+        assert group["runs"] == sum(1 for r in rows if r["kind"] == kind)
+
+
+def test_a_run_priced_live_equals_its_stored_figures():
+    run_id = "sglang-pr1401-llama3-8b-decode-bs1-in128-flashinfer-cudagraph"
+    rv.mgv.quiet()
+    (asked,) = [a for a in rv.asked_runs() if a.run["id"] == run_id]
+    (row,) = rv.price([asked], progress=lambda _: None)
+    stored = next(
+        r for r in json.loads(rv.PREDICTIONS_JSON.read_text())["predictions"] if r["run"] == run_id
+    )
+    assert row.runtime == "sglang"
+    assert row.pure_s == pytest.approx(stored["pure_s"], rel=1e-9)
+    assert row.realistic_s == pytest.approx(stored["realistic_s"], rel=1e-9)

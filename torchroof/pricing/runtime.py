@@ -1,0 +1,161 @@
+"""The runtime named by ``PricingOptions.runtime``: its profile, the kernel policy it sets,
+the workload defaults it brings, and what it changes in timing one step
+(:class:`torchroof.timing.runtime.StepRuntime`).
+
+Without a runtime nothing changes. With one, its kernel settings (fusion, epilogue, loss,
+attention) replace the defaults of those it sets but never a value given alongside it,
+and a pipelined FSDP step takes its ``reshard_after_forward_with_pp`` unless
+``reshard_after_forward`` is given."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torchroof.config import PricingOptions, Workload
+from torchroof.config.choices import REGIME_FACTS
+from torchroof.config.errors import OptionError
+from torchroof.hardware.runtime import (
+    RUNTIME_DIR,
+    RuntimeProfile,
+    RuntimeProfileError,
+    UnknownRuntimeError,
+    available_runtimes,
+    get_runtime,
+)
+from torchroof.timing.runtime import StepRuntime, step_runtime
+
+SHIPPED_DIR = RUNTIME_DIR
+
+
+def runtime_profile(pricing: PricingOptions) -> RuntimeProfile | None:
+    """The profile ``pricing.runtime`` names (None when it names none); an unknown name or
+    a bad file is an :class:`OptionError` in one line. A file is read once per change."""
+    if not pricing.runtime:
+        return None
+    path = Path(pricing.runtime)
+    stamp = path.stat().st_mtime_ns if path.is_file() else 0
+    return _profile(pricing.runtime, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile(name: str, stamp: int) -> RuntimeProfile:
+    """The profile ``name`` names; ``stamp`` (a file's modification time) keys the cache."""
+    try:
+        return get_runtime(name)
+    except UnknownRuntimeError as error:
+        raise OptionError(str(error)) from None
+    except RuntimeProfileError as error:
+        raise OptionError(str(error)) from None
+
+
+def _absolute(runtime: str) -> str:
+    """A profile given by path, made absolute (an estimate saved with it names the file it
+    read, wherever it is loaded); a shipped name as it is."""
+    path = Path(runtime)
+    if runtime.endswith(".toml") or path.is_file():
+        return str(path.resolve())
+    return runtime
+
+
+def with_knobs(pricing: PricingOptions | None, knobs: Mapping[str, Any]) -> PricingOptions:
+    """``pricing`` (or the defaults) with the pricing ``knobs`` given; where ``knobs`` names
+    a runtime, its kernel settings fill the kernel fields ``knobs`` does not give."""
+    if knobs.get("runtime"):
+        knobs = {**knobs, "runtime": _absolute(str(knobs["runtime"]))}
+    options = replace(pricing or PricingOptions(), **knobs)
+    if not knobs.get("runtime"):
+        return options
+    profile = runtime_profile(options)
+    assert profile is not None
+    policy = {k: v for k, v in profile.kernel_policy().items() if k not in knobs}
+    return replace(options, **policy)
+
+
+def runtime_options(runtime: str, **knobs: Any) -> PricingOptions:
+    """The pricing options of ``runtime`` (a shipped profile's name or a TOML path): its
+    kernel settings, then ``knobs`` (any :class:`PricingOptions` field) over them."""
+    return with_knobs(None, {**knobs, "runtime": runtime})
+
+
+def workload_defaults(
+    pricing: PricingOptions, knobs: Mapping[str, Any], workload: Workload | None = None
+) -> dict[str, Any]:
+    """The workload ``knobs`` with the runtime's defaults for those not given: FSDP's
+    ``reshard_after_forward`` in a pipelined step (torchtitan keeps the gathered parameters
+    for backward under pipeline parallelism)."""
+    profile = runtime_profile(pricing)
+    out = dict(knobs)
+    if profile is None or "reshard_after_forward" in knobs:
+        return out
+    pp = knobs.get("pp", workload.pp if workload is not None else 1)
+    keep = profile.setting("reshard_after_forward_with_pp")
+    if pp > 1 and isinstance(keep, bool):
+        out["reshard_after_forward"] = keep
+    return out
+
+
+def check_runtime(pricing: PricingOptions, workload: Workload | None) -> None:
+    """Refuse a step its runtime does not run (a serving engine's training step)."""
+    if workload is not None:
+        check_runtime_regime(pricing, workload.regime)
+
+
+def check_runtime_regime(pricing: PricingOptions, regime: str) -> None:
+    """Refuse a step of ``regime`` its runtime does not run, before anything is traced."""
+    profile = runtime_profile(pricing)
+    facts = REGIME_FACTS.get(regime)
+    trains = facts is not None and facts.trains
+    if profile is None or facts is None or profile.runs_steps(trains):
+        return
+    fitting = [p.name for p in available_runtimes() if p.runs_steps(trains)]
+    step = "training" if trains else f"{regime} (serving)"
+    raise OptionError(
+        f"runtime {profile.name} runs {profile.runs} steps, not {step} steps; "
+        f"choose one of {', '.join(fitting)}"
+    )
+
+
+def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime:
+    """What the runtime changes in timing a step of ``workload`` (nothing without one)."""
+    profile = runtime_profile(pricing)
+    regime = workload.regime if workload is not None else "prefill"
+    batch = workload.batch if workload is not None else 1
+    return step_runtime(profile, regime, batch)
+
+
+def runtime_lines(pricing: PricingOptions, workload: Workload | None) -> list[str]:
+    """The estimate's statement of the runtime it assumes, one line each."""
+    profile = runtime_profile(pricing)
+    realistic = pricing.mode == "realistic"
+    if profile is None:
+        launch = "the accelerator file's launch per kernel" if realistic else "no launches"
+        return [
+            "runtime: none named (--runtime): the kernel policy given "
+            f"({pricing.fusion}, {pricing.attention} attention, {pricing.loss} loss), "
+            f"NCCL collectives, {launch}"
+        ]
+    step = timing_of(pricing, workload)
+    where = f" ({profile.path})" if not profile.path.startswith(str(SHIPPED_DIR)) else ""
+    attention = profile.setting("attention_kernel") if pricing.attention == "flash" else "math"
+    parts = [
+        f"runtime: {profile.display_name}{where}: {pricing.fusion} kernels",
+        f"{attention} attention",
+        f"{pricing.loss} loss",
+    ]
+    if realistic:
+        how = "from a CUDA graph" if step.graph_replayed else "eagerly"
+        parts.append(f"{(step.launch_s or 0) * 1e6:.1f} us per kernel launched {how}")
+        if step.host_overhead_s:
+            parts.append(f"{step.host_overhead_s * 1e3:.2f} ms of host time per step")
+        if step.gemm_efficiency != 1.0:
+            parts.append(f"GEMMs at {step.gemm_efficiency:.0%} of peak")
+    if step.all_reduce is not None:
+        parts.append(
+            f"its own all-reduce up to {step.all_reduce.max_bytes / 2**20:g} MiB in a node "
+            f"({step.all_reduce.latency_s * 1e6:g} us)"
+        )
+    return [", ".join(parts)]
