@@ -78,19 +78,24 @@ def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str
     return given
 
 
-def workload_settings(args: argparse.Namespace, *, written_only: bool = False) -> dict[str, Any]:
+def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The workload fields as parsed, with the runtime's defaults for those not written
-    (:func:`torchroof.pricing.runtime.workload_defaults`); ``written_only``: only those
-    written and the runtime's defaults (compare and sweep apply the defaults per point)."""
+    (:func:`torchroof.pricing.runtime.workload_defaults`)."""
     from torchroof.pricing.runtime import workload_defaults
 
     values = from_flags(args, Workload)
     given: set[str] = getattr(args, "given", set())
     written = {k: v for k, v in values.items() if k in given or k == "pp"}
     pricing = PricingOptions(runtime=getattr(args, "runtime", "") or "")
-    if written_only and hasattr(args, "given"):
-        return {k: v for k, v in values.items() if k in given}
     return {**values, **workload_defaults(pricing, written)}
+
+
+def _written(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` written on the command line (every field where ``main`` did not
+    record what was written)."""
+    values = from_flags(args, cls)
+    given = getattr(args, "given", None)
+    return values if given is None else {k: v for k, v in values.items() if k in given}
 
 
 def pricing_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,15 +113,11 @@ def pricing_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def base_settings(args: argparse.Namespace) -> dict:
-    """The knobs as parsed: the hardware, the workload's fields, and the pricing fields
-    written on the command line (the others keep their defaults, so that a runtime varied
-    with ``--vary runtime=...`` sets its own kernels)."""
-    given = getattr(args, "given", None)
-    pricing = from_flags(args, PricingOptions)
-    if given is not None:
-        pricing = {k: v for k, v in pricing.items() if k in given}
-    workload = workload_settings(args, written_only=True)
-    return {"hardware": args.hardware, **workload, **pricing}
+    """The hardware and the knobs written on the command line: the others keep their
+    defaults, so that each point of a comparison or sweep gets its runtime's kernels and
+    workload defaults (``--vary runtime=...``)."""
+    written = {**_written(args, Workload), **_written(args, PricingOptions)}
+    return {"hardware": args.hardware, **written}
 
 
 def writable(*paths: str | None) -> None:

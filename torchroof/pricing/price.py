@@ -275,7 +275,7 @@ def price_trace(
         op_count=len(trace.ops),
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
-            *runtime_lines(pricing, workload),
+            *runtime_lines(pricing, runtime, collectives > 0),
             *routing_assumptions(trace, pricing.routing_imbalance),
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
@@ -294,7 +294,7 @@ def price_trace(
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
-        host_overhead_s=runtime.host_overhead_s if pricing.mode == "realistic" else 0.0,
+        host_overhead_s=runtime.host_overhead_s,
     )
 
 

@@ -28,8 +28,6 @@ from torchroof.hardware.runtime import (
 )
 from torchroof.timing.runtime import StepRuntime, step_runtime
 
-SHIPPED_DIR = RUNTIME_DIR
-
 
 def runtime_profile(pricing: PricingOptions) -> RuntimeProfile | None:
     """The profile ``pricing.runtime`` names (None when it names none); an unknown name or
@@ -124,22 +122,27 @@ def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime
     profile = runtime_profile(pricing)
     regime = workload.regime if workload is not None else "prefill"
     batch = workload.batch if workload is not None else 1
-    return step_runtime(profile, regime, batch)
+    return step_runtime(profile, regime, batch, pricing.mode == "realistic")
 
 
-def runtime_lines(pricing: PricingOptions, workload: Workload | None) -> list[str]:
-    """The estimate's statement of the runtime it assumes, one line each."""
+def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool) -> list[str]:
+    """The estimate's statement of the runtime it assumes (``step``: what it changed in
+    timing this step; ``communicates``: the step has collectives), one line each."""
     profile = runtime_profile(pricing)
     realistic = pricing.mode == "realistic"
     if profile is None:
-        launch = "the accelerator file's launch per kernel" if realistic else "no launches"
+        launch = (
+            "the accelerator file's launch per kernel"
+            if realistic
+            else "launches not priced (the pure roofline)"
+        )
+        nccl = ", NCCL collectives" if communicates else ""
         return [
             "runtime: none named (--runtime): the kernel policy given "
-            f"({pricing.fusion}, {pricing.attention} attention, {pricing.loss} loss), "
-            f"NCCL collectives, {launch}"
+            f"({pricing.fusion}, {pricing.attention} attention, {pricing.loss} loss){nccl}, "
+            f"{launch}"
         ]
-    step = timing_of(pricing, workload)
-    where = f" ({profile.path})" if not profile.path.startswith(str(SHIPPED_DIR)) else ""
+    where = f" ({profile.path})" if not profile.path.startswith(str(RUNTIME_DIR)) else ""
     attention = profile.setting("attention_kernel") if pricing.attention == "flash" else "math"
     parts = [
         f"runtime: {profile.display_name}{where}: {pricing.fusion} kernels",
@@ -153,7 +156,7 @@ def runtime_lines(pricing: PricingOptions, workload: Workload | None) -> list[st
             parts.append(f"{step.host_overhead_s * 1e3:.2f} ms of host time per step")
         if step.gemm_efficiency != 1.0:
             parts.append(f"GEMMs at {step.gemm_efficiency:.0%} of peak")
-    if step.all_reduce is not None:
+    if step.all_reduce is not None and communicates:
         parts.append(
             f"its own all-reduce up to {step.all_reduce.max_bytes / 2**20:g} MiB in a node "
             f"({step.all_reduce.latency_s * 1e6:g} us)"

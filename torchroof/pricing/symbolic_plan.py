@@ -148,7 +148,7 @@ class SymbolicPlan:
             step_time_s=functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
             counts=tuple(self._counts),
             totals=dict(traffic),
-            host_overhead_s=runtime.host_overhead_s if pricing.mode == "realistic" else 0.0,
+            host_overhead_s=runtime.host_overhead_s,
         )
         return point_metrics(repeated)
 

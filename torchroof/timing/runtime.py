@@ -28,9 +28,9 @@ class StepRuntime:
     """One step's timing under a runtime: ``launch_s`` per kernel (realistic mode; None
     keeps the accelerator file's), ``softmax_overlapped`` (FlashAttention-3 runs softmax under
     the matmuls), ``gemm_efficiency`` (GEMMs' share of peak; 1 where none is published),
-    ``host_overhead_s`` per step (realistic mode), ``all_reduce`` (its small all-reduce)."""
+    ``host_overhead_s`` per step (0 but in realistic mode), ``all_reduce`` (its small
+    all-reduce)."""
 
-    name: str = ""
     launch_s: float | None = None
     graph_replayed: bool = False
     softmax_overlapped: bool = False
@@ -39,9 +39,12 @@ class StepRuntime:
     all_reduce: CustomAllReduce | None = None
 
 
-def step_runtime(profile: RuntimeProfile | None, regime: str, batch: int) -> StepRuntime:
-    """What ``profile`` sets for a step of ``regime`` with ``batch`` sequences per rank
-    (no profile: nothing, every figure the accelerator file's)."""
+def step_runtime(
+    profile: RuntimeProfile | None, regime: str, batch: int, realistic: bool = False
+) -> StepRuntime:
+    """What ``profile`` sets for a step of ``regime`` with ``batch`` sequences per rank,
+    timed in ``realistic`` mode or not (no profile: nothing, every figure the accelerator
+    file's)."""
     if profile is None:
         return StepRuntime()
     custom = None
@@ -52,11 +55,10 @@ def step_runtime(profile: RuntimeProfile | None, regime: str, batch: int) -> Ste
         ranks = int(profile.figure("custom_all_reduce_max_ranks") or 8)
         custom = CustomAllReduce(limit, one_shot, latency, ranks)
     return StepRuntime(
-        name=profile.name,
         launch_s=profile.launch_s(regime, batch),
         graph_replayed=profile.graph_replayed(regime, batch),
         softmax_overlapped=profile.softmax_overlapped(),
         gemm_efficiency=profile.figure("gemm_efficiency") or 1.0,
-        host_overhead_s=profile.figure("host_overhead_s") or 0.0,
+        host_overhead_s=(profile.figure("host_overhead_s") or 0.0) if realistic else 0.0,
         all_reduce=custom,
     )
