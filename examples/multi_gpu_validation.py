@@ -46,6 +46,7 @@ from torchroof.hardware import get_cluster
 
 import torchroof
 from torchroof.models.sources import load_config
+from torchroof.pricing.runtime import runtime_options, workload_defaults
 from torchroof.progress import Reporter
 from torchroof.progress import reporter as progress_reporter
 from torchroof.report.analysis import communication
@@ -135,6 +136,7 @@ class Choice:
 
 
 FLOAT8 = "torchao Float8 tensorwise on the decoder's linear layers (quant 'fp8')"
+CP_FSDP = "FSDP over the fsdp x cp ranks (torchtitan's dp_shard_cp), ring attention over cp"
 FLOAT8_GATHER = (
     "FSDP all-gathers the bf16 weights (the run all-gathers fp8: half the bytes, not modelled)"
 )
@@ -215,6 +217,15 @@ CHOICES: dict[str, Choice] = {
     "trtllm090-a100x8-llama2-70b-tp8-prefill2048-bs1": Choice(
         "dgx-a100", f"{LLAMA2_NOTE}; fp16; {TRT}", "llama-3-70b", LLAMA2_70B, dtype="fp16"
     ),
+    "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": Choice(
+        "dgx-h100",
+        f"{LLAMA2_NOTE}; fp16 with fp8 weights and activations (each rank quantises its "
+        "shards) and an fp8 KV cache; TensorRT engine priced with fused kernels",
+        "llama-3-70b",
+        LLAMA2_70B,
+        dtype="fp16",
+        workload={"quant": "fp8", "kv_dtype": "fp8"},
+    ),
     "llama3-405b-h100x8192-tp8-pp16-dp64": Choice(
         "dgx-h100",
         LLAMA3_405B,
@@ -230,6 +241,27 @@ CHOICES: dict[str, Choice] = {
         model_flops_per_token=LLAMA3_405B_FLOPS,
     ),
     "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice("gb200-nvl72", MB_DEEPSEEK),
+    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": Choice(
+        "dgx-h100",
+        f"full AC; compiled (fusion 'fused'); {FLOAT8}; {CP_FSDP}; {TITAN_H100}; "
+        f"{FP32_REDUCE}; Llama 3.1's 131,072 positions",
+        overrides={"max_position_embeddings": 131072},
+        checkpointing=True,
+        workload={"quant": "fp8"},
+    ),
+    "automodel-h100x64-llama31-70b-fsdp2-cp2": Choice(
+        "dgx-h100",
+        f"attention and MLP of every layer checkpointed (priced as full AC); compiled; "
+        f"{CP_FSDP}; reshard after forward for every layer (the run keeps the last gathered)",
+        checkpointing=True,
+    ),
+    "nemo2407-h100x8-llama3-8b-cp2-fp8": Choice(
+        "dgx-h100",
+        "Transformer Engine fp8 (quant 'fp8'); Megatron's context parallel priced as torch's "
+        "ring attention; the distributed optimizer over the 4 replicas and the 2 context "
+        "ranks (its default); no activation recompute (not published)",
+        workload={"quant": "fp8"},
+    ),
     "tt-h200x32-llama31-8b-fsdp32-fp8": Choice(
         "dgx-h200",
         f"{SAC_OP}; compiled (fusion 'fused'); {FLOAT8}; {FLOAT8_GATHER}",
@@ -271,32 +303,22 @@ _MPT = (
     "MPT-7B: no shipped config of its architecture (llm-foundry's benchmark model: LayerNorm "
     "without biases, GELU MLP, learned positions; transformers' MPT has ALiBi instead)"
 )
-_CP_DATA = "torchroof's cp composes with tp only, not yet with fsdp or dp"
-_QUANT_TP = (
-    "fp8 serving with TP 8: torchroof's serving recipes do not yet shard (torchao's serving "
-    "tensors have no DTensor sharding rules)"
-)
+_CP_PP = "torchroof's cp composes with tp, fsdp and dp, not yet with pipeline stages"
 _FP8_EXPERTS = (
     "FP8 expert weights: DeepSeek-V3's experts are 3-D grouped-GEMM weights, which "
     "torchroof's recipes leave in bf16 (and its 1x128 / 128x128 block scales are not a recipe)"
 )
 NOT_PREDICTED: dict[str, str] = {
-    "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": f"CP 2 with FSDP 4: {_CP_DATA}",
-    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": (
-        "CP 16 with FSDP 8: torchroof's cp composes with tp only (not with fsdp, dp or pp)"
-    ),
-    "automodel-h100x64-llama31-70b-fsdp2-cp2": f"CP 2 with FSDP 32 (over 64 ranks): {_CP_DATA}",
+    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": (f"CP 16 with FSDP 8 and PP 16: {_CP_PP}"),
     "foundry-h100x8-mpt7b-fsdp": _MPT,
     "foundry-h100x512-mpt7b-fsdp": _MPT,
     "foundry-a100-40gbx128-mpt7b-fsdp": _MPT,
-    "nemo2407-h100x8-llama3-8b-cp2-fp8": f"CP 2 with DP 4: {_CP_DATA}",
-    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": f"CP 2 with DP 2 and PP 4: {_CP_DATA}",
-    "trtllm090-h100x8-llama2-70b-tp8-prefill2048-bs1-fp8": _QUANT_TP,
+    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": f"CP 2 with DP 2 and PP 4: {_CP_PP}",
     # pipeline and expert parallel runs (pp_ep_runs.json)
     "mb2511-gb200x256-qwen3-235b-a22b-pp8-vp3-ep32-bf16": (
         "Qwen3-235B-A22B: no shipped config (its config.json needs the network)"
     ),
-    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": (f"CP 2 with DP 8 and PP 8: {_CP_DATA}"),
+    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": f"CP 2 with DP 8 and PP 8: {_CP_PP}",
     "mb2509-h100x1024-deepseekv3-tp2-pp8-vp4-ep64": (
         "precision not printed (fp8 presumed); TP 2 with EP 64 and sequence parallel "
         "on a MoE model (torchroof's sequence parallel is the Llama layout only)"
@@ -353,9 +375,19 @@ class Phase:
     runtime: str = ""  # a runtime profile: its kernels (fusion the profile's) and figures
 
     @property
+    def traced(self) -> dict[str, Any]:
+        """The workload as traced: its fields with the runtime's defaults for those not
+        given (Megatron's distributed optimizer over dp, torchtitan's gathered parameters
+        under a pipeline), as ``--runtime`` sets them."""
+        if not self.runtime:
+            return dict(self.workload)
+        pricing = runtime_options(self.runtime)
+        return workload_defaults(pricing, self.workload, regime=self.regime)
+
+    @property
     def trace_key(self) -> str:
         """Equal keys trace the same step."""
-        return json.dumps([self.model, self.overrides, self.regime, self.workload])
+        return json.dumps([self.model, self.overrides, self.regime, self.traced], sort_keys=True)
 
     @property
     def key(self) -> str:
@@ -424,6 +456,7 @@ def _phase(run: dict[str, Any], choice: Choice, regime: str, weight: float, **si
         workload.update(precision="mixed", checkpointing=choice.checkpointing)
     else:
         workload["dtype"] = choice.dtype
+        workload.update(choice.workload)  # a training step's are among its sizes
     return Phase(
         label=label,
         model=choice.model or run["model"]["torchroof_config"],
@@ -463,9 +496,13 @@ def request(run: dict[str, Any], choice: Choice) -> Request:
                 sizes["virtual_stages"] = stages
         if (par.get("ep") or 1) > 1:
             sizes["ep"] = par["ep"]
+        cp = par.get("cp") or 1
+        if cp > 1:
+            sizes["cp"] = cp
         sizes.update(choice.workload)
-        # a pipeline's pp x tp ranks share one replica's tokens
-        tokens_per_gpu = sizes["batch"] * sizes["seq"] * sizes["microbatches"] / (par["tp"] * pp)
+        # a pipeline's pp x tp x cp ranks share one replica's tokens
+        shared = par["tp"] * pp * cp
+        tokens_per_gpu = sizes["batch"] * sizes["seq"] * sizes["microbatches"] / shared
         phases = (_phase(run, choice, "train", 1.0, **sizes),)
         eager = tuple(replace(p, fusion="eager") for p in phases)
         per_token = choice.model_flops_per_token
@@ -566,7 +603,7 @@ class Pricer:
                 for name, value in phase.overrides.items():
                     setattr(model, name, value)
             self._trace = None  # free the last one first
-            self._trace = torchroof.trace_model(model, phase.regime, **phase.workload)
+            self._trace = torchroof.trace_model(model, phase.regime, **phase.traced)
             self._key = phase.trace_key
         return step_times(self._trace.estimate(phase.hardware, mode=self.mode, **phase.pricing()))
 

@@ -140,16 +140,12 @@ VLLM = (
     "chunked prefill) is not published, so the steps cannot be laid out"
 )
 QUANT_TP = (
-    "quant with tp > 1: torchroof refuses a serving recipe under a tensor-parallel plan "
-    "(the quantised weights have no DTensor sharding rules)"
+    "TP {tp}: each rank quantises its tensor-parallel shards (gpt-fast quantises the whole "
+    "checkpoint, then shards the codes and scales)"
 )
 MOE_EXPERTS = (
     "gpt-fast's int8 covers the stacked expert weights, and so does torchroof's "
     "(torchroof/quant/packed_experts.py: one grouped GEMM per projection reads the int8 codes)"
-)
-MOE_TP_BASELINE = (
-    "bf16 baseline of a TP 2 pair whose int8 run is refused (quant with tp > 1); a bf16 "
-    "TP decode is multi_gpu_validation's kind of run"
 )
 
 
@@ -211,11 +207,8 @@ def choose(run: dict[str, Any]) -> Choice | str:
     if rid.startswith("torchao-vllm-"):
         return VLLM
     moe = "mixtral" in (run["model"]["torchroof_config"] or "")
-    if moe and par["tp"] > 1:
-        return QUANT_TP if run["quant"] != "none" else MOE_TP_BASELINE
-    if par["tp"] > 1 and run["quant"] != "none":
-        return QUANT_TP
-    if run["gpu_count"] > 1 and run["regime"] != "train":
+    tp = par["tp"]
+    if run["gpu_count"] > 1 and run["regime"] != "train" and not rid.startswith("gptfast-"):
         raise ValueError(f"{rid}: a multi-GPU serving run without a rule")
     model, overrides, model_note = model_of(run)
     quant_notes = []
@@ -232,7 +225,11 @@ def choose(run: dict[str, Any]) -> Choice | str:
         return Choice("train", cluster, model, overrides, _join(TRAIN, gpu, gather))
     if rid.startswith(("gptfast-", "torchao-")):
         where = GPT_FAST_A100 if rid.startswith("gptfast-") else TORCHAO_GPU
-        note = _join(model_note, GENERATE, where, *quant_notes, MOE_EXPERTS if moe else "")
+        shards = QUANT_TP.format(tp=tp) if tp > 1 and run["quant"] != "none" else ""
+        note = _join(model_note, GENERATE, where, *quant_notes, MOE_EXPERTS if moe else "", shards)
+        if tp > 1:  # a tensor-parallel generate: rank 0 of tp on the run's cluster
+            cluster = run["torchroof_request"]["hardware"]
+            return Choice("generate", cluster, model, overrides, note, workload={"tp": tp})
         return Choice("generate", run["hardware"], model, overrides, note)
     if not rid.startswith("trtllm"):
         raise ValueError(f"{rid}: no rule for this source")

@@ -118,13 +118,10 @@ FP8_TRAIN = (
     "HSDP replicas (gradient all-reduce), its distributed optimizer and recompute not stated"
 )
 MEGATRON_FSDP = "Megatron FSDP priced as FSDP2 over the same ranks"
-FP8_TP = (
-    "fp8 serving with TP {tp}: torchroof's serving recipes do not yet shard (each rank's codes "
-    "and scales)"
-)
 NOT_PREDICTED_NEW = {
     "mb2511-b200x128-llama31-405b-tp4-pp8-cp2-vp8-fp8cs": (
-        "CP 2 with DP 2 and PP 8: torchroof's cp composes with tp only, not yet with fsdp, dp or pp"
+        "CP 2 with DP 2 and PP 8: torchroof's cp composes with tp, fsdp and dp, not yet with "
+        "pipeline stages"
     ),
     "hfblog-a100x4-granite7b-deepspeed-zero3-bs8": "Granite-7B: no shipped config",
     "hfblog-a100x4-granite7b-fsdp-fullshard-bs8": "Granite-7B: no shipped config",
@@ -192,13 +189,15 @@ def _serve_new(run: dict[str, Any]) -> Any:
         return mgv.Request(run["id"], phases, mgv.Figure(unit), "")
     steps = new - 1
     contexts = [prompt, prompt + steps - 1]
-    phases = (
+    generate = (
         phase("prefill", 1.0, batch=batch, seq=prompt),
         *(phase("decode", steps / 2, batch=batch, context=c) for c in contexts),
     )
+    if unit.startswith("s, end-to-end latency"):  # one batch's prefill and decode steps
+        return mgv.Request(run["id"], generate, mgv.Figure(unit), "vLLM's latency benchmark")
     figure = mgv.Figure(unit, work=batch * new / tp)  # output tokens per GPU
     return mgv.Request(
-        run["id"], phases, figure, "TensorRT-LLM's static batch (gptSessionBenchmark)"
+        run["id"], generate, figure, "TensorRT-LLM's static batch (gptSessionBenchmark)"
     )
 
 
@@ -208,14 +207,24 @@ def new_request(run: dict[str, Any]) -> Any:
         return NOT_PREDICTED_NEW[run["id"]]
     if run["regime"] == "train":
         return _train_new(run)
-    tp = run["parallelism"]["tp"]
-    if run["quant"] != "none" and tp > 1:
-        return FP8_TP.format(tp=tp)
     return _serve_new(run)
 
 
 def runtime_runs() -> list[dict[str, Any]]:
     return list(json.loads(RUNTIME_RUNS_JSON.read_text())["runs"])
+
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One step priced in both modes, and its footprint per GPU against the capacity."""
+
+    pure_s: float
+    realistic_s: float
+    memory_bytes: int
+    capacity_bytes: int
 
 
 @dataclass(frozen=True)
@@ -231,6 +240,15 @@ class Row:
     pure_s: float
     realistic_s: float
     source: str
+    memory_gib: float | None = None  # the largest step's footprint per GPU (None: kernels)
+    capacity_gib: float | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """The footprint fits the GPU's memory (None: not estimated, a kernel)."""
+        if self.memory_gib is None or self.capacity_gib is None:
+            return None
+        return self.memory_gib <= self.capacity_gib
 
     @property
     def pure_ratio(self) -> float:
@@ -252,6 +270,9 @@ class Row:
             "realistic_s": self.realistic_s,
             "pure_ratio": self.pure_ratio,
             "realistic_ratio": self.realistic_ratio,
+            "memory_gib": self.memory_gib,
+            "capacity_gib": self.capacity_gib,
+            "fits": self.fits,
             "source": self.source,
         }
 
@@ -263,7 +284,7 @@ class Pricer:
         self._key: str | None = None
         self._trace: Any = None
 
-    def __call__(self, phase: Any, extra: Mapping[str, Any]) -> tuple[float, float]:
+    def __call__(self, phase: Any, extra: Mapping[str, Any]) -> Priced:
         if phase.trace_key != self._key:
             model: Any = phase.model
             if phase.overrides:
@@ -271,14 +292,15 @@ class Pricer:
                 for name, value in phase.overrides.items():
                     setattr(model, name, value)
             self._trace = None
-            self._trace = torchroof.trace_model(model, phase.regime, **phase.workload)
+            self._trace = torchroof.trace_model(model, phase.regime, **phase.traced)
             self._key = phase.trace_key
         pricing = {**phase.pricing(), **extra}
-        times = [
-            self._trace.estimate(phase.hardware, mode=mode, **pricing).time_s
+        pure, real = (
+            self._trace.estimate(phase.hardware, mode=mode, **pricing)
             for mode in ("roofline", "realistic")
-        ]
-        return times[0], times[1]
+        )
+        memory = real.memory
+        return Priced(pure.time_s, real.time_s, memory.total_bytes, memory.capacity_bytes)
 
 
 def price(asked: list[Asked], progress: Callable[[str], None] = print) -> list[Row]:
@@ -287,7 +309,7 @@ def price(asked: list[Asked], progress: Callable[[str], None] = print) -> list[R
     for a in asked:
         for phase in a.request.phases:
             by_trace[phase.trace_key].append((phase, a.extra))
-    priced: dict[str, tuple[float, float]] = {}
+    priced: dict[str, Priced] = {}
     pricer = Pricer()
     for group in by_trace.values():
         for phase, extra in group:
@@ -298,13 +320,15 @@ def price(asked: list[Asked], progress: Callable[[str], None] = print) -> list[R
     rows = []
     for a in asked:
         keys = [f"{p.key}|{json.dumps(dict(a.extra), sort_keys=True)}" for p in a.request.phases]
-        pure = sum(p.weight * priced[k][0] for p, k in zip(a.request.phases, keys, strict=True))
-        real = sum(p.weight * priced[k][1] for p, k in zip(a.request.phases, keys, strict=True))
+        steps = [(p.weight, priced[k]) for p, k in zip(a.request.phases, keys, strict=True)]
+        pure = sum(weight * step.pure_s for weight, step in steps)
+        real = sum(weight * step.realistic_s for weight, step in steps)
         measured_s = a.request.figure.seconds(a.run["measured"]["value"])
         hardware = a.request.phases[0].hardware
+        largest = max((step for _, step in steps), key=lambda step: step.memory_bytes)
         rows.append(
             Row(a.run["id"], a.kind, a.runtime, hardware, _measured(a.run), measured_s, pure, real,
-                a.source)
+                a.source, largest.memory_bytes / GIB, largest.capacity_bytes / GIB)
         )  # fmt: skip
     return rows
 
@@ -349,7 +373,7 @@ def medians(rows: Iterable[Row], by: Callable[[Row], str]) -> dict[str, dict[str
     return out
 
 
-HEADERS = ["run", "kind", "runtime", "hardware", "measured", "pure", "realistic"]
+HEADERS = ["run", "kind", "runtime", "hardware", "measured", "pure", "realistic", "memory GiB"]
 GROUP_HEADERS = ["", "runs", "pure median", "pure max", "realistic median", "middle half", "range"]
 
 
@@ -357,10 +381,18 @@ def table_rows(rows: Iterable[dict[str, Any]]) -> list[list[str]]:
     return [
         [
             r["run"], r["kind"], r["runtime"], r["hardware"], r["measured"],
-            f"{r['pure_ratio']:.2f}", f"{r['realistic_ratio']:.2f}",
+            f"{r['pure_ratio']:.2f}", f"{r['realistic_ratio']:.2f}", _memory(r),
         ]
         for r in rows
     ]  # fmt: skip
+
+
+def _memory(row: Mapping[str, Any]) -> str:
+    """``61.2 of 80 (fits)``; a dash for a kernel, whose memory is not estimated."""
+    if row.get("memory_gib") is None:
+        return "-"
+    verdict = "fits" if row["fits"] else "does NOT fit"
+    return f"{row['memory_gib']:.1f} of {row['capacity_gib']:.0f} ({verdict})"
 
 
 def group_rows(groups: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:

@@ -30,7 +30,9 @@ The format, every key a profile may hold (anything else is an error):
   size one shot, every rank reading every peer's buffer; above it two shots),
   ``custom_all_reduce_latency_s`` (figure: its fixed cost).
 - ``[defaults]``: ``reshard_after_forward_with_pp`` (setting: true or false: FSDP
-  re-gathers parameters for backward when the step is pipelined).
+  re-gathers parameters for backward when the step is pipelined), ``zero_with_dp``
+  (figure, whole: the ZeRO stage a training step over data-parallel replicas runs when
+  none is given: 1 for Megatron's distributed optimizer).
 
 A setting is ``{ value = <string or boolean>, source = "<where>" }``; a figure is
 ``{ value = <number>, source = "<where>", approximate = <bool> }`` as in an accelerator
@@ -114,6 +116,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     },
     "defaults": {
         "reshard_after_forward_with_pp": ("setting", ("bool",)),
+        "zero_with_dp": ("whole", ()),
     },
 }
 _REQUIRED = {"kernels": ("fusion", "attention_kernel"), "launches": ("kernel_launch_s",)}
@@ -232,6 +235,9 @@ def _table(
             continue
         if kind == "fraction" and figure.value > 1:
             problems.append(f"{dotted}.value: a share of peak is at most 1, got {figure.value!r}")
+            continue
+        if key == "zero_with_dp" and figure.value not in (0, 1, 2, 3):
+            problems.append(f"{dotted}.value: a ZeRO stage is 0, 1, 2 or 3, got {figure.value!r}")
             continue
         figures[key] = figure
     for key in _REQUIRED.get(table, ()):

@@ -30,6 +30,19 @@ PARALLEL_LLAMA = dict(
     num_hidden_layers=2,
 )
 
+# A tiny Mixtral the expert tests build: d = 64, 8 experts of FFN 128 (gate-up 64 -> 256,
+# down 128 -> 64), top-2, 2 layers, 4 heads of 16 (2 KV heads), vocab 128.
+TINY_MIXTRAL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    vocab_size=128,
+)
+
 # A tiny DeepSeek-V3 (latent attention and routed experts) the MLA tests build: latent 32,
 # rope key 8, 4 heads of nope 16 + rope 8 (V 16), 8 experts of which 2 per token, layer 0 dense.
 TINY_MLA = dict(

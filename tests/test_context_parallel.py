@@ -113,7 +113,10 @@ def test_ring_attention_at_cp4_is_a_quarter():
 
 
 def test_kv_exchange_per_layer(train_cp2):
-    gathers = _collectives(train_cp2, "all_gather")
+    # attention's gathers (FSDP's parameter gathers over the same ranks are the others)
+    gathers = [
+        op for op in _collectives(train_cp2, "all_gather") if op.module.endswith("self_attn")
+    ]
     exchanges = _collectives(train_cp2, "send_recv")  # all_to_all_single permutations
     # per layer: forward one all-gather of K and V (torch's default rotater gathers once),
     # backward one again, and dK, dV passed round the ring once per step of it (cp = 2)
@@ -158,7 +161,9 @@ def test_cp_composes_with_sequence_parallel():
     ring = Counter(
         op.name
         for op in trace.ops
-        if kind_of(op.packet) == "collective" and op.arg("group_ranks") == [0, 2]
+        if kind_of(op.packet) == "collective"
+        and op.arg("group_ranks") == [0, 2]
+        and op.module.endswith("self_attn")  # not FSDP's, over the same ranks
     )
     # the ring on the cp group [0, 2] as without sequence parallel: per layer two K/V
     # gathers (forward, backward) and two dK, dV permutations
@@ -167,7 +172,9 @@ def test_cp_composes_with_sequence_parallel():
         "_c10d_functional.all_to_all_single.default": 4,
     }
     # sequence parallel's reduce-scatters stay on the tp group [0, 1]
-    scatters = _collectives(trace, "reduce_scatter")
+    scatters = [  # not FSDP's in-place ones, over the cp ranks
+        op for op in _collectives(trace, "reduce_scatter") if op.name.startswith("_c10d_functional")
+    ]
     assert scatters and {tuple(op.arg("group_ranks")) for op in scatters} == {(0, 1)}
 
 
@@ -203,8 +210,6 @@ def test_prefill_caches_the_ranks_own_tokens():
 @pytest.mark.parametrize(
     ("knobs", "message"),
     [
-        ({"cp": 2, "fsdp": 2}, "does not yet compose with fsdp"),
-        ({"cp": 2, "dp": 2}, "does not yet compose with fsdp or dp"),
         ({"cp": 2, "seq": 66}, "2 x cp = 4 equal chunks"),
         ({"cp": 2, "regime": "prefill"}, "cache='dynamic'"),
         ({"cp": 2, "regime": "decode", "cache": "dynamic"}, "fewer"),
@@ -239,4 +244,30 @@ def test_sliding_window_shorter_than_the_sequence_is_refused():
     trace = torchroof.trace_model(
         MistralConfig(**PARALLEL_LLAMA, sliding_window=T), "train", batch=B, seq=T, cp=2
     )
-    assert len(_collectives(trace, "all_gather")) == 4
+    ring = [op for op in _collectives(trace, "all_gather") if op.module.endswith("self_attn")]
+    assert len(ring) == 4  # not FSDP's parameter gathers over the same ranks
+
+
+@pytest.mark.parametrize(
+    ("knobs", "sharded", "replicated"),
+    [
+        # context-parallel ranks hold the same parameters and sum their gradients: FSDP
+        # shards over them, with the fsdp ranks (torchtitan's dp_shard_cp), and dp replicas
+        # all-reduce (HSDP). Mesh (dp, fsdp, cp, tp), rank 0's groups:
+        ({"cp": 2}, (0, 1), None),  # (1, 1, 2, 1): cp ranks 0, 1
+        ({"cp": 2, "fsdp": 2}, (0, 1, 2, 3), None),  # fsdp x cp = ranks 0-3
+        ({"cp": 2, "dp": 2}, (0, 1), (0, 2)),  # shard over cp, replicate over dp
+    ],
+    ids=["cp", "cp-fsdp", "cp-dp"],
+)
+def test_training_shards_parameters_over_the_context_parallel_ranks(knobs, sharded, replicated):
+    trace = _trace(**knobs)
+    gathers = {
+        tuple(op.arg("group_ranks"))
+        for op in _collectives(trace, "all_gather")
+        if not op.module.endswith("self_attn")
+    }
+    scatters = {tuple(op.arg("group_ranks")) for op in _collectives(trace, "reduce_scatter")}
+    reduces = {tuple(op.arg("group_ranks")) for op in _collectives(trace, "all_reduce")}
+    assert gathers == scatters == {sharded}
+    assert reduces == ({replicated} if replicated else set())

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import TINY_MIXTRAL
 from torchroof.counters import kind_of
 from torchroof.counters.collectives import collective_kind, message_bytes, wire_bytes
 from transformers import LlamaConfig, MixtralConfig
@@ -25,18 +26,7 @@ from torchroof.parallel.tensor import apply_tensor_parallel
 from torchroof.records.ops import OpRecord
 from torchroof.records.trace import Trace
 
-# A tiny Mixtral: d = 64, 8 experts of FFN 128 (gate-up 64 -> 256, down 128 -> 64), top-2,
-# 2 layers, 4 heads of 16 (2 KV heads), vocab 128.
-MIXTRAL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    vocab_size=128,
-)
+MIXTRAL = TINY_MIXTRAL  # conftest: d 64, 8 experts of FFN 128, top-2, 2 layers
 B, T, D, FFN, E, TOP_K, LAYERS = 2, 16, 64, 128, 8, 2, 2
 TOKENS = B * T  # 32 on each rank
 EP = 4
@@ -357,3 +347,21 @@ def test_ep_must_fit_the_ranks_that_hold_batches():
         Workload(regime="prefill", dp=2, ep=4)
     with pytest.raises(OptionError, match="routing_imbalance"):
         PricingOptions(routing_imbalance=0.5)
+
+
+def test_fewer_local_experts_than_their_ranks_shard_along_dim_one():
+    # 8 experts over ep 8 (one per rank), fsdp 16: each expert lives on 2 ranks (ranks 0
+    # and 8). Sharding dim 0 (one expert) over 2 would pad to a whole expert per rank and
+    # gather two; torchtitan shards such experts along dim 1: each rank holds half of its
+    # expert (gate-up 128 x 64 + down 32 x 128 = 12,288 bf16) and gathers the whole one,
+    # 24,576 elements = 49,152 B
+    trace = torchroof.trace_model(MixtralConfig(**MIXTRAL), "train", batch=B, seq=T, fsdp=16, ep=8)
+    gathers = [  # the experts' unit, over the 2 ranks that hold them
+        op
+        for op in trace.ops
+        if kind_of(op.packet) == "collective"
+        and collective_kind(op) == "all_gather"
+        and op.arg("group_ranks") == [0, 8]
+    ]
+    assert len(gathers) == 2 * LAYERS  # forward, then again in backward
+    assert {message_bytes(op) for op in gathers} == {49_152}

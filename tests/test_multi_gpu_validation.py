@@ -192,24 +192,27 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
         run, req = RUNS[run_id], mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
         workload = req.phases[0].workload
         ranks = workload["tp"] * workload.get("fsdp", 1) * workload.get("dp", 1)
-        ranks *= workload.get("pp", 1)
+        ranks *= workload.get("pp", 1) * workload.get("cp", 1)
         assert ranks == run["gpu_count"], run_id  # the request spans the run's GPUs
         assert mgv.get_cluster(req.phases[0].hardware)  # a shipped cluster
 
 
 def test_context_parallel_refusals_are_what_torchroof_refuses():
-    """A refused run with CP > 1 names why in torchroof's terms: its CP with FSDP or DP is
-    refused by torchroof.config.Workload today (a reason to revisit once it is not)."""
+    """A refused run with CP > 1 names why in torchroof's terms: its CP with pipeline
+    stages is refused by torchroof.config.Workload today (a reason to revisit once it is
+    not); CP with FSDP or DP is predicted."""
     from torchroof.config import Workload, WorkloadError
 
     cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
-    assert len(cp_rows) == 6
+    assert len(cp_rows) == 3  # the three with pipeline stages
     for run_id in cp_rows:
         run, par = RUNS[run_id], RUNS[run_id]["parallelism"]
         assert f"CP {par['cp']} with " in mgv.NOT_PREDICTED[run_id], run_id
-        with pytest.raises(WorkloadError, match="does not yet compose with fsdp or dp"):
+        with pytest.raises(WorkloadError, match="does not yet compose with context parallel"):
             Workload(regime="train", seq=run["seq_len"], tp=par["tp"], cp=par["cp"],
-                     fsdp=par["dp_shard"], dp=par["dp_replicate"])  # fmt: skip
+                     fsdp=par["dp_shard"], dp=par["dp_replicate"], pp=par["pp"])  # fmt: skip
+    predicted = [i for i in RUNS if RUNS[i]["parallelism"]["cp"] > 1 and i in mgv.CHOICES]
+    assert len(predicted) == 3
 
 
 def test_every_collective_entry_is_compared():

@@ -284,7 +284,6 @@ def test_llama70b_decode_tp8_fits_a_dgx_h100():
         ("decode", {"fsdp": 8}, "fsdp=8 applies to a step that trains (train); a decode step"),
         ("prefill", {"fsdp": 2}, "fsdp=2 applies to a step that trains"),
         ("prefill", {"microbatches": 4}, "microbatches=4 applies to a step that trains"),
-        ("train", {"cp": 2, "fsdp": 2}, "cp=2 does not yet compose with fsdp"),
         ("train", {"tp": 0}, "tp must be a positive integer, got 0"),
         ("train", {"microbatches": 1.5}, "microbatches must be a positive integer, got 1.5"),
     ],

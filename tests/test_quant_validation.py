@@ -12,7 +12,6 @@ import transformers
 from conftest import load_example
 
 from torchroof import hardware
-from torchroof.config import Workload, WorkloadError
 from torchroof.models.sources import load_config
 
 qv = load_example("quant_validation")
@@ -127,13 +126,15 @@ def test_measured_speedup_is_the_runs_own_arithmetic():
         pairs.append(qv.Speedup(quantised, baseline))
         derived = run["measured"]["derived"]["speedup_vs_baseline"]
         assert pairs[-1].measured == pytest.approx(derived, abs=5e-4), run["id"]
-    assert len(pairs) == 17  # 4 gpt-fast + 9 torchao generate + 4 Float8 training
+    assert len(pairs) == 18  # 5 gpt-fast (Mixtral TP 2 now too) + 9 torchao + 4 Float8 training
 
 
 def test_every_run_is_predicted_or_refused_with_a_reason():
     choices = {rid: qv.choose(run) for rid, run in RUNS.items()}
     refused = {rid: c for rid, c in choices.items() if isinstance(c, str)}
-    assert len(RUNS) == 68 and len(refused) == 20  # 48 predicted (Mixtral int8: experts packed)
+    # 54 predicted: the 6 gpt-fast TP runs (TP 8 int8/int4, Mixtral TP 2 bf16 and int8)
+    # with each rank's shards quantised
+    assert len(RUNS) == 68 and len(refused) == 14
     assert all(reason.strip() for reason in refused.values())
     for rid, choice in choices.items():
         if rid in refused:
@@ -143,18 +144,26 @@ def test_every_run_is_predicted_or_refused_with_a_reason():
             cluster = hardware.get_cluster(choice.hardware)
             assert cluster.accelerator.name == run["hardware"], rid
             assert run["parallelism"]["dp_shard"] == run["gpu_count"] == 8, rid
+        elif run["parallelism"]["tp"] > 1:  # rank 0 of tp on a shipped cluster of its GPUs
+            cluster = hardware.get_cluster(choice.hardware)
+            assert cluster.accelerator.name == run["hardware"], rid
+            assert choice.workload == {"tp": run["parallelism"]["tp"]}, rid
         else:  # one GPU: the run's own spec
             assert hardware.get(choice.hardware).name == run["hardware"], rid
-            assert run["gpu_count"] == 1 and run["parallelism"]["tp"] == 1, rid
+            assert run["gpu_count"] == 1, rid
 
 
-def test_quantised_tp_refusals_are_what_torchroof_refuses():
-    rows = [rid for rid, run in RUNS.items() if qv.choose(run) == qv.QUANT_TP]
+def test_quantised_tp_runs_are_priced_on_each_ranks_shards():
+    rows = [
+        rid
+        for rid, run in RUNS.items()
+        if run["parallelism"]["tp"] > 1 and run["regime"] != "train" and run["quant"] != "none"
+    ]
     assert len(rows) == 5  # gpt-fast TP 8 int8/int4 (4) and Mixtral TP 2 int8
     for rid in rows:
-        run = RUNS[rid]
-        with pytest.raises(WorkloadError, match=f"with tp={run['parallelism']['tp']}"):
-            Workload(regime="decode", quant=run["quant"], tp=run["parallelism"]["tp"])
+        choice = qv.choose(RUNS[rid])
+        assert not isinstance(choice, str), rid
+        assert "quantises its tensor-parallel shards" in choice.note, rid
 
 
 def test_the_checked_in_predictions_cover_every_run():

@@ -5,10 +5,13 @@ decode is a GEMV, Pope et al. 2022)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
-from conftest import PARALLEL_LLAMA
+from conftest import PARALLEL_LLAMA, TINY_MIXTRAL, TINY_MLA
 from torchroof.hardware import UnsupportedDtypeError, get
+from transformers import LlamaConfig
 
 import torchroof
 from torchroof.config import PricingOptions, Workload
@@ -189,8 +192,9 @@ def test_recipes_and_their_errors():
         Workload(regime="train", quant="int4-weight")
     with pytest.raises(WorkloadError, match="training step keeps no KV cache"):
         Workload(regime="train", kv_dtype="fp8")
-    with pytest.raises(WorkloadError, match="tp=2"):
-        Workload(regime="decode", quant="int8-weight", tp=2)
+    with pytest.raises(WorkloadError, match="sequence parallel runs torchtitan's"):
+        Workload(regime="prefill", quant="int8-weight", tp=2, sequence_parallel=True)
+    Workload(regime="decode", quant="int8-weight", tp=2)  # each rank quantises its shards
     with pytest.raises(WorkloadError, match="unknown quant"):
         Workload(regime="decode", quant="int3")
     Workload(regime="train", quant="fp8", tp=2)  # Float8 training layers do shard
@@ -362,3 +366,95 @@ def test_the_packed_grouped_gemm_refuses_a_mismatched_input():
         torch.ops.torchroof.packed_grouped_mm(
             x[:, :100], packed.codes, packed.scales, offs, "int8-weight", "bfloat16"
         )
+
+
+# A tiny Llama the int4 groups of 128 fit after a tensor-parallel split of 2: d 256, FFN 512,
+# 4 heads of 64 (2 KV heads), 2 layers.
+TP_LLAMA = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+)
+
+
+def test_serving_recipes_quantise_each_tensor_parallel_shard():
+    # tp 2: each rank holds half of every decoder layer: q 128x256, k and v 64x256 (column
+    # shards), o 256x128 (a row shard), gate and up 256x256, down 256x256: 294,912 bf16
+    # elements, 589,824 B. int4 stores them at 1/2 B (147,456 B) with a bf16 scale and zero
+    # per 128 of K per output row: q 2x128, k and v 2x64, o 1x256, gate and up 2x256,
+    # down 2x256 groups = 2,304 groups x 4 B = 9,216 B: 156,672 B a layer.
+    config = LlamaConfig(**TP_LLAMA)
+    sizes = dict(batch=2, context=64, tp=2)
+    wide = torchroof.trace_model(config, "decode", **sizes)
+    packed = torchroof.trace_model(config, "decode", quant="int4-weight", **sizes)
+    layers = TP_LLAMA["num_hidden_layers"]
+    wide_est, packed_est = wide.estimate("dgx-h100"), packed.estimate("dgx-h100")
+    saved = layers * (294_912 * 2 - 156_672)
+    assert wide_est.memory.weights_bytes - packed_est.memory.weights_bytes == saved
+    # each GEMM multiplies its rank's K: 256 for the five column shards and down (the row
+    # shard of K 512), 128 for o (the row shard of K 256)
+    ks = Counter(op.tensor("x").shape[-1] for op in packed.ops if "int4_weight_mm" in op.name)
+    assert ks == {256: 6 * layers, 128: layers}
+
+    # the row shards' partial sums are all-reduced as in bf16: as many all-reduces, of the
+    # same bytes (a packed layer's through DTensor's functional all-reduce, a torch
+    # Linear's through c10d's in place)
+    def collectives(est) -> list[tuple[bool, int]]:
+        return [
+            (any("all_reduce" in o or "allreduce" in o for o in k.ops), k.bytes)
+            for k in est.kernels
+            if k.unit == "network"
+        ]
+
+    assert collectives(packed_est) == collectives(wide_est)
+    assert len(collectives(wide_est)) >= 2 * layers  # o and down in each layer
+
+
+def test_fp8_serving_with_tensor_parallel_halves_each_ranks_decoder_weights():
+    # torchao's fp8 weights of the same shards: 294,912 B a layer instead of 589,824, plus
+    # its per-tensor fp32 scales (a few bytes a layer)
+    config = LlamaConfig(**TP_LLAMA)
+    base = dict(batch=2, context=64, tp=2, hardware="dgx-h100")
+    wide = torchroof.estimate(config, "decode", **base)
+    fp8 = torchroof.estimate(config, "decode", quant="fp8", **base)
+    saved = wide.memory.weights_bytes - fp8.memory.weights_bytes
+    assert saved == pytest.approx(2 * 294_912, abs=2 * 7 * 8)
+
+
+def test_a_sharded_layer_keeps_its_bias_and_its_style():
+    # attention biases (Qwen2-like): the row-parallel o_proj adds its bias after the
+    # all-reduce, so the bias stays a replicated DTensor; the weights shrink as without
+    # bias, 294,912 x 2 - 156,672 = 433,152 B for the one layer
+    config = LlamaConfig(**{**TP_LLAMA, "num_hidden_layers": 1}, attention_bias=True)
+    sizes = dict(batch=2, context=64, tp=2, hardware="dgx-h100")
+    wide = torchroof.estimate(config, "decode", **sizes)
+    packed = torchroof.estimate(config, "decode", quant="int4-weight", **sizes)
+    assert wide.memory.weights_bytes - packed.memory.weights_bytes == 433_152
+
+
+def test_latent_attention_and_experts_quantise_their_shards():
+    # DeepSeek's latent attention: the packed kv_a projection gets its style (which reads
+    # the model's config) back; Mixtral's experts under tp 2 pack their shards: gate-up
+    # [8, 256, 64] column-split to [8, 128, 64], down [8, 64, 128] row-split to [8, 64, 64]
+    from transformers import DeepseekV3Config, MixtralConfig
+
+    mla = torchroof.estimate(
+        DeepseekV3Config(**TINY_MLA),
+        "prefill",
+        batch=1,
+        seq=32,
+        tp=2,
+        quant="mxfp4-weight",
+        hardware="dgx-h100",
+    )
+    assert "MXFP4" in mla.facts.quant
+    trace = torchroof.trace_model(
+        MixtralConfig(**TINY_MIXTRAL), "decode", batch=2, context=32, tp=2, quant="int8-weight"
+    )
+    codes = Counter(
+        tuple(op.tensor("codes").shape) for op in trace.ops if "packed_grouped_mm" in op.name
+    )
+    assert set(codes) == {(8, 128, 64), (8, 64, 64)}

@@ -90,6 +90,8 @@ def test_a_bad_profile_names_every_problem_in_one_line(tmp_path):
         [launches]
         kernel_launch_s = { value = -1, source = "a" }
         graph_kernel_launch_s = { value = 1e-6, source = "a" }
+        [defaults]
+        zero_with_dp = { value = 4, source = "a" }
         """.replace("        ", ""),
     )
     with pytest.raises(RuntimeProfileError) as error:
@@ -104,6 +106,7 @@ def test_a_bad_profile_names_every_problem_in_one_line(tmp_path):
         "launches.kernel_launch_s.value: must be positive",
         "graph figures are given but cuda_graphs is none",
         "runs: expected one of training, serving, both",
+        "defaults.zero_with_dp.value: a ZeRO stage is 0, 1, 2 or 3, got 4",
     ):
         assert problem in message, problem
 

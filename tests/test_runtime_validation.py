@@ -59,9 +59,11 @@ def test_a_static_batch_is_its_prefill_and_the_first_and_last_decode_step():
     assert prefill.workload["dtype"] == "fp16"  # TensorRT-LLM's fp16 build
 
 
-def test_quantised_serving_across_gpus_is_refused_with_the_reason():
-    reason = rv.new_request(NEW["vllm073-mi300x8-llama31-70b-tp8-fp8-bs1-in128-out2048"])
-    assert isinstance(reason, str) and "fp8 serving with TP 8" in reason
+def test_quantised_serving_across_gpus_is_priced_on_each_ranks_shards():
+    # vLLM's fp8 Llama-3.1-70B on 8 MI300X: rank 0 of tp 8, each rank's shards in fp8
+    request = rv.new_request(NEW["vllm073-mi300x8-llama31-70b-tp8-fp8-bs1-in128-out2048"])
+    assert not isinstance(request, str)
+    assert {(p.workload["tp"], p.workload["quant"]) for p in request.phases} == {(8, "fp8")}
     refused = {row[0] for row in rv.not_predicted()}
     asked = {a.run["id"] for a in rv.asked_runs() if a.source == "runtime"}
     assert refused | asked == set(NEW) and not refused & asked

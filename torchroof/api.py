@@ -174,6 +174,7 @@ def estimate(
     sequence_parallel: bool | None = None,
     fsdp: int | None = None,
     dp: int | None = None,
+    zero: int | None = None,
     ep: int | None = None,
     cp: int | None = None,
     reshard_after_forward: bool | None = None,
@@ -195,6 +196,7 @@ def estimate(
     overlap: bool | None = None,
     overlap_communication: bool | None = None,
     routing_imbalance: float | None = None,
+    routing: str | None = None,
     compute_efficiency: float | None = None,
     bandwidth_efficiency: float | None = None,
     launch_overhead_s: float | None = None,
@@ -241,7 +243,7 @@ def estimate(
     spec, cluster = resolve_hardware(hardware)  # fail on a bad name before any tracing
     pricing = with_knobs(pricing, pricing_knobs)  # a bad runtime fails here too
     check_runtime_regime(pricing, regime or (workload.regime if workload else "prefill"))
-    workload_knobs = workload_defaults(pricing, workload_knobs, workload)
+    workload_knobs = workload_defaults(pricing, workload_knobs, workload, regime)
     quant = workload_knobs.get("quant", workload.quant if workload else "none")
     check_quant_hardware(quant, spec)  # before tracing
     with reporting(progress):  # progress=True: each stage on stderr as it runs

@@ -164,7 +164,7 @@ class PreparedModel:
         regime, workload, given = self._given
         merged = {**given, **knobs}
         if pricing is not None:
-            merged = workload_defaults(pricing, merged, workload)
+            merged = workload_defaults(pricing, merged, workload, regime)
         return traced_workload(regime, workload, merged, priced_by="price()")
 
     def trace(self, **knobs: Any) -> Trace | PipelineTrace:

@@ -87,7 +87,7 @@ def workload_settings(args: argparse.Namespace) -> dict[str, Any]:
     given: set[str] = getattr(args, "given", set())
     written = {k: v for k, v in values.items() if k in given or k == "pp"}
     pricing = PricingOptions(runtime=getattr(args, "runtime", "") or "")
-    return {**values, **workload_defaults(pricing, written)}
+    return {**values, **workload_defaults(pricing, written, regime=values.get("regime"))}
 
 
 def _written(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -23,6 +23,7 @@ class Parallelism:
     sequence_parallel: bool
     fsdp: int
     dp: int
+    zero: int
     ep: int
     cp: int
     reshard_after_forward: bool
@@ -34,10 +35,29 @@ class Parallelism:
 
     @property
     def mesh(self) -> ParallelPlan:
-        """The ranks the step's program spans (world = pp · dp · fsdp · cp · tp)."""
+        """The ranks the step's program spans (world = pp · dp · fsdp · cp · tp). ZeRO
+        1 to 3 over the dp ranks runs FSDP2 over them (:attr:`reshards_after_forward`)."""
+        if self.zero:
+            return ParallelPlan(pp=self.pp, fsdp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep)
         return ParallelPlan(
             pp=self.pp, dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp, ep=self.ep
         )
+
+    @property
+    def given_mesh(self) -> ParallelPlan:
+        """The ranks as given (dp replicas under ZeRO), for what a user reads."""
+        return ParallelPlan(
+            pp=self.pp, dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp, ep=self.ep
+        )
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """FSDP2 frees a unit's gathered parameters after its forward. ZeRO-1 and ZeRO-2 keep
+        every parameter whole through the step: FSDP2 keeps them gathered from the forward's
+        all-gather to the end of backward (``reshard_after_forward=False``, what PyTorch's
+        FSDP calls SHARD_GRAD_OP, its ZeRO-2), one all-gather and one reduce-scatter a step
+        as DeepSpeed's ZeRO-1/2 and Megatron's distributed optimizer run them."""
+        return self.reshard_after_forward and self.zero not in (1, 2)
 
     @property
     def pipeline_split(self) -> tuple[int, ...]:
@@ -76,8 +96,31 @@ class Parallelism:
             self._check_no_pipeline()
         if self.ep > 1:
             self._check_expert_parallel()
+        if self.zero:
+            self._check_zero(shape)
         if not shape.facts.trains:
             self._check_inference_sizes(shape)
+
+    def _check_zero(self, shape: StepShape) -> None:
+        """ZeRO stages shard training state over the dp replicas: 0 to 3, with dp > 1 and
+        no --fsdp (which is ZeRO-3 over its own ranks already)."""
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise WorkloadError(f"zero is a ZeRO stage, 0, 1, 2 or 3, got {self.zero!r}")
+        if not shape.facts.trains:
+            raise WorkloadError(
+                f"zero={self.zero} shards training state (optimizer, gradients, parameters); "
+                f"a {shape.regime} step has none: leave zero at 0"
+            )
+        if self.dp < 2:
+            raise WorkloadError(
+                f"zero={self.zero} shards over the data-parallel ranks: give dp > 1 (--dp N)"
+            )
+        if self.fsdp > 1:
+            raise WorkloadError(
+                f"zero={self.zero} shards over dp={self.dp}, and fsdp={self.fsdp} already "
+                "shards parameters, gradients and optimizer state (ZeRO-3) over its ranks: "
+                "give one (HSDP is --dp with --fsdp and zero 0)"
+            )
 
     def _check_no_pipeline(self) -> None:
         """The knobs that shape a pipeline, given with none."""
@@ -165,14 +208,11 @@ class Parallelism:
     def _check_context_parallel(self, shape: StepShape) -> None:
         """Context parallel (torch's load-balanced ring attention, torchroof.parallel.program
         .apply_context_parallel) splits each sequence of the step into 2·cp equal chunks;
-        it composes with tensor (and sequence) parallel only, and an inference step keeps each
-        rank's own K/V (a dynamic cache: a static one is built for the whole sequence)."""
+        it composes with tensor (and sequence) parallel, FSDP / HSDP (a training step shards
+        parameters over the fsdp x cp ranks, as torchtitan does) and dp replicas, and an
+        inference step keeps each rank's own K/V (a dynamic cache: a static one is built for
+        the whole sequence)."""
         cp = self.cp
-        if self.fsdp * self.dp > 1:
-            raise WorkloadError(
-                f"cp={cp} does not yet compose with fsdp or dp (torchtitan shards parameters "
-                "over the dp x fsdp x cp ranks; not done here): use cp with tp"
-            )
         # seq left out: checked again once the model's default is resolved
         seq = shape.seq
         if seq is not None and shape.tokens(self.microbatches) < shape.batch * seq:

@@ -133,29 +133,25 @@ class Quantisation:
     quant: str
     kv_dtype: str
 
-    def validate(self, trains: bool, tp: int) -> None:
+    def validate(self, trains: bool, sequence_parallel: bool = False) -> None:
         """Known names, and a recipe the step can use (:meth:`validate_recipe`)."""
         bad = WorkloadError
         choose("dtype", self.dtype, choices.DTYPES, bad)
         choose("quant", self.quant, choices.quant_names(), bad)
         choose("kv_dtype", self.kv_dtype, choices.KV_DTYPES, bad)
-        self.validate_recipe(trains, tp)
+        self.validate_recipe(trains, sequence_parallel)
 
-    def validate_recipe(self, trains: bool, tp: int = 1) -> None:
+    def validate_recipe(self, trains: bool, sequence_parallel: bool = False) -> None:
         """A recipe the step can use; a quantised KV cache only where a step keeps one. A
-        serving recipe quantises whole weights before the tensor-parallel plan shards them,
-        which torchao's serving tensors and the packed ops do not support (no sharding
-        rules): refused with tp > 1 (torchao's Float8 training layers do shard: their amax
-        becomes an all-reduce)."""
+        serving recipe under tensor parallel quantises each rank's shards
+        (:mod:`torchroof.parallel.quantised_shards`)."""
         quant = self.quant
         recipe_trains = choices.RECIPE_TRAINS.get(quant)
-        if recipe_trains is not None and tp > 1 and not trains:
+        if recipe_trains is not None and sequence_parallel and not trains:
             raise WorkloadError(
-                f"quant={quant!r} with tp={tp}: a serving step's quantised weights cannot yet "
-                "be sharded by the tensor-parallel plan (torchao's serving tensors and "
-                "torchroof's packed ops have no DTensor sharding rules); price one rank's "
-                "share with tp=1 and a model config divided by tp, or use quant with a "
-                "training step"
+                f"quant={quant!r} with sequence parallel: a serving recipe quantises the "
+                "shards of transformers' tensor-parallel plan, and sequence parallel runs "
+                "torchtitan's instead; leave out --sequence-parallel"
             )
         if recipe_trains is not None and trains and not recipe_trains:
             training = ", ".join(name for name, t in choices.RECIPE_TRAINS.items() if t)

@@ -15,6 +15,7 @@ from torchroof.config.choices import (
 )
 from torchroof.config.errors import OptionError
 from torchroof.config.flags import knob
+from torchroof.config.routing import inline_routing
 
 
 def parse_gemm_tile(text: str) -> tuple[int, int] | None:
@@ -107,6 +108,14 @@ class PricingOptions:
         "(measured or assumed, >= 1); scales its expert GEMMs and expert all-to-alls",
         group="pricing",
     )
+    routing: str = knob(
+        "balanced",
+        "MoE: how routed tokens spread over the experts, for the expert weights each grouped "
+        "GEMM reads: balanced (each expert an equal share: T·k rows reach min(E, T·k) "
+        "experts), expected (uniform random top-k: E·(1 - (1 - k/E)^T) experts), or a "
+        "measured histogram of the experts' shares (comma-separated, or a file of numbers)",
+        group="pricing",
+    )
     compute_efficiency: float = knob(
         1.0, "fraction of peak FLOP/s reached, in (0, 1]", group="pricing"
     )
@@ -188,6 +197,7 @@ class PricingOptions:
                 "routing_imbalance is the busiest rank's routed tokens over the balanced "
                 f"share: >= 1, got {self.routing_imbalance!r}"
             )
+        object.__setattr__(self, "routing", inline_routing(self.routing))  # a file: read once
         if self.launch_overhead_s < 0:
             raise OptionError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
 

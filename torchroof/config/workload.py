@@ -153,6 +153,16 @@ class Workload:
         "each rank its own batch, e.g. attention beside --ep)",
         group="parallelism",
     )
+    zero: int = knob(
+        0,
+        "train with --dp: what the data-parallel ranks shard (the ZeRO stage): 0 nothing "
+        "(DDP: gradients all-reduced), 1 the optimizer state (ZeRO-1, Megatron's "
+        "distributed optimizer: gradients reduce-scattered, parameters all-gathered, every "
+        "gradient kept until then), 2 also the gradients (ZeRO-2), 3 also the parameters "
+        "(ZeRO-3, as --fsdp); 1 and 2 keep parameters gathered through the step whatever "
+        "reshard_after_forward says",
+        group="parallelism",
+    )
     ep: int = knob(
         1,
         "expert-parallel ranks: routed experts sharded over them, tokens sent to their "
@@ -214,7 +224,7 @@ class Workload:
         training.validate()
         training.validate_checkpointing(shape.facts.trains)
         shape.validate_attention()
-        quantisation.validate(shape.facts.trains, self.tp)
+        quantisation.validate(shape.facts.trains, self.sequence_parallel and self.tp > 1)
         training.validate_dtype(self.dtype, shape.facts.trains)
         shape.validate_knobs()
         self.limits.validate()
@@ -260,6 +270,7 @@ class Workload:
             sequence_parallel=self.sequence_parallel,
             fsdp=self.fsdp,
             dp=self.dp,
+            zero=self.zero,
             ep=self.ep,
             cp=self.cp,
             reshard_after_forward=self.reshard_after_forward,

@@ -163,14 +163,24 @@ def _expert_count(name: str, experts: nn.Module) -> int:
     raise ValueError(f"{name} has neither num_experts nor expert weights to shard")
 
 
-def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, ep: int) -> set[nn.Parameter]:
+def shard_experts(
+    model: nn.Module,
+    efsdp_mesh: DeviceMesh,
+    ep: int,
+    reshard_after_forward: bool = True,
+    replicated: bool = False,
+) -> set[nn.Parameter]:
     """FSDP2 over the ranks that hold the same experts (``efsdp``, transformers'
     ``apply_fully_sharded_data_parallelism``): each experts module is one unit, sharded
-    before the dense units are (FSDP2 wants a submodule first); ``ep`` is the EP group's
-    size the experts were sharded with. With one such rank each
+    before the dense units are (FSDP2 wants a submodule first), their gathered weights freed
+    after forward unless ``reshard_after_forward`` is False (ZeRO-1/2, ``--no-reshard-after-
+    forward``), or replicated there (``replicated``: DDP, gradients all-reduced); ``ep`` is
+    the EP group's size the experts were sharded with. With one such rank each
     expert lives on one rank only: nothing to shard; their parameters are returned for
     the dense units to ignore."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
     dispatched = [
         experts for _, experts in _dispatched_experts(model, _expanded_plan(model, None, 2))
@@ -178,8 +188,24 @@ def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, ep: int) -> set[nn.P
     if efsdp_mesh.size() == 1:
         return {p for experts in dispatched for p in experts.parameters()}
     for experts in dispatched:
-        fully_shard(experts, mesh=efsdp_mesh, reshard_after_forward=True)
+        if replicated:  # DDP: each expert whole on the ranks that hold it
+            replicate(experts, mesh=efsdp_mesh)
+            continue
+        local = min((_local(p).shape[0] for p in experts.parameters() if p.dim() > 1), default=0)
+        extra: dict[str, Any] = {}
+        if local < efsdp_mesh.size():
+            # fewer local experts than ranks to shard them over: dim 0 would be padded to a
+            # whole expert per rank and every all-gather would carry efsdp of them;
+            # torchtitan shards such experts along dim 1 instead (parallelize.py apply_fsdp,
+            # its _experts_shard_placement_fn)
+            extra["shard_placement_fn"] = lambda param: Shard(1) if param.dim() > 1 else None
+        fully_shard(experts, mesh=efsdp_mesh, reshard_after_forward=reshard_after_forward, **extra)
     return set()
+
+
+def _local(param: nn.Parameter) -> Any:
+    """The rank's part of ``param`` (an expert-parallel DTensor's local experts)."""
+    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractContextManager[Any]:
@@ -192,7 +218,10 @@ def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractCo
         experts = expert_mesh(plan.world, plan.ep)
         apply_expert_parallel(model, experts["ep"], mesh["tp"])
         if workload.trains and shards_data(plan):
-            setattr(model, FSDP_IGNORED, shard_experts(model, experts["efsdp"], plan.ep))
+            reshard = workload.plan.reshards_after_forward
+            ddp = plan.fsdp == 1  # data ranks that replicate (dp alone, zero 0)
+            ignored = shard_experts(model, experts["efsdp"], plan.ep, reshard, replicated=ddp)
+            setattr(model, FSDP_IGNORED, ignored)
     return contextlib.nullcontext()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
@@ -12,6 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchroof.config.parallel_plan import MESH_DIMS, ParallelPlan
+from torchroof.parallel.mesh import FSDP_CP
 from torchroof.parallel.plans import owned_plan, transformers_plan
 from torchroof.parallel.strategy import Strategy
 
@@ -30,8 +32,9 @@ FSDP_IGNORED = "torchroof_fsdp_ignored_params"
 
 
 def shards_data(plan: ParallelPlan) -> bool:
-    """The plan shards or replicates parameters over data ranks (FSDP2 / HSDP)."""
-    return plan.fsdp * plan.dp > 1
+    """The plan shards or replicates parameters over data ranks (FSDP2 / HSDP), context-
+    parallel ones included (they hold the same parameters and sum their gradients)."""
+    return plan.fsdp * plan.dp * plan.cp > 1
 
 
 def apply_fsdp(
@@ -43,7 +46,8 @@ def apply_fsdp(
     ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
     """Shard ``model``'s parameters with FSDP2 ``fully_shard`` over the mesh's ``fsdp``
-    dimension (HSDP over ``("dp", "fsdp")`` when ``dp`` > 1), as transformers' FSDP plan
+    dimension (with the ``cp`` ranks under context parallel: :data:`FSDP_CP`; HSDP over
+    ``("dp", "fsdp")`` when ``dp`` > 1), as transformers' FSDP plan
     (``base_model_fsdp_plan``, or ``plan``) groups them: each planned module (a decoder
     layer, the embeddings) is one all-gather / reduce-scatter unit, the final norm and the
     LM head one unit kept unsharded after forward, then the root. ``reshard_after_forward``
@@ -53,6 +57,7 @@ def apply_fsdp(
 
     NB: FSDP2 refuses meta parameters at its first forward; run the step inside
     :func:`fake_parameters`."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
     from transformers.distributed.fsdp import (
         _resolve_tied_embed_lm_head_plan,
@@ -62,12 +67,15 @@ def apply_fsdp(
     names = mesh.mesh_dim_names or ()
     if "fsdp" not in names or "dp" not in names:
         raise ValueError(f"apply_fsdp needs a mesh from build_mesh (dims {MESH_DIMS}), got {names}")
-    replicas, shards = mesh["dp"].size(), mesh["fsdp"].size()
+    # context-parallel ranks shard with the fsdp ones (torchtitan's dp_shard_cp)
+    context = mesh["cp"].size() if "cp" in names else 1
+    shard_dim = FSDP_CP if context > 1 else "fsdp"
+    replicas, shards = mesh["dp"].size(), mesh["fsdp"].size() * context
     if replicas * shards == 1:
         return model
-    if "cp" in names and mesh["cp"].size() > 1:
-        raise ValueError("apply_fsdp does not yet shard over the context-parallel dimension")
-    shard_mesh = mesh["dp", "fsdp"] if replicas > 1 else mesh["fsdp"]
+    with warnings.catch_warnings():  # torch asks to keep the flattened mesh, not slice it
+        warnings.simplefilter("ignore", UserWarning)
+        shard_mesh = mesh["dp", shard_dim] if replicas > 1 else mesh[shard_dim]
 
     wildcard_plan = transformers_plan(model, "fsdp_plan", plan)
     expanded = owned_plan(model, model._expand_parallel_plan(wildcard_plan))  # type: ignore[operator]
@@ -83,7 +91,10 @@ def apply_fsdp(
             left_out.update(odd)
         skip = ignored | odd
         extra: dict[str, Any] = {"ignored_params": skip} if skip else {}
-        fully_shard(modules, mesh=shard_mesh, reshard_after_forward=reshard, **extra)
+        if shards == 1:  # DDP: every parameter whole, gradients all-reduced
+            replicate(modules, mesh=mesh["dp"], **extra)
+        else:
+            fully_shard(modules, mesh=shard_mesh, reshard_after_forward=reshard, **extra)
 
     left_out: set[nn.Parameter] = set()
 
@@ -187,7 +198,7 @@ def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractCo
     apply_fsdp(
         model,
         mesh,
-        reshard_after_forward=workload.reshard_after_forward,
+        reshard_after_forward=workload.plan.reshards_after_forward,
         ignored_params=getattr(model, FSDP_IGNORED, set()),
     )
     return fake_parameters(model)

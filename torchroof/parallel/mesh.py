@@ -11,10 +11,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchroof.config.parallel_plan import MESH_DIMS, ParallelPlan
 
+FSDP_CP = "fsdp_cp"
+"""The flattened fsdp x cp dimension of a context-parallel mesh: context-parallel ranks hold
+the same parameters and sum their gradients, so torchtitan's FSDP shards over them too
+(its ``dp_shard_cp``)."""
+
 
 def build_mesh(plan: ParallelPlan) -> DeviceMesh:
     """The device mesh of ``plan`` on CPU, every dimension named (size-1 ones too, so
-    ``mesh["tp"]`` always exists). Needs a process group of ``plan.world`` ranks."""
+    ``mesh["tp"]`` always exists), and under context parallel the flattened
+    :data:`FSDP_CP`. Needs a process group of ``plan.world`` ranks."""
     if not dist.is_initialized():
         raise RuntimeError(
             f"build_mesh needs a process group of {plan.world} ranks: "
@@ -25,7 +31,10 @@ def build_mesh(plan: ParallelPlan) -> DeviceMesh:
             f"{plan} spans {plan.world} ranks, but the process group has {dist.get_world_size()}"
         )
     with _rank_zero_groups():
-        return init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_DIMS)
+        mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_DIMS)
+        if plan.cp > 1:  # FSDP shards over the fsdp and cp ranks together (torchtitan)
+            mesh["fsdp", "cp"]._flatten(FSDP_CP)
+        return mesh
 
 
 class _NotThisRank:

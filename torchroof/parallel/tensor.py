@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 # The attribute apply_tensor_parallel sets on a model: the KV heads one rank holds (a KV
 # cache built for the model's rank is this many heads wide).
 KV_HEADS_PER_RANK = "torchroof_kv_heads_per_rank"
+# The attribute apply_tensor_parallel sets on a model: (module name -> transformers style,
+# the TP mesh), so that a module replaced after sharding gets its style's forward again.
+TP_STYLES = "torchroof_tp_styles"
 
 
 def apply_tensor_parallel(
@@ -41,6 +44,7 @@ def apply_tensor_parallel(
     kv_heads = check_heads_divide(config, wildcard_plan, size) if config is not None else None
     expanded = owned_plan(model, model._expand_parallel_plan(wildcard_plan))  # type: ignore[operator]
     apply_tensor_parallelism(model, tp_mesh, expanded)
+    setattr(model, TP_STYLES, (dict(expanded), tp_mesh))
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model

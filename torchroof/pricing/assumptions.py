@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchroof.config.routing import BALANCED, EXPECTED, HISTOGRAM, Routing
+from torchroof.pricing.routing import RoutedRank
 from torchroof.records.trace import Trace
 
 BALANCED_ROUTING = (
@@ -12,22 +14,52 @@ BALANCED_ROUTING = (
     "routed tokens; grouped-GEMM FLOPs are exact for any routing, and the expert weights read "
     "are those of min(E, tokens·top_k) experts"
 )
+EXPECTED_ROUTING = (
+    "MoE experts: uniform random top-k routing (routing=expected): grouped-GEMM FLOPs are "
+    "those of the traced rows, and each grouped GEMM reads the weights of the "
+    "E·(1 - (1 - k/E)^tokens) experts a batch is expected to reach"
+)
 
 
-def routing_assumptions(trace: Trace, imbalance: float = 1.0) -> list[str]:
+def routing_assumptions(trace: Trace, rank: RoutedRank | None = None) -> list[str]:
     """The routing assumption, stated once, when the step runs routed experts."""
     routed = any("grouped_mm" in op.name for op in trace.ops) or any(
         a.kind == "routing" for a in trace.assumptions
     )
     if not routed:
         return []
-    if imbalance == 1.0:
-        return [BALANCED_ROUTING]
-    return [
-        BALANCED_ROUTING
-        + f"; the step is priced on the busiest rank, whose experts get {imbalance:g}x the "
-        "balanced share (routing_imbalance): its grouped GEMMs and expert all-to-alls scaled"
-    ]
+    rank = rank or RoutedRank(Routing(), {}, 1)
+    routing = rank.routing
+    if routing.kind == BALANCED:
+        line = BALANCED_ROUTING
+    elif routing.kind == EXPECTED:
+        line = EXPECTED_ROUTING
+    else:
+        line = (
+            f"MoE experts: a measured histogram of {len(routing.shares)} experts' shares "
+            f"(the largest {max(routing.shares):.3g}): each grouped GEMM reads the weights of the "
+            "Σ_e 1 - (1 - k·share_e)^tokens experts a batch is expected to reach"
+        )
+    if routing.kind != BALANCED:
+        # the router picks among the most candidates (group-limited routers also pick groups)
+        experts = max(rank.top_k, default=0)
+        line += (
+            f"; top-{rank.top_k[experts]} of {experts} read from the router's topk"
+            if experts
+            else "; no router topk in the trace: each routed row picks one expert"
+        )
+    if rank.imbalance != 1.0:
+        why = (
+            f"its expert group {rank.group} holds the histogram's largest share"
+            if routing.kind == HISTOGRAM
+            else "routing_imbalance"
+        )
+        line += (
+            f"; the step is priced on the busiest rank, whose experts get "
+            f"{rank.imbalance:.4g}x the balanced share ({why}): its grouped GEMMs and "
+            "expert all-to-alls scaled"
+        )
+    return [line]
 
 
 def trace_assumption_lines(trace: Trace) -> list[str]:

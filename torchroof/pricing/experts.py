@@ -1,4 +1,5 @@
-"""Routed experts under imbalance: the busiest rank's grouped GEMMs and expert all-to-alls."""
+"""Routed experts as routed: the busiest rank's grouped GEMMs and expert all-to-alls, and the
+expert weights a batch reaches."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ def busiest_rank(
     t: KernelTime,
     pricing: PricingOptions,
     spec: HardwareSpec,
+    reach: float = 1.0,
 ) -> KernelEstimate:
     """The kernel on the rank whose experts get ``imbalance`` times the balanced share of
-    routed tokens: a grouped GEMM's W and its non-weight bytes scale by
-    it (the expert weights are read once either way); an expert all-to-all carries that
-    many times the rows. The step waits for that rank; FLOPs stay the balanced ones. In
-    realistic mode the on-chip levels' bytes scale with the rows too, and the launch stays."""
+    routed tokens, reading ``reach`` times the balanced experts' weights
+    (:mod:`torchroof.pricing.routing`): a grouped GEMM's W and its non-weight bytes scale
+    by the imbalance, its weight bytes by the reach (which also changes the traffic it
+    reports: fewer experts are read); an expert all-to-all carries ``imbalance`` times the
+    rows. The step waits for that rank; FLOPs stay the balanced ones. In realistic mode the
+    on-chip levels' bytes scale as its HBM bytes do, and the launch stays."""
     if kernel.unit == "network":
         carried_s = (kernel.network_s - kernel.latency_s) * imbalance  # alpha does not scale
         return replace(
@@ -43,18 +47,26 @@ def busiest_rank(
             network_s=kernel.latency_s + carried_s,
         )
     weights = kernel.read_by.get("weights", 0)
-    scaled_bytes = weights + imbalance * (kernel.bytes - weights)
+    reached = round(weights * reach)
+    scaled_bytes = reached + imbalance * (kernel.bytes - weights)
     compute_s = t.compute_s * imbalance
     memory_s = scaled_bytes / t.bandwidth_bytes_per_s
     terms = {"compute": compute_s, "hbm": memory_s}
     if pricing.mode == "realistic" and pricing.on_chip:
+        # balanced weights: the imbalance alone, as before a reach was priced
+        level_scale = imbalance * (scaled_bytes / (weights + imbalance * (kernel.bytes - weights)))
         for level, rate in level_rates(spec).items():
             if level in kernel.level_bytes:
-                terms[level] = kernel.level_bytes[level] * imbalance / rate
+                terms[level] = kernel.level_bytes[level] * level_scale / rate
     slowest_memory = max(seconds for name, seconds in terms.items() if name != "compute")
     body = max(compute_s, slowest_memory) if pricing.overlap else compute_s + slowest_memory
+    read_by = dict(kernel.read_by)
+    if weights:
+        read_by["weights"] = reached
     return replace(
         kernel,
+        bytes_read=kernel.bytes_read - weights + reached,
+        read_by=read_by,
         compute_s=compute_s,
         memory_s=memory_s,
         time_s=body + t.overhead_s,

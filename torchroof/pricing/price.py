@@ -14,6 +14,7 @@ from typing import Any, cast
 from torchroof import progress
 from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
+from torchroof.config.routing import parse_routing
 from torchroof.counters import Cost, registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
@@ -33,10 +34,12 @@ from torchroof.pricing.collectives import (
 )
 from torchroof.pricing.experts import busiest_rank, routed
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.routing import RoutedRank, grouped_gemm, routed_rank
 from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
 from torchroof.pricing.trace_checks import check_cluster_fits
 from torchroof.pricing.traffic import traffic_by_role
 from torchroof.quant.recipes import check_hardware
+from torchroof.records.facts import StepFacts
 from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
 from torchroof.report.estimate import Estimate, KernelEstimate
@@ -122,9 +125,11 @@ def time_kernels(
     cluster: ClusterSpec | None,
     pricing: PricingOptions,
     runtime: StepRuntime = NO_RUNTIME,
+    rank: RoutedRank | None = None,
 ) -> tuple[list[KernelEstimate], dict[str, int], int]:
     """(every kernel timed, the tensor-unit FLOPs by dtype, how many are collectives), under
-    the ``runtime`` running the step."""
+    the ``runtime`` running the step, its routed experts as ``rank`` receives them (balanced
+    when None)."""
     report = progress.current()
     report.begin(f"timing {len(kernels):,} kernels on the {spec.display_name}", len(kernels))
     timed: list[KernelEstimate] = []
@@ -148,8 +153,11 @@ def time_kernels(
             collectives += 1
             op = collective_op(kernel)
             estimate = time_collective(estimate, op, t, cluster, unpriced, runtime)
-        if pricing.routing_imbalance != 1.0 and routed(kernel):
-            estimate = busiest_rank(estimate, pricing.routing_imbalance, t, pricing, spec)
+        if rank is not None and routed(kernel):
+            gemm = grouped_gemm(kernel.ops)
+            reach = rank.reach(*gemm) if gemm is not None else 1.0
+            if rank.imbalance != 1.0 or reach != 1.0:
+                estimate = busiest_rank(estimate, rank.imbalance, t, pricing, spec, reach)
         timed.append(estimate)
     if unpriced:
         raise ClusterRequiredError(needs_cluster(len(unpriced), max(unpriced), spec))
@@ -258,7 +266,15 @@ def price_trace(
     step, roles, kernels = plan.step, plan.roles, plan.kernels
     workload = trace.facts.workload
     runtime = timing_of(pricing, workload)
-    timed, tensor_flops, collectives = time_kernels(kernels, roles, spec, cluster, pricing, runtime)
+    rank = routed_rank(
+        parse_routing(pricing.routing),
+        trace,
+        workload.ep if workload else 1,
+        pricing.routing_imbalance,
+    )
+    timed, tensor_flops, collectives = time_kernels(
+        kernels, roles, spec, cluster, pricing, runtime, rank
+    )
     step_time_s = None
     if collectives:
         progress.current().begin("scheduling compute and communication on their two streams")
@@ -276,7 +292,8 @@ def price_trace(
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
             *runtime_lines(pricing, runtime, collectives > 0),
-            *routing_assumptions(trace, pricing.routing_imbalance),
+            *routing_assumptions(trace, rank),
+            *zero_assumptions(workload),
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
             *trace_assumption_lines(trace),
@@ -288,7 +305,7 @@ def price_trace(
             spec.hbm_capacity_bytes.value,
             batch,
             roles,
-            add_counts(trace.role_bytes, step.role_bytes),
+            zero_one_gradients(add_counts(trace.role_bytes, step.role_bytes), trace.facts),
             peak=plan.peak,
         ),
         cluster=cluster.name if cluster is not None else None,
@@ -319,6 +336,41 @@ def _scheduled(
         )
     ]
     return placed, laid.step_time_s
+
+
+def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str, int]:
+    """``role_bytes`` with every gradient held, under ZeRO-1: DeepSpeed's stage 1 and
+    Megatron's distributed optimizer keep the whole gradient buffer (Megatron's
+    ``main_grad``, fp32 by default) until the reduce-scatter after backward, where the
+    traced program (FSDP2) reduce-scatters each layer's as it is made: the sharded
+    gradients times :attr:`StepFacts.whole_gradients` (the dp ranks for dense weights,
+    fewer for experts sharded over the ranks holding them; Rajbhandari et al. 2020, ZeRO,
+    Sec. 5: P_os keeps gradients whole)."""
+    if not facts.whole_gradients:
+        return role_bytes
+    whole = round(role_bytes.get("gradients", 0) * facts.whole_gradients)
+    return {**role_bytes, "gradients": whole}
+
+
+def zero_assumptions(workload: Workload | None) -> list[str]:
+    """How a ZeRO stage over the dp ranks is run, stated once."""
+    if workload is None or not workload.zero:
+        return []
+    zero, dp, cp = workload.zero, workload.dp, workload.cp
+    ranks = f"{dp} ranks" if cp == 1 else f"{dp} x cp {cp} = {dp * cp} ranks"
+    sharded = {1: "optimizer state", 2: "optimizer state and gradients"}.get(
+        zero, "parameters, gradients and optimizer state"
+    )
+    if workload.plan.reshards_after_forward:
+        how = "gathering each layer's parameters in forward and again in backward"
+    else:
+        how = (
+            "keeping each layer's parameters gathered from its forward to the end of "
+            "backward: one all-gather and one reduce-scatter a step, the bytes DeepSpeed and "
+            "Megatron move (their all-gather follows the optimizer step)"
+        )
+    kept = "; every gradient held until it is reduced" if zero == 1 else ""
+    return [f"ZeRO-{zero} over dp {dp}: {sharded} sharded, run as FSDP2 over {ranks} {how}{kept}"]
 
 
 def add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

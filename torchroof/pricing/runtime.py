@@ -80,19 +80,33 @@ def runtime_options(runtime: str, **knobs: Any) -> PricingOptions:
 
 
 def workload_defaults(
-    pricing: PricingOptions, knobs: Mapping[str, Any], workload: Workload | None = None
+    pricing: PricingOptions,
+    knobs: Mapping[str, Any],
+    workload: Workload | None = None,
+    regime: str | None = None,
 ) -> dict[str, Any]:
     """The workload ``knobs`` with the runtime's defaults for those not given: FSDP's
     ``reshard_after_forward`` in a pipelined step (torchtitan keeps the gathered parameters
-    for backward under pipeline parallelism)."""
+    for backward under pipeline parallelism), and the ZeRO stage of a training step over
+    dp replicas without FSDP (Megatron's distributed optimizer: ZeRO-1). ``regime`` is the
+    step's when not among the knobs."""
     profile = runtime_profile(pricing)
     out = dict(knobs)
-    if profile is None or "reshard_after_forward" in knobs:
+    if profile is None:
         return out
-    pp = knobs.get("pp", workload.pp if workload is not None else 1)
+
+    def given(name: str, default: Any) -> Any:
+        return knobs.get(name, getattr(workload, name) if workload is not None else default)
+
     keep = profile.setting("reshard_after_forward_with_pp")
-    if pp > 1 and isinstance(keep, bool):
+    if "reshard_after_forward" not in knobs and given("pp", 1) > 1 and isinstance(keep, bool):
         out["reshard_after_forward"] = keep
+    zero = profile.figure("zero_with_dp")
+    step = regime or given("regime", "prefill")
+    facts = REGIME_FACTS.get(step)
+    replicas = given("dp", 1) > 1 and given("fsdp", 1) == 1
+    if zero is not None and "zero" not in knobs and facts and facts.trains and replicas:
+        out["zero"] = int(zero)
     return out
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from torchroof.collector import paused_gc
 from torchroof.config import PricingOptions
+from torchroof.config.routing import BALANCED, routing_kind
 from torchroof.counters import Cost
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.kernels.fusion import Kernel, SpillFlag
@@ -109,6 +110,8 @@ class SymbolicPlan:
         """:func:`~torchroof.report.compare.point_metrics` of the estimate at ``numbers``
         (which must hold; ``facts`` are that step's), each repeated kernel timed once."""
         check_step(facts.workload, spec, cluster, pricing)
+        if routing_kind(pricing.routing) != BALANCED:
+            raise NotPlanned("MoE routing other than balanced is priced from the point's trace")
         runtime = timing_of(pricing, facts.workload)
         timed = self._timed_classes(numbers, spec, cluster, pricing, runtime)
         tensor_flops: dict[str, int] = defaultdict(int)

@@ -206,7 +206,7 @@ _KEPT_WIDE = ("lm_head", "output", "embed_out", "gate", "router", "dt_proj")
 ABSORBED_MLA_WIDE = ("kv_b_proj",)
 
 
-def _decoder_linear(
+def decoder_linear(
     module: torch.nn.Module, fqn: str, wide: tuple[str, ...] = ()
 ) -> TypeGuard[torch.nn.Linear]:
     """A plain linear layer inside the decoder (a subclass such as a router keeps its own
@@ -219,8 +219,10 @@ def _decoder_linear(
 
 def _fits(module: torch.nn.Linear, block: int) -> bool:
     """Dimensions the recipe's GEMM takes: in_features a multiple of its scale group,
-    out_features a multiple of 16 (the fp8 and fp4 GEMMs' alignment)."""
-    return module.in_features % block == 0 and module.out_features % 16 == 0
+    out_features a multiple of 16 (the fp8 and fp4 GEMMs' alignment), as the weight holds
+    them (a tensor-parallel shard's: its rank quantises what it holds)."""
+    out_features, in_features = module.weight.shape
+    return in_features % block == 0 and out_features % 16 == 0
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,7 @@ def _torchao_serving(model: torch.nn.Module, quant: str, filter_fn: FilterFn) ->
 
 def _filter(block: int, wide: tuple[str, ...] = ()) -> FilterFn:
     """torchao's ``filter_fn(module, fqn)``: the decoder's linear layers that fit ``block``."""
-    return lambda module, fqn: _decoder_linear(module, fqn, wide) and _fits(module, block)
+    return lambda module, fqn: decoder_linear(module, fqn, wide) and _fits(module, block)
 
 
 def quantize_model(
@@ -327,7 +329,7 @@ def quantize_model(
         return Quantised(quant, 0)
     recipe = RECIPES[quant]
     block = recipe.block
-    candidates = [(fqn, m) for fqn, m in model.named_modules() if _decoder_linear(m, fqn, wide)]
+    candidates = [(fqn, m) for fqn, m in model.named_modules() if decoder_linear(m, fqn, wide)]
     kept = sorted(
         {fqn.rsplit(".", 1)[-1] for fqn, m in model.named_modules() if type(m) is torch.nn.Linear}
         & set(wide)

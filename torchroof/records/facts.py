@@ -68,6 +68,7 @@ class StepFacts:
     optimizer: str = ""  # train: the optimizer
     precision: str = ""  # train: bf16, fp16, fp32 or mixed
     parameters: int = 0  # train: trainable parameters
+    whole_gradients: float = 0.0  # ZeRO-1: gradients held whole over the sharded ones
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
     pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks
     quant: str = ""  # which linear layers a quantisation recipe changed, and how

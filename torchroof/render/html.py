@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchroof.config.routing import HISTOGRAM, routing_kind
 from torchroof.hardware import (
     HardwareSpec,
     UnknownHardwareError,
@@ -140,6 +141,9 @@ def why_not_repriced(est: Estimate) -> str:
         )
     if est.options.routing_imbalance != 1.0:
         return "the busiest expert rank (routing_imbalance) is re-priced in Python only"
+    workload = est.facts.workload
+    if routing_kind(est.options.routing) == HISTOGRAM and workload and workload.ep > 1:
+        return "the busiest expert rank (the routing histogram's) is re-priced in Python only"
     if est.step_time_s is not None and any(k.waits_on is None for k in est.kernels):
         return "this estimate was saved before format 3 and lacks its schedule's waits"
     return ""

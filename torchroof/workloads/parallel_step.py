@@ -12,7 +12,7 @@ it); :func:`check_plan` refuses, before anything is built, what the plan cannot 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,8 +40,10 @@ def describe(plan: ParallelPlan) -> str:
 def plan_label(workload: Workload) -> str:
     """What a regime's label adds for a parallel step: ``, rank 0 of tp 8 (8 GPUs)``, and
     ``, sequence parallel`` when the tensor-parallel plan is torchtitan's."""
-    plan = describe(workload.parallel_plan)
+    plan = describe(workload.plan.given_mesh)
     label = f", rank 0 of {plan}" if plan else ""
+    if workload.zero:
+        label += f", ZeRO-{workload.zero}"
     return label + (", sequence parallel" if sequence_parallel(workload) else "")
 
 
@@ -57,7 +59,11 @@ def check_plan(config: Any, workload: Workload, name: str) -> None:
 
 
 @contextlib.contextmanager
-def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[None]:
+def parallel_program(
+    model: torch.nn.Module,
+    workload: Workload,
+    after_sharding: Callable[[torch.nn.Module], None] | None = None,
+) -> Iterator[None]:
     """Make ``model`` (built on meta) rank 0 of ``workload``'s parallel plan for the
     duration of the block: inside a fake process group of the plan's world, each strategy
     of :data:`torchroof.parallel.program.STRATEGIES` is checked, then applied in order
@@ -67,9 +73,14 @@ def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[Non
     parallel's ring attention). A one-rank plan leaves the model alone. A strategy's
     refusal is one WorkloadError line naming the plan. Whether the step trains is
     ``workload.trains``, which the strategies read (an inference step shards nothing over
-    dp). The model is left sharded (a meta copy, used once)."""
+    dp). ``after_sharding(model)`` runs once the strategies have sharded it, inside the fake
+    group (a serving recipe quantising each rank's shards). The model is left sharded (a
+    meta copy, used once)."""
     plan = workload.parallel_plan
+    given = describe(workload.plan.given_mesh)  # as the user gave it: dp under ZeRO
     if plan.world == 1:
+        if after_sharding is not None:
+            after_sharding(model)
         yield
         return
     for strategy in program.STRATEGIES:
@@ -79,9 +90,9 @@ def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[Non
         try:
             contexts = [strategy.apply(model, mesh, workload) for strategy in program.STRATEGIES]
         except ValueError as error:
-            raise WorkloadError(
-                f"{type(model).__name__} cannot run as {describe(plan)}: {error}"
-            ) from error
+            raise WorkloadError(f"{type(model).__name__} cannot run as {given}: {error}") from error
+        if after_sharding is not None:
+            after_sharding(model)
         with contextlib.ExitStack() as step:
             try:  # context parallel refuses what its ring attention cannot run as it runs
                 for context in contexts:
@@ -89,5 +100,5 @@ def parallel_program(model: torch.nn.Module, workload: Workload) -> Iterator[Non
                 yield
             except ContextParallelError as error:
                 raise WorkloadError(
-                    f"{type(model).__name__} cannot run as {describe(plan)}: {error}"
+                    f"{type(model).__name__} cannot run as {given}: {error}"
                 ) from error

@@ -19,8 +19,9 @@ import torch
 from torchroof import progress
 from torchroof.config.choices import DEFAULT_SEQ, REGIME_FACTS, REGIMES
 from torchroof.config.errors import WorkloadError
+from torchroof.parallel.quantised_shards import quantize_shards
 from torchroof.parallel.stages import record_stage
-from torchroof.quant.recipes import ABSORBED_MLA_WIDE, quantize_model
+from torchroof.quant.recipes import ABSORBED_MLA_WIDE, Quantised, quantize_model
 from torchroof.records.trace import Trace
 from torchroof.workloads.parallel_step import describe, parallel_program
 from torchroof.workloads.repeated import replayed
@@ -78,13 +79,26 @@ def run_workload(
     report = progress.current()
     if workload.quant != "none":
         report.begin(f"applying the {workload.quant} quantisation recipe")
-    quantised = quantize_model(given[TARGET], workload.quant, step.trains, workload.ep, wide)
+    # a serving recipe under tensor parallel quantises each rank's shards, once sharded
+    shards = workload.tp > 1 and not step.trains and workload.quant != "none"
+    found: list[Quantised] = []
+
+    def quantise_shards(model: torch.nn.Module) -> None:
+        found.append(quantize_shards(model, workload.quant, workload.ep, wide))
+
+    if not shards:
+        found.append(quantize_model(given[TARGET], workload.quant, step.trains, workload.ep, wide))
     # rank 0 of the plan; on one GPU the model as it is
-    plan = describe(workload.parallel_plan)
+    plan = describe(workload.plan.given_mesh)  # as given: dp under ZeRO
     if plan:  # ends when the first traced op begins the next stage
         report.begin(f"setting up rank 0 of {plan}")
-    with parallel_program(given[TARGET], workload), replayed(given, workload) as replays:
+    after = quantise_shards if shards else None
+    with (
+        parallel_program(given[TARGET], workload, after),
+        replayed(given, workload) as replays,
+    ):
         trace = step.trace(given, workload)
+    quantised = found[0]
     trace.facts.repeated_layers = replays.describe(trace)
     record_stage(given[TARGET], trace)
     note = getattr(given[TARGET], "torchroof_build_note", None)

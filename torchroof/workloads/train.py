@@ -367,6 +367,37 @@ def _record_step(trace: Trace, params: Sequence[torch.Tensor], workload: Workloa
     trace.facts.optimizer = workload.optimizer
     trace.facts.precision = workload.precision
     trace.facts.parameters = sum(p.numel() for p in params)
+    if workload.zero == 1:
+        trace.facts.whole_gradients = whole_over_sharded(params)
+
+
+# Mesh dimensions a parameter is split over that ZeRO leaves split (its gradient too).
+_MODEL_PARALLEL_DIMS = ("tp", "ep", "pp", "cp")
+
+
+def whole_over_sharded(params: Sequence[torch.Tensor]) -> float:
+    """The elements of ``params`` whole over their data-parallel shards (FSDP2's, over the
+    dp ranks under ZeRO, or the ranks holding the same experts), tensor and expert shards
+    kept, over the elements the rank holds: what ZeRO-1 keeps of each gradient until it is
+    reduced, against what the traced program keeps."""
+    held = whole = 0
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        count = local.numel()
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None:  # a plain tensor: held whole already
+            held, whole = held + count, whole + count
+            continue
+        names = mesh.mesh_dim_names or ()
+        for dim, placement in enumerate(getattr(p, "placements", ())):
+            name = names[dim] if dim < len(names) else ""
+            # FSDP2 shards a tensor-parallel or expert weight with a strided shard
+            split = placement.is_shard() or type(placement).__name__ == "_StridedShard"
+            if split and name not in _MODEL_PARALLEL_DIMS:
+                count *= mesh.size(dim)
+        held += local.numel()
+        whole += count
+    return whole / held if held else 1.0
 
 
 def train_module(

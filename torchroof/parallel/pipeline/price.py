@@ -186,7 +186,7 @@ def price(
     footprint of the rank that holds the most, and the :class:`PipelineStep`."""
     priced = {index: price_stage(t) for index, t in trace.traces.items()}
     count = len(trace.traced_as)
-    reshard = trace.facts.workload.reshard_after_forward if trace.facts.workload else True
+    reshard = trace.facts.workload.plan.reshards_after_forward if trace.facts.workload else True
     actions = {
         s: stage_actions(
             priced[trace.traced_as[s]],
