@@ -365,3 +365,19 @@ def test_fewer_local_experts_than_their_ranks_shard_along_dim_one():
     ]
     assert len(gathers) == 2 * LAYERS  # forward, then again in backward
     assert {message_bytes(op) for op in gathers} == {49_152}
+
+
+def test_experts_whose_rows_do_not_split_evenly_shard_whole():
+    # fsdp 24, ep 8: each expert lives on 3 ranks, and neither gate-up's 256 rows nor
+    # down's 64 split into 3; FSDP2 splits dim 1 evenly only, so these shard along dim 0
+    # (padded to one expert per rank: the gather carries 3 experts, 3 x 24,576 bf16)
+    trace = torchroof.trace_model(MixtralConfig(**MIXTRAL), "train", batch=B, seq=T, fsdp=24, ep=8)
+    gathers = [
+        op
+        for op in trace.ops
+        if kind_of(op.packet) == "collective"
+        and collective_kind(op) == "all_gather"
+        and op.arg("group_ranks") == [0, 8, 16]
+    ]
+    assert len(gathers) == 2 * LAYERS
+    assert {message_bytes(op) for op in gathers} == {3 * 24_576 * BF16}

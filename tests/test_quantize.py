@@ -433,24 +433,25 @@ def test_a_sharded_layer_keeps_its_bias_and_its_style():
     wide = torchroof.estimate(config, "decode", **sizes)
     packed = torchroof.estimate(config, "decode", quant="int4-weight", **sizes)
     assert wide.memory.weights_bytes - packed.memory.weights_bytes == 433_152
+    # the same all-reduces, of the same bytes, as bf16: the bias is added once, after
+    assert [k.bytes for k in packed.kernels if k.unit == "network"] == [
+        k.bytes for k in wide.kernels if k.unit == "network"
+    ]
 
 
 def test_latent_attention_and_experts_quantise_their_shards():
-    # DeepSeek's latent attention: the packed kv_a projection gets its style (which reads
-    # the model's config) back; Mixtral's experts under tp 2 pack their shards: gate-up
-    # [8, 256, 64] column-split to [8, 128, 64], down [8, 64, 128] row-split to [8, 64, 64]
-    from transformers import DeepseekV3Config, MixtralConfig
+    # DeepSeek-V2's latent attention: kv_a_proj_with_mqa's style (mla_kv_a_proj) reads the
+    # model's config from the layer, so the packed layer that replaces it gets it back;
+    # Mixtral's experts under tp 2 pack their shards: gate-up [8, 256, 64] column-split to
+    # [8, 128, 64], down [8, 64, 128] row-split to [8, 64, 64]
+    from transformers import DeepseekV2Config, MixtralConfig
 
-    mla = torchroof.estimate(
-        DeepseekV3Config(**TINY_MLA),
-        "prefill",
-        batch=1,
-        seq=32,
-        tp=2,
-        quant="mxfp4-weight",
-        hardware="dgx-h100",
-    )
-    assert "MXFP4" in mla.facts.quant
+    # kv_lora_rank 56 + rope 8 = 64 outputs, a width the recipe's GEMM takes (40 is not)
+    fields = {k: v for k, v in TINY_MLA.items() if k != "first_k_dense_replace"}
+    v2 = DeepseekV2Config(**{**fields, "kv_lora_rank": 56})
+    assert v2.base_model_tp_plan.get("layers.*.self_attn.kv_a_proj_with_mqa") == "mla_kv_a_proj"
+    trace = torchroof.trace_model(v2, "prefill", batch=1, seq=32, tp=2, quant="mxfp4-weight")
+    assert any("mxfp4_weight_mm" in op.name and "kv_a_proj" in op.module for op in trace.ops)
     trace = torchroof.trace_model(
         MixtralConfig(**TINY_MIXTRAL), "decode", batch=2, context=32, tp=2, quant="int8-weight"
     )

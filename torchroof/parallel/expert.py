@@ -198,7 +198,14 @@ def shard_experts(
             # whole expert per rank and every all-gather would carry efsdp of them;
             # torchtitan shards such experts along dim 1 instead (parallelize.py apply_fsdp,
             # its _experts_shard_placement_fn)
-            extra["shard_placement_fn"] = lambda param: Shard(1) if param.dim() > 1 else None
+            ranks = efsdp_mesh.size()
+
+            def along_rows(param: nn.Parameter, ranks: int = ranks) -> Any:
+                # FSDP2 splits dim 1 evenly only; otherwise dim 0, padded (its default)
+                splits = param.dim() > 1 and _local(param).shape[1] % ranks == 0
+                return Shard(1) if splits else None
+
+            extra["shard_placement_fn"] = along_rows
         fully_shard(experts, mesh=efsdp_mesh, reshard_after_forward=reshard_after_forward, **extra)
     return set()
 
