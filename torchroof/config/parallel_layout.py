@@ -3,7 +3,7 @@ and the checks of which of them compose (and with which steps)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchroof.config import choices
 from torchroof.config.checks import positive_int
@@ -37,11 +37,8 @@ class Parallelism:
     def mesh(self) -> ParallelPlan:
         """The ranks the step's program spans (world = pp · dp · fsdp · cp · tp). ZeRO
         1 to 3 over the dp ranks runs FSDP2 over them (:attr:`reshards_after_forward`)."""
-        if self.zero:
-            return ParallelPlan(pp=self.pp, fsdp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep)
-        return ParallelPlan(
-            pp=self.pp, dp=self.dp, fsdp=self.fsdp, cp=self.cp, tp=self.tp, ep=self.ep
-        )
+        given = self.given_mesh
+        return replace(given, dp=1, fsdp=self.dp) if self.zero else given
 
     @property
     def given_mesh(self) -> ParallelPlan:

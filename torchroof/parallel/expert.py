@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from torchroof.capture.storage import local_shard
 from torchroof.parallel.fsdp import FSDP_IGNORED, shards_data
 from torchroof.parallel.plans import owned_plan
 from torchroof.parallel.strategy import Strategy
@@ -191,7 +192,9 @@ def shard_experts(
         if replicated:  # DDP: each expert whole on the ranks that hold it
             replicate(experts, mesh=efsdp_mesh)
             continue
-        local = min((_local(p).shape[0] for p in experts.parameters() if p.dim() > 1), default=0)
+        local = min(
+            (local_shard(p).shape[0] for p in experts.parameters() if p.dim() > 1), default=0
+        )
         extra: dict[str, Any] = {}
         if local < efsdp_mesh.size():
             # fewer local experts than ranks to shard them over: dim 0 would be padded to a
@@ -202,17 +205,12 @@ def shard_experts(
 
             def along_rows(param: nn.Parameter, ranks: int = ranks) -> Any:
                 # FSDP2 splits dim 1 evenly only; otherwise dim 0, padded (its default)
-                splits = param.dim() > 1 and _local(param).shape[1] % ranks == 0
+                splits = param.dim() > 1 and local_shard(param).shape[1] % ranks == 0
                 return Shard(1) if splits else None
 
             extra["shard_placement_fn"] = along_rows
         fully_shard(experts, mesh=efsdp_mesh, reshard_after_forward=reshard_after_forward, **extra)
     return set()
-
-
-def _local(param: nn.Parameter) -> Any:
-    """The rank's part of ``param`` (an expert-parallel DTensor's local experts)."""
-    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractContextManager[Any]:

@@ -382,7 +382,7 @@ def whole_over_sharded(params: Sequence[torch.Tensor]) -> float:
     reduced, against what the traced program keeps."""
     held = whole = 0
     for p in params:
-        local = p.to_local() if hasattr(p, "to_local") else p
+        local = local_shard(p)
         count = local.numel()
         mesh = getattr(p, "device_mesh", None)
         if mesh is None:  # a plain tensor: held whole already
