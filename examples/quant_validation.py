@@ -124,7 +124,7 @@ KV_UNKNOWN = (
 )
 BEYOND = "priced beyond Llama-2's 4096 positions (as the run)"
 TRAIN = (
-    "per-op selective AC not modelled: priced without checkpointing (the nearer choice); "
+    "torchtitan's per-op selective AC (checkpoint_policy 'selective'); "
     f"compiled (fusion 'fused'); {mgv.FP32_REDUCE}"
 )
 TRAIN_H100 = "'8xH100' (variant not stated) priced on dgx-h100 (SXM, 700 W)"
@@ -283,7 +283,7 @@ def _phase(
         label += f" (context {sizes['context']})"
     workload: dict[str, Any] = {"tp": 1, **sizes, "quant": run["quant"]}
     if regime == "train":
-        workload.update(precision="mixed", checkpointing=False)
+        workload.update(precision="mixed", checkpointing=True, checkpoint_policy="selective")
     else:
         workload.update(dtype=choice.dtype, kv_dtype=kv_dtype)
     workload.update(choice.workload)

@@ -57,6 +57,9 @@ class Asked:
     runtime: str
     extra: Mapping[str, Any]
     source: str
+    # the run with the other KV cache dtype, where the source does not publish it: priced
+    # instead when the request's own cache cannot fit the GPU (the run ran, so it fit)
+    alternative: Any = None
 
     @property
     def kind(self) -> str:
@@ -91,12 +94,16 @@ def asked_runs() -> list[Asked]:
         if isinstance(choice, str):
             continue
         req = _with_runtime(qv.request(run, choice), run["runtime"])
-        out.append(Asked(run, req, run["runtime"], {}, "quantised"))
+        other = choice.alternative_kv
+        alt = _with_runtime(qv.request(run, choice, other), run["runtime"]) if other else None
+        out.append(Asked(run, req, run["runtime"], {}, "quantised", alt))
     for run in runtime_runs():
         asked = new_request(run)
         if not isinstance(asked, str):
             req = _with_runtime(asked, run["runtime"])
-            out.append(Asked(run, req, run["runtime"], {}, "runtime"))
+            offload = run.get("activation_offload_layers")  # Megatron's cpu_offloading
+            extra = {"offload_activations": offload} if offload else {}
+            out.append(Asked(run, req, run["runtime"], extra, "runtime"))
     return out
 
 
@@ -226,6 +233,10 @@ class Priced:
     memory_bytes: int
     capacity_bytes: int
 
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
 
 @dataclass(frozen=True)
 class Row:
@@ -242,6 +253,8 @@ class Row:
     source: str
     memory_gib: float | None = None  # the largest step's footprint per GPU (None: kernels)
     capacity_gib: float | None = None
+    reading: str = ""  # a reading of the run chosen here that its source does not state
+    published_memory_gib: float | None = None  # the peak memory the source reports
 
     @property
     def fits(self) -> bool | None:
@@ -274,6 +287,12 @@ class Row:
             "capacity_gib": self.capacity_gib,
             "fits": self.fits,
             "source": self.source,
+            **({"reading": self.reading} if self.reading else {}),
+            **(
+                {"published_memory_gib": self.published_memory_gib}
+                if self.published_memory_gib is not None
+                else {}
+            ),
         }
 
 
@@ -307,8 +326,9 @@ def price(asked: list[Asked], progress: Callable[[str], None] = print) -> list[R
     """Every asked run priced in both modes; phases grouped by trace, each traced once."""
     by_trace: dict[str, list[tuple[Any, Mapping[str, Any]]]] = defaultdict(list)
     for a in asked:
-        for phase in a.request.phases:
-            by_trace[phase.trace_key].append((phase, a.extra))
+        for request in (a.request, a.alternative):
+            for phase in request.phases if request is not None else ():
+                by_trace[phase.trace_key].append((phase, a.extra))
     priced: dict[str, Priced] = {}
     pricer = Pricer()
     for group in by_trace.values():
@@ -317,20 +337,53 @@ def price(asked: list[Asked], progress: Callable[[str], None] = print) -> list[R
             if key not in priced:
                 progress(f"  {phase.model} {phase.label} on {phase.hardware} ({phase.runtime})")
                 priced[key] = pricer(phase, extra)
+
+    def steps_of(request: Any, extra: Mapping[str, Any]) -> list[tuple[float, Priced]]:
+        keys = [f"{p.key}|{json.dumps(dict(extra), sort_keys=True)}" for p in request.phases]
+        return [(p.weight, priced[k]) for p, k in zip(request.phases, keys, strict=True)]
+
+    def largest(steps: list[tuple[float, Priced]]) -> Priced:
+        return max((step for _, step in steps), key=lambda step: step.memory_bytes)
+
     rows = []
     for a in asked:
-        keys = [f"{p.key}|{json.dumps(dict(a.extra), sort_keys=True)}" for p in a.request.phases]
-        steps = [(p.weight, priced[k]) for p, k in zip(a.request.phases, keys, strict=True)]
+        steps, reading = steps_of(a.request, a.extra), ""
+        if a.alternative is not None and not largest(steps).fits:
+            other = steps_of(a.alternative, a.extra)
+            if largest(other).fits:
+                kv = a.alternative.phases[0].workload.get("kv_dtype")
+                steps, reading = other, f"{kv} KV cache: not published, and the model's dtype "
+                reading += "would not fit the GPU"
         pure = sum(weight * step.pure_s for weight, step in steps)
         real = sum(weight * step.realistic_s for weight, step in steps)
         measured_s = a.request.figure.seconds(a.run["measured"]["value"])
         hardware = a.request.phases[0].hardware
-        largest = max((step for _, step in steps), key=lambda step: step.memory_bytes)
+        most = largest(steps)
         rows.append(
             Row(a.run["id"], a.kind, a.runtime, hardware, _measured(a.run), measured_s, pure, real,
-                a.source, largest.memory_bytes / GIB, largest.capacity_bytes / GIB)
+                a.source, most.memory_bytes / GIB, most.capacity_bytes / GIB, reading,
+                published_memory_gib(a.run))
         )  # fmt: skip
     return rows
+
+
+PUBLISHED_MEMORY = {
+    "peak_memory_gib": GIB,  # torchtitan's logged peak (GiB)
+    "peak_memory_active_GiB": GIB,  # torchtune's peak active memory
+    "peak_memory_GB": 1e9,  # torchao's benchmarks print GB (10^9 B)
+}
+
+
+def published_memory_gib(run: Mapping[str, Any]) -> float | None:
+    """The peak memory per GPU a run's source reports, in GiB (None: not reported)."""
+    also = run["measured"].get("also") or {}
+    for key, unit in PUBLISHED_MEMORY.items():
+        if key in also:
+            return float(also[key]) * unit / GIB
+    text = also.get("peak_memory_per_gpu")  # torchtune's README tables: "16.2 GiB"
+    if isinstance(text, str) and text.endswith(" GiB"):
+        return float(text.removesuffix(" GiB"))
+    return None
 
 
 def kernel_rows(progress: Callable[[str], None] = print) -> list[Row]:
@@ -392,7 +445,8 @@ def _memory(row: Mapping[str, Any]) -> str:
     if row.get("memory_gib") is None:
         return "-"
     verdict = "fits" if row["fits"] else "does NOT fit"
-    return f"{row['memory_gib']:.1f} of {row['capacity_gib']:.0f} ({verdict})"
+    reading = f"; {row['reading']}" if row.get("reading") else ""
+    return f"{row['memory_gib']:.1f} of {row['capacity_gib']:.0f} ({verdict}{reading})"
 
 
 def group_rows(groups: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:

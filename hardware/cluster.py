@@ -10,7 +10,7 @@ or xGMI domain (``gpus_per_node``), and three link classes, each a rate per GPU 
 
 - ``[intra_node]``: the scale-up link inside the domain (NVLink through NVSwitch, xGMI mesh).
 - ``[network]``: the NIC each GPU owns for traffic between nodes (one rail per GPU).
-- ``[pcie]``: the GPU's host link (informational; nothing is priced on it yet).
+- ``[pcie]``: the GPU's host link (what activation offload crosses).
 
 Line rate, the fraction of it a collective library reaches, and latency are separate sourced
 figures (nccl-tests bus bandwidth: an 8x H100 node reaches ~370 of 450 GB/s). The format
@@ -81,8 +81,9 @@ class UnknownClusterError(UnknownHardwareError):
 class Link:
     """One class of link, per GPU per direction.
 
-    ``achieved_fraction`` and ``latency_s`` are absent only on ``[pcie]``, which nothing
-    prices yet; ``nvls_all_reduce_bus_bytes_per_s`` only where the switch reduces in-fabric.
+    ``achieved_fraction`` and ``latency_s`` are absent only on ``[pcie]``, the host link,
+    which only activation offload crosses (at its line rate);
+    ``nvls_all_reduce_bus_bytes_per_s`` only where the switch reduces in-fabric.
     """
 
     kind: str  # "nvlink", "xgmi", "pcie" (intra-node); "network"; "pcie" (host link)

@@ -72,7 +72,13 @@ def test_each_stage_shards_what_zero_says(stages):
     diff = stages[1].memory.total_bytes - stages[2].memory.total_bytes
     assert diff == stages[2].memory.gradients_bytes * (DP - 1)
     # 1 and 2 keep every layer's gathered parameters from forward to backward; 3 frees them
-    assert stages[2].memory.layer_buffers_bytes > stages[3].memory.layer_buffers_bytes
+    # (priced eager, every op's output kept, the peak falls where the forward ends; fused
+    # kernels keep fewer activations and move this tiny model's peak into the backward)
+    eager = {
+        zero: torchroof.estimate(LlamaConfig(**TINY), "train", zero=zero, fusion="eager", **BASE)
+        for zero in (2, 3)
+    }
+    assert eager[2].memory.layer_buffers_bytes > eager[3].memory.layer_buffers_bytes
 
 
 def test_each_stage_sends_what_zero_says(stages):

@@ -197,6 +197,7 @@ def estimate(
     overlap_communication: bool | None = None,
     routing_imbalance: float | None = None,
     routing: str | None = None,
+    offload_activations: int | None = None,
     compute_efficiency: float | None = None,
     bandwidth_efficiency: float | None = None,
     launch_overhead_s: float | None = None,

@@ -116,6 +116,13 @@ class PricingOptions:
         "measured histogram of the experts' shares (comma-separated, or a file of numbers)",
         group="pricing",
     )
+    offload_activations: int = knob(
+        0,
+        "training: the first N decoder layers send what their forward saved to host memory "
+        "and read it back before their backward, over the GPU's host link (Megatron-Core's "
+        "cpu_offloading_num_layers)",
+        group="pricing",
+    )
     compute_efficiency: float = knob(
         1.0, "fraction of peak FLOP/s reached, in (0, 1]", group="pricing"
     )
@@ -198,6 +205,11 @@ class PricingOptions:
                 f"share: >= 1, got {self.routing_imbalance!r}"
             )
         object.__setattr__(self, "routing", inline_routing(self.routing))  # a file: read once
+        offload = self.offload_activations
+        if isinstance(offload, bool) or not isinstance(offload, int) or offload < 0:
+            raise OptionError(
+                f"offload_activations counts decoder layers: an integer >= 0, got {offload!r}"
+            )
         if self.launch_overhead_s < 0:
             raise OptionError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
 

@@ -34,6 +34,8 @@ from torchroof.pricing.collectives import (
 )
 from torchroof.pricing.experts import busiest_rank, routed
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.offload import offload_activations
+from torchroof.pricing.residency import kernel_residency
 from torchroof.pricing.routing import RoutedRank, grouped_gemm, routed_rank
 from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
 from torchroof.pricing.trace_checks import check_cluster_fits
@@ -44,7 +46,13 @@ from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.kinds import Boundary
-from torchroof.report.memory import TransientPeak, footprint, transient_peak
+from torchroof.report.memory import (
+    Residency,
+    TransientPeak,
+    backward_saved_bytes,
+    footprint,
+    transient_peak,
+)
 from torchroof.timing.kernel_shape import KernelShape, kernel_shape
 from torchroof.timing.roofline import NO_RUNTIME, KernelTime, time_kernel
 from torchroof.timing.runtime import StepRuntime
@@ -104,7 +112,8 @@ def check_step(
     pricing: PricingOptions,
 ) -> None:
     """Refuse a step the options or the hardware cannot price: a cluster too small for its
-    ranks, routing imbalance without sharded experts, a recipe the accelerator cannot run."""
+    ranks, routing imbalance without sharded experts, activation offload outside a
+    single-stage training step, a recipe the accelerator cannot run."""
     check_runtime(pricing, workload)
     if cluster is not None and workload is not None:
         check_cluster_fits(workload, cluster)
@@ -114,6 +123,17 @@ def check_step(
             "ranks; this step does not shard its experts (ep=1), so its experts get every "
             "routed token whatever the routing: trace it with ep > 1"
         )
+    if pricing.offload_activations and workload is not None:
+        if not workload.trains:
+            raise OptionError(
+                "offload_activations moves what a forward saves for its backward: it applies "
+                f"to a training step, not a {workload.regime} step"
+            )
+        if workload.pp > 1:
+            raise OptionError(
+                "offload_activations is not priced for pipelined steps yet: each stage's "
+                "layers would need their own count"
+            )
     quant = workload.quant if workload else "none"
     check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)
 
@@ -192,6 +212,9 @@ class KernelPlan:
     # per kernel, the index of the kernel it is a copy of (a repeated layer's; its own index
     # where it is none): None when the step was grouped op by op
     sources: tuple[int, ...] | None = None
+    # what the fused kernels never write out (None: eager, every op's output is kept)
+    residency: Residency | None = None
+    backward_saved_bytes: int = 0  # what the forward keeps for the backward (plan_kernels)
 
 
 PlanCache = dict[tuple[object, ...], KernelPlan]
@@ -224,7 +247,9 @@ class TracePlans:
 def plan_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
     """Group ``trace``'s ops into kernels under ``pricing``'s kernel policy."""
     grouped = group_kernels(trace, pricing)
-    return replace(grouped, peak=transient_peak(trace, grouped.roles))
+    peak = transient_peak(trace, grouped.roles, grouped.residency)
+    saved = backward_saved_bytes(trace, grouped.roles, grouped.residency)
+    return replace(grouped, peak=peak, backward_saved_bytes=saved)
 
 
 def group_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
@@ -239,7 +264,8 @@ def group_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
         kernels, coverage, sources = built.kernels, built.coverage, built.sources
     else:
         (kernels, coverage), sources = build_kernels(ops, policy, roles), None
-    return KernelPlan(step, roles, kernels, coverage, None, sources)
+    residency = kernel_residency(kernels, roles) if fused else None
+    return KernelPlan(step, roles, kernels, coverage, None, sources, residency)
 
 
 def price_trace(
@@ -281,6 +307,23 @@ def price_trace(
         timed, step_time_s = _scheduled(timed, kernels, pricing)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
+    memory = footprint(
+        trace,
+        spec.hbm_capacity_bytes.value,
+        batch,
+        roles,
+        zero_one_gradients(add_counts(trace.role_bytes, step.role_bytes), trace.facts),
+        peak=plan.peak,
+        backward_saved=plan.backward_saved_bytes,
+    )
+    offload = None
+    if pricing.offload_activations:
+        link = host_link(spec, cluster)
+        offload = offload_activations(
+            trace, roles, plan.residency, timed, pricing.offload_activations, link
+        )
+        freed = offload.bytes - offload.held_bytes
+        memory = replace(memory, activations_peak_bytes=memory.activations_peak_bytes - freed)
     return Estimate(
         hardware=spec.name,
         hardware_display=spec.display_name,
@@ -297,22 +340,31 @@ def price_trace(
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
             *trace_assumption_lines(trace),
+            *([offload.line()] if offload else []),
         ],
         options=pricing,
         facts=replace(trace.facts),
-        memory=footprint(
-            trace,
-            spec.hbm_capacity_bytes.value,
-            batch,
-            roles,
-            zero_one_gradients(add_counts(trace.role_bytes, step.role_bytes), trace.facts),
-            peak=plan.peak,
-        ),
+        memory=memory,
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
         host_overhead_s=runtime.host_overhead_s,
+        offload_exposed_s=offload.exposed_s if offload else 0.0,
     )
+
+
+def host_link(spec: HardwareSpec, cluster: ClusterSpec | None) -> tuple[str, float]:
+    """(name, bytes per second each way) of the GPU's link to host memory: the cluster's
+    host link where it names one, else the accelerator file's ``pcie`` figure."""
+    if cluster is not None and cluster.pcie is not None:
+        return cluster.pcie.name, cluster.pcie.line_bytes_per_s.value
+    figure = spec.interconnect_bytes_per_s.get("pcie")
+    if figure is None:
+        raise OptionError(
+            f"offload_activations crosses the GPU's host link: {spec.name} gives no pcie "
+            "figure (interconnect_bytes_per_s.pcie in its hardware file)"
+        )
+    return "PCIe", figure.value
 
 
 def _geometry(kernel: Kernel) -> tuple[KernelShape, int]:

@@ -132,6 +132,7 @@ class SymbolicPlan:
             self.plan.roles,
             {role: values.of(size) for role, size in self.role_bytes.items()},
             peak=self.lives.peak(numbers),
+            backward_saved=0,  # serving steps only (torchroof.symbolic.AXES): no backward
         )
         repeated = _Repeated(
             hardware=spec.name,
@@ -258,7 +259,7 @@ def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicP
     clear_layout_caches()  # each comparison on a size is made, and written down, here
     with deciding() as log:
         plan = group_kernels(trace, pricing)
-        lives = live_bytes(trace, plan.roles)
+        lives = live_bytes(trace, plan.roles, plan.residency)
         role_bytes = add_counts(trace.role_bytes, plan.step.role_bytes)
     sources = plan.sources or tuple(range(len(plan.kernels)))
     classes = tuple(sorted(set(sources)))

@@ -115,8 +115,12 @@ def estimate_problems(data: Any, kernel_class: type) -> list[str]:
     if not _number(host) or host < 0:
         problems.append(f'"host_overhead_s" is {host!r}: a number of seconds >= 0')
         host = 0.0
+    offload = data.get("offload_exposed_s", 0.0)
+    if not _number(offload) or offload < 0:
+        problems.append(f'"offload_exposed_s" is {offload!r}: a number of seconds >= 0')
+        offload = 0.0
     if isinstance(totals, dict):
-        time_s = (step if step is not None else summed) + host
+        time_s = (step if step is not None else summed) + host + offload
         if _number(totals.get("time_s")) and not math.isclose(
             totals["time_s"], time_s, rel_tol=_REL, abs_tol=1e-12
         ):

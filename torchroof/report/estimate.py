@@ -307,16 +307,20 @@ class Estimate:
     # host time per step the GPU waits on under the runtime (realistic mode: a serving
     # engine's scheduling, sampling and detokenisation), added to the step time
     host_overhead_s: float = 0.0
+    # activation offload (torchroof.pricing.offload): its copies' time not hidden behind the
+    # layers' compute, added to the step time
+    offload_exposed_s: float = 0.0
 
     # -- totals ---------------------------------------------------------------------------
     @property
     def time_s(self) -> float:
         """The step time: the two-stream schedule's last end when the step has collectives
         (torchroof.timing.streams), else the kernels' times summed (they run back to back);
-        plus the runtime's host time per step."""
+        plus the runtime's host time per step and the exposed time of activation offload."""
+        added = self.host_overhead_s + self.offload_exposed_s
         if self.step_time_s is not None:
-            return self.step_time_s + self.host_overhead_s
-        return analysis.added(k.time_s for k in self.kernels) + self.host_overhead_s
+            return self.step_time_s + added
+        return analysis.added(k.time_s for k in self.kernels) + added
 
     @property
     def flops(self) -> int:
@@ -420,6 +424,7 @@ class Estimate:
             "link_ridges": self.link_ridges,
             "step_time_s": self.step_time_s,
             "host_overhead_s": self.host_overhead_s,
+            "offload_exposed_s": self.offload_exposed_s,
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "totals": {
                 "time_s": self.time_s,
@@ -471,6 +476,7 @@ class Estimate:
             link_ridges=data.get("link_ridges", {}),
             step_time_s=data.get("step_time_s"),
             host_overhead_s=data.get("host_overhead_s", 0.0),
+            offload_exposed_s=data.get("offload_exposed_s", 0.0),
             pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 

@@ -5,7 +5,7 @@ A parallel step's footprint is its traced rank's."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchroof.counters import kind_of
@@ -43,6 +43,19 @@ def unsharded_layer_buffers(trace: Trace) -> set[int]:
 
 
 @dataclass(frozen=True)
+class Residency:
+    """What a step's kernels keep in device memory, where it differs from its ops one by
+    one: ``unwritten``, the storages its fused kernels make but never write out (an
+    intermediate inside one kernel, or a forward tensor the backward rebuilds instead of
+    reading), and ``late_reads``, op index -> storages a kernel ending there reads besides
+    what its ops read (the sources a rebuilt tensor is made from). Eager kernels keep every
+    op's output: no Residency."""
+
+    unwritten: frozenset[int] = frozenset()
+    late_reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TransientPeak:
     """The largest sum of transient storages alive at once, and how much of it is FSDP's
     unsharded layer buffers (batch-independent) rather than activations."""
@@ -55,7 +68,9 @@ class TransientPeak:
         return self.total_bytes - self.layer_buffers_bytes
 
 
-def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> TransientPeak:
+def transient_peak(
+    trace: Trace, roles: dict[int, str] | None = None, residency: Residency | None = None
+) -> TransientPeak:
     """Largest sum of transient storages (activations, FSDP's unsharded layer buffers)
     alive at once.
 
@@ -67,17 +82,20 @@ def transient_peak(trace: Trace, roles: dict[int, str] | None = None) -> Transie
     storage used since its birth starts a new life of it. NB: sizes are the largest extent
     any view reached, a lower bound on the allocation; allocator rounding and
     fragmentation are not modelled. ``roles`` replaces ``trace.roles`` (labels found by
-    reading the trace, e.g. the gradients and optimizer state of a step traced by hand).
+    reading the trace, e.g. the gradients and optimizer state of a step traced by hand);
+    ``residency`` drops what fused kernels never write (:class:`Residency`).
     """
-    return first_peak(live_bytes(trace, roles))
+    return first_peak(live_bytes(trace, roles, residency))
 
 
-def live_bytes(trace: Trace, roles: dict[int, str] | None = None) -> list[TransientPeak]:
+def live_bytes(
+    trace: Trace, roles: dict[int, str] | None = None, residency: Residency | None = None
+) -> list[TransientPeak]:
     """The transient bytes alive after each op where they change, in execution order (of
     which :func:`transient_peak` is the largest): sizes whose polynomials are evaluated
     at every point of a grid at once (:mod:`torchroof.pricing.symbolic_plan`)."""
     known: Mapping[int, str] = trace.roles if roles is None else roles
-    born, dies, size, buffers = _lifetimes(trace, known)
+    born, dies, size, buffers = _lifetimes(trace, known, residency)
     delta: dict[int, list[int]] = {}
     for key, start in born.items():
         in_buffers = key[0] in buffers
@@ -106,11 +124,15 @@ Life = tuple[int, int]  # (storage, which life of it)
 
 
 def _lifetimes(
-    trace: Trace, roles: Mapping[int, str]
+    trace: Trace, roles: Mapping[int, str], residency: Residency | None = None
 ) -> tuple[dict[Life, int], dict[Life, int], dict[Life, int], set[int]]:
     """(birth op, death op, bytes) of every transient storage life, and FSDP's unsharded
-    layer buffers (see :func:`transient_peak`)."""
+    layer buffers (see :func:`transient_peak`); a storage ``residency`` says no kernel
+    writes has none."""
     buffers = unsharded_layer_buffers(trace)
+    # FSDP writes its buffers through ``out=`` arguments no kernel cost lists: always kept
+    unwritten = residency.unwritten - buffers if residency else frozenset()
+    late_reads = residency.late_reads if residency else {}
     life: dict[int, int] = {}  # storage -> its current life (FSDP storages live several)
     size: dict[tuple[int, int], int] = {}
     born: dict[tuple[int, int], int] = {}
@@ -127,7 +149,7 @@ def _lifetimes(
         # freed: only an op that reads or writes a buffer's data keeps it alive.
         keeps_buffers = kind_of(op.packet) not in _NO_DATA_KINDS
         for t in op.outputs:
-            if t.storage in roles:
+            if t.storage in roles or t.storage in unwritten:
                 continue
             key = (t.storage, life.get(t.storage, 0))
             if key not in born:
@@ -141,16 +163,65 @@ def _lifetimes(
                 size[key] = max(size[key], storage_extent_bytes(t))
                 if keeps_buffers or t.storage not in buffers:
                     dies[key] = op.index
+        for storage in late_reads.get(op.index, ()):
+            key = (storage, life.get(storage, 0))
+            if key in born:
+                dies[key] = max(dies[key], op.index)
     return born, dies, size, buffers
 
 
-def saved_bytes(trace: Trace, index: int, roles: dict[int, str] | None = None) -> int:
+def saved_bytes(
+    trace: Trace,
+    index: int,
+    roles: dict[int, str] | None = None,
+    residency: Residency | None = None,
+) -> int:
     """Bytes of transient storages (activations) born by op ``index`` and used after it:
     what a forward ending there keeps for its backward (in a pipelined step each micro-batch a
-    pipeline stage holds in flight keeps this much)."""
+    pipeline stage holds in flight keeps this much). FSDP's unsharded parameters kept from
+    the forward to the backward (``reshard_after_forward=False``) are not among them: every
+    micro-batch uses the same buffers, counted once in ``layer_buffers_bytes``."""
     known: Mapping[int, str] = trace.roles if roles is None else roles
-    born, dies, size, _ = _lifetimes(trace, known)
-    return sum(size[key] for key, start in born.items() if start < index <= dies[key])
+    born, dies, size, buffers = _lifetimes(trace, known, residency)
+    return sum(
+        size[key]
+        for key, start in born.items()
+        if start < index <= dies[key] and key[0] not in buffers
+    )
+
+
+def saved_bytes_by_producer(
+    trace: Trace,
+    index: int,
+    roles: Mapping[int, str] | None = None,
+    residency: Residency | None = None,
+) -> dict[int, int]:
+    """:func:`saved_bytes` split by the op that made each storage (op index -> bytes)."""
+    known: Mapping[int, str] = trace.roles if roles is None else roles
+    born, dies, size, buffers = _lifetimes(trace, known, residency)
+    out: dict[int, int] = {}
+    for key, start in born.items():
+        if start < index <= dies[key] and key[0] not in buffers:
+            out[start] = out.get(start, 0) + size[key]
+    return out
+
+
+def forward_end(trace: Trace) -> int | None:
+    """The index of the op that ends a training step's forward (a pipeline stage's mark,
+    else its first op outside the forward); None for a step with no backward."""
+    if trace.facts.pipeline is not None and trace.facts.pipeline.marks.forward_end is not None:
+        return trace.facts.pipeline.marks.forward_end
+    if not any(op.phase == "backward" for op in trace.ops):
+        return None
+    return next(op.index for op in trace.ops if op.phase != "forward")
+
+
+def backward_saved_bytes(
+    trace: Trace, roles: dict[int, str] | None = None, residency: Residency | None = None
+) -> int:
+    """:func:`saved_bytes` where the forward ends (0 without a backward)."""
+    end = forward_end(trace)
+    return 0 if end is None else saved_bytes(trace, end, roles, residency)
 
 
 @dataclass(frozen=True)
@@ -171,6 +242,9 @@ class MemoryFootprint:
     capacity_bytes: int
     batch: int = 1
     layer_buffers_bytes: int = 0
+    # what one forward keeps for its backward (a training step's; part of the activations'
+    # peak, not added to it): each further micro-batch a pipeline stage holds keeps as much
+    backward_saved_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -246,13 +320,17 @@ def footprint(
     roles: dict[int, str] | None = None,
     role_bytes: dict[str, int] | None = None,
     peak: TransientPeak | None = None,
+    backward_saved: int | None = None,
 ) -> MemoryFootprint:
     """The step's footprint; ``roles`` and ``role_bytes`` replace the trace's own labels
     (pipeline adds what it reads from the optimizer phase of a step traced by hand);
-    ``peak`` is :func:`transient_peak` of the same trace and roles, when already known."""
+    ``peak`` and ``backward_saved`` are :func:`transient_peak` and
+    :func:`backward_saved_bytes` of the same trace and roles, when already known."""
     role = trace.role_bytes if role_bytes is None else role_bytes
     if peak is None:
         peak = transient_peak(trace, roles)
+    if backward_saved is None:
+        backward_saved = backward_saved_bytes(trace, roles)
     return MemoryFootprint(
         weights_bytes=role.get("weights", 0),
         gradients_bytes=role.get("gradients", 0),
@@ -262,4 +340,5 @@ def footprint(
         capacity_bytes=int(capacity_bytes),
         batch=batch,
         layer_buffers_bytes=peak.layer_buffers_bytes,
+        backward_saved_bytes=backward_saved,
     )

@@ -36,7 +36,7 @@ from torchroof.parallel.pipeline.schedule import (
 )
 from torchroof.records.facts import StageMarks, StepFacts
 from torchroof.records.trace import Trace
-from torchroof.report.memory import MemoryFootprint, saved_bytes
+from torchroof.report.memory import MemoryFootprint
 from torchroof.report.pipeline_step import PipelineStep, RankRow, Span, StageRow
 from torchroof.timing.network import collective_time
 
@@ -232,7 +232,8 @@ def price(
         timeline=spans,
         latency_s=sum(r.forward_s for r in stages) + sum(t for t, _ in edges.values()),
     )
-    return _estimate(trace, priced, step, slowest, stages, capacity_bytes)
+    held = {r.rank: timeline.held_peak({s: stages[s].saved_bytes for s in r.stages}) for r in ranks}
+    return _estimate(trace, priced, step, slowest, stages, held, capacity_bytes)
 
 
 def _spans(
@@ -313,14 +314,9 @@ def _stage_rows(
     capacity_bytes: int,
 ) -> list[StageRow]:
     rows = []
-    saved_cache: dict[int, int] = {}
     for s, traced in enumerate(trace.traced_as):
-        t = trace.traces[traced]
-        marks = _marks(t)
-        if traced not in saved_cache:
-            end = marks.forward_end if marks.forward_end is not None else len(t.ops)
-            saved_cache[traced] = saved_bytes(t, end) if trace.trains else 0
         memory = priced[traced].memory
+        saved = memory.backward_saved_bytes if memory is not None and trace.trains else 0
         fixed_and_peak = memory.total_bytes if memory is not None else 0
         if memory is not None and not trace.trains:  # each micro-batch's sequences cached
             fixed_and_peak += (trace.microbatches - 1) * memory.kv_cache_bytes
@@ -342,8 +338,8 @@ def _stage_rows(
                 after_flops=int(a.after_flops),
                 activation_bytes=activation,
                 in_flight=in_flight,
-                saved_bytes=saved_cache[traced],
-                memory_bytes=fixed_and_peak + max(0, in_flight - 1) * saved_cache[traced],
+                saved_bytes=saved,
+                memory_bytes=fixed_and_peak + max(0, in_flight - 1) * saved,
                 capacity_bytes=capacity_bytes,
             )
         )
@@ -381,6 +377,7 @@ def _estimate(
     step: PipelineStep,
     slowest: RankRow,
     stages: list[StageRow],
+    held: dict[int, int],
     capacity_bytes: int,
 ) -> Estimate:
     """The slowest rank's stages' kernels (one micro-batch each, then the work after the
@@ -391,7 +388,8 @@ def _estimate(
         for kernel in priced[trace.traced_as[s]].kernels:
             kernels.append(replace(kernel, index=len(kernels)))
     footprints = {
-        r.rank: _rank_memory(priced, trace, r, stages, capacity_bytes) for r in step.ranks
+        r.rank: _rank_memory(priced, trace, r, stages, held[r.rank], capacity_bytes)
+        for r in step.ranks
     }
 
     def total_bytes(rank: int) -> int:
@@ -431,16 +429,17 @@ def _rank_memory(
     trace: PipelineTrace,
     rank: RankRow,
     stages: list[StageRow],
+    held: int,
     capacity_bytes: int,
 ) -> MemoryFootprint | None:
     """A rank's footprint: its stages' weights, gradients, optimizer state, KV cache and
-    layer buffers, the larger activation peak, and the activations of the micro-batches
-    each stage keeps in flight beyond the one at the peak."""
+    layer buffers, the larger activation peak, and the activations its stages keep for
+    the micro-batches in flight at the rank's fullest moment, beyond the one at the peak."""
     footprints = [priced[trace.traced_as[s]].memory for s in rank.stages]
     if any(f is None for f in footprints):
         return None
     found = [f for f in footprints if f is not None]
-    extra = sum(max(0, stages[s].in_flight - 1) * stages[s].saved_bytes for s in rank.stages)
+    extra = max(0, held - max(stages[s].saved_bytes for s in rank.stages))
     # a serving pipeline caches the K/V of every micro-batch's sequences on every stage
     cached = 1 if trace.trains else trace.microbatches
     return MemoryFootprint(
@@ -452,4 +451,5 @@ def _rank_memory(
         capacity_bytes=capacity_bytes,
         batch=found[0].batch * cached,
         layer_buffers_bytes=max(f.layer_buffers_bytes for f in found),
+        backward_saved_bytes=sum(f.backward_saved_bytes for f in found),
     )

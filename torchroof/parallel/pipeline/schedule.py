@@ -21,7 +21,7 @@ take (m + p − 1)(t_F + t_B): each rank idles (p − 1)/(m + p − 1) of the st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -189,16 +189,29 @@ class PipelineTimeline:
         """The most micro-batches whose activations ``stage`` holds at once: forwards run
         whose backward has not yet finished (a whole ``B``, or the ``W`` half of a split
         one: the weight gradients still read the saved inputs), in the rank's own order."""
+        return self.held_peak({stage: 1})
+
+    def held_peak(self, saved: Mapping[int, int]) -> int:
+        """The most a rank holds at once of what each forward of its stages keeps for its
+        backward: ``saved[stage]`` per micro-batch in flight, summed over the stages at the
+        same moment (a rank's stages peak at different times: torch's interleaved order
+        keeps rank 0's first stage full while its last has not begun, so the sum of each
+        stage's own peak overstates it). With ``pp`` ranks, ``v`` stages each and enough
+        micro-batches, rank 0 holds 2(pp − 1) + (v − 1)·pp + 1 stage-micro-batches at once,
+        the warm-up count of Megatron-LM's interleaved schedule
+        (``get_pipeline_parallel_schedule`` / ``forward_backward_pipelining_with_interleaving``
+        in megatron/core/pipeline_parallel/schedules.py) plus the one in its steady state."""
         release = (BACKWARD, BACKWARD_WEIGHT)
         held = peak = 0
         for timed in sorted(self.actions, key=lambda t: (t.start_s, t.end_s)):
-            if timed.action.stage != stage:
+            size = saved.get(timed.action.stage)
+            if size is None:
                 continue
             if timed.action.kind == FORWARD:
-                held += 1
+                held += size
                 peak = max(peak, held)
             elif timed.action.kind in release:
-                held -= 1
+                held -= size
         return peak
 
 
