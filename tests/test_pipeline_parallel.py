@@ -360,3 +360,60 @@ def test_each_stage_boundary_is_priced_on_the_link_it_crosses() -> None:
     assert sends[0] == pytest.approx(sends[2]) and sends[1] > sends[0]
     forward = sum(r.forward_s for r in step.stages)
     assert step.latency_s == pytest.approx(forward + sends[0] + sends[1] + sends[2])
+
+
+def test_a_model_without_a_pp_plan_is_split_as_its_forward_runs_it() -> None:
+    # GPT-2 ships no base_model_pp_plan: its 12 blocks (transformer.h) split 6 + 6, wte, wpe
+    # and the dropout with the first stage, ln_f and the tied head with the last
+    from torchroof.api import Trace
+
+    staged = torchroof.trace_model("gpt2", "prefill", seq=64, batch=1, pp=2, microbatches=2)
+    whole = torchroof.trace_model("gpt2", "prefill", seq=64, batch=1)
+    assert staged.layers == ["layers 0-5 + embedding", "layers 6-11 + norm + head"]
+    assert "wte, wpe, drop on the first stage, ln_f, the head on the last" in staged.split_note
+    flops = [Trace.of(t).estimate("h100-sxm").flops for t in staged.traces.values()]
+    # the two stages do the whole model's work, and one more add: the second stage adds its
+    # position embedding's stand-in (zeros) to what it receives, 64 tokens x 768 = 49,152
+    assert sum(flops) - whole.estimate("h100-sxm").flops == 64 * 768
+    est = staged.estimate("dgx-h100")
+    assert any("split: GPT2Model.h split as its forward runs it" in a for a in est.assumptions)
+
+
+@pytest.mark.parametrize("family", ["bloom", "falcon", "opt"])
+def test_derived_splits_train_layers_that_return_tuples_and_nested_lists(family) -> None:
+    # Bloom's and Falcon's blocks return tuples (hidden states first): another stage's
+    # block returns the same shape; OPT's layers sit in model.decoder.layers and its final
+    # norm is registered before them (the forward's order decides); Falcon's rotary
+    # embedding holds no parameter and runs on every stage
+    from transformers import BloomConfig, FalconConfig, OPTConfig
+
+    small = dict(vocab_size=128)
+    config = {
+        "bloom": BloomConfig(hidden_size=64, n_layer=4, n_head=4, **small),
+        "falcon": FalconConfig(
+            hidden_size=64, num_hidden_layers=4, num_attention_heads=4, **small
+        ),
+        "opt": OPTConfig(
+            hidden_size=64, ffn_dim=128, num_hidden_layers=4, num_attention_heads=4,
+            word_embed_proj_dim=64, **small,
+        ),
+    }[family]  # fmt: skip
+    staged = torchroof.trace_model(config, "train", seq=32, batch=1, pp=2, microbatches=2)
+    assert staged.layers == ["layers 0-1 + embedding", "layers 2-3 + norm + head"]
+    last = {"bloom": "ln_f", "falcon": "ln_f", "opt": "final_layer_norm"}[family]
+    assert f"{last}, the head on the last" in staged.split_note
+    if family == "falcon":
+        assert staged.split_note.endswith("rotary_emb on every stage")
+    step = staged.estimate("dgx-h100").pipeline
+    assert step is not None and [s.in_flight for s in step.stages] == [2, 1]
+
+
+def test_a_model_with_two_stacks_of_layers_is_refused() -> None:
+    from transformers import BartConfig
+
+    config = BartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128,
+    )  # fmt: skip
+    with pytest.raises(WorkloadError, match=r"it has 2 \(encoder.layers, decoder.layers\)"):
+        torchroof.trace_model(config, "prefill", seq=16, batch=1, pp=2, microbatches=2)

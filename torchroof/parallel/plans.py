@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from torch import nn
 
+STAND_INS = ("PipelineIdentityLayer", "SkippedLayer", "AddedNothing")
+"""What a pipeline stage puts in place of a module it does not own: transformers'
+``PipelineIdentityLayer``, and torchroof.parallel.stages' stand-ins for a derived split."""
+
 
 def not_owned(module: nn.Module | None) -> bool:
-    """A module a pipeline stage does not own: transformers' ``PipelineIdentityLayer``."""
-    return type(module).__name__ == "PipelineIdentityLayer"
+    """A module a pipeline stage does not own (:data:`STAND_INS`)."""
+    return type(module).__name__ in STAND_INS
 
 
 def owned_plan(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:

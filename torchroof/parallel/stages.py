@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 STAGE_ATTRIBUTE = "torchroof_pipeline_stage"
+LAYOUT_ATTRIBUTE = "torchroof_pipeline_layout"  # the model's PipelineLayout, once found
 SEQUENCE_MESH = "torchroof_sequence_mesh"  # set on a model under sequence parallel
 
 
@@ -117,11 +118,146 @@ def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
     raise WorkloadError(f"{type(model).__name__}'s pp plan names no list of decoder layers")
 
 
+@dataclass(frozen=True)
+class PipelineLayout:
+    """Where a causal LM's pipeline split falls: ``owner`` holds the decoder-layer list
+    ``list_name`` (``layers``) between the modules its forward runs before it (``before``:
+    the embeddings, the first stage's) and after it (``after``: the final norm, the last
+    stage's); ``base`` is the base model a stage runs for its hidden states. ``derived``:
+    read off the module tree and the order a forward calls it in, for a model without a
+    ``base_model_pp_plan``."""
+
+    base: nn.Module
+    owner: nn.Module
+    list_name: str
+    layers: nn.ModuleList
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    derived: str = ""  # how a derived split was found (empty: the model's pp plan)
+    layer_outputs: int = 0  # a derived layer's return: 0 a tensor, n a tuple of n
+
+    def split_note(self) -> str:
+        """A derived split, stated: which modules go with the first stage, which with the
+        last (empty for a split from the model's pp plan)."""
+        if not self.derived:
+            return ""
+        first = [
+            n for n in self.before if not _every_stage_runs(getattr(self.owner, n), self.derived)
+        ]
+        every = [n for n in self.before if n not in first]
+        return (
+            f"{self.derived} (no base_model_pp_plan): {', '.join(first) or 'nothing'} on the "
+            f"first stage, {', '.join([*self.after, 'the head'])} on the last"
+            + (f", {', '.join(every)} on every stage" if every else "")
+        )
+
+
+def pipeline_layout(model: nn.Module) -> PipelineLayout:
+    """The model's :class:`PipelineLayout`: from its ``base_model_pp_plan`` (the names before
+    the layer list are its embeddings, those after its final norm), else derived
+    (:func:`_derived_layout`). A WorkloadError when neither finds one list of layers."""
+    known = getattr(model, LAYOUT_ATTRIBUTE, None)
+    if isinstance(known, PipelineLayout):  # derived once (a forward): every stage key reads it
+        return known
+    plan = decoder_pp_plan(model)
+    if plan is None:
+        layout = _derived_layout(model)
+    else:
+        base, list_name, layers = decoder_layers(model)
+        names = list(plan)
+        at = names.index(list_name)
+        before, after = tuple(names[:at]), tuple(names[at + 1 :])
+        layout = PipelineLayout(base, base, list_name, layers, before, after)
+    setattr(model, LAYOUT_ATTRIBUTE, layout)
+    return layout
+
+
+def _derived_layout(model: nn.Module) -> PipelineLayout:
+    """A model without a ``base_model_pp_plan`` (GPT-2, OPT, Bloom, Falcon, GPT-J, ...): its
+    decoder layers are the base model's one outermost ``nn.ModuleList`` of blocks of one
+    class; the list's parent holds the ends, and which run before and which after the
+    layers is read from the order one forward calls them in (a 2-token forward on meta:
+    registration order misleads, OPT registers its final norm before its layers). A
+    WorkloadError for a model with no such list or with several (an encoder and a
+    decoder)."""
+    name = type(model).__name__
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if not isinstance(base, nn.Module) or not hasattr(model, "get_output_embeddings"):
+        raise WorkloadError(
+            f"{name} has no base_model_pp_plan and is not a causal LM with a base model: "
+            "no pipeline split for it"
+        )
+    found: list[tuple[str, nn.ModuleList]] = []
+    for path, module in base.named_modules():
+        if any(path.startswith(f"{outer}.") for outer, _ in found):
+            continue  # a list inside a block (experts)
+        if isinstance(module, nn.ModuleList) and len(module) > 1:
+            if len({type(m) for m in module}) == 1:
+                found.append((path, module))
+    if len(found) != 1:
+        lists = ", ".join(path for path, _ in found) or "none"
+        raise WorkloadError(
+            f"{name} has no base_model_pp_plan, and a pipeline splits one list of decoder "
+            f"layers: it has {len(found)} ({lists})"
+        )
+    path, layers = found[0]
+    owner_path, _, list_name = path.rpartition(".")
+    owner = base.get_submodule(owner_path) if owner_path else base
+    order, outputs = _call_order(model, owner)
+    if list_name not in order:
+        raise WorkloadError(f"{name}'s forward never runs {path}: no pipeline split for it")
+    at = order.index(list_name)
+    described = f"{type(base).__name__}.{path} split as its forward runs it"
+    return PipelineLayout(
+        base,
+        owner,
+        list_name,
+        layers,
+        tuple(order[:at]),
+        tuple(order[at + 1 :]),
+        described,
+        outputs,
+    )
+
+
+def _call_order(model: nn.Module, owner: nn.Module) -> tuple[list[str], int]:
+    """The names of ``owner``'s children in the order ``model``'s forward first calls them,
+    on a batch of one 2-token sequence (a meta model allocates nothing), and what its first
+    decoder layer returns (0: a tensor; n: a tuple of n, the hidden states first)."""
+    order: list[str] = []
+    outputs: list[int] = []
+    hooks = []
+    for child_name, child in owner.named_children():
+
+        def note(_module: nn.Module, _args: Any, child_name: str = child_name) -> None:
+            if child_name not in order:
+                order.append(child_name)
+
+        # a list of layers is iterated, not called: its first layer's call stands for it
+        called = child[0] if isinstance(child, nn.ModuleList) and len(child) else child
+        hooks.append(called.register_forward_pre_hook(note))
+        if called is not child:
+
+            def returned(_module: nn.Module, _args: Any, output: Any) -> None:
+                outputs.append(len(output) if isinstance(output, tuple) else 0)
+
+            hooks.append(called.register_forward_hook(returned))
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    try:  # under capture: meta's data-dependent questions (.item()) are answered
+        with torch.no_grad(), Capture():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return order, outputs[0] if outputs else 0
+
+
 def layer_signature(model: nn.Module, index: int) -> tuple[Any, ...]:
     """What makes decoder layer ``index`` cost what it costs: its parameters' names, shapes
     and dtypes, and its entry in the config's ``layer_types`` (sliding or full attention).
     Stages whose layers have equal signatures trace the same."""
-    _, _, layers = decoder_layers(model)
+    layers = pipeline_layout(model).layers
     layer = layers[index]
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
     kinds = getattr(_text_config(model), "layer_types", None)
@@ -170,27 +306,86 @@ def make_stage(model: nn.Module, split: StageSplit, split_backward: bool = False
     :data:`STAGE_ATTRIBUTE`."""
     from transformers.distributed.pipeline_parallel import PipelineIdentityLayer
 
-    base, list_name, layers = decoder_layers(model)
+    layout = pipeline_layout(model)
+    layers = layout.layers
     for index in range(len(layers)):
         if index not in split.layers:
-            layers[index] = PipelineIdentityLayer()
+            skipped = SkippedLayer(layout.layer_outputs) if layout.derived else None
+            layers[index] = skipped or PipelineIdentityLayer()
     hf = cast("PreTrainedModel", model)  # a transformers causal LM
-    tied = getattr(hf.config, "tie_word_embeddings", False)
     head = hf.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    plan = list(decoder_pp_plan(model) or ())
-    at = plan.index(list_name)
-    for name in plan[:at]:  # the embeddings: the first stage's
-        if not split.first and not (tied and split.last and name == "embed_tokens"):
-            setattr(base, name, PipelineIdentityLayer())
-    for name in plan[at + 1 :]:  # the final norm: the last stage's
+    head_weight = getattr(head, "weight", None)
+    for name in layout.before:  # the embeddings: the first stage's
+        module = getattr(layout.owner, name)
+        tied = split.last and head_weight is not None and module_weight(module) is head_weight
+        if not split.first and not tied and not _every_stage_runs(module, layout.derived):
+            setattr(layout.owner, name, _stand_in(module, layout.derived))
+    for name in layout.after:  # the final norm: the last stage's
         if not split.last:
-            setattr(base, name, PipelineIdentityLayer())
+            setattr(layout.owner, name, PipelineIdentityLayer())
     if not split.last and head is not None:
         hf.set_output_embeddings(PipelineIdentityLayer())
     state = StageState(split, split_backward)
     setattr(model, STAGE_ATTRIBUTE, state)
-    _wrap_forward(model, base, state)
+    _wrap_forward(model, layout.base, state)
     return model
+
+
+def _every_stage_runs(module: nn.Module, derived: str) -> bool:
+    """In a derived split, a module before the layers that holds no parameter and is no
+    dropout (rotary embeddings: the positions' cos and sin every layer reads) runs on every
+    stage, as the modules a pp plan leaves out do."""
+    if not derived or isinstance(module, nn.Dropout):
+        return False
+    return next(module.parameters(), None) is None
+
+
+def module_weight(module: nn.Module) -> Any:
+    return getattr(module, "weight", None)
+
+
+class SkippedLayer(nn.Module):
+    """Another stage's decoder layer: its input hidden states back, in the structure the
+    real layer returns (``outputs``: 0 a tensor; n a tuple of n, the rest None, as Bloom's,
+    Falcon's and MPT's layers return their cache and attention weights beside it), as
+    transformers' ``PipelineIdentityLayer`` does for layers that return a tensor."""
+
+    def __init__(self, outputs: int = 0) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hidden = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values())))
+        if not self.outputs:
+            return hidden
+        return (hidden, *([None] * (self.outputs - 1)))
+
+
+class AddedNothing(nn.Module):
+    """A later stage's stand-in for an embedding its forward adds to the received
+    activation (GPT-2's and OPT's learned positions): zeros of the embedding's output
+    shape, one tensor of (..., d) where the first stage looked rows up."""
+
+    def __init__(self, width: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.width, self.dtype = width, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        first = args[0] if args else next(iter(kwargs.values()))
+        return torch.zeros(*first.shape, self.width, dtype=self.dtype, device=first.device)
+
+
+def _stand_in(module: nn.Module, derived: str) -> nn.Module:
+    """What a stage without the embeddings runs in their place: transformers'
+    ``PipelineIdentityLayer`` (returns its first argument); for an ``nn.Embedding`` of a
+    derived split, whose output the forward adds to the received activation, zeros of its
+    width (a model with a pp plan only looks up tokens, which a stage given
+    ``inputs_embeds`` never calls)."""
+    from transformers.distributed.pipeline_parallel import PipelineIdentityLayer
+
+    if derived and isinstance(module, nn.Embedding):
+        return AddedNothing(module.embedding_dim, module.weight.dtype)
+    return PipelineIdentityLayer()
 
 
 def decoder_pp_plan(model: nn.Module) -> dict[str, Any] | None:

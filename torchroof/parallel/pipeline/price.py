@@ -67,6 +67,7 @@ class PipelineTrace:
     ranks_per_stage: int
     trains: bool
     facts: StepFacts = field(default_factory=StepFacts)
+    split_note: str = ""  # how the layers were split where the model has no pp plan
 
     def save(self, path: Any) -> None:
         raise OptionError(NOT_SAVED)
@@ -411,6 +412,7 @@ def _estimate(
         + (" (then its gradient sync and optimizer step, once)" if trace.trains else "")
         + "; activations cross between stages as send/recv, overlapped with compute; the "
         f"memory is rank {heaviest}'s, which holds the most"
+        + (f"; split: {trace.split_note}" if trace.split_note else "")
     )
     return replace(
         first,

@@ -17,8 +17,8 @@ from torchroof.parallel.pipeline.schedule import Action, action_order, stages_pe
 from torchroof.parallel.pipeline.workers import run_shared
 from torchroof.parallel.stages import (
     StageSplit,
-    decoder_layers,
     make_stage,
+    pipeline_layout,
     split_layers,
     stage_key,
 )
@@ -84,8 +84,9 @@ def trace_pipeline(
     workload, note = resolve(workload)
     one_stage = stage_workload(workload)
     reference, label, beyond = build(one_stage)
-    _, _, layers = decoder_layers(reference)
-    splits = split_layers(len(layers), count, workload.pipeline_split)
+    layout = pipeline_layout(reference)
+    split_note = layout.split_note()  # before the reference becomes the first stage
+    splits = split_layers(len(layout.layers), count, workload.pipeline_split)
     keys = [stage_key(reference, split) for split in splits]
     traced_as = [keys.index(key) for key in keys]
     split_backward = trains and schedule in SPLIT_BACKWARD
@@ -118,4 +119,5 @@ def trace_pipeline(
         ranks_per_stage=plan.world // plan.pp,
         trains=trains,
         facts=facts,
+        split_note=split_note,
     )
