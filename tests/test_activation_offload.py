@@ -39,9 +39,13 @@ def test_offloading_two_layers_moves_their_saved_activations_over_pcie(step) -> 
     # what the copies add is what they do not hide behind the two layers' compute
     assert moved.time_s == pytest.approx(plain.time_s + moved.offload_exposed_s, rel=1e-12)
     assert 0 < moved.offload_exposed_s < 2 * 2 * LAYER / 64e9
-    # the estimate keeps it through JSON
+    # the estimate keeps it through JSON; the HTML report does not re-price it in the page
     again = torchroof.Estimate.from_dict(moved.to_dict())
     assert again.offload_exposed_s == moved.offload_exposed_s and again.time_s == moved.time_s
+    from torchroof.render.html import why_not_repriced
+
+    assert why_not_repriced(moved).startswith("activation offload hides its copies")
+    assert why_not_repriced(plain) == ""
 
 
 def test_a_faster_host_link_hides_more_of_the_copies(step) -> None:
@@ -76,3 +80,18 @@ def test_offload_needs_a_backward_and_one_stage() -> None:
             microbatches=2,
             offload_activations=1,
         )
+
+
+def test_every_micro_batch_offloads_its_own_activations(step) -> None:
+    # two micro-batches: each forward saves, and sends, the same two layers' activations,
+    # and each copy hides behind that micro-batch's layer only: twice the copies (2 x 8.9 ms
+    # each way) and twice what they do not hide
+    config = load_config("llama-3-8b")
+    config.num_hidden_layers = 4
+    one = step.estimate("h100-sxm", offload_activations=2)
+    two = torchroof.estimate(
+        config, "train", seq=2048, batch=1, microbatches=2, offload_activations=2
+    )
+    assert "per micro-batch (2)" in _offload_line(two)
+    assert "(17.8 ms each way" in _offload_line(two)
+    assert two.offload_exposed_s == pytest.approx(2 * one.offload_exposed_s, rel=1e-9)

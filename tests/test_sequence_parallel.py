@@ -274,10 +274,50 @@ def test_steps_that_cannot_split_their_tokens_are_refused(knobs, message):
         _trace(regime, sequence_parallel=True, **knobs)
 
 
-def test_a_model_not_laid_out_as_llama_is_refused():
-    # Gemma 2 adds pre/post feed-forward norms the plan would leave unsharded
-    config = Gemma2Config(**PARALLEL_LLAMA, head_dim=64)
-    with pytest.raises(WorkloadError, match="post_feedforward_layernorm.*not exactly"):
+def _per_layer(trace: Trace, phase: str) -> list[str]:
+    """The collectives of the first decoder layer (``model.layers.0``, ``gpt_neox.layers.0``)."""
+    return sorted(
+        collective_kind(op) for op in _collectives(trace, phase) if ".layers.0." in op.module
+    )
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt-neox", "phi3"])
+def test_a_model_not_laid_out_as_llama_runs_its_own_plan_on_the_sequence(family):
+    # from the model's transformers TP plan: Gemma 2's four norms a layer, GPT-NeoX's fused
+    # query_key_value and parallel residual, Phi-3's fused projections (its "gather output"
+    # / "split input" pair); each layer's two all-reduces of plain TP become, forward, two
+    # all-gathers of the sequence (attention's and the MLP's input) and two reduce-scatters
+    from transformers import GPTNeoXConfig, Phi3Config
+
+    config = {
+        # untied: transformers' own TP plan fails on Gemma 2's tied head (the plain baseline)
+        "gemma2": Gemma2Config(**PARALLEL_LLAMA, head_dim=64, tie_word_embeddings=False),
+        "gpt-neox": GPTNeoXConfig(
+            hidden_size=D, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=V,
+        ),
+        "phi3": Phi3Config(
+            hidden_size=D, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, vocab_size=V, pad_token_id=0,
+        ),
+    }[family]  # fmt: skip
+    plain = _trace("prefill", config)
+    sequence = _trace("prefill", config, sequence_parallel=True)
+    # Phi-3's two fused column-wise projections gather their output columns under both
+    fused = ["all_gather"] * 2 if family == "phi3" else []
+    gathered = ["all_gather"] * 2 + ["reduce_scatter"] * 2
+    assert _per_layer(sequence, "forward") == sorted(fused + gathered)
+    assert _per_layer(plain, "forward") == sorted(fused + ["all_reduce"] * 2)
+    # the norms run on the rank's T/tp tokens: an input norm's output is (B, T/2, d)
+    norm = next(op for op in sequence.ops if op.module.endswith(".layers.0.input_layernorm"))
+    assert norm.outputs[0].shape[:2] == (B, T // TP)
+
+
+def test_a_model_whose_plan_shards_experts_is_refused():
+    from transformers import MixtralConfig
+
+    config = MixtralConfig(**PARALLEL_LLAMA, num_local_experts=4)
+    with pytest.raises(WorkloadError, match=r"mlp.experts.gate_up_proj \(packed_colwise\)"):
         _trace("train", config, sequence_parallel=True)
 
 

@@ -140,8 +140,9 @@ class Workload:
     )
     sequence_parallel: bool = knob(
         False,
-        "with --tp: torchtitan's tensor + sequence parallel plan (Llama layout): norms on "
-        "T/tp tokens, reduce-scatter + all-gather for each all-reduce, loss on vocab shards",
+        "with --tp: tensor + sequence parallel (torchtitan's plan for the Llama layout, the "
+        "model's own TP plan on the sequence otherwise; not MoE experts): norms on T/tp "
+        "tokens, reduce-scatter + all-gather for each all-reduce, loss on vocab shards",
         group="parallelism",
     )
     fsdp: int = knob(

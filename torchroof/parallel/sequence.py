@@ -1,21 +1,24 @@
-"""Sequence parallel: torchtitan's tensor + sequence parallel plan for a Llama-layout model."""
+"""Sequence parallel: torchtitan's tensor + sequence parallel plan for a Llama-layout model,
+and any dense model's own transformers tensor-parallel plan run on the sequence."""
 
 from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.plans import not_owned
-from torchroof.parallel.stages import SEQUENCE_MESH
+from torchroof.parallel.plans import not_owned, transformers_plan
+from torchroof.parallel.stages import SEQUENCE_MESH, pipeline_layout
 from torchroof.parallel.strategy import Strategy
 from torchroof.parallel.tensor import KV_HEADS_PER_RANK, check_heads_divide
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from torchroof.config import Workload
 
 
@@ -57,7 +60,10 @@ def apply_sequence_parallel(
     from torch.distributed.tensor import Placement, Replicate
     from torch.distributed.tensor.parallel import parallelize_module
 
-    layers = check_llama_layout(model)
+    try:
+        layers = check_llama_layout(model)
+    except ValueError as not_llama:
+        return apply_plan_sequence_parallel(model, tp_mesh, not_llama, loss_parallel)
     config = getattr(model, "config", None)
     kv_heads = None
     if config is not None:
@@ -77,6 +83,123 @@ def apply_sequence_parallel(
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model
+
+
+# transformers' tensor-parallel styles (``base_model_tp_plan``) as sequence parallel runs
+# them: a column-wise layer takes the gathered sequence and keeps its output columns local;
+# a row-wise one reduce-scatters its partial sums onto the sequence; the "gather output" /
+# "split input" pair (Phi-3's fused projections) gathers the columns and splits them again.
+SEQUENCE_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_gather_output",
+    "rowwise_split_input",
+    "replicated_with_grad_allreduce",
+)
+
+
+def apply_plan_sequence_parallel(
+    model: nn.Module, tp_mesh: DeviceMesh, why: Exception, loss_parallel: bool = True
+) -> nn.Module:
+    """Sequence parallel for a model not laid out as Llama, from its transformers
+    tensor-parallel plan (Korthikanti et al. 2022, §4.2.2: between the tensor-parallel
+    regions each rank holds T/tp tokens): every decoder layer's planned projections sharded
+    as :data:`SEQUENCE_STYLES` says, each child that holds them gathering its input
+    sequence first (:func:`_gathers_its_input`), every other child with parameters (the
+    norms) running on the rank's tokens (``SequenceParallel``), and the ends as the Llama
+    plan's: the token embedding reduce-scattered onto the sequence, the final norms on it,
+    the LM head gathering it. A ValueError (``why``, the Llama check's, and what the plan
+    has that this cannot shard: MoE experts) for a model it cannot run."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    try:
+        plan = transformers_plan(model, "tp_plan", None)
+        layout = pipeline_layout(model)
+    except (ValueError, WorkloadError) as error:
+        raise ValueError(f"{why}; {error}") from error
+    list_path = next(path for path, m in model.named_modules() if m is layout.layers)
+    prefix = f"{list_path}.*."
+    layer_plan = {k.removeprefix(prefix): v for k, v in plan.items() if k.startswith(prefix)}
+    unknown = {k: v for k, v in layer_plan.items() if v not in SEQUENCE_STYLES}
+    if unknown or not layer_plan:
+        what = ", ".join(f"{k} ({v})" for k, v in unknown.items()) or "no layer"
+        raise ValueError(
+            f"{why}; nor can its tensor-parallel plan run sequence parallel: it shards "
+            f"{what} (use tensor parallel without sequence parallel)"
+        )
+    config = getattr(model, "config", None)
+    kv_heads = None
+    if config is not None:
+        kv_heads = check_heads_divide(config, plan, tp_mesh.size())
+    sequence = Shard(1)
+    styles = {
+        "colwise": ColwiseParallel(),
+        "rowwise": RowwiseParallel(output_layouts=sequence, use_local_output=False),
+        "colwise_gather_output": ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_split_input": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
+        ),
+    }
+    hf = cast("PreTrainedModel", model)  # a transformers causal LM (its plan says so)
+    embedding = hf.get_input_embeddings()
+    head = hf.get_output_embeddings()
+    ends: dict[str, Any] = {}
+    for path, module in model.named_modules():
+        if module is embedding and not not_owned(module):
+            ends[path] = RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
+            )
+        elif module is head and not not_owned(module):
+            logits = (Shard(-1), False) if loss_parallel else (Replicate(), True)
+            ends[path] = ColwiseParallel(
+                input_layouts=sequence, output_layouts=logits[0], use_local_output=logits[1]
+            )
+    for after in layout.after:  # the final norm(s)
+        module = getattr(layout.owner, after)
+        if not not_owned(module) and next(module.parameters(), None) is not None:
+            path = next(p for p, m in model.named_modules() if m is module)
+            ends[path] = SequenceParallel()
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
+    if ends:
+        parallelize_module(model, tp_mesh, ends)
+    if tied and not not_owned(head) and not not_owned(embedding):
+        head.weight = embedding.weight  # both vocabulary-sharded: one parameter
+    holders = {key.split(".", 1)[0] for key, style in layer_plan.items() if style in styles}
+    for layer in layout.layers:
+        if not_owned(layer):
+            continue
+        own = {k: styles[v] for k, v in layer_plan.items() if v in styles}
+        for child_name, child in layer.named_children():
+            if child_name in holders:
+                child.register_forward_pre_hook(_gathers_its_input, with_kwargs=True)
+            elif next(child.parameters(), None) is not None:
+                own[child_name] = SequenceParallel()
+        parallelize_module(layer, tp_mesh, own)
+    if isinstance(kv_heads, int):
+        setattr(model, KV_HEADS_PER_RANK, kv_heads)
+    return model
+
+
+def _gathers_its_input(
+    _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Before a block that holds column-wise layers (attention, MLP): its sequence-sharded
+    inputs all-gathered (``Shard(1)`` -> ``Replicate``), as torchtitan's
+    ``PrepareModuleInput`` does for Llama's, whichever argument carries them."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def gathered(value: Any) -> Any:
+        if isinstance(value, DTensor) and Shard(1) in value.placements:
+            return value.redistribute(value.device_mesh, [Replicate()])
+        return value
+
+    return tuple(gathered(a) for a in args), {k: gathered(v) for k, v in kwargs.items()}
 
 
 def _end_styles(loss_parallel: bool) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from torch import nn
 
 from torchroof.capture.mode import Capture
 from torchroof.capture.storage import local_shard
-from torchroof.config.errors import WorkloadError
+from torchroof.config.errors import WorkloadError, first_line
 from torchroof.records.facts import (  # the trace's op marks, by name
     BACKWARD_END,
     FORWARD_END,
@@ -203,6 +203,12 @@ def _derived_layout(model: nn.Module) -> PipelineLayout:
     path, layers = found[0]
     owner_path, _, list_name = path.rpartition(".")
     owner = base.get_submodule(owner_path) if owner_path else base
+    outside = _held_outside(base, owner_path)
+    if outside:
+        raise WorkloadError(
+            f"{name} has no base_model_pp_plan, and its base model holds {', '.join(outside)} "
+            f"beside {owner_path}, which holds its layers: no pipeline split for it"
+        )
     order, outputs = _call_order(model, owner)
     if list_name not in order:
         raise WorkloadError(f"{name}'s forward never runs {path}: no pipeline split for it")
@@ -218,6 +224,20 @@ def _derived_layout(model: nn.Module) -> PipelineLayout:
         described,
         outputs,
     )
+
+
+def _held_outside(base: nn.Module, owner_path: str) -> list[str]:
+    """The modules with parameters beside the path from ``base`` to the module holding the
+    layers (BertGeneration's embeddings beside its encoder): a split of the owner's
+    children would leave them on every stage."""
+    held: list[str] = []
+    module, prefix = base, ""
+    for part in owner_path.split(".") if owner_path else ():
+        for child_name, child in module.named_children():
+            if child_name != part and next(child.parameters(), None) is not None:
+                held.append(prefix + child_name)
+        module, prefix = getattr(module, part), f"{prefix}{part}."
+    return held
 
 
 def _call_order(model: nn.Module, owner: nn.Module) -> tuple[list[str], int]:
@@ -247,6 +267,11 @@ def _call_order(model: nn.Module, owner: nn.Module) -> tuple[list[str], int]:
     try:  # under capture: meta's data-dependent questions (.item()) are answered
         with torch.no_grad(), Capture():
             model(input_ids=ids, use_cache=False)
+    except Exception as error:  # noqa: BLE001 - the model's own forward failed on meta
+        raise WorkloadError(
+            f"{type(model).__name__} has no base_model_pp_plan, and a forward run to find its "
+            f"split failed: {type(error).__name__}: {first_line(error)}"
+        ) from error
     finally:
         for hook in hooks:
             hook.remove()
@@ -355,7 +380,15 @@ class SkippedLayer(nn.Module):
         self.outputs = outputs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        hidden = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values())))
+        if args:
+            hidden = args[0]
+        elif "hidden_states" in kwargs:
+            hidden = kwargs["hidden_states"]
+        else:
+            raise WorkloadError(
+                "a decoder layer another pipeline stage owns was called without its hidden "
+                f"states (keywords {', '.join(kwargs)}): no pipeline split for this model"
+            )
         if not self.outputs:
             return hidden
         return (hidden, *([None] * (self.outputs - 1)))

@@ -37,18 +37,20 @@ class Offload:
 
     layers: int  # decoder layers offloaded, counted from the first
     of_layers: int  # decoder layers in the step
-    bytes: int  # activations moved each way
+    bytes: int  # activations moved each way, per micro-batch
     held_bytes: int  # one offloaded layer's, on the device while its copy is in flight
     link: str  # the host link's name
     link_bytes_per_s: float  # its line rate, per direction
-    copy_s: float  # the copies' time, each way
+    copy_s: float  # the copies' time each way, every micro-batch's
     exposed_s: float  # what the copies add to the step
+    microbatches: int = 1
 
     def line(self) -> str:
+        each = f" per micro-batch ({self.microbatches})" if self.microbatches > 1 else ""
         return (
             f"activation offload: the first {self.layers} of {self.of_layers} decoder layers "
-            f"send {gib(self.bytes)} of saved activations to host memory after their forward "
-            f"and read them back before their backward over {self.link} at "
+            f"send {gib(self.bytes)} of saved activations{each} to host memory after their "
+            f"forward and read them back before their backward over {self.link} at "
             f"{self.link_bytes_per_s / 1e9:.0f} GB/s each way ({self.copy_s * 1e3:.1f} ms "
             f"each way, {self.exposed_s * 1e3:.1f} ms not hidden behind the layers' compute)"
         )
@@ -64,7 +66,14 @@ def decoder_layer_list(modules: Iterable[str]) -> str | None:
             indices.setdefault(found["list"], set()).add(int(found["index"]))
     if not indices:
         return None
-    return max(indices, key=lambda path: (len(indices[path]), -len(path)))
+    most = max(len(found) for found in indices.values())
+    lists = [path for path, found in indices.items() if len(found) == most]
+    if len(lists) > 1:  # an encoder's and a decoder's layers: which to offload is not said
+        raise OptionError(
+            f"offload_activations: the step has {len(lists)} lists of {most} layers "
+            f"({', '.join(sorted(lists))}), not one list of decoder layers"
+        )
+    return lists[0]
 
 
 def layer_of(module: str, layer_list: str) -> int | None:
@@ -115,19 +124,21 @@ def offload_activations(
             "one's backward starts at once: offload fewer"
         )
     name, rate = link
+    # each micro-batch's forward saves, and offloads, as much as the first one's
+    microbatches = trace.facts.workload.microbatches if trace.facts.workload else 1
     forward: defaultdict[int, float] = defaultdict(float)
     backward: defaultdict[int, float] = defaultdict(float)
     for kernel in kernels:
         layer = layer_of(kernel.module, layer_list)
-        if layer is None:
+        if layer is None or kernel.stream != "compute":  # collectives hide nothing
             continue
         if kernel.phase == "forward":
-            forward[layer] += kernel.time_s
+            forward[layer] += kernel.time_s / microbatches
         elif kernel.phase in ("backward", "recompute"):
-            backward[layer] += kernel.time_s
+            backward[layer] += kernel.time_s / microbatches
     moved = [per_layer[k] for k in range(layers)]
     copies = [size / rate for size in moved]
-    exposed = sum(
+    exposed = microbatches * sum(
         max(0.0, copy - forward[k]) + max(0.0, copy - backward[k]) for k, copy in enumerate(copies)
     )
     return Offload(
@@ -137,6 +148,7 @@ def offload_activations(
         held_bytes=max(moved, default=0),
         link=name,
         link_bytes_per_s=rate,
-        copy_s=sum(copies),
+        copy_s=microbatches * sum(copies),
         exposed_s=exposed,
+        microbatches=microbatches,
     )

@@ -134,6 +134,12 @@ def why_not_repriced(est: Estimate) -> str:
             "realistic mode's tiles, waves and latency shelves are priced in Python: run "
             "torchroof estimate --mode realistic --hardware NAME for another accelerator"
         )
+    if est.options.offload_activations:
+        return (
+            "activation offload hides its copies behind each layer's compute, priced in "
+            "Python: run torchroof estimate --offload-activations N --hardware NAME for "
+            "another accelerator"
+        )
     if est.pipeline is not None:
         return (
             "a pipelined step is priced per stage and laid on its schedule in Python: run "
