@@ -328,3 +328,58 @@ def test_apply_sequence_parallel_names_the_missing_module():
         mesh = build_mesh(ParallelPlan(tp=2))
         with pytest.raises(ValueError, match="needs an nn.Embedding 'model.embed_tokens'"):
             apply_sequence_parallel(nn.Linear(4, 4), mesh["tp"])
+
+
+def test_a_non_llama_plan_trains_tied_and_pipelined():
+    # Gemma 2 tied (its head is the embedding: one vocabulary-sharded parameter), and
+    # GPT-NeoX's second pipeline stage, which owns neither the embedding nor the layers
+    # before it: backward mirrors forward (two all-gathers, two reduce-scatters a layer)
+    from transformers import GPTNeoXConfig
+
+    gemma = _trace("train", Gemma2Config(**PARALLEL_LLAMA, head_dim=64), sequence_parallel=True)
+    assert _per_layer(gemma, "backward") == _per_layer(gemma, "forward")
+    neox = GPTNeoXConfig(
+        hidden_size=D, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        vocab_size=V,
+    )  # fmt: skip
+    staged = torchroof.trace_model(
+        neox, "train", batch=B, seq=T, tp=TP, pp=2, microbatches=2, sequence_parallel=True
+    )
+    last = staged.traces[1]
+    kinds = sorted(collective_kind(op) for op in _collectives(last, "forward")
+                   if ".layers.2." in op.module)  # fmt: skip
+    assert kinds == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+
+
+def test_qwen3_s_head_norms_all_reduce_their_gradients():
+    # q_norm and k_norm see only the rank's heads: transformers' plan all-reduces their
+    # weight gradients (2 a layer), under sequence parallel as under plain TP
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**PARALLEL_LLAMA, head_dim=64)
+    for knobs in ({}, {"sequence_parallel": True}):
+        trace = _trace("train", config, **knobs)
+        reduced = [op for op in trace.ops if op.name.startswith("c10d.allreduce_")]
+        assert len(reduced) == 2 * 2, knobs  # 2 layers x (q_norm, k_norm)
+
+
+def test_a_layer_its_plan_cannot_split_on_the_sequence_is_refused():
+    from torch import nn
+
+    from torchroof.parallel.sequence import _layer_plan
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.attn = nn.Module()
+            self.attn.q = nn.Linear(8, 8)
+            self.extra = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+
+    styles = {"colwise": object(), "rowwise": object()}
+    with pytest.raises(ValueError, match="attn has no row-wise layer"):
+        _layer_plan(Layer(), {"attn.q": "colwise"}, styles, ValueError("not Llama"))
+    layer = Layer()
+    layer.attn.o = nn.Linear(8, 8)
+    with pytest.raises(ValueError, match="extra holds layers its plan does not shard"):
+        _layer_plan(layer, {"attn.q": "colwise", "attn.o": "rowwise"}, styles, ValueError("x"))

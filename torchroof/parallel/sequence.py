@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchroof.config.errors import WorkloadError
-from torchroof.parallel.plans import not_owned, transformers_plan
+from torchroof.parallel.plans import not_owned, owned_plan, transformers_plan
 from torchroof.parallel.stages import SEQUENCE_MESH, pipeline_layout
 from torchroof.parallel.strategy import Strategy
 from torchroof.parallel.tensor import KV_HEADS_PER_RANK, check_heads_divide
@@ -80,6 +80,7 @@ def apply_sequence_parallel(
     gathered: dict[str, Placement] = {"hidden_states": Replicate()}
     for layer in layers:
         parallelize_module(layer, tp_mesh, _layer_styles(gathered))
+    all_reduce_replicated_grads(model, tp_mesh)
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model
@@ -165,25 +166,80 @@ def apply_plan_sequence_parallel(
         if not not_owned(module) and next(module.parameters(), None) is not None:
             path = next(p for p, m in model.named_modules() if m is module)
             ends[path] = SequenceParallel()
-    tied = head is not None and embedding is not None and head.weight is embedding.weight
+    owned_ends = not not_owned(head) and not not_owned(embedding)
+    head_weight, embedding_weight = getattr(head, "weight", None), getattr(embedding, "weight", 0)
+    tied = owned_ends and head_weight is embedding_weight
+    layers = [layer for layer in layout.layers if not not_owned(layer)]
+    plans = [_layer_plan(layer, layer_plan, styles, why) for layer in layers]  # refuse first
     if ends:
         parallelize_module(model, tp_mesh, ends)
-    if tied and not not_owned(head) and not not_owned(embedding):
+    if tied:
         head.weight = embedding.weight  # both vocabulary-sharded: one parameter
-    holders = {key.split(".", 1)[0] for key, style in layer_plan.items() if style in styles}
-    for layer in layout.layers:
-        if not_owned(layer):
-            continue
-        own = {k: styles[v] for k, v in layer_plan.items() if v in styles}
+    for layer, (own, holders) in zip(layers, plans, strict=True):
         for child_name, child in layer.named_children():
             if child_name in holders:
                 child.register_forward_pre_hook(_gathers_its_input, with_kwargs=True)
-            elif next(child.parameters(), None) is not None:
-                own[child_name] = SequenceParallel()
         parallelize_module(layer, tp_mesh, own)
+    all_reduce_replicated_grads(model, tp_mesh)
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model
+
+
+def all_reduce_replicated_grads(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """The plan's ``replicated_with_grad_allreduce`` entries (Qwen3's per-head q/k norms,
+    which see only the rank's heads) as transformers applies them: each rank's gradient
+    all-reduced over the group after it accumulates."""
+    plan = getattr(model, "tp_plan", None) or {}
+    wanted = {k: v for k, v in plan.items() if v == "replicated_with_grad_allreduce"}
+    if not wanted or not hasattr(model, "_expand_parallel_plan"):
+        return
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    expanded = owned_plan(model, model._expand_parallel_plan(wanted))  # type: ignore[operator]
+    apply_tensor_parallelism(model, tp_mesh, expanded)
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _layer_plan(
+    layer: nn.Module, layer_plan: dict[str, str], styles: dict[str, Any], why: Exception
+) -> tuple[dict[str, Any], set[str]]:
+    """(the styles one decoder layer takes, the children that gather their input): its
+    planned projections that it has, each child holding some (they must end in a row-wise
+    layer, which puts the output back on the sequence), and every other child with
+    parameters on the rank's tokens (it must be a leaf, a norm: a module of several
+    layers left whole would mix tokens across the sequence shards). A ValueError for a
+    layer that cannot run so (``why``, the Llama check's, first)."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    own: dict[str, Any] = {}
+    holders: dict[str, list[str]] = {}
+    for key, style in layer_plan.items():
+        if style in styles and _has(layer, key):
+            own[key] = styles[style]
+            holders.setdefault(key.split(".", 1)[0], []).append(style)
+    for child_name, child in layer.named_children():
+        if child_name in holders:
+            if not any(style.startswith("rowwise") for style in holders[child_name]):
+                raise ValueError(
+                    f"{why}; nor can its tensor-parallel plan run sequence parallel: "
+                    f"{child_name} has no row-wise layer to return its output to the sequence"
+                )
+        elif next(child.parameters(), None) is not None:
+            if next(child.children(), None) is not None:
+                raise ValueError(
+                    f"{why}; nor can its tensor-parallel plan run sequence parallel: "
+                    f"{child_name} holds layers its plan does not shard"
+                )
+            own[child_name] = SequenceParallel()
+    return own, set(holders)
 
 
 def _gathers_its_input(
