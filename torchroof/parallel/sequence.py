@@ -115,7 +115,6 @@ def apply_plan_sequence_parallel(
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
-        SequenceParallel,
         parallelize_module,
     )
 
@@ -124,7 +123,8 @@ def apply_plan_sequence_parallel(
         layout = pipeline_layout(model)
     except (ValueError, WorkloadError) as error:
         raise ValueError(f"{why}; {error}") from error
-    list_path = next(path for path, m in model.named_modules() if m is layout.layers)
+    paths = {id(m): path for path, m in model.named_modules()}
+    list_path = paths[id(layout.layers)]
     prefix = f"{list_path}.*."
     layer_plan = {k.removeprefix(prefix): v for k, v in plan.items() if k.startswith(prefix)}
     unknown = {k: v for k, v in layer_plan.items() if v not in SEQUENCE_STYLES}
@@ -150,22 +150,15 @@ def apply_plan_sequence_parallel(
     hf = cast("PreTrainedModel", model)  # a transformers causal LM (its plan says so)
     embedding = hf.get_input_embeddings()
     head = hf.get_output_embeddings()
+    llama_ends = _end_styles(loss_parallel)  # the same styles, by the modules' roles
     ends: dict[str, Any] = {}
-    for path, module in model.named_modules():
-        if module is embedding and not not_owned(module):
-            ends[path] = RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=sequence, use_local_output=False
-            )
-        elif module is head and not not_owned(module):
-            logits = (Shard(-1), False) if loss_parallel else (Replicate(), True)
-            ends[path] = ColwiseParallel(
-                input_layouts=sequence, output_layouts=logits[0], use_local_output=logits[1]
-            )
+    for module, style in ((embedding, "model.embed_tokens"), (head, "lm_head")):
+        if module is not None and not not_owned(module):
+            ends[paths[id(module)]] = llama_ends[style]
     for after in layout.after:  # the final norm(s)
         module = getattr(layout.owner, after)
         if not not_owned(module) and next(module.parameters(), None) is not None:
-            path = next(p for p, m in model.named_modules() if m is module)
-            ends[path] = SequenceParallel()
+            ends[paths[id(module)]] = llama_ends["model.norm"]
     owned_ends = not not_owned(head) and not not_owned(embedding)
     head_weight, embedding_weight = getattr(head, "weight", None), getattr(embedding, "weight", 0)
     tied = owned_ends and head_weight is embedding_weight

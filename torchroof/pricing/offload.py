@@ -28,6 +28,13 @@ from torchroof.records.units import gib
 from torchroof.report.estimate import KernelEstimate
 from torchroof.report.memory import Residency, forward_end, saved_bytes_by_producer
 
+NOT_PIPELINED = (
+    "offload_activations is not priced for pipelined steps yet: each stage's layers would "
+    "need their own count"
+)
+NOT_SERVING = (
+    "offload_activations moves what a forward saves for its backward: it applies to a training step"
+)
 _INDEXED = re.compile(r"^(?P<list>.*?)\.(?P<index>\d+)(?:\.|$)")
 
 
@@ -96,28 +103,22 @@ def offload_activations(
     """:class:`Offload` of the first ``layers`` decoder layers of a training ``trace``, whose
     priced ``kernels`` give each layer's forward and backward time; ``link`` is the host
     link's (name, bytes per second each way). An OptionError when the step cannot offload."""
-    if trace.facts.pipeline is not None:
-        raise OptionError(
-            "offload_activations is not priced for pipelined steps yet: each stage's layers "
-            "would need their own count"
-        )
+    if trace.facts.pipeline is not None:  # a stage's trace: its workload has pp 1
+        raise OptionError(NOT_PIPELINED)
     end = forward_end(trace)
     if end is None:
-        raise OptionError("offload_activations moves what a forward saves for its backward: "
-                          "it applies to a training step")  # fmt: skip
+        raise OptionError(NOT_SERVING)
     layer_list = decoder_layer_list(op.module for op in trace.ops)
     if layer_list is None:
         raise OptionError("offload_activations: this model has no list of decoder layers")
     by_op = saved_bytes_by_producer(trace, end, roles, residency)
     per_layer: Counter[int] = Counter()
+    count = 0
     for op in trace.ops:
         layer = layer_of(op.module, layer_list)
-        if layer is not None and op.index in by_op:
-            per_layer[layer] += by_op[op.index]
-    count = 1 + max(
-        (i for op in trace.ops if (i := layer_of(op.module, layer_list)) is not None),
-        default=-1,
-    )
+        if layer is not None:
+            count = max(count, layer + 1)
+            per_layer[layer] += by_op.get(op.index, 0)
     if layers >= count:
         raise OptionError(
             f"offload_activations={layers}: the step has {count} decoder layers, and the last "

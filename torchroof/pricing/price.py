@@ -34,7 +34,7 @@ from torchroof.pricing.collectives import (
 )
 from torchroof.pricing.experts import busiest_rank, routed
 from torchroof.pricing.hardware import resolve_hardware
-from torchroof.pricing.offload import offload_activations
+from torchroof.pricing.offload import NOT_PIPELINED, NOT_SERVING, offload_activations
 from torchroof.pricing.residency import kernel_residency
 from torchroof.pricing.routing import RoutedRank, grouped_gemm, routed_rank
 from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
@@ -125,15 +125,9 @@ def check_step(
         )
     if pricing.offload_activations and workload is not None:
         if not workload.trains:
-            raise OptionError(
-                "offload_activations moves what a forward saves for its backward: it applies "
-                f"to a training step, not a {workload.regime} step"
-            )
-        if workload.pp > 1:
-            raise OptionError(
-                "offload_activations is not priced for pipelined steps yet: each stage's "
-                "layers would need their own count"
-            )
+            raise OptionError(f"{NOT_SERVING}, not a {workload.regime} step")
+        if workload.pp > 1:  # a pipeline's whole workload (a prepared grid's point)
+            raise OptionError(NOT_PIPELINED)
     quant = workload.quant if workload else "none"
     check_hardware(quant, spec.tensor_flops_per_s, spec.display_name)
 

@@ -173,7 +173,7 @@ def _lifetimes(
 def saved_bytes(
     trace: Trace,
     index: int,
-    roles: dict[int, str] | None = None,
+    roles: Mapping[int, str] | None = None,
     residency: Residency | None = None,
 ) -> int:
     """Bytes of transient storages (activations) born by op ``index`` and used after it:
@@ -181,13 +181,7 @@ def saved_bytes(
     pipeline stage holds in flight keeps this much). FSDP's unsharded parameters kept from
     the forward to the backward (``reshard_after_forward=False``) are not among them: every
     micro-batch uses the same buffers, counted once in ``layer_buffers_bytes``."""
-    known: Mapping[int, str] = trace.roles if roles is None else roles
-    born, dies, size, buffers = _lifetimes(trace, known, residency)
-    return sum(
-        size[key]
-        for key, start in born.items()
-        if start < index <= dies[key] and key[0] not in buffers
-    )
+    return sum(saved_bytes_by_producer(trace, index, roles, residency).values())
 
 
 def saved_bytes_by_producer(
