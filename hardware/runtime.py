@@ -16,7 +16,10 @@ The format, every key a profile may hold (anything else is an error):
   false), ``loss`` (setting: ``materialized`` or ``chunked``), ``attention`` (setting:
   ``flash`` or ``math``), ``attention_kernel`` (setting: ``fa2``, ``fa3``, ``flashinfer``,
   ``cudnn``, ``trtllm``, ``sdpa``), ``gemm_efficiency`` (figure, optional: the share of
-  the tensor peak its GEMM library reaches where published).
+  the tensor peak its GEMM library reaches where published), ``sequence_parallel_regather``
+  (setting: true or false: under sequence parallel a linear layer saves the rank's shard
+  of its all-gathered input and all-gathers it again in the backward), ``save_fp8_inputs``
+  (setting: true or false: an fp8 linear layer saves its input for the backward in fp8).
 - ``[launches]``: ``kernel_launch_s`` (figure: one kernel launched eagerly),
   ``cuda_graphs`` (setting: ``none``, ``decode`` or ``all``: which steps replay a CUDA
   graph), ``graph_kernel_launch_s`` (figure: one kernel inside a replayed graph),
@@ -99,6 +102,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "loss": ("setting", ("materialized", "chunked")),
         "attention": ("setting", ("flash", "math")),
         "attention_kernel": ("setting", ATTENTION_KERNELS),
+        "sequence_parallel_regather": ("setting", ("bool",)),
+        "save_fp8_inputs": ("setting", ("bool",)),
         "gemm_efficiency": ("fraction", ()),
     },
     "launches": {
@@ -122,7 +127,14 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 _REQUIRED = {"kernels": ("fusion", "attention_kernel"), "launches": ("kernel_launch_s",)}
 _STRING_KEYS = {"name": True, "display_name": False, "source": False, "runs": True}
 SCHEMA_KEYS = (*_STRING_KEYS, "aliases", *_SCHEMA)
-KERNEL_SETTINGS = ("fusion", "epilogue", "loss", "attention")
+KERNEL_SETTINGS = (
+    "fusion",
+    "epilogue",
+    "loss",
+    "attention",
+    "sequence_parallel_regather",
+    "save_fp8_inputs",
+)
 """The kernels table's settings that are :class:`torchroof.config.PricingOptions` fields
 of the same name (the kernel policy the runtime launches)."""
 

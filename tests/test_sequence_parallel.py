@@ -383,3 +383,129 @@ def test_a_layer_its_plan_cannot_split_on_the_sequence_is_refused():
     layer.attn.o = nn.Linear(8, 8)
     with pytest.raises(ValueError, match="extra holds layers its plan does not shard"):
         _layer_plan(layer, {"attn.q": "colwise", "attn.o": "rowwise"}, styles, ValueError("x"))
+
+
+# -- Megatron-Core's re-gather: the shard saved, the input all-gathered again in backward -----
+
+
+def _plans(trace: Trace, fusion: str):
+    from torchroof.config import PricingOptions
+    from torchroof.pricing.price import plan_kernels
+
+    return [
+        plan_kernels(trace, PricingOptions(fusion=fusion, sequence_parallel_regather=flag))
+        for flag in (False, True)
+    ]
+
+
+@pytest.mark.parametrize("fusion", ["fused", "eager"])
+def test_megatron_saves_each_gathered_inputs_shard(sp_train, fusion):
+    torch_plan, megatron = _plans(sp_train, fusion)
+    # five column-wise inputs are gathered on the sequence and read again by the backward's
+    # weight-gradient GEMMs: each layer's attention and MLP input, and the lm_head's
+    assert len(megatron.regathers) == 5
+    for r in megatron.regathers:
+        assert r.gather.inputs[0].nbytes == S // TP  # the rank's 16 of 32 tokens: 8,192 B
+        assert r.gather.outputs[0].nbytes == S  # gathered: 16,384 B
+    # torch keeps 5 gathered inputs (5 x 16,384 B), Megatron their 5 shards (5 x 8,192 B);
+    # the shard (a norm's output on the rank's tokens) was read by the all-gather only, so
+    # torch frees it: the forward keeps 5 x 8,192 = 40,960 B less, whatever the kernels
+    assert torch_plan.backward_saved_bytes - megatron.backward_saved_bytes == 5 * (S - S // TP)
+    # the peak may fall in the backward, where a re-gathered input lives again: never higher
+    assert megatron.peak.activations_bytes <= torch_plan.peak.activations_bytes
+
+
+def test_each_re_gather_runs_just_before_the_first_backward_kernel_reading_its_result(sp_train):
+    from torchroof.kernels.regather import ALL_GATHER
+
+    torch_plan, megatron = _plans(sp_train, "fused")
+    assert len(megatron.kernels) == len(torch_plan.kernels) + 5
+    storages = {r.gathered: r for r in megatron.regathers}
+    placed = [
+        (i, k)
+        for i, k in enumerate(megatron.kernels)
+        if k.phase == "backward"
+        and k.ops[0].name == ALL_GATHER
+        and k.ops[0].outputs[0].storage in storages
+    ]
+    assert len(placed) == 5
+    for i, kernel in placed:
+        gathered = kernel.ops[0].outputs[0].storage
+        after = megatron.kernels[i + 1]
+        assert any(t.storage == gathered for op in after.ops for t in op.inputs)
+        # the same collective as the forward's: its bytes, its group
+        forward = next(k for k in megatron.kernels if k.ops[0] is storages[gathered].gather)
+        assert kernel.cost == forward.cost
+        assert kernel.ops[0].arg("group_ranks") == [0, 1]
+
+
+def test_the_megatron_profile_re_gathers_and_says_so(sp_train, plain_train):
+    from torchroof.pricing.runtime import runtime_options
+
+    assert runtime_options("megatron-te").sequence_parallel_regather
+    assert not runtime_options("torchtitan").sequence_parallel_regather
+    megatron = torchroof.Trace.of(sp_train).estimate("dgx-h100", runtime="megatron-te")
+    titan = torchroof.Trace.of(sp_train).estimate("dgx-h100", runtime="torchtitan")
+    line = next(a for a in megatron.assumptions if a.startswith("sequence parallel:"))
+    # 5 shards of 8,192 B = 0.04 MiB against 5 x 16,384 B = 0.08 MiB gathered
+    assert "5 all-gathered inputs" in line and "0.04 MiB" in line, line
+    assert not any(a.startswith("sequence parallel:") for a in titan.assumptions)
+    # the re-gathers add collectives the step waits on or hides: never a shorter step than
+    # the same runtime saving the gathered inputs
+    keeps = torchroof.Trace.of(sp_train).estimate(
+        "dgx-h100", runtime="megatron-te", sequence_parallel_regather=False
+    )
+    assert megatron.time_s >= keeps.time_s
+    assert megatron.memory.backward_saved_bytes == keeps.memory.backward_saved_bytes - 5 * (
+        S - S // TP
+    )
+
+    def backward_collectives(estimate) -> int:
+        return len([k for k in estimate.kernels if k.phase == "backward" and k.unit == "network"])
+
+    assert backward_collectives(megatron) == backward_collectives(keeps) + 5
+    # plain tensor parallel gathers nothing on the sequence: nothing to re-gather
+    plain = torchroof.Trace.of(plain_train).estimate("dgx-h100", runtime="megatron-te")
+    assert not any(a.startswith("sequence parallel:") for a in plain.assumptions)
+
+
+@pytest.mark.parametrize("regime", ["train", "prefill"])
+def test_steps_without_gathered_inputs_to_keep_are_priced_as_before(plain_train, regime):
+    from torchroof.config import PricingOptions
+    from torchroof.pricing.price import plan_kernels
+
+    # plain tensor parallel trains without sequence gathers; a prefill keeps nothing
+    trace = plain_train if regime == "train" else _trace("prefill", sequence_parallel=True)
+    on = plan_kernels(trace, PricingOptions(sequence_parallel_regather=True))
+    off = plan_kernels(trace, PricingOptions())
+    assert on.regathers == () and len(on.kernels) == len(off.kernels)
+    assert on.peak == off.peak and on.backward_saved_bytes == off.backward_saved_bytes
+
+
+def test_a_re_gather_keeps_every_other_kernels_copy_source():
+    from torchroof.counters import Cost
+
+    from torchroof.kernels.fusion import Kernel
+    from torchroof.kernels.regather import ALL_GATHER, Regather, with_regathers
+    from torchroof.records.tensors import TensorMeta
+
+    def tensor(storage: int, tokens: int) -> TensorMeta:
+        return TensorMeta((tokens, 8), (8, 1), "bfloat16", storage)
+
+    shard, gathered = tensor(1, 2), tensor(2, 4)
+    gather = OpRecord(0, ALL_GATHER, (shard,), (gathered,), {"group_ranks": [0, 1]}, "m", "forward")
+    other = OpRecord(1, "aten.mm.default", (gathered,), (tensor(3, 4),), {}, "m", "forward")
+    reader = OpRecord(2, "aten.mm.default", (gathered,), (tensor(4, 4),), {}, "m", "backward")
+    last = OpRecord(3, "aten.mm.default", (tensor(4, 4),), (tensor(5, 4),), {}, "m", "backward")
+    network = Cost(bytes_read=32, bytes_written=64, unit="network")
+    kernels = [
+        Kernel((op,), network if op is gather else Cost()) for op in (gather, other, reader, last)
+    ]
+    # the last kernel is timed as a copy of the second (a repeated layer's)
+    out, sources = with_regathers(kernels, (0, 1, 2, 1), [Regather(gather, gathered, 2)])
+    # the re-gather takes its first reader's index: a pipeline stage files it in the backward
+    assert [k.ops[0].index for k in out] == [0, 1, 2, 2, 3]
+    assert out[2].phase == "backward" and out[2].cost == network
+    assert out[2].ops[0].outputs == (gathered,)
+    # the re-gather is its own source; the old fourth kernel (now fifth) still copies the second
+    assert sources == (0, 1, 2, 3, 1)

@@ -191,6 +191,8 @@ def estimate(
     dequantise_in_gemm: bool | None = None,
     loss: str | None = None,
     attention: str | None = None,
+    sequence_parallel_regather: bool | None = None,
+    save_fp8_inputs: bool | None = None,
     on_chip_budget_bytes: int | None = None,
     allow_tf32: bool | None = None,
     overlap: bool | None = None,

@@ -81,6 +81,19 @@ class PricingOptions:
         choices=ATTENTION_POLICIES,
         group="pricing",
     )
+    sequence_parallel_regather: bool = knob(
+        False,
+        "training with sequence parallel: each column-wise linear layer saves the rank's "
+        "shard of its all-gathered input and all-gathers it again in the backward "
+        "(Megatron-Core), not the gathered input (torch)",
+        group="pricing",
+    )
+    save_fp8_inputs: bool = knob(
+        False,
+        "training with an fp8 recipe: each fp8 linear layer saves its input for the backward "
+        "in fp8 (Transformer Engine), not in bf16 (torchao)",
+        group="pricing",
+    )
     on_chip_budget_bytes: int = knob(
         DEFAULT_ON_CHIP_BUDGET_BYTES,
         "bytes of live state per row a fused kernel may hold; past it the kernel is flagged "
@@ -234,7 +247,11 @@ KERNEL_POLICY_FIELDS = (
     "dequantise_in_gemm",
     "loss",
     "attention",
+    "sequence_parallel_regather",
+    "save_fp8_inputs",
     "on_chip_budget_bytes",
 )
-"""The :class:`PricingOptions` fields :func:`torchroof.kernels.fusion.build_kernels` reads;
+"""The :class:`PricingOptions` fields grouping a trace into kernels reads
+(:func:`torchroof.kernels.fusion.build_kernels`, and
+:func:`torchroof.pricing.price.runtime_saves` for what the runtime saves for the backward);
 the others time the kernels."""

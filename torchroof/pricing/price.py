@@ -18,7 +18,14 @@ from torchroof.config.routing import parse_routing
 from torchroof.counters import Cost, registry_version
 from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
 from torchroof.kernels import optimizer_step
+from torchroof.kernels.fp8_saves import fp8_line, fp8_saved_inputs
 from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
+from torchroof.kernels.regather import (
+    Regather,
+    regather_line,
+    sequence_parallel_gathers,
+    with_regathers,
+)
 from torchroof.kernels.repeats import repeated_kernel_copies
 from torchroof.pricing.assumptions import (
     cache_assumptions,
@@ -35,7 +42,12 @@ from torchroof.pricing.collectives import (
 from torchroof.pricing.experts import busiest_rank, routed
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.offload import NOT_PIPELINED, NOT_SERVING, offload_activations
-from torchroof.pricing.residency import kernel_residency
+from torchroof.pricing.residency import (
+    fp8_divisors,
+    fp8_narrowed_residency,
+    kernel_residency,
+    regathered_residency,
+)
 from torchroof.pricing.routing import RoutedRank, grouped_gemm, routed_rank
 from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
 from torchroof.pricing.trace_checks import check_cluster_fits
@@ -206,9 +218,14 @@ class KernelPlan:
     # per kernel, the index of the kernel it is a copy of (a repeated layer's; its own index
     # where it is none): None when the step was grouped op by op
     sources: tuple[int, ...] | None = None
-    # what the fused kernels never write out (None: eager, every op's output is kept)
+    # what the kernels keep where it differs from op by op (None: eager kernels, every op's
+    # output kept, and no runtime saving otherwise)
     residency: Residency | None = None
     backward_saved_bytes: int = 0  # what the forward keeps for the backward (plan_kernels)
+    # sequence-parallel inputs saved as shards and all-gathered again in the backward
+    regathers: tuple[Regather, ...] = ()
+    # what the runtime's saved tensors change, one line each (regather_line, fp8_line)
+    memory_notes: tuple[str, ...] = ()
 
 
 PlanCache = dict[tuple[object, ...], KernelPlan]
@@ -259,7 +276,61 @@ def group_kernels(trace: Trace, pricing: PricingOptions) -> KernelPlan:
     else:
         (kernels, coverage), sources = build_kernels(ops, policy, roles), None
     residency = kernel_residency(kernels, roles) if fused else None
-    return KernelPlan(step, roles, kernels, coverage, None, sources, residency)
+    saves = runtime_saves(trace, policy, kernels, sources, residency)
+    return KernelPlan(
+        step,
+        roles,
+        saves.kernels,
+        coverage,
+        None,
+        saves.sources,
+        saves.residency,
+        regathers=saves.regathers,
+        memory_notes=saves.notes,
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeSaves:
+    """A step's kernels, copy sources and residency once the runtime's way of saving
+    tensors for the backward is applied, with what it applied (the plan's fields)."""
+
+    kernels: list[Kernel]
+    sources: tuple[int, ...] | None
+    residency: Residency | None
+    regathers: tuple[Regather, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def runtime_saves(
+    trace: Trace,
+    policy: PricingOptions,
+    kernels: list[Kernel],
+    sources: tuple[int, ...] | None,
+    residency: Residency | None,
+) -> RuntimeSaves:
+    """A training step's sequence-parallel inputs re-gathered in the backward
+    (``policy.sequence_parallel_regather``, :mod:`torchroof.kernels.regather`) and its fp8
+    layers' inputs saved in fp8 (``policy.save_fp8_inputs``,
+    :mod:`torchroof.kernels.fp8_saves`); anything else as it is."""
+    workload = trace.facts.workload
+    if workload is None or not workload.trains:
+        return RuntimeSaves(kernels, sources, residency)
+    regathers: tuple[Regather, ...] = ()
+    if policy.sequence_parallel_regather and workload.sequence_parallel:
+        regathers = tuple(sequence_parallel_gathers(trace.ops, workload.tp))
+    narrowed = fp8_saved_inputs(trace.ops) if policy.save_fp8_inputs else {}
+    divisors = fp8_divisors(narrowed, regathers)
+    if regathers:
+        kernels, sources = with_regathers(kernels, sources, regathers, divisors)
+        residency = regathered_residency(residency, regathers)
+    if narrowed:
+        residency = fp8_narrowed_residency(residency, divisors)
+    notes = (
+        *([regather_line(regathers)] if regathers else []),
+        *([fp8_line(narrowed)] if narrowed else []),
+    )
+    return RuntimeSaves(kernels, sources, residency, regathers, notes)
 
 
 def price_trace(
@@ -335,6 +406,7 @@ def price_trace(
             *step.assumptions(pricing.fusion),
             *trace_assumption_lines(trace),
             *([offload.line()] if offload else []),
+            *plan.memory_notes,
         ],
         options=pricing,
         facts=replace(trace.facts),

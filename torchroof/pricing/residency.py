@@ -12,10 +12,14 @@ activations an eager step holds overstate what the compiled step holds; these ar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from torchroof.counters import kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
+from torchroof.kernels.fp8_saves import fp8_divisor
 from torchroof.kernels.fusion import FUSED_KINDS, Kernel
+from torchroof.kernels.regather import Regather
+from torchroof.records.tensors import TensorMeta
 from torchroof.report.memory import Residency
 
 
@@ -46,3 +50,42 @@ def kernel_residency(kernels: Sequence[Kernel], roles: Mapping[int, str]) -> Res
             late.setdefault(max(op.index for op in members), set()).update(extra)
     unwritten = frozenset(made - written - set(roles))
     return Residency(unwritten, {index: frozenset(s) for index, s in late.items()})
+
+
+def regathered_residency(residency: Residency | None, regathers: Sequence[Regather]) -> Residency:
+    """``residency`` (None: eager kernels, which keep every output) where each gathered
+    sequence-parallel input lives again from its backward re-gather and its shard is kept
+    until then (:mod:`torchroof.kernels.regather`)."""
+    base = residency or Residency()
+    late = {index: set(storages) for index, storages in base.late_reads.items()}
+    refilled: dict[int, set[int]] = {}
+    for r in regathers:
+        late.setdefault(r.first_use, set()).add(r.shard)
+        refilled.setdefault(r.first_use, set()).add(r.gathered)
+    return replace(
+        base,
+        late_reads={index: frozenset(s) for index, s in late.items()},
+        refilled={index: frozenset(s) for index, s in refilled.items()},
+    )
+
+
+def fp8_narrowed_residency(
+    residency: Residency | None, divisors: Mapping[int, int]
+) -> Residency:
+    """``residency`` (None: eager kernels) where the storages of ``divisors`` (storage -> how
+    many times fp8 divides its bytes, :func:`fp8_divisors`) are held at fp8's size from
+    their last forward use, and re-gathered at it (:mod:`torchroof.kernels.fp8_saves`)."""
+    return replace(residency or Residency(), narrowed=dict(divisors))
+
+
+def fp8_divisors(
+    narrowed: Mapping[int, TensorMeta], regathers: Sequence[Regather]
+) -> dict[int, int]:
+    """Storage -> fp8's divisor of its bytes, for the inputs Transformer Engine saves in fp8
+    and, where such an input is a re-gathered sequence-parallel one, its shard too (what is
+    saved) besides the gathered storage (what the backward gathers again, in fp8)."""
+    divisors = {storage: fp8_divisor(tensor) for storage, tensor in narrowed.items()}
+    for r in regathers:
+        if r.gathered in divisors:
+            divisors[r.shard] = divisors[r.gathered]
+    return divisors

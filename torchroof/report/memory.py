@@ -48,11 +48,19 @@ class Residency:
     one: ``unwritten``, the storages its fused kernels make but never write out (an
     intermediate inside one kernel, or a forward tensor the backward rebuilds instead of
     reading), and ``late_reads``, op index -> storages a kernel ending there reads besides
-    what its ops read (the sources a rebuilt tensor is made from). Eager kernels keep every
-    op's output: no Residency."""
+    what its ops read (the sources a rebuilt tensor is made from), and ``refilled``, op index
+    -> storages a collective writes again just before that op after they were freed (a
+    sequence-parallel input Megatron-Core all-gathers again for the backward,
+:mod:`torchroof.kernels.regather`): a new life of each starts there, and ``narrowed``,
+    storage -> how many times its bytes divide from its last forward use on and in a life
+    refilled in the backward (an input Transformer Engine saves in fp8,
+    :mod:`torchroof.kernels.fp8_saves`). Eager kernels keep every op's output: no
+    ``unwritten``."""
 
     unwritten: frozenset[int] = frozenset()
     late_reads: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    refilled: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    narrowed: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,18 +141,29 @@ def _lifetimes(
     # FSDP writes its buffers through ``out=`` arguments no kernel cost lists: always kept
     unwritten = residency.unwritten - buffers if residency else frozenset()
     late_reads = residency.late_reads if residency else {}
+    refilled = residency.refilled if residency else {}
+    narrowed = residency.narrowed if residency else {}
+    last_forward: dict[Life, int] = {}  # of the narrowed storages' lives
     life: dict[int, int] = {}  # storage -> its current life (FSDP storages live several)
     size: dict[tuple[int, int], int] = {}
     born: dict[tuple[int, int], int] = {}
     dies: dict[tuple[int, int], int] = {}
+
+    def refill(storage: int, index: int, used_since: bool) -> None:
+        """A new life of ``storage`` from op ``index`` (its bytes as before), when it has
+        lived, and when ``used_since`` only if it was used after its birth."""
+        key = (storage, life.get(storage, 0))
+        if key in born and (dies[key] > born[key] or not used_since):
+            life[storage] = key[1] + 1
+            new = (storage, key[1] + 1)
+            born[new], dies[new], size[new] = index, index, size[key]
+
     for op in trace.ops:
-        if op.packet == ALL_GATHER_COPY_OUT:
+        if op.packet == ALL_GATHER_COPY_OUT:  # used since: freed, now refilled
             for t in op.tensors("out"):
-                key = (t.storage, life.get(t.storage, 0))
-                if key in born and dies[key] > born[key]:  # used since: freed, now refilled
-                    life[t.storage] = key[1] + 1
-                    new = (t.storage, key[1] + 1)
-                    born[new], dies[new], size[new] = op.index, op.index, size[key]
+                refill(t.storage, op.index, used_since=True)
+        for storage in refilled.get(op.index, ()):  # gathered again after its last use
+            refill(storage, op.index, used_since=False)
         # FSDP2 re-views and queries its unsharded parameters while their storage is
         # freed: only an op that reads or writes a buffer's data keeps it alive.
         keeps_buffers = kind_of(op.packet) not in _NO_DATA_KINDS
@@ -167,7 +186,27 @@ def _lifetimes(
             key = (storage, life.get(storage, 0))
             if key in born:
                 dies[key] = max(dies[key], op.index)
+        if narrowed and op.phase == "forward":
+            for t in (*op.outputs, *op.inputs):
+                key = (t.storage, life.get(t.storage, 0))
+                if t.storage in narrowed and key in born:
+                    last_forward[key] = op.index
+    for key, cut in last_forward.items():
+        if dies[key] > cut:  # kept for the backward: as its narrower copy from here on
+            tail = narrow_copy(key)
+            born[tail], dies[tail] = cut + 1, dies[key]
+            size[tail] = size[key] // narrowed[key[0]]
+            dies[key] = cut
+    for key in born:
+        if key[0] in narrowed and key[1] > 0:  # gathered again in the backward, narrow
+            size[key] = size[key] // narrowed[key[0]]
     return born, dies, size, buffers
+
+
+def narrow_copy(life: Life) -> Life:
+    """The life of the narrower copy a storage's ``life`` is kept as for the backward (a
+    negative life number: apart from the refilled lives 1, 2, ...); and back."""
+    return (life[0], -1 - life[1])
 
 
 def saved_bytes(
@@ -195,8 +234,9 @@ def saved_bytes_by_producer(
     born, dies, size, buffers = _lifetimes(trace, known, residency)
     out: dict[int, int] = {}
     for key, start in born.items():
-        if start < index <= dies[key] and key[0] not in buffers:
-            out[start] = out.get(start, 0) + size[key]
+        made = born[narrow_copy(key)] if key[1] < 0 else start  # a copy: its original's maker
+        if made < index <= dies[key] and key[0] not in buffers:
+            out[made] = out.get(made, 0) + size[key]
     return out
 
 
