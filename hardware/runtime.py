@@ -31,7 +31,9 @@ The format, every key a profile may hold (anything else is an error):
   ``custom_all_reduce_max_ranks`` (figure, whole: the largest group it takes, an even
   number of ranks), ``custom_all_reduce_one_shot_max_bytes`` (figure, whole: below this
   size one shot, every rank reading every peer's buffer; above it two shots),
-  ``custom_all_reduce_latency_s`` (figure: its fixed cost).
+  ``custom_all_reduce_latency_s`` (figure: its fixed cost), ``tp_comm_overlap`` (setting:
+  true or false: under sequence parallel a tensor-parallel all-gather runs in chunks beside
+  the GEMM that reads it, and a reduce-scatter beside the GEMM that writes its input).
 - ``[defaults]``: ``reshard_after_forward_with_pp`` (setting: true or false: FSDP
   re-gathers parameters for backward when the step is pipelined), ``zero_with_dp``
   (figure, whole: the ZeRO stage a training step over data-parallel replicas runs when
@@ -118,6 +120,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "custom_all_reduce_max_bytes": ("whole", ()),
         "custom_all_reduce_one_shot_max_bytes": ("whole", ()),
         "custom_all_reduce_latency_s": ("figure", ()),
+        "tp_comm_overlap": ("setting", ("bool",)),
     },
     "defaults": {
         "reshard_after_forward_with_pp": ("setting", ("bool",)),

@@ -411,3 +411,77 @@ def test_a_rewrapped_collective_result_keeps_the_collectives_storage():
         rewraps = [op for op in trace.ops if op.name.startswith(REWRAPS)]
         assert rewraps
         assert all(op.outputs[0].storage == op.inputs[0].storage for op in rewraps)
+
+
+def _tied_gemma2(layers: int = 2):
+    from transformers import Gemma2Config
+
+    # Gemma 2 ties its LM head to its input embedding
+    return Gemma2Config(
+        hidden_size=D,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=V,
+        tie_word_embeddings=True,
+    )
+
+
+def test_a_tied_lm_head_stays_the_embedding_under_tensor_parallel():
+    from transformers import Gemma2Config
+
+    # transformers' plan shards the embedding vocabulary-wise and the head column-wise:
+    # both Shard(0) of one V x d table
+    config = _tied_gemma2()
+    trace = torchroof.trace_model(config, "train", batch=1, seq=16, tp=2)
+    # the head's forward GEMM runs on the rank's half of the vocabulary:
+    # 2 x 16 tokens x 256 x 512 columns = 4,194,304 FLOPs
+    (head,) = [
+        op
+        for op in trace.ops
+        if op.module == "lm_head" and op.phase == "forward" and kind_of(op.packet) == "matmul"
+    ]
+    assert cost_of(head).flops == 2 * 16 * D * (V // 2) == 4_194_304
+    # one table, held once: its half is 512 x 256 x 2 B = 262,144 B of the weights, and
+    # the head reads the embedding's own shard
+    (table,) = [t for t in head.inputs if t.shape in ((V // 2, D), (D, V // 2))]
+    assert trace.roles[table.storage] == "weights"
+    untied = torchroof.trace_model(
+        Gemma2Config(**{**config.to_dict(), "tie_word_embeddings": False}),
+        "train",
+        batch=1,
+        seq=16,
+        tp=2,
+    )
+    assert untied.role_bytes["weights"] - trace.role_bytes["weights"] == V // 2 * D * BF16
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        # the embedding split by vocabulary (Shard(0)), its tied head by hidden size
+        (
+            {"model.embed_tokens": "embedding_rowwise", "lm_head": "rowwise"},
+            "lm_head.weight is tied to model.embed_tokens",
+        ),
+        # the embedding split by vocabulary, its tied head left out: a whole second table
+        ({"model.embed_tokens": "embedding_rowwise"}, "lm_head.weight: not sharded"),
+    ],
+)
+def test_a_tied_copy_the_plan_shards_otherwise_is_refused(plan, message):
+    import torch
+    from transformers import Gemma2ForCausalLM
+
+    from torchroof.config.parallel_plan import ParallelPlan
+    from torchroof.parallel.mesh import build_mesh
+    from torchroof.parallel.program import fake_process_group
+    from torchroof.parallel.tensor import apply_tensor_parallel
+
+    with torch.device("meta"):
+        model = Gemma2ForCausalLM(_tied_gemma2(layers=1))
+    with fake_process_group(2):
+        mesh = build_mesh(ParallelPlan(tp=2))
+        with pytest.raises(ValueError, match=message):
+            apply_tensor_parallel(model, mesh["tp"], plan=plan)

@@ -66,7 +66,7 @@ class Regather:
         return self.result.storage
 
 
-def _tensor_parallel_group(op: OpRecord, tp: int) -> bool:
+def tensor_parallel_group(op: OpRecord, tp: int) -> bool:
     """Whether ``op`` runs over a tensor-parallel group of ``tp`` ranks: ``tp`` consecutive
     ranks starting at a multiple of ``tp``."""
     ranks = op.arg("group_ranks")
@@ -95,7 +95,7 @@ def sequence_parallel_gathers(ops: Sequence[OpRecord], tp: int) -> list[Regather
     for op in ops:
         if op.phase != "forward" or op.name != ALL_GATHER or not op.inputs or not op.outputs:
             continue
-        if not _tensor_parallel_group(op, tp):
+        if not tensor_parallel_group(op, tp):
             continue
         for result in (op.outputs[0], arranged.get(op.outputs[0].storage)):
             use = first_read.get(result.storage) if result is not None else None

@@ -43,11 +43,85 @@ def apply_tensor_parallel(
     config = getattr(model, "config", None)
     kv_heads = check_heads_divide(config, wildcard_plan, size) if config is not None else None
     expanded = owned_plan(model, model._expand_parallel_plan(wildcard_plan))  # type: ignore[operator]
-    apply_tensor_parallelism(model, tp_mesh, expanded)
+    tied = tied_copies(model, expanded)
+    shared = shared_parameters(model)
+    apply_tensor_parallelism(model, tp_mesh, {k: v for k, v in expanded.items() if k not in tied})
+    retie(model, tp_mesh, expanded, tied)
+    check_still_tied(model, shared, expanded)
     setattr(model, TP_STYLES, (dict(expanded), tp_mesh))
     if isinstance(kv_heads, int):
         setattr(model, KV_HEADS_PER_RANK, kv_heads)
     return model
+
+
+def tied_copies(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """The parameters ``plan`` names that are another parameter's tied copy (Gemma's LM head
+    is its input embedding: ``named_parameters`` lists the table once, under the embedding),
+    each -> the name it is listed under."""
+    listed = dict(model.named_parameters())
+    owners = {id(param): name for name, param in listed.items()}
+    copies = {}
+    for name in plan:
+        if name in listed:
+            continue
+        module_name, _, attribute = name.rpartition(".")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            continue
+        param = module._parameters.get(attribute)
+        if param is not None and id(param) in owners:
+            copies[name] = owners[id(param)]
+    return copies
+
+
+def retie(
+    model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str], tied: dict[str, str]
+) -> None:
+    """Make each tied copy the sharded parameter it is listed under again (sharding replaces
+    a parameter), where the copy's own style shards it the same way; otherwise a ValueError
+    naming both (one table cannot hold two layouts)."""
+    if not tied:
+        return
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    for name, owner in tied.items():
+        module_name, _, attribute = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        ALL_PARALLEL_STYLES[plan[name]].shard_param(module, attribute, tp_mesh)
+        own, shared = module._parameters[attribute], model.get_parameter(owner)
+        same = (
+            own is not None
+            and getattr(own, "placements", None) == getattr(shared, "placements", None)
+            and own.shape == shared.shape
+        )
+        if not same:
+            raise ValueError(
+                f"{name} is tied to {owner}, and the tensor-parallel plan shards them "
+                f"differently ({plan[name]} and {plan.get(owner, 'not at all')}): one "
+                "parameter cannot hold both layouts"
+            )
+        module._parameters[attribute] = shared
+
+
+def shared_parameters(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter that more than one module holds (a tied LM head)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def check_still_tied(model: nn.Module, shared: list[list[str]], plan: dict[str, str]) -> None:
+    """A ValueError where sharding left the names of one parameter holding two (the plan
+    shards the embedding but leaves its tied head whole, say): one table, one layout."""
+    for group in shared:
+        if len({id(model.get_parameter(name)) for name in group}) > 1:
+            styles = ", ".join(f"{name}: {plan.get(name, 'not sharded')}" for name in group)
+            raise ValueError(
+                f"{' and '.join(group)} are one tied parameter, and the tensor-parallel plan "
+                f"shards them differently ({styles}): one parameter cannot hold both layouts"
+            )
 
 
 def check_tensor_parallel(config: Any, tp: int) -> None:

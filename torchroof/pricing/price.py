@@ -69,6 +69,7 @@ from torchroof.timing.kernel_shape import KernelShape, kernel_shape
 from torchroof.timing.roofline import NO_RUNTIME, KernelTime, time_kernel
 from torchroof.timing.runtime import StepRuntime
 from torchroof.timing.streams import schedule, tasks_of
+from torchroof.timing.tp_overlap import Pipelined, pipelined_line, pipelined_pairs
 
 
 def _timed(
@@ -367,9 +368,11 @@ def price_trace(
         kernels, roles, spec, cluster, pricing, runtime, rank
     )
     step_time_s = None
+    pipelined = Pipelined()
     if collectives:
         progress.current().begin("scheduling compute and communication on their two streams")
-        timed, step_time_s = _scheduled(timed, kernels, pricing)
+        pipelined = tp_pairs(kernels, runtime, workload)
+        timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
     memory = footprint(
@@ -407,6 +410,7 @@ def price_trace(
             *trace_assumption_lines(trace),
             *([offload.line()] if offload else []),
             *plan.memory_notes,
+            *([pipelined_line(pipelined.pairs, kernels)] if pipelined.pairs else []),
         ],
         options=pricing,
         facts=replace(trace.facts),
@@ -440,17 +444,39 @@ def _geometry(kernel: Kernel) -> tuple[KernelShape, int]:
     return kernel_shape(kernel.ops, lead, kernel.cost), dtype_itemsize(out)
 
 
+def tp_pairs(kernels: list[Kernel], runtime: StepRuntime, workload: Workload | None) -> Pipelined:
+    """The collectives and GEMMs the runtime runs side by side (its ``tp_comm_overlap``, for
+    a sequence-parallel step: :mod:`torchroof.timing.tp_overlap`); none otherwise."""
+    if not runtime.tp_comm_overlap or workload is None or not workload.sequence_parallel:
+        return Pipelined()
+    return pipelined_pairs(kernels, workload.tp)
+
+
 def _scheduled(
-    timed: list[KernelEstimate], kernels: list[Kernel], pricing: PricingOptions
+    timed: list[KernelEstimate],
+    kernels: list[Kernel],
+    pricing: PricingOptions,
+    pipelined: Pipelined | None = None,
 ) -> tuple[list[KernelEstimate], float]:
     """The kernels with their start, stream and exposed communication, and the step time,
-    from the two-stream schedule (:mod:`torchroof.timing.streams`)."""
-    tasks = tasks_of(kernels, [k.time_s for k in timed])
+    from the two-stream schedule (:mod:`torchroof.timing.streams`), the ``pipelined`` pairs
+    side by side."""
+    pipelined = pipelined or Pipelined()
+    pairs = pipelined.pairs
+    beside = {i: (b.after, b.until, b.skip) for i, b in pipelined.beside.items()}
+    tasks = tasks_of(kernels, [k.time_s for k in timed], beside)
     laid = schedule(tasks, overlap=pricing.overlap_communication)
     placed = [
-        replace(k, start_s=start, stream=task.stream, exposed_s=exposed, waits_on=before)
-        for k, task, start, exposed, before in zip(
-            timed, tasks, laid.start_s, laid.exposed_s, laid.waits, strict=True
+        replace(
+            k,
+            start_s=start,
+            stream=task.stream,
+            exposed_s=exposed,
+            waits_on=before,
+            pipelined_with=pairs.get(i),
+        )
+        for i, (k, task, start, exposed, before) in enumerate(
+            zip(timed, tasks, laid.start_s, laid.exposed_s, laid.waits, strict=True)
         )
     ]
     return placed, laid.step_time_s

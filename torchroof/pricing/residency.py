@@ -69,9 +69,7 @@ def regathered_residency(residency: Residency | None, regathers: Sequence[Regath
     )
 
 
-def fp8_narrowed_residency(
-    residency: Residency | None, divisors: Mapping[int, int]
-) -> Residency:
+def fp8_narrowed_residency(residency: Residency | None, divisors: Mapping[int, int]) -> Residency:
     """``residency`` (None: eager kernels) where the storages of ``divisors`` (storage -> how
     many times fp8 divides its bytes, :func:`fp8_divisors`) are held at fp8's size from
     their last forward use, and re-gathered at it (:mod:`torchroof.kernels.fp8_saves`)."""

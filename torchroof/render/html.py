@@ -140,6 +140,12 @@ def why_not_repriced(est: Estimate) -> str:
             "Python: run torchroof estimate --offload-activations N --hardware NAME for "
             "another accelerator"
         )
+    if any(k.pipelined_with is not None for k in est.kernels):
+        return (
+            "tensor-parallel collectives run beside their GEMMs (the runtime's "
+            "tp_comm_overlap), laid on the two streams in Python: run torchroof estimate "
+            "--hardware NAME for another accelerator"
+        )
     if est.pipeline is not None:
         return (
             "a pipelined step is priced per stage and laid on its schedule in Python: run "

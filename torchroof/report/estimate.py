@@ -90,6 +90,10 @@ class KernelEstimate:
     # the two-stream schedule (torchroof.timing.streams.waits); () off the schedule; None: not
     # recorded (read from a file older than format 3)
     waits_on: tuple[int, ...] | None = ()
+    # the kernel on the other stream it runs in chunks beside (a tensor-parallel all-gather
+    # and the GEMM reading it, a GEMM and the reduce-scatter of its output:
+    # torchroof.timing.tp_overlap); None: none
+    pipelined_with: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -122,6 +126,8 @@ class KernelEstimate:
         data["ops"] = list(self.ops)
         data["flags"] = list(self.flags)
         data["waits_on"] = None if self.waits_on is None else list(self.waits_on)
+        if self.pipelined_with is None:  # files from before it stay as they were
+            del data["pipelined_with"]
         return data
 
     @classmethod

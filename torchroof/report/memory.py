@@ -47,11 +47,11 @@ class Residency:
     """What a step's kernels keep in device memory, where it differs from its ops one by
     one: ``unwritten``, the storages its fused kernels make but never write out (an
     intermediate inside one kernel, or a forward tensor the backward rebuilds instead of
-    reading), and ``late_reads``, op index -> storages a kernel ending there reads besides
-    what its ops read (the sources a rebuilt tensor is made from), and ``refilled``, op index
-    -> storages a collective writes again just before that op after they were freed (a
+    reading); ``late_reads``, op index -> storages a kernel ending there reads besides what
+    its ops read (the sources a rebuilt tensor is made from); ``refilled``, op index ->
+    storages a collective writes again just before that op after they were freed (a
     sequence-parallel input Megatron-Core all-gathers again for the backward,
-:mod:`torchroof.kernels.regather`): a new life of each starts there, and ``narrowed``,
+    :mod:`torchroof.kernels.regather`): a new life of each starts there; and ``narrowed``,
     storage -> how many times its bytes divide from its last forward use on and in a life
     refilled in the backward (an input Transformer Engine saves in fp8,
     :mod:`torchroof.kernels.fp8_saves`). Eager kernels keep every op's output: no

@@ -29,7 +29,8 @@ class StepRuntime:
     keeps the accelerator file's), ``softmax_overlapped`` (FlashAttention-3 runs softmax under
     the matmuls), ``gemm_efficiency`` (GEMMs' share of peak; 1 where none is published),
     ``host_overhead_s`` per step (0 but in realistic mode), ``all_reduce`` (its small
-    all-reduce)."""
+    all-reduce), ``tp_comm_overlap`` (sequence parallel's all-gathers and reduce-scatters run
+    beside the GEMMs they feed or drain: :mod:`torchroof.timing.tp_overlap`)."""
 
     launch_s: float | None = None
     graph_replayed: bool = False
@@ -37,6 +38,7 @@ class StepRuntime:
     gemm_efficiency: float = 1.0
     host_overhead_s: float = 0.0
     all_reduce: CustomAllReduce | None = None
+    tp_comm_overlap: bool = False  # sequence parallel's collectives beside their GEMMs
 
 
 def step_runtime(
@@ -61,4 +63,5 @@ def step_runtime(
         gemm_efficiency=profile.figure("gemm_efficiency") or 1.0,
         host_overhead_s=(profile.figure("host_overhead_s") or 0.0) if realistic else 0.0,
         all_reduce=custom,
+        tp_comm_overlap=profile.setting("tp_comm_overlap") is True,
     )

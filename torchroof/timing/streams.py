@@ -38,6 +38,13 @@ The rules, over kernels in issue order (the trace's order):
   stream; FSDP2's ``_wait_all_gather_streams_on_event``), so layer i+1's all-gather runs
   during layer i's compute, not further ahead.
 
+- A pair the runtime pipelines (``Task.beside``, ``Task.until``: a tensor-parallel all-gather
+  and the GEMM reading it, a GEMM and the reduce-scatter of its output,
+  :mod:`torchroof.timing.tp_overlap`) runs side by side: the later of the two starts no
+  sooner than the earlier one starts (not ends), and ends no sooner than it ends. A GEMM
+  that outlasts its all-gather hides it; an all-gather that outlasts its GEMM keeps the
+  compute stream waiting for the difference.
+
 The step ends when the last kernel on either stream ends. The compute stream's idle time is
 the exposed communication; each idle interval is shared among the communication kernels that
 run during it (on one stream they cover it exactly, see :func:`schedule`), so a kernel's
@@ -48,7 +55,7 @@ fully exposed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,6 +83,12 @@ class Task:
     reads: frozenset[int] = frozenset()
     writes: frozenset[int] = frozenset()
     after: tuple[int, ...] = ()
+    # a pipelined pair's (torchroof.timing.tp_overlap): the earlier task on the other stream
+    # it starts with (not after), the task it ends no sooner than, and the tasks of its pair
+    # whose end it does not wait for
+    beside: int | None = None
+    until: int | None = None
+    skip: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -119,16 +132,31 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
     idle: list[tuple[float, float]] = []  # the compute stream's waits, in time order
     runs: list[int] = []  # communication tasks in stream order
     for i, task in enumerate(tasks):
-        ready = max((end[j] for j in before[i]), default=0.0)
+        beside, until = task.beside, task.until
+        for earlier in (beside, until, *task.skip):
+            if earlier is not None and not 0 <= earlier < i:
+                raise ValueError(f"task {i} runs beside task {earlier}, which is not before it")
+        ready = max((end[j] for j in before[i] if j not in task.skip), default=0.0)
+        if beside is not None:  # side by side: from its partner's start, not its end
+            if tasks[beside].stream == task.stream:
+                raise ValueError(f"task {i} runs beside task {beside} on its own stream")
+            ready = max(ready, start[beside])
         if task.stream == COMMUNICATION:
             start[i] = max(communication_free, ready)
-            end[i] = communication_free = start[i] + task.duration_s
+            finish = start[i] + task.duration_s
+            if until is not None:
+                finish = max(finish, end[until])
+            end[i] = communication_free = finish
             runs.append(i)
         else:
             start[i] = max(compute_free, ready)
             if start[i] > compute_free:
                 idle.append((compute_free, start[i]))
-            end[i] = compute_free = start[i] + task.duration_s
+            finish = start[i] + task.duration_s
+            if until is not None and end[until] > finish:  # waits for the last chunk
+                idle.append((finish, end[until]))
+                finish = end[until]
+            end[i] = compute_free = finish
     if communication_free > compute_free:  # the step waits for its last collectives
         idle.append((compute_free, communication_free))
     exposed = [0.0] * count
@@ -174,10 +202,17 @@ def waits(tasks: Sequence[Task]) -> list[tuple[int, ...]]:
     return out
 
 
-def tasks_of(kernels: Sequence[Kernel], durations: Sequence[float]) -> list[Task]:
+def tasks_of(
+    kernels: Sequence[Kernel],
+    durations: Sequence[float],
+    beside: Mapping[int, tuple[int, int | None, frozenset[int]]] | None = None,
+) -> list[Task]:
     """The schedule's view of priced kernels: collectives (unit ``network``) and the FSDP2
     side-stream copies on the communication stream, every other kernel on the compute
-    stream, with the storages their ops read and write."""
+    stream, with the storages their ops read and write; ``beside`` (kernel -> the kernel it
+    starts with, the one it ends no sooner than and those it does not wait for: a pipelined
+    pair's, :func:`torchroof.timing.tp_overlap.pipelined_pairs`) as :class:`Task` says."""
+    alongside = beside or {}
     tasks: list[Task] = []
     last_copy_out: int | None = None
     for i, (kernel, duration) in enumerate(zip(kernels, durations, strict=True)):
@@ -190,7 +225,8 @@ def tasks_of(kernels: Sequence[Kernel], durations: Sequence[float]) -> list[Task
         reads = frozenset(t.storage for op in kernel.ops for t in read_tensors(op))
         writes = frozenset(t.storage for op in kernel.ops for t in written_tensors(op))
         after = (last_copy_out,) if FSDP_COPY_IN in packets and last_copy_out is not None else ()
-        tasks.append(Task(duration, stream, reads, writes, after))
+        start_with, until, skip = alongside.get(i, (None, None, frozenset()))
+        tasks.append(Task(duration, stream, reads, writes, after, start_with, until, skip))
         if FSDP_COPY_OUT in packets:
             last_copy_out = i
     return tasks

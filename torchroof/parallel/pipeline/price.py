@@ -386,8 +386,19 @@ def _estimate(
     first = priced[trace.traced_as[slowest.stages[0]]]
     kernels: list[KernelEstimate] = []
     for s in slowest.stages:
+        base = len(kernels)  # a stage's kernels point at each other by stage-local index
         for kernel in priced[trace.traced_as[s]].kernels:
-            kernels.append(replace(kernel, index=len(kernels)))
+            partner = kernel.pipelined_with
+            kernels.append(
+                replace(
+                    kernel,
+                    index=len(kernels),
+                    pipelined_with=None if partner is None else base + partner,
+                    waits_on=None
+                    if kernel.waits_on is None
+                    else tuple(base + j for j in kernel.waits_on),
+                )
+            )
     footprints = {
         r.rank: _rank_memory(priced, trace, r, stages, held[r.rank], capacity_bytes)
         for r in step.ranks
