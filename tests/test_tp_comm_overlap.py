@@ -132,6 +132,10 @@ def test_the_megatron_profile_overlaps_and_says_so(sp_train, tmp_path):
     from torchroof.render.html import why_not_repriced
 
     assert "beside their GEMMs" in why_not_repriced(megatron)
+    # collectives that block compute (--no-overlap-communication) pair nothing either
+    blocking = traced.estimate("dgx-h100", runtime="megatron-te", overlap_communication=False)
+    assert all(k.pipelined_with is None for k in blocking.kernels)
+    assert not any(a.startswith("tensor-parallel comm") for a in blocking.assumptions)
     # without sequence parallel Megatron all-reduces: nothing to pair
     plain_tp = torchroof.trace_model(LlamaConfig(**PARALLEL_LLAMA), "train", batch=1, seq=32, tp=2)
     est = torchroof.Trace.of(plain_tp).estimate("dgx-h100", runtime="megatron-te")

@@ -371,7 +371,7 @@ def price_trace(
     pipelined = Pipelined()
     if collectives:
         progress.current().begin("scheduling compute and communication on their two streams")
-        pipelined = tp_pairs(kernels, runtime, workload)
+        pipelined = tp_pairs(kernels, runtime, workload, pricing)
         timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
@@ -444,10 +444,17 @@ def _geometry(kernel: Kernel) -> tuple[KernelShape, int]:
     return kernel_shape(kernel.ops, lead, kernel.cost), dtype_itemsize(out)
 
 
-def tp_pairs(kernels: list[Kernel], runtime: StepRuntime, workload: Workload | None) -> Pipelined:
+def tp_pairs(
+    kernels: list[Kernel],
+    runtime: StepRuntime,
+    workload: Workload | None,
+    pricing: PricingOptions,
+) -> Pipelined:
     """The collectives and GEMMs the runtime runs side by side (its ``tp_comm_overlap``, for
-    a sequence-parallel step: :mod:`torchroof.timing.tp_overlap`); none otherwise."""
-    if not runtime.tp_comm_overlap or workload is None or not workload.sequence_parallel:
+    a sequence-parallel step whose collectives overlap compute at all:
+    :mod:`torchroof.timing.tp_overlap`); none otherwise."""
+    overlaps = runtime.tp_comm_overlap and pricing.overlap_communication
+    if not overlaps or workload is None or not workload.sequence_parallel:
         return Pipelined()
     return pipelined_pairs(kernels, workload.tp)
 

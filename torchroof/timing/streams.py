@@ -43,7 +43,8 @@ The rules, over kernels in issue order (the trace's order):
   :mod:`torchroof.timing.tp_overlap`) runs side by side: the later of the two starts no
   sooner than the earlier one starts (not ends), and ends no sooner than it ends. A GEMM
   that outlasts its all-gather hides it; an all-gather that outlasts its GEMM keeps the
-  compute stream waiting for the difference.
+  compute stream waiting for the difference. A reduce-scatter beside its GEMM holds the one
+  communication stream until the GEMM ends, as the chunks of a real one keep its stream.
 
 The step ends when the last kernel on either stream ends. The compute stream's idle time is
 the exposed communication; each idle interval is shared among the communication kernels that

@@ -80,9 +80,10 @@ def _layout(kernel: Kernel) -> bool:
 def pipelined_pairs(kernels: Sequence[Kernel], tp: int) -> Pipelined:
     """The pairs this module's docstring names. Between a collective and its GEMM there may
     be one layout copy torch's graph has and Megatron's sequence-first one does not
-    (:data:`LAYOUT_PACKETS`): it runs beside the collective too. A GEMM is in one pair at
-    most (the first collective that reaches it)."""
+    (:data:`LAYOUT_PACKETS`): it runs beside the collective too. A GEMM or a copy is in one
+    pair at most (the first collective that reaches it)."""
     found = Pipelined()
+    used: set[int] = set()  # every kernel of a pair, the copies between included
     for i, kernel in enumerate(kernels):
         if kernel.cost.unit != "network" or len(kernel.ops) != 1:
             continue
@@ -93,8 +94,9 @@ def pipelined_pairs(kernels: Sequence[Kernel], tp: int) -> Pipelined:
             chain = _readers(kernels, i, {t.storage for t in written_tensors(op)})
         else:
             chain = _writers(kernels, i, {t.storage for t in read_tensors(op)})
-        if not chain or any(j in found.beside or j in found.pairs for j in chain):
+        if not chain or used & set(chain):
             continue
+        used.update(chain)
         gemm = chain[-1]
         found.pairs[i], found.pairs[gemm] = gemm, i
         if op.name == ALL_GATHER:  # the copy and the GEMM from the gather's start
