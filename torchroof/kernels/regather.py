@@ -130,15 +130,13 @@ def with_regathers(
     out: list[Kernel] = []
     moved: list[int] = []  # old position -> new
     added: list[int] = []  # new positions of the re-gathers
-    for i, kernel in enumerate(kernels):
+    for i in range(len(kernels) + 1):  # position len(kernels): read by no kernel, at the end
         for r in before.get(i, ()):
             added.append(len(out))
             out.append(_copy(kernels[forward[id(r.gather)]], r, divisors.get(r.gathered, 1)))
-        moved.append(len(out))
-        out.append(kernel)
-    for r in before.get(len(kernels), ()):  # read by nothing priced after it: at the end
-        added.append(len(out))
-        out.append(_copy(kernels[forward[id(r.gather)]], r, divisors.get(r.gathered, 1)))
+        if i < len(kernels):
+            moved.append(len(out))
+            out.append(kernels[i])
     if sources is None:
         return out, None
     renumbered = [0] * len(out)

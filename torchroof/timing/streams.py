@@ -203,6 +203,15 @@ def waits(tasks: Sequence[Task]) -> list[tuple[int, ...]]:
     return out
 
 
+def stream_of(kernel: Kernel) -> Stream:
+    """The stream ``kernel`` runs on: collectives (unit ``network``) and the FSDP2 side-stream
+    copies on the communication stream, every other kernel on the compute stream."""
+    packets = {op.packet for op in kernel.ops}
+    if kernel.cost.unit == "network" or packets & SIDE_STREAM_COPIES:
+        return COMMUNICATION
+    return COMPUTE
+
+
 def tasks_of(
     kernels: Sequence[Kernel],
     durations: Sequence[float],
@@ -218,11 +227,7 @@ def tasks_of(
     last_copy_out: int | None = None
     for i, (kernel, duration) in enumerate(zip(kernels, durations, strict=True)):
         packets = {op.packet for op in kernel.ops}
-        stream = (
-            COMMUNICATION
-            if kernel.cost.unit == "network" or packets & SIDE_STREAM_COPIES
-            else COMPUTE
-        )
+        stream = stream_of(kernel)
         reads = frozenset(t.storage for op in kernel.ops for t in read_tensors(op))
         writes = frozenset(t.storage for op in kernel.ops for t in written_tensors(op))
         after = (last_copy_out,) if FSDP_COPY_IN in packets and last_copy_out is not None else ()

@@ -19,14 +19,14 @@ that wrote its input, when that kernel is a GEMM. A collective whose neighbour i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torchroof.counters import kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
 from torchroof.kernels.fusion import Kernel
 from torchroof.kernels.regather import ALL_GATHER, tensor_parallel_group
-from torchroof.timing.streams import SIDE_STREAM_COPIES
+from torchroof.timing.streams import COMPUTE, stream_of
 
 REDUCE_SCATTER = "_c10d_functional.reduce_scatter_tensor.default"
 
@@ -57,9 +57,7 @@ def _gemm(kernel: Kernel) -> bool:
 
 
 def _compute(kernel: Kernel) -> bool:
-    """On the compute stream (:func:`torchroof.timing.streams.tasks_of`'s rule)."""
-    packets = {op.packet for op in kernel.ops}
-    return kernel.cost.unit != "network" and not packets & SIDE_STREAM_COPIES
+    return stream_of(kernel) == COMPUTE
 
 
 LAYOUT_PACKETS = frozenset({"aten.cat", "aten.clone", "aten.copy_", "aten.add", "aten.add_"})
@@ -132,14 +130,14 @@ def _writers(kernels: Sequence[Kernel], i: int, fed: set[int]) -> list[int]:
     read = {t.storage for op in kernels[last].ops for t in read_tensors(op)}
     # the last writer before the collective, not only before the copy: a fused copy can be
     # issued ahead of the last GEMM it sums
-    earlier = [j for j in range(i - 1, -1, -1) if j != last]
-    then = next((j for j in earlier if _compute(kernels[j]) and _writes(kernels[j], read)), None)
+    earlier = (j for j in range(i - 1, -1, -1) if j != last)
+    then = _first(kernels, earlier, read, _writes)
     return [last, then] if then is not None and _gemm(kernels[then]) else []
 
 
 def _first(
     kernels: Sequence[Kernel],
-    order: range,
+    order: Iterable[int],
     storages: set[int],
     touches: Callable[[Kernel, set[int]], bool],
 ) -> int | None:
