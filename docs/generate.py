@@ -68,11 +68,15 @@ def _leaf_fields(cls: type) -> Iterator[dataclasses.Field[Any]]:
             yield f
 
 
-def _flag_actions(cls: type) -> dict[str, argparse.Action]:
-    """The argparse actions the CLI builds for ``cls`` (its own ``add_flags``), by field."""
+def _flag_actions(cls: type) -> dict[str, list[argparse.Action]]:
+    """The argparse actions the CLI builds for ``cls`` (its own ``add_flags``), by field:
+    two for a boolean a runtime profile sets (``--name`` and ``--no-name``)."""
     parser = argparse.ArgumentParser(add_help=False)
     _find("torchroof.config", "add_flags")(parser, cls)
-    return {action.dest: action for action in parser._actions}
+    actions: dict[str, list[argparse.Action]] = {}
+    for action in parser._actions:
+        actions.setdefault(action.dest, []).append(action)
+    return actions
 
 
 def _default(f: dataclasses.Field[Any]) -> str:
@@ -89,13 +93,17 @@ def flags_page() -> str:
     for cls in (torchroof.Workload, torchroof.PricingOptions):
         actions = _flag_actions(cls)
         for f in _leaf_fields(cls):
-            action = actions.get(f.name)
-            if action is None:
+            both = actions.get(f.name)
+            if not both:
                 continue
-            flag = ", ".join(f"`{o}`" for o in action.option_strings)
+            flag = ", ".join(f"`{o}`" for action in both for o in action.option_strings)
             choices = ", ".join(f"`{c}`" for c in f.metadata.get("choices") or ()) or "-"
             where = f"`{cls.__name__}.{f.name}`"
-            help_text = action.help or ""
+            help_text = "; ".join(
+                f"{action.option_strings[0]}: {action.help}" if len(both) > 1 else action.help
+                for action in both
+                if action.help
+            )
             rows[f.metadata.get("group", "workload")].append(
                 [flag, where, f"`{f.type}`", _default(f), choices, help_text]
             )

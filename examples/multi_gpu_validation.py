@@ -76,15 +76,16 @@ SAC_LAYER = (
     "checkpoint_every=2"
 )
 TITAN_H100 = (
-    "torchtitan's H100s are 96 GB HBM2e parts at 500 W, slower than an SXM H100: priced on "
-    "dgx-h100's 80 GB 700 W SXM"
+    "torchtitan's H100s are 96 GB HBM2e parts at 500 W, slower than an 80 GB 700 W SXM H100: "
+    "priced on grand-teton-h100 (2.4 TB/s, its tensor rate bounded by torchtitan between the "
+    "SXM's and the NVL's)"
 )
 SP = (
     "sequence + loss parallel, as the run (torchtitan's TP plan through parallelize_module: "
     "norms on T/tp tokens, reduce-scatter + all-gather for each all-reduce, the loss on "
     "vocabulary shards)"
 )
-FP32_REDUCE = "FSDP reduce-scatter in bf16 (torchtitan reduces in fp32: twice the bytes)"
+FP32_REDUCE = "gradients reduced in fp32, torchtitan's mixed_precision_reduce default"
 GPT_FAST = (
     "compiled decode (fusion 'fused'); gpt-fast attends over its whole 205-slot static "
     "cache every step (context 205); the node is 330 W A100s on a hybrid cube mesh, priced "
@@ -98,7 +99,7 @@ LLAMA3_405B = (
     "Llama 3 paper, Table 4: interleaved 1F1B with V not published (priced with 2 stages per "
     "rank), micro-batches of one sequence (not published: the 32 sequences per DP group as "
     "32 micro-batches), FSDP keeping parameters gathered after forward (reshard_after_forward "
-    "off), fp32 reduce-scatter priced in bf16; model FLOP/s as 6N + 6·L·d·T per token (N = "
+    "off), gradients reduced in fp32; model FLOP/s as 6N + 6·L·d·T per token (N = "
     "405e9, causal attention), the paper's definition not published; H100 SXM at 700 W as "
     "dgx-h100, RoCE as its 400 Gb/s network"
 )
@@ -110,7 +111,13 @@ MB_DEEPSEEK = (
     "all-reduced; Megatron's distributed optimizer shards the optimizer state: not "
     "modelled), selective recompute of the MLA up-projections not modelled (priced without "
     "checkpointing), flex/HybridEP dispatch priced as transformers' all-to-all; gb200-nvl72 "
-    "uses the B200 chip file"
+    "uses the B200 chip file; gradients reduced in bf16 (the performance recipe's "
+    "grad_reduce_in_fp32 = False: Megatron-Bridge scripts/performance/configs/deepseek/"
+    "deepseek_v3_llm_pretrain.py, set_deepseek_v3_common_configs)"
+)
+MEGATRON_ONE_REDUCTION = (
+    "gradients reduced once, after the last micro-batch (Megatron-Core runs the others under "
+    "its DDP's no_sync: defer_gradient_sync)"
 )
 
 
@@ -163,37 +170,37 @@ CHOICES: dict[str, Choice] = {
         "dgx-a100", f"full AC; {EAGER_DEFAULT}; {FP32_REDUCE}", checkpointing=True
     ),
     "tt-h100x8-llama31-8b-fsdp": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}",
         checkpointing=True,
         workload=SELECTIVE,
     ),
     "tt-h100x8-llama31-8b-fsdp-compile": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}",
         checkpointing=True,
         workload=SELECTIVE,
     ),
     "tt-h100x128-llama31-8b-fsdp": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"{SAC_OP}; {EAGER_DEFAULT}; {TITAN_H100}; {FP32_REDUCE}",
         checkpointing=True,
         workload=SELECTIVE,
     ),
     "tt-h100x128-llama31-8b-fsdp-compile": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"{SAC_OP}; compiled (fusion 'fused'); {TITAN_H100}; {FP32_REDUCE}",
         checkpointing=True,
         workload=SELECTIVE,
     ),
     "tt-h100x64-llama31-8b-fsdp8-tp8-bf16": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"{SAC_OP}; compiled (fusion 'fused'); {SP}; {TITAN_H100}",
         checkpointing=True,
         workload=SELECTIVE,
     ),
     "tt-h100x256-llama31-70b-fsdp32-tp8-bf16": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"full AC; compiled (fusion 'fused'); {SP}; {TITAN_H100}",
         checkpointing=True,
     ),
@@ -240,9 +247,11 @@ CHOICES: dict[str, Choice] = {
         workload={"pp_schedule": "interleaved-1f1b", "reshard_after_forward": False},
         model_flops_per_token=LLAMA3_405B_FLOPS,
     ),
-    "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice("gb200-nvl72", MB_DEEPSEEK),
+    "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice(
+        "gb200-nvl72", MB_DEEPSEEK, workload={"reduce_dtype": "bf16"}
+    ),
     "tt-h100x8-llama31-8b-fsdp4-cp2-fp8": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         f"full AC; compiled (fusion 'fused'); {FLOAT8}; {CP_FSDP}; {TITAN_H100}; "
         f"{FP32_REDUCE}; Llama 3.1's 131,072 positions",
         overrides={"max_position_embeddings": 131072},
@@ -259,8 +268,9 @@ CHOICES: dict[str, Choice] = {
         "dgx-h100",
         "Transformer Engine fp8 (quant 'fp8'); Megatron's context parallel priced as torch's "
         "ring attention; the distributed optimizer over the 4 replicas and the 2 context "
-        "ranks (its default); no activation recompute (not published)",
-        workload={"quant": "fp8"},
+        f"ranks (NeMo's default: zero 1); {MEGATRON_ONE_REDUCTION}; no activation recompute "
+        "(not published)",
+        workload={"quant": "fp8", "zero": 1, "defer_gradient_sync": True},
     ),
     "tt-h200x32-llama31-8b-fsdp32-fp8": Choice(
         "dgx-h200",
@@ -269,21 +279,21 @@ CHOICES: dict[str, Choice] = {
         workload={"quant": "fp8", **SELECTIVE},
     ),
     "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         TT_405B_FP8,
         checkpointing=True,
         workload=TT_405B_FP8_WORKLOAD,
         sequence_parallel=True,
     ),
     "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         TT_405B_FP8,
         checkpointing=True,
         workload=TT_405B_FP8_WORKLOAD,
         sequence_parallel=True,
     ),
     "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-seq32k-fp8": Choice(
-        "dgx-h100",
+        "grand-teton-h100",
         TT_405B_FP8,
         checkpointing=True,
         workload=TT_405B_FP8_WORKLOAD,
@@ -345,7 +355,7 @@ SCHEDULE_PAIRS: dict[str, tuple[str, str, Choice]] = {
         "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-1f1b-fp8",
         "tt-h100x512-llama31-405b-fsdp8-tp8-pp8-interleaved-fp8",
         Choice(
-            "dgx-h100",
+            "grand-teton-h100",
             TT_405B_PAIR,
             checkpointing=True,
             workload=TT_405B_FP8_WORKLOAD,

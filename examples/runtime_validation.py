@@ -125,6 +125,9 @@ FP8_TRAIN = (
     "HSDP replicas (gradient all-reduce), its distributed optimizer and recompute not stated"
 )
 MEGATRON_FSDP = "Megatron FSDP priced as FSDP2 over the same ranks"
+BF16_REDUCE = (
+    "gradients reduced in bf16, as the performance recipe sets (grad_reduce_in_fp32=False)"
+)
 NOT_PREDICTED_NEW = {
     "mb2511-b200x128-llama31-405b-tp4-pp8-cp2-vp8-fp8cs": (
         "CP 2 with DP 2 and PP 8: torchroof's cp composes with tp, fsdp and dp, not yet with "
@@ -157,6 +160,8 @@ def _train_new(run: dict[str, Any]) -> Any:
         workload["virtual_stages"] = par.get("virtual_stages") or 1
     if par.get("ep", 1) > 1:
         workload["ep"] = par["ep"]
+    if run.get("grad_reduce_dtype"):  # the recipe's grad_reduce_in_fp32 (run["inferred"])
+        workload["reduce_dtype"] = run["grad_reduce_dtype"]
     phase = mgv.Phase(
         "train step", run["model"]["torchroof_config"], {}, "train", run["hardware"],
         workload, "fused", 1.0,
@@ -164,6 +169,8 @@ def _train_new(run: dict[str, Any]) -> Any:
     pp = par.get("pp", 1)
     tokens = run["micro_batch"] * run["seq_len"] * run["grad_accum"] / (par["tp"] * pp)
     notes = [FP8_TRAIN] + ([MEGATRON_FSDP] if par["dp_shard"] > 1 else [])
+    if run.get("grad_reduce_dtype") == "bf16":
+        notes.append(BF16_REDUCE)
     figure = mgv.Figure(run["measured"]["unit"], work=tokens)
     return mgv.Request(run["id"], (phase,), figure, "; ".join(notes))
 

@@ -37,7 +37,9 @@ The format, every key a profile may hold (anything else is an error):
 - ``[defaults]``: ``reshard_after_forward_with_pp`` (setting: true or false: FSDP
   re-gathers parameters for backward when the step is pipelined), ``zero_with_dp``
   (figure, whole: the ZeRO stage a training step over data-parallel replicas runs when
-  none is given: 1 for Megatron's distributed optimizer).
+  none is given: 1 for Megatron's distributed optimizer), ``defer_gradient_sync`` (setting:
+  true or false: a training step of several micro-batches reduces its gradients once,
+  after the last).
 
 A setting is ``{ value = <string or boolean>, source = "<where>" }``; a figure is
 ``{ value = <number>, source = "<where>", approximate = <bool> }`` as in an accelerator
@@ -125,6 +127,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "defaults": {
         "reshard_after_forward_with_pp": ("setting", ("bool",)),
         "zero_with_dp": ("whole", ()),
+        "defer_gradient_sync": ("setting", ("bool",)),
     },
 }
 _REQUIRED = {"kernels": ("fusion", "attention_kernel"), "launches": ("kernel_launch_s",)}

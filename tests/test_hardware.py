@@ -354,6 +354,7 @@ def test_every_shipped_spec_has_the_informational_figures_and_its_shared_memory(
         "b200": 228,
         "h100-pcie": 228,
         "h100-sxm": 228,
+        "h100-sxm-96gb-500w": 228,
         "h200-sxm": 228,
         "l4": 100,
         "l40s": 100,

@@ -294,6 +294,14 @@ def test_gradient_sync_runs_once_per_step_not_per_micro_batch() -> None:
     assert sync and tensor_parallel
     assert all(once_per_step(k, reshard_after_forward=True) for k in sync)
     assert not any(once_per_step(k, reshard_after_forward=True) for k in tensor_parallel)
+    # mixed precision reduces in fp32: each all-reduced fp32 buffer is cast back to the
+    # bf16 gradients once per step too, one cast per all-reduce
+    casts = [
+        k for k in est.kernels
+        if k.ops == ("aten._to_copy.default",) and set(k.written_by) == {"gradients"}
+    ]  # fmt: skip
+    assert len(casts) == len(sync) and all(k.dtype == "float32" for k in casts)
+    assert all(once_per_step(k, reshard_after_forward=True) for k in casts)
     assert stage.facts.pipeline is not None
     times = stage_actions(est, stage.facts.pipeline.marks, trains=True)
     assert times.after_s >= sum(k.exposed_s for k in sync)

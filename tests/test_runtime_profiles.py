@@ -19,6 +19,7 @@ from torchroof.hardware.runtime import (
 )
 
 import torchroof
+from torchroof.cli.common import given_dests
 from torchroof.cli.main import main
 from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError
@@ -270,3 +271,34 @@ def test_compare_varies_the_runtime_and_each_variant_takes_its_kernels(capsys):
     assert main([*argv, "runtime=vllm,torchtitan"]) == 2
     err = capsys.readouterr().err
     assert "variant runtime=vllm: runtime vllm runs serving steps, not training" in err
+
+
+def test_cli_turns_a_profiles_boolean_settings_off_as_written():
+    # megatron-te reduces gradients once a step, saves sequence parallel's inputs as shards
+    # and fp8 inputs in fp8, and torchtitan keeps parameters gathered under a pipeline:
+    # each has a flag for either value, and the one written wins over the profile
+    from torchroof.cli.common import pricing_settings, workload_settings
+    from torchroof.cli.main import _parser
+
+    def settings(*flags: str) -> tuple[dict, dict]:
+        argv = ["estimate", "llama-3-8b", "--regime", "train", "--dp", "2", "--microbatches",
+                "2", "--tp", "2", "--sequence-parallel", *flags]  # fmt: skip
+        parser = _parser()
+        args = parser.parse_args(argv)
+        args.given = given_dests(parser, argv)
+        return workload_settings(args), pricing_settings(args)
+
+    workload, pricing = settings("--runtime", "megatron-te")
+    assert workload["defer_gradient_sync"] is True
+    assert pricing["sequence_parallel_regather"] is True and pricing["save_fp8_inputs"] is True
+    workload, pricing = settings(
+        "--runtime", "megatron-te", "--no-defer-gradient-sync",
+        "--no-sequence-parallel-regather", "--no-save-fp8-inputs",
+    )  # fmt: skip
+    assert workload["defer_gradient_sync"] is False
+    assert pricing["sequence_parallel_regather"] is False and pricing["save_fp8_inputs"] is False
+    assert settings("--defer-gradient-sync")[0]["defer_gradient_sync"] is True
+    workload, _ = settings("--runtime", "torchtitan", "--pp", "2")
+    assert workload["reshard_after_forward"] is False
+    workload, _ = settings("--runtime", "torchtitan", "--pp", "2", "--reshard-after-forward")
+    assert workload["reshard_after_forward"] is True

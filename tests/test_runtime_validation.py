@@ -105,7 +105,6 @@ def test_a_run_priced_live_equals_its_stored_figures():
 # The runs that ran but are still called "does NOT fit" under their runtime, each with why
 # (docs/validation/runtimes.md names them too); every other run that ran fits.
 DOES_NOT_FIT = {
-    "mb2511-gb200x256-llama31-405b-tp4-pp16-vp4-fp8cs": "its gradients are reduced in bf16",
     "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": "its recompute is not modelled",
     "llama3-405b-h100x8192-tp8-pp16-dp64": "Meta's schedule is not published",
     "llama3-405b-h100x16384-tp8-pp16-dp128": "Meta's schedule is not published",

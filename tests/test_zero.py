@@ -73,9 +73,13 @@ def test_each_stage_shards_what_zero_says(stages):
     assert diff == stages[2].memory.gradients_bytes * (DP - 1)
     # 1 and 2 keep every layer's gathered parameters from forward to backward; 3 frees them
     # (priced eager, every op's output kept, the peak falls where the forward ends; fused
-    # kernels keep fewer activations and move this tiny model's peak into the backward)
+    # kernels keep fewer activations and move this tiny model's peak into the backward, and
+    # so do fp32 reductions, whose fp32 copy of a layer's gradients outweighs its gathered
+    # parameters here: reduced in bf16 to compare the gathered parameters alone)
     eager = {
-        zero: torchroof.estimate(LlamaConfig(**TINY), "train", zero=zero, fusion="eager", **BASE)
+        zero: torchroof.estimate(
+            LlamaConfig(**TINY), "train", zero=zero, fusion="eager", reduce_dtype="bf16", **BASE
+        )
         for zero in (2, 3)
     }
     assert eager[2].memory.layer_buffers_bytes > eager[3].memory.layer_buffers_bytes
@@ -177,3 +181,44 @@ def test_ddp_replicates_the_experts_too():
             kinds.setdefault(collective_kind(op), set()).add(tuple(op.arg("group_ranks")))
     assert kinds["all_reduce"] == {(0, 1, 2, 3), (0, 2)}
     assert "all_gather" not in kinds and "reduce_scatter" not in kinds
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_micro_batches_gather_the_parameters_once_a_step(stages, zero):
+    # ZeRO-1/2 ranks hold whole parameters through the step: a second micro-batch gathers
+    # none (FSDP2 keeps them after the first one's backward), where ZeRO-3 gathers them in
+    # each micro-batch's forward and backward; each micro-batch's gradients are still
+    # reduce-scattered unless the reduction is deferred (one after the last)
+    def micro(zero: int, **knobs) -> Counter:
+        config = LlamaConfig(**TINY)
+        est = torchroof.estimate(config, "train", zero=zero, microbatches=2, **BASE, **knobs)
+        return _collectives(est)
+
+    one = _collectives(stages[zero])
+    two = micro(zero)
+    # one gather per FSDP unit: the decoder layers, the embedding, and the root (norm, head)
+    assert two[("all_gather", "forward")] == one[("all_gather", "forward")] == LAYERS + 2
+    assert two[("all_gather", "backward")] == 0
+    assert two[("reduce_scatter", "backward")] == 2 * one[("reduce_scatter", "backward")]
+    deferred = micro(zero, defer_gradient_sync=True)
+    assert deferred[("reduce_scatter", "backward")] == one[("reduce_scatter", "backward")]
+    assert (
+        micro(3)[("all_gather", "forward")]
+        == 2 * _collectives(stages[3])[("all_gather", "forward")]
+    )
+
+
+def test_each_stage_says_how_often_it_gathers():
+    # ZeRO-1/2 gather once a step across micro-batches; ZeRO-3 keeping its parameters
+    # gathered after forward still gathers in each micro-batch's forward
+    config = LlamaConfig(**TINY)
+
+    def said(zero: int, **knobs) -> str:
+        est = torchroof.estimate(config, "train", zero=zero, microbatches=2, **BASE, **knobs)
+        return next(a for a in est.assumptions if a.startswith(f"ZeRO-{zero}"))
+
+    assert "one all-gather a step" in said(1)
+    assert "a reduce-scatter after each of the 2 micro-batches" in said(1)
+    assert "and one reduce-scatter" in said(1, defer_gradient_sync=True)
+    three = said(3, reshard_after_forward=False)
+    assert "one all-gather a micro-batch" in three and "a step" not in three

@@ -160,6 +160,7 @@ def estimate(
     cache: str | None = None,
     optimizer: str | None = None,
     precision: str | None = None,
+    reduce_dtype: str | None = None,
     checkpointing: bool | None = None,
     checkpoint_policy: str | None = None,
     checkpoint_every: int | None = None,

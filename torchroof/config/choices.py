@@ -52,6 +52,12 @@ OPTIMIZERS = (
     "muon",
 )
 PRECISIONS = ("bf16", "fp16", "fp32", "mixed")
+REDUCE_DTYPES = ("fp32", "bf16")
+"""What mixed precision reduces its gradients in over the data-parallel ranks: fp32 (the
+bf16 gradients cast before the reduction; torchtitan's ``mixed_precision_reduce`` default,
+Megatron's ``accumulate_allreduce_grads_in_fp32`` under bf16) or bf16 (Megatron-Bridge's
+``grad_reduce_in_fp32 = False``: half the bytes on the wire and, where the whole gradient is
+kept until it is reduced (ZeRO-1), in memory)."""
 CHECKPOINT_POLICIES = ("full", "selective")
 """What a checkpointed layer recomputes: its whole forward, or what torchtitan's per-op
 policy does not keep (torchroof.workloads.selective)."""

@@ -18,13 +18,15 @@ def knob(
     scale: float = 1.0,
     group: str = "workload",
     off: str = "",
+    runtime_sets: bool = False,
 ) -> Any:
     """A dataclass field with what the CLI needs: its help text, its choices, the
     ``--help`` section it is listed in (a key of :data:`FLAG_GROUPS`), and for a flag in
     other units than the field (``--launch-overhead-us`` for seconds) the name and the
     factor that converts the flag's value to the field's. A boolean's ``help`` says what
     True does and ``off`` what False does, so ``--name`` and ``--no-name`` each say what
-    they turn on whichever the default."""
+    they turn on whichever the default. A boolean a runtime profile sets
+    (``runtime_sets``) gets both flags, so that either overrides the profile."""
     meta = {
         "help": help,
         "choices": choices,
@@ -32,6 +34,7 @@ def knob(
         "scale": scale,
         "group": group,
         "off": off,
+        "runtime_sets": runtime_sets,
     }
     return field(default=default, metadata=meta)
 
@@ -78,6 +81,22 @@ def _boolean_flag(f: Any, default: bool, help_text: str) -> tuple[str, dict[str,
     return name, kwargs, help_text
 
 
+def _opposite_flag(f: Any, default: bool) -> tuple[str, dict[str, Any]]:
+    """The flag setting a boolean to its non-default value's opposite (``--no-name`` for a
+    False default, ``--name`` for a True one), for a boolean a runtime profile may set: it
+    turns the profile's setting back, as written."""
+    meta = f.metadata
+    name = "--no-" + f.name.replace("_", "-") if not default else flag_name(f)
+    said = (meta.get("off") or f"turn off: {meta.get('help')}") if not default else meta["help"]
+    kwargs = {
+        "dest": f.name,
+        "action": "store_true" if default else "store_false",
+        "default": default,
+        "help": f"{said} (over the runtime profile's setting)",
+    }
+    return name, kwargs
+
+
 def _value_flag(f: Any, default: Any, help_text: str) -> tuple[str, dict[str, Any], str]:
     """(flag, argparse keywords, help) of a value: its type, choices or metavar, and its
     default shown in the flag's own unit."""
@@ -119,6 +138,9 @@ def add_flags(
         kwargs.update(overrides.get(f.name, {}))
         group = flag_group(parser, f.metadata.get("group", "workload"))
         group.add_argument(name, **{k: v for k, v in kwargs.items() if v is not None})
+        if isinstance(default, bool) and f.metadata.get("runtime_sets"):
+            opposite, keywords = _opposite_flag(f, default)
+            group.add_argument(opposite, **keywords)
 
 
 def flag_group(parser: argparse.ArgumentParser, key: str) -> Any:

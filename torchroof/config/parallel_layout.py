@@ -52,8 +52,9 @@ class Parallelism:
         """FSDP2 frees a unit's gathered parameters after its forward. ZeRO-1 and ZeRO-2 keep
         every parameter whole through the step: FSDP2 keeps them gathered from the forward's
         all-gather to the end of backward (``reshard_after_forward=False``, what PyTorch's
-        FSDP calls SHARD_GRAD_OP, its ZeRO-2), one all-gather and one reduce-scatter a step
-        as DeepSpeed's ZeRO-1/2 and Megatron's distributed optimizer run them."""
+        FSDP calls SHARD_GRAD_OP, its ZeRO-2), and across micro-batches to the last one's
+        backward (``set_reshard_after_backward(False)`` before the others): one all-gather
+        a step, as DeepSpeed's ZeRO-1/2 and Megatron's distributed optimizer run them."""
         return self.reshard_after_forward and self.zero not in (1, 2)
 
     @property

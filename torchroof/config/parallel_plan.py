@@ -43,6 +43,13 @@ class ParallelPlan:
         return math.prod(self.mesh_shape)
 
     @property
+    def shards_data(self) -> bool:
+        """Parameters are sharded or replicated over data ranks (FSDP2 / HSDP / DDP),
+        context-parallel ones included (they hold the same parameters and sum their
+        gradients): a training step reduces its gradients over them."""
+        return self.fsdp * self.dp * self.cp > 1
+
+    @property
     def mesh_shape(self) -> tuple[int, ...]:
         """Sizes in :data:`MESH_DIMS` order."""
         return tuple(getattr(self, name) for name in MESH_DIMS)

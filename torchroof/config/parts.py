@@ -83,11 +83,37 @@ class Training:
     defer_gradient_sync: bool
     checkpoint_every: int = 1
     checkpoint_policy: str = "full"
+    reduce_dtype: str = "fp32"
 
     def validate(self) -> None:
-        """A known optimizer and precision."""
+        """A known optimizer, precision and reduction dtype; a reduction dtype other than
+        fp32 only where mixed precision chooses one (bf16, fp16 and fp32 training reduce
+        their gradients in their own dtype)."""
         choose("optimizer", self.optimizer, choices.OPTIMIZERS, WorkloadError)
         choose("precision", self.precision, choices.PRECISIONS, WorkloadError)
+        choose("reduce_dtype", self.reduce_dtype, choices.REDUCE_DTYPES, WorkloadError)
+        if self.reduce_dtype != "fp32" and self.precision != "mixed":
+            raise WorkloadError(
+                f"reduce_dtype={self.reduce_dtype} chooses what mixed precision reduces its "
+                f"gradients in; precision={self.precision} reduces them in "
+                f"{self.precision}: give precision=mixed or leave reduce_dtype out"
+            )
+
+    def validate_reduction(self, trains: bool, data_ranks: bool) -> None:
+        """A reduction dtype other than the default only on a training step over data
+        ranks (nothing else reduces gradients)."""
+        if self.reduce_dtype == "fp32":
+            return
+        if not trains:
+            raise WorkloadError(
+                f"reduce_dtype={self.reduce_dtype} chooses what a training step reduces its "
+                "gradients in: give it with --regime train"
+            )
+        if not data_ranks:
+            raise WorkloadError(
+                f"reduce_dtype={self.reduce_dtype} chooses what gradients are reduced in "
+                "over data-parallel ranks, and this step has none: give --fsdp, --dp or --cp"
+            )
 
     def validate_checkpointing(self, trains: bool) -> None:
         """``checkpoint_every`` is a positive whole number and ``checkpoint_policy`` a known

@@ -86,13 +86,19 @@ class PricingOptions:
         "training with sequence parallel: each column-wise linear layer saves the rank's "
         "shard of its all-gathered input and all-gathers it again in the backward "
         "(Megatron-Core), not the gathered input (torch)",
+        off="training with sequence parallel: each column-wise linear layer saves its "
+        "all-gathered input for the backward (torch)",
         group="pricing",
+        runtime_sets=True,
     )
     save_fp8_inputs: bool = knob(
         False,
         "training with an fp8 recipe: each fp8 linear layer saves its input for the backward "
         "in fp8 (Transformer Engine), not in bf16 (torchao)",
+        off="training with an fp8 recipe: each fp8 linear layer saves its input for the "
+        "backward in bf16 (torchao)",
         group="pricing",
+        runtime_sets=True,
     )
     on_chip_budget_bytes: int = knob(
         DEFAULT_ON_CHIP_BUDGET_BYTES,

@@ -19,6 +19,7 @@ from torchroof.config.choices import (
     PIPELINE_SCHEDULES,
     PRECISIONS,
     QUANTS,
+    REDUCE_DTYPES,
     REGIME_FACTS,
     REGIMES,
 )
@@ -84,6 +85,15 @@ class Workload:
         "train: mixed (bf16 compute, fp32 master weights, gradients and state), or "
         "bf16/fp16/fp32 throughout",
         choices=PRECISIONS,
+        group="precision",
+    )
+    reduce_dtype: str = knob(
+        "fp32",
+        "train with mixed precision over data-parallel ranks: the dtype gradients are reduced "
+        "in (fp32: cast from bf16 first, torchtitan's and Megatron's default; bf16: half the "
+        "bytes, and ZeRO-1's whole-gradient buffer in bf16, as Megatron-Bridge's "
+        "grad_reduce_in_fp32=False)",
+        choices=REDUCE_DTYPES,
         group="precision",
     )
     checkpointing: bool = knob(False, "train: activation checkpointing (recompute in backward)")
@@ -181,6 +191,7 @@ class Workload:
         "FSDP: free gathered parameters after forward, gather them again for backward",
         off="FSDP: keep parameters gathered in forward for backward (~ZeRO-2)",
         group="parallelism",
+        runtime_sets=True,
     )
     microbatches: int = knob(
         1,
@@ -212,8 +223,11 @@ class Workload:
     )
     defer_gradient_sync: bool = knob(
         False,
-        "FSDP with micro-batches: reduce gradients on the last one only (unsharded ones held)",
+        "training with micro-batches over data ranks (FSDP, DDP, ZeRO): reduce gradients "
+        "after the last one only (unsharded ones held until then)",
+        off="reduce each micro-batch's gradients after its backward (torchtitan's way)",
         group="parallelism",
+        runtime_sets=True,
     )
 
     def __post_init__(self) -> None:
@@ -230,6 +244,7 @@ class Workload:
         shape.validate_knobs()
         self.limits.validate()
         self.plan.validate(shape)
+        training.validate_reduction(shape.facts.trains, self.parallel_plan.shards_data)
 
     # -- the typed parts ----------------------------------------------------------------------
 
@@ -256,6 +271,7 @@ class Workload:
             self.defer_gradient_sync,
             self.checkpoint_every,
             self.checkpoint_policy,
+            self.reduce_dtype,
         )
 
     @property

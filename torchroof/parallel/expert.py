@@ -39,12 +39,13 @@ import re
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchroof.capture.storage import local_shard
-from torchroof.parallel.fsdp import FSDP_IGNORED, shards_data
+from torchroof.parallel.fsdp import FSDP_IGNORED, mixed_reduce_dtype
 from torchroof.parallel.plans import owned_plan
 from torchroof.parallel.strategy import Strategy
 
@@ -170,17 +171,19 @@ def shard_experts(
     ep: int,
     reshard_after_forward: bool = True,
     replicated: bool = False,
+    reduce_dtype: torch.dtype | None = None,
 ) -> set[nn.Parameter]:
     """FSDP2 over the ranks that hold the same experts (``efsdp``, transformers'
     ``apply_fully_sharded_data_parallelism``): each experts module is one unit, sharded
     before the dense units are (FSDP2 wants a submodule first), their gathered weights freed
     after forward unless ``reshard_after_forward`` is False (ZeRO-1/2, ``--no-reshard-after-
     forward``), or replicated there (``replicated``: DDP, gradients all-reduced); ``ep`` is
-    the EP group's size the experts were sharded with. With one such rank each
+    the EP group's size the experts were sharded with; ``reduce_dtype`` as
+    :func:`torchroof.parallel.fsdp.apply_fsdp` takes it. With one such rank each
     expert lives on one rank only: nothing to shard; their parameters are returned for
     the dense units to ignore."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Shard
 
     dispatched = [
@@ -188,14 +191,17 @@ def shard_experts(
     ]
     if efsdp_mesh.size() == 1:
         return {p for experts in dispatched for p in experts.parameters()}
+    precision: dict[str, Any] = {}
+    if reduce_dtype is not None:
+        precision["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     for experts in dispatched:
         if replicated:  # DDP: each expert whole on the ranks that hold it
-            replicate(experts, mesh=efsdp_mesh)
+            replicate(experts, mesh=efsdp_mesh, **precision)
             continue
         local = min(
             (local_shard(p).shape[0] for p in experts.parameters() if p.dim() > 1), default=0
         )
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(precision)
         if local < efsdp_mesh.size():
             # fewer local experts than ranks to shard them over: dim 0 would be padded to a
             # whole expert per rank and every all-gather would carry efsdp of them;
@@ -222,10 +228,17 @@ def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractCo
     if plan.ep > 1:
         experts = expert_mesh(plan.world, plan.ep)
         apply_expert_parallel(model, experts["ep"], mesh["tp"])
-        if workload.trains and shards_data(plan):
+        if workload.trains and plan.shards_data:
             reshard = workload.plan.reshards_after_forward
             ddp = plan.fsdp == 1  # data ranks that replicate (dp alone, zero 0)
-            ignored = shard_experts(model, experts["efsdp"], plan.ep, reshard, replicated=ddp)
+            ignored = shard_experts(
+                model,
+                experts["efsdp"],
+                plan.ep,
+                reshard,
+                replicated=ddp,
+                reduce_dtype=mixed_reduce_dtype(workload),
+            )
             setattr(model, FSDP_IGNORED, ignored)
     return contextlib.nullcontext()
 

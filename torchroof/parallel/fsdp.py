@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from torchroof.config.parallel_plan import MESH_DIMS, ParallelPlan
+from torchroof.config.parallel_plan import MESH_DIMS
 from torchroof.parallel.mesh import FSDP_CP
 from torchroof.parallel.plans import owned_plan, transformers_plan
 from torchroof.parallel.strategy import Strategy
@@ -31,12 +31,6 @@ BUILD_NOTE = "torchroof_build_note"
 FSDP_IGNORED = "torchroof_fsdp_ignored_params"
 
 
-def shards_data(plan: ParallelPlan) -> bool:
-    """The plan shards or replicates parameters over data ranks (FSDP2 / HSDP), context-
-    parallel ones included (they hold the same parameters and sum their gradients)."""
-    return plan.fsdp * plan.dp * plan.cp > 1
-
-
 def apply_fsdp(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -44,6 +38,7 @@ def apply_fsdp(
     reshard_after_forward: bool = True,
     plan: dict[str, str] | None = None,
     ignored_params: set[nn.Parameter] | None = None,
+    reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Shard ``model``'s parameters with FSDP2 ``fully_shard`` over the mesh's ``fsdp``
     dimension (with the ``cp`` ranks under context parallel: :data:`FSDP_CP`; HSDP over
@@ -54,11 +49,13 @@ def apply_fsdp(
     False keeps every unit gathered until backward (ZeRO-2-like: no all-gather in
     backward). A mesh whose ``dp`` and ``fsdp`` are both 1 leaves the model as it is.
     ``ignored_params`` stay out of every unit (experts each held by one rank).
+    ``reduce_dtype`` (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``): gradients are cast to
+    it before they are reduced and back after (None: reduced in the parameters' dtype).
 
     NB: FSDP2 refuses meta parameters at its first forward; run the step inside
     :func:`fake_parameters`."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers.distributed.fsdp import (
         _resolve_tied_embed_lm_head_plan,
         is_norm_and_head_pair,
@@ -91,6 +88,8 @@ def apply_fsdp(
             left_out.update(odd)
         skip = ignored | odd
         extra: dict[str, Any] = {"ignored_params": skip} if skip else {}
+        if reduce_dtype is not None:
+            extra["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
         if shards == 1:  # DDP: every parameter whole, gradients all-reduced
             replicate(modules, mesh=mesh["dp"], **extra)
         else:
@@ -189,17 +188,26 @@ def fake_parameters(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
         yield mode
 
 
+def mixed_reduce_dtype(workload: Workload) -> torch.dtype | None:
+    """The dtype a mixed-precision step's bf16 gradients are cast to before they are
+    reduced (``reduce_dtype`` fp32); None where they are reduced as they are."""
+    if workload.precision == "mixed" and workload.reduce_dtype == "fp32":
+        return torch.float32
+    return None
+
+
 def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractContextManager[Any]:
     """A training step's parameters sharded over the data ranks (an inference step shards
     nothing over them: each rank holds its own batch and the dense weights whole); the step
     then runs on fake parameters (FSDP2 refuses meta ones)."""
-    if not (workload.trains and shards_data(workload.parallel_plan)):
+    if not (workload.trains and workload.parallel_plan.shards_data):
         return contextlib.nullcontext()
     apply_fsdp(
         model,
         mesh,
         reshard_after_forward=workload.plan.reshards_after_forward,
         ignored_params=getattr(model, FSDP_IGNORED, set()),
+        reduce_dtype=mixed_reduce_dtype(workload),
     )
     return fake_parameters(model)
 

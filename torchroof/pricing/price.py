@@ -405,6 +405,7 @@ def price_trace(
             *runtime_lines(pricing, runtime, collectives > 0),
             *routing_assumptions(trace, rank),
             *zero_assumptions(workload),
+            *reduction_assumptions(workload),
             *cache_assumptions(trace),
             *step.assumptions(pricing.fusion),
             *trace_assumption_lines(trace),
@@ -496,7 +497,12 @@ def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str
     traced program (FSDP2) reduce-scatters each layer's as it is made: the sharded
     gradients times :attr:`StepFacts.whole_gradients` (the dp ranks for dense weights,
     fewer for experts sharded over the ranks holding them; Rajbhandari et al. 2020, ZeRO,
-    Sec. 5: P_os keeps gradients whole)."""
+    Sec. 5: P_os keeps gradients whole); where the traced step accumulates them whole itself
+    (:attr:`StepFacts.whole_gradients_traced`), only the share FSDP2 does not accumulate
+    (the parameters no data rank shards) beside the traced accumulation."""
+    if facts.whole_gradients_traced:  # the traced accumulation is the whole buffer
+        kept = round(role_bytes.get("gradients", 0) * facts.whole_gradients)
+        return {**role_bytes, "gradients": kept}
     if not facts.whole_gradients:
         return role_bytes
     whole = round(role_bytes.get("gradients", 0) * facts.whole_gradients)
@@ -514,14 +520,59 @@ def zero_assumptions(workload: Workload | None) -> list[str]:
     )
     if workload.plan.reshards_after_forward:
         how = "gathering each layer's parameters in forward and again in backward"
+    elif zero in (1, 2):
+        how = (
+            "keeping each layer's parameters gathered from its first forward to the end of "
+            "the last backward: one all-gather a step, the bytes DeepSpeed and Megatron move "
+            "(their all-gather follows the optimizer step)"
+        )
     else:
         how = (
-            "keeping each layer's parameters gathered from its forward to the end of "
-            "backward: one all-gather and one reduce-scatter a step, the bytes DeepSpeed and "
-            "Megatron move (their all-gather follows the optimizer step)"
+            "keeping each layer's parameters gathered from its forward to the end of its "
+            "backward: one all-gather a micro-batch"
         )
+    deferred = workload.defer_gradient_sync and workload.microbatches > 1
+    if workload.microbatches > 1 and not deferred:
+        how += (
+            f", and a reduce-scatter after each of the {workload.microbatches} micro-batches "
+            "(--defer-gradient-sync: one, after the last)"
+        )
+    else:
+        how += ", and one reduce-scatter"
     kept = "; every gradient held until it is reduced" if zero == 1 else ""
+    if kept and deferred and workload.reduce_dtype == "bf16":
+        kept += (
+            ", the unsharded gradients the traced step accumulates in bf16 until its last "
+            "micro-batch (counted in its peak; the fp32 copy of the rank's shard its "
+            "optimizer reads is made at the optimizer step, after the activations are freed)"
+        )
+    elif kept and deferred:
+        kept += (
+            ", the unsharded gradients the traced step accumulates until its last "
+            "micro-batch (counted in its peak; the sharded ones the optimizer reads are "
+            "views of them, as Megatron's main_grad)"
+        )
+    elif kept and workload.precision == "mixed" and workload.reduce_dtype == "bf16":
+        kept += (
+            ", in a bf16 buffer (Megatron's grad_reduce_in_fp32=False; the fp32 copy of "
+            "the rank's shard its optimizer reads is made at the optimizer step, after the "
+            "activations are freed)"
+        )
     return [f"ZeRO-{zero} over dp {dp}: {sharded} sharded, run as FSDP2 over {ranks} {how}{kept}"]
+
+
+def reduction_assumptions(workload: Workload | None) -> list[str]:
+    """The dtype a mixed-precision step reduces its gradients in over the data ranks,
+    stated once (nothing for a step that reduces none)."""
+    if workload is None or not workload.trains or workload.precision != "mixed":
+        return []
+    if not workload.parallel_plan.shards_data:
+        return []
+    if workload.reduce_dtype == "fp32":
+        how = "the bf16 gradients cast to fp32 before each reduction (FSDP2's reduce_dtype)"
+    else:
+        how = "as the backward makes them, half the bytes of fp32"
+    return [f"gradients reduced over the data-parallel ranks in {workload.reduce_dtype}: {how}"]
 
 
 def add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

@@ -87,9 +87,12 @@ def workload_defaults(
 ) -> dict[str, Any]:
     """The workload ``knobs`` with the runtime's defaults for those not given: FSDP's
     ``reshard_after_forward`` in a pipelined step (torchtitan keeps the gathered parameters
-    for backward under pipeline parallelism), and the ZeRO stage of a training step over
-    dp replicas without FSDP (Megatron's distributed optimizer: ZeRO-1). ``regime`` is the
-    step's when not among the knobs."""
+    for backward under pipeline parallelism), the ZeRO stage of a training step over
+    dp replicas without FSDP (Megatron's distributed optimizer: ZeRO-1), and one gradient
+    reduction after the last of several micro-batches over data ranks that keep whole
+    gradients (Megatron's DDP and distributed optimizer, not Megatron-FSDP; a pipelined
+    step is traced one micro-batch a stage). ``regime`` is the step's when not
+    among the knobs."""
     profile = runtime_profile(pricing)
     out = dict(knobs)
     if profile is None:
@@ -107,6 +110,14 @@ def workload_defaults(
     replicas = given("dp", 1) > 1 and given("fsdp", 1) == 1
     if zero is not None and "zero" not in knobs and facts and facts.trains and replicas:
         out["zero"] = int(zero)
+    # Megatron-FSDP reduces its sharded gradients after every micro-batch whatever no_sync
+    # says: only data ranks that keep whole gradients (DDP, the distributed optimizer) wait
+    defer = profile.setting("defer_gradient_sync")
+    whole = given("fsdp", 1) == 1 and given("dp", 1) * given("cp", 1) > 1
+    several = given("microbatches", 1) > 1 and given("pp", 1) == 1
+    if defer is True and "defer_gradient_sync" not in knobs and facts and facts.trains:
+        if whole and several:
+            out["defer_gradient_sync"] = True
     return out
 
 

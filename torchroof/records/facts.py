@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torchroof.config.checks import unknown_fields
@@ -68,7 +68,14 @@ class StepFacts:
     optimizer: str = ""  # train: the optimizer
     precision: str = ""  # train: bf16, fp16, fp32 or mixed
     parameters: int = 0  # train: trainable parameters
-    whole_gradients: float = 0.0  # ZeRO-1: gradients held whole over the sharded ones
+    # ZeRO-1: the bytes of the whole-gradient buffer held (in the reduction's dtype) beside
+    # the traced program over those of the sharded fp32 gradients traced
+    whole_gradients: float = 0.0
+    # ZeRO-1 with the reduction deferred to the last micro-batch: the traced program holds
+    # the whole gradient itself (FSDP2's unsharded accumulation), the sharded fp32 gradients
+    # traced standing for views of it (Megatron's main_grad shards); whole_gradients is then
+    # the share of them FSDP2 does not accumulate (parameters no data rank shards)
+    whole_gradients_traced: bool = False
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
     pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks
     quant: str = ""  # which linear layers a quantisation recipe changed, and how
@@ -90,4 +97,27 @@ class StepFacts:
             return cls(**{**data, "workload": None})
         if unknown := unknown_fields(Workload, saved):
             raise ValueError(f"the saved workload has fields this torchroof lacks: {unknown}")
-        return cls(**{**data, "workload": Workload(**saved)})
+        workload = Workload(**saved)
+        if "reduce_dtype" not in saved and _reduces_mixed_gradients(workload):
+            # saved before reduce_dtype existed: that torchroof reduced the bf16 gradients
+            # as they were made; its ZeRO-1 buffer is read as bf16 too, as the label says
+            workload = replace(workload, reduce_dtype="bf16")
+            if data.get("whole_gradients"):
+                data = {**data, "whole_gradients": bf16_buffer(data["whole_gradients"])}
+        return cls(**{**data, "workload": workload})
+
+
+def bf16_buffer(whole: float) -> float:
+    """ZeRO-1's whole-gradient buffer in bf16 over the sharded fp32 gradients traced, from
+    the same buffer in fp32 (``whole``): half its bytes, and never less than the fp32 copy
+    of the rank's shard Megatron's distributed optimizer reads at the step
+    (distrib_optimizer.py, _copy_model_grads_to_main_grads: shard_main_param.grad =
+    shard.float())."""
+    return max(1.0, whole / 2)
+
+
+def _reduces_mixed_gradients(workload: Workload) -> bool:
+    """The step reduces mixed-precision gradients over data ranks (where ``reduce_dtype``
+    chooses their dtype)."""
+    mixed = workload.precision == "mixed"
+    return workload.trains and mixed and workload.parallel_plan.shards_data

@@ -65,6 +65,8 @@ def _facts_problems(data: Any) -> list[str]:
         ok = {
             "str": isinstance(value, str),
             "int": _is_int(value),
+            "float": _is_number(value),
+            "bool": isinstance(value, bool),
             "dict[str, Any]": isinstance(value, dict),
         }[wanted]
         if not ok:
@@ -91,6 +93,11 @@ def _show(value: Any, limit: int = 40) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float (not a boolean): what a float fact may be saved as."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _kind(value: Any) -> str:

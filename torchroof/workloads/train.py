@@ -26,6 +26,7 @@ from torchroof.models.sources import model_dtype
 from torchroof.parallel.sequence import loss_context
 from torchroof.parallel.stages import per_microbatch, stage_backward
 from torchroof.progress import silenced
+from torchroof.records.facts import bf16_buffer
 from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, seq_of, token_ids
@@ -328,7 +329,10 @@ def _microbatch(
     gradients accumulated into the fp32 ones."""
     last = micro == workload.microbatches - 1
     sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
-    with sync, loss_context(workload):  # sequence parallel: loss on vocab shards
+    # ZeRO-1 and ZeRO-2 hold every parameter whole through the step: gathered once, in
+    # the first micro-batch's forward, kept until the last one's backward
+    kept = _parameters_kept(model, on=workload.zero in (1, 2) and not last)
+    with sync, kept, loss_context(workload):  # sequence parallel: loss on vocab shards
         stage_backward(model, _loss(model, ids), capture)
     # a micro-batch whose reduction is deferred leaves its gradients unsharded
     # where FSDP accumulates them (none on the parameters): they join the fp32 ones
@@ -367,12 +371,50 @@ def _record_step(trace: Trace, params: Sequence[torch.Tensor], workload: Workloa
     trace.facts.optimizer = workload.optimizer
     trace.facts.precision = workload.precision
     trace.facts.parameters = sum(p.numel() for p in params)
-    if workload.zero == 1:
-        trace.facts.whole_gradients = whole_over_sharded(params)
+    if workload.zero != 1:
+        return
+    if workload.defer_gradient_sync and workload.microbatches > 1:
+        # the traced program itself holds every gradient FSDP2 shards unsharded until the
+        # last micro-batch (it accumulates them, in the reduce dtype): ZeRO-1's whole
+        # buffer; those of parameters it leaves whole are held as traced, beside it
+        trace.facts.whole_gradients_traced = True
+        trace.facts.whole_gradients = _unsharded_share(params)
+        return
+    whole = whole_over_sharded(params)
+    if workload.precision == "mixed" and workload.reduce_dtype == "bf16":
+        whole = bf16_buffer(whole)  # Megatron's grad_reduce_in_fp32=False
+    trace.facts.whole_gradients = whole
 
 
 # Mesh dimensions a parameter is split over that ZeRO leaves split (its gradient too).
 _MODEL_PARALLEL_DIMS = ("tp", "ep", "pp", "cp")
+
+
+def _data_sharded(p: torch.Tensor) -> bool:
+    """Whether ``p`` is split over data-parallel ranks (FSDP2's shard), not only over
+    model-parallel ones."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return False
+    names = mesh.mesh_dim_names or ()
+    for dim, placement in enumerate(getattr(p, "placements", ())):
+        name = names[dim] if dim < len(names) else ""
+        split = placement.is_shard() or type(placement).__name__ == "_StridedShard"
+        if split and name not in _MODEL_PARALLEL_DIMS and mesh.size(dim) > 1:
+            return True
+    return False
+
+
+def _unsharded_share(params: Sequence[torch.Tensor]) -> float:
+    """The share of the rank's traced gradient elements whose parameters no data-parallel
+    rank shards (experts held by one rank each, parameters FSDP2 leaves out): FSDP2 does
+    not accumulate theirs, so they are held as traced."""
+    held = kept = 0
+    for p in params:
+        count = local_shard(p).numel()
+        held += count
+        kept += 0 if _data_sharded(p) else count
+    return kept / held if held else 0.0
 
 
 def whole_over_sharded(params: Sequence[torch.Tensor]) -> float:
@@ -445,6 +487,23 @@ def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
         yield
     finally:
         set_sync(True)
+
+
+@contextlib.contextmanager
+def _parameters_kept(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """FSDP2 keeps the parameters gathered after this backward (``on``), so that the next
+    micro-batch's forward gathers none (``set_reshard_after_backward(False)``): how a
+    step whose ranks hold whole parameters (ZeRO-1 and ZeRO-2, run as FSDP2) runs its
+    micro-batches, one all-gather a step as DeepSpeed and Megatron move it."""
+    keep = getattr(model, "set_reshard_after_backward", None)
+    if keep is None or not on:
+        yield
+        return
+    keep(False)
+    try:
+        yield
+    finally:
+        keep(True)
 
 
 def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:

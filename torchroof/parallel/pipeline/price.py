@@ -80,18 +80,27 @@ GATHERS = ("c10d._allgather_base_", "fsdp.all_gather_copy_in", "fsdp.split_with_
 # gradients, transient: their bytes are not labelled gradients). Sequence parallel's
 # reduce-scatters are _c10d_functional ops: not these.
 GRADIENT_REDUCTIONS = ("c10d._reduce_scatter_base_", "fsdp.chunk_cat")
+# DDP's and HSDP's gradient all-reduce (torch.distributed.all_reduce, in place); a
+# tensor-parallel all-reduce in a training step is a functional collective, differentiable
+GRADIENT_ALL_REDUCE = "c10d.allreduce_"
 
 
 def once_per_step(kernel: KernelEstimate, reshard_after_forward: bool) -> bool:
     """Work a training pipeline runs once per step, not once per micro-batch: the gradient
     synchronisation (a communication kernel that carries gradients: FSDP's reduce-scatter
-    and the copy that feeds it, HSDP's or DDP's all-reduce; torch's schedules hold it until
-    a stage's last backward), and FSDP's parameter all-gathers when parameters stay
-    gathered after forward (torchtitan's pipelines turn ``reshard_after_forward`` off);
-    with it on, each micro-batch gathers again. A tensor-parallel all-reduce carries
-    activations: per micro-batch."""
+    and the copy that feeds it, HSDP's or DDP's all-reduce, and the cast of gradients reduced
+    in fp32 back to the parameters' dtype; torch's schedules hold it until a stage's last
+    backward), and FSDP's parameter all-gathers when parameters stay gathered after forward
+    (torchtitan's pipelines turn ``reshard_after_forward`` off); with it on, each
+    micro-batch gathers again. A tensor-parallel all-reduce carries activations: per
+    micro-batch."""
     if any(name.startswith(GRADIENT_REDUCTIONS) for name in kernel.ops):
         return True
+    if kernel.phase == "backward" and any(n.startswith(GRADIENT_ALL_REDUCE) for n in kernel.ops):
+        return True  # its buffer is the gradients cast to the reduce dtype, not labelled so
+    cast = set(kernel.ops) == {"aten._to_copy.default"} and kernel.stream != "communication"
+    if cast and set(kernel.written_by) == {"gradients"} and kernel.waits_on:
+        return True  # FSDP2 casts the fp32-reduced gradients to the parameters' dtype
     if kernel.stream == "communication":
         carried = {**kernel.read_by}
         for role, size in kernel.written_by.items():
