@@ -26,13 +26,13 @@ from torchroof.models.sources import model_dtype
 from torchroof.parallel.sequence import loss_context
 from torchroof.parallel.stages import per_microbatch, stage_backward
 from torchroof.progress import silenced
-from torchroof.records.facts import bf16_buffer
 from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, seq_of, token_ids
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.selective import torchtitan_op_policy
 from torchroof.workloads.spec import TARGET, Regime
+from torchroof.workloads.zero_gradients import record_zero_gradients
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -371,75 +371,7 @@ def _record_step(trace: Trace, params: Sequence[torch.Tensor], workload: Workloa
     trace.facts.optimizer = workload.optimizer
     trace.facts.precision = workload.precision
     trace.facts.parameters = sum(p.numel() for p in params)
-    if workload.zero != 1:
-        return
-    if workload.defer_gradient_sync and workload.microbatches > 1:
-        # the traced program itself holds every gradient FSDP2 shards unsharded until the
-        # last micro-batch (it accumulates them, in the reduce dtype): ZeRO-1's whole
-        # buffer; those of parameters it leaves whole are held as traced, beside it
-        trace.facts.whole_gradients_traced = True
-        trace.facts.whole_gradients = _unsharded_share(params)
-        return
-    whole = whole_over_sharded(params)
-    if workload.precision == "mixed" and workload.reduce_dtype == "bf16":
-        whole = bf16_buffer(whole)  # Megatron's grad_reduce_in_fp32=False
-    trace.facts.whole_gradients = whole
-
-
-# Mesh dimensions a parameter is split over that ZeRO leaves split (its gradient too).
-_MODEL_PARALLEL_DIMS = ("tp", "ep", "pp", "cp")
-
-
-def _data_sharded(p: torch.Tensor) -> bool:
-    """Whether ``p`` is split over data-parallel ranks (FSDP2's shard), not only over
-    model-parallel ones."""
-    mesh = getattr(p, "device_mesh", None)
-    if mesh is None:
-        return False
-    names = mesh.mesh_dim_names or ()
-    for dim, placement in enumerate(getattr(p, "placements", ())):
-        name = names[dim] if dim < len(names) else ""
-        split = placement.is_shard() or type(placement).__name__ == "_StridedShard"
-        if split and name not in _MODEL_PARALLEL_DIMS and mesh.size(dim) > 1:
-            return True
-    return False
-
-
-def _unsharded_share(params: Sequence[torch.Tensor]) -> float:
-    """The share of the rank's traced gradient elements whose parameters no data-parallel
-    rank shards (experts held by one rank each, parameters FSDP2 leaves out): FSDP2 does
-    not accumulate theirs, so they are held as traced."""
-    held = kept = 0
-    for p in params:
-        count = local_shard(p).numel()
-        held += count
-        kept += 0 if _data_sharded(p) else count
-    return kept / held if held else 0.0
-
-
-def whole_over_sharded(params: Sequence[torch.Tensor]) -> float:
-    """The elements of ``params`` whole over their data-parallel shards (FSDP2's, over the
-    dp ranks under ZeRO, or the ranks holding the same experts), tensor and expert shards
-    kept, over the elements the rank holds: what ZeRO-1 keeps of each gradient until it is
-    reduced, against what the traced program keeps."""
-    held = whole = 0
-    for p in params:
-        local = local_shard(p)
-        count = local.numel()
-        mesh = getattr(p, "device_mesh", None)
-        if mesh is None:  # a plain tensor: held whole already
-            held, whole = held + count, whole + count
-            continue
-        names = mesh.mesh_dim_names or ()
-        for dim, placement in enumerate(getattr(p, "placements", ())):
-            name = names[dim] if dim < len(names) else ""
-            # FSDP2 shards a tensor-parallel or expert weight with a strided shard
-            split = placement.is_shard() or type(placement).__name__ == "_StridedShard"
-            if split and name not in _MODEL_PARALLEL_DIMS:
-                count *= mesh.size(dim)
-        held += local.numel()
-        whole += count
-    return whole / held if held else 1.0
+    record_zero_gradients(trace.facts, params, workload)
 
 
 def train_module(
