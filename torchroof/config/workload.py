@@ -321,6 +321,13 @@ class Workload:
         return REGIME_FACTS[self.regime].trains
 
     @property
+    def reduces_mixed_gradients(self) -> bool:
+        """The step reduces mixed-precision gradients over data ranks: where
+        ``reduce_dtype`` chooses their dtype."""
+        mixed = self.precision == "mixed"
+        return self.trains and mixed and self.parallel_plan.shards_data
+
+    @property
     def tokens(self) -> int:
         """Tokens processed by the step (decode: one per sequence). With ``seq`` left out,
         those of :data:`DEFAULT_SEQ`, before a model shorter than that shortens it

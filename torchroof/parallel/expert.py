@@ -45,7 +45,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchroof.capture.storage import local_shard
-from torchroof.parallel.fsdp import FSDP_IGNORED, mixed_reduce_dtype
+from torchroof.parallel.fsdp import FSDP_IGNORED, mixed_reduce_dtype, reduce_policy
 from torchroof.parallel.plans import owned_plan
 from torchroof.parallel.strategy import Strategy
 
@@ -183,7 +183,7 @@ def shard_experts(
     expert lives on one rank only: nothing to shard; their parameters are returned for
     the dense units to ignore."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
     dispatched = [
@@ -191,9 +191,7 @@ def shard_experts(
     ]
     if efsdp_mesh.size() == 1:
         return {p for experts in dispatched for p in experts.parameters()}
-    precision: dict[str, Any] = {}
-    if reduce_dtype is not None:
-        precision["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    precision = reduce_policy(reduce_dtype)
     for experts in dispatched:
         if replicated:  # DDP: each expert whole on the ranks that hold it
             replicate(experts, mesh=efsdp_mesh, **precision)

@@ -55,7 +55,7 @@ def apply_fsdp(
     NB: FSDP2 refuses meta parameters at its first forward; run the step inside
     :func:`fake_parameters`."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     from transformers.distributed.fsdp import (
         _resolve_tied_embed_lm_head_plan,
         is_norm_and_head_pair,
@@ -88,8 +88,7 @@ def apply_fsdp(
             left_out.update(odd)
         skip = ignored | odd
         extra: dict[str, Any] = {"ignored_params": skip} if skip else {}
-        if reduce_dtype is not None:
-            extra["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+        extra.update(reduce_policy(reduce_dtype))
         if shards == 1:  # DDP: every parameter whole, gradients all-reduced
             replicate(modules, mesh=mesh["dp"], **extra)
         else:
@@ -186,6 +185,17 @@ def fake_parameters(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     with mode:
         model.to_empty(device=device)
         yield mode
+
+
+def reduce_policy(reduce_dtype: torch.dtype | None) -> dict[str, Any]:
+    """FSDP2's keywords (``fully_shard``, ``replicate``) that reduce gradients in
+    ``reduce_dtype`` (its ``MixedPrecisionPolicy``); none where they are reduced in the
+    parameters' dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if reduce_dtype is None:
+        return {}
+    return {"mp_policy": MixedPrecisionPolicy(reduce_dtype=reduce_dtype)}
 
 
 def mixed_reduce_dtype(workload: Workload) -> torch.dtype | None:

@@ -564,9 +564,7 @@ def zero_assumptions(workload: Workload | None) -> list[str]:
 def reduction_assumptions(workload: Workload | None) -> list[str]:
     """The dtype a mixed-precision step reduces its gradients in over the data ranks,
     stated once (nothing for a step that reduces none)."""
-    if workload is None or not workload.trains or workload.precision != "mixed":
-        return []
-    if not workload.parallel_plan.shards_data:
+    if workload is None or not workload.reduces_mixed_gradients:
         return []
     if workload.reduce_dtype == "fp32":
         how = "the bf16 gradients cast to fp32 before each reduction (FSDP2's reduce_dtype)"

@@ -98,7 +98,7 @@ class StepFacts:
         if unknown := unknown_fields(Workload, saved):
             raise ValueError(f"the saved workload has fields this torchroof lacks: {unknown}")
         workload = Workload(**saved)
-        if "reduce_dtype" not in saved and _reduces_mixed_gradients(workload):
+        if "reduce_dtype" not in saved and workload.reduces_mixed_gradients:
             # saved before reduce_dtype existed: that torchroof reduced the bf16 gradients
             # as they were made; its ZeRO-1 buffer is read as bf16 too, as the label says
             workload = replace(workload, reduce_dtype="bf16")
@@ -114,10 +114,3 @@ def bf16_buffer(whole: float) -> float:
     (distrib_optimizer.py, _copy_model_grads_to_main_grads: shard_main_param.grad =
     shard.float())."""
     return max(1.0, whole / 2)
-
-
-def _reduces_mixed_gradients(workload: Workload) -> bool:
-    """The step reduces mixed-precision gradients over data ranks (where ``reduce_dtype``
-    chooses their dtype)."""
-    mixed = workload.precision == "mixed"
-    return workload.trains and mixed and workload.parallel_plan.shards_data

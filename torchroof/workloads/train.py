@@ -328,16 +328,17 @@ def _microbatch(
     """Micro-batch ``micro``: forward, loss and backward, then (mixed precision) its bf16
     gradients accumulated into the fp32 ones."""
     last = micro == workload.microbatches - 1
-    sync = _gradient_sync(model, on=last or not workload.defer_gradient_sync)
+    deferred = workload.defer_gradient_sync and not last
+    sync = _fsdp_switch_off(model, "set_requires_gradient_sync", off=deferred)
     # ZeRO-1 and ZeRO-2 hold every parameter whole through the step: gathered once, in
     # the first micro-batch's forward, kept until the last one's backward
-    kept = _parameters_kept(model, on=workload.zero in (1, 2) and not last)
+    whole = workload.zero in (1, 2) and not last
+    kept = _fsdp_switch_off(model, "set_reshard_after_backward", off=whole)
     with sync, kept, loss_context(workload):  # sequence parallel: loss on vocab shards
         stage_backward(model, _loss(model, ids), capture)
     # a micro-batch whose reduction is deferred leaves its gradients unsharded
     # where FSDP accumulates them (none on the parameters): they join the fp32 ones
     # after the last micro-batch's reduction
-    deferred = workload.defer_gradient_sync and not last
     if workload.precision == "mixed":
         # bf16 gradients are accumulated into the fp32 main gradients the optimizer
         # reads (Megatron-style), once per micro-batch; they are transient, so only
@@ -407,35 +408,23 @@ def train_module(
 
 
 @contextlib.contextmanager
-def _gradient_sync(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """FSDP2 reduces gradients after this backward (``on``) or accumulates them unsharded;
-    a model FSDP does not shard always has its gradients where the optimizer reads them."""
-    set_sync = getattr(model, "set_requires_gradient_sync", None)
-    if set_sync is None or on:
+def _fsdp_switch_off(model: torch.nn.Module, setter: str, off: bool) -> Iterator[None]:
+    """FSDP2's per-module switch ``setter`` turned off for this micro-batch (``off``) and
+    back on after it; a model FSDP does not shard has none. ``set_requires_gradient_sync``
+    off: its gradients are accumulated unsharded, not reduced after this backward;
+    ``set_reshard_after_backward`` off: its parameters stay gathered after this backward,
+    so the next micro-batch's forward gathers none (how a step whose ranks hold whole
+    parameters, ZeRO-1 and ZeRO-2 run as FSDP2, runs its micro-batches: one all-gather a
+    step as DeepSpeed and Megatron move it)."""
+    switch = getattr(model, setter, None)
+    if switch is None or not off:
         yield
         return
-    set_sync(False)
+    switch(False)
     try:
         yield
     finally:
-        set_sync(True)
-
-
-@contextlib.contextmanager
-def _parameters_kept(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """FSDP2 keeps the parameters gathered after this backward (``on``), so that the next
-    micro-batch's forward gathers none (``set_reshard_after_backward(False)``): how a
-    step whose ranks hold whole parameters (ZeRO-1 and ZeRO-2, run as FSDP2) runs its
-    micro-batches, one all-gather a step as DeepSpeed and Megatron move it."""
-    keep = getattr(model, "set_reshard_after_backward", None)
-    if keep is None or not on:
-        yield
-        return
-    keep(False)
-    try:
-        yield
-    finally:
-        keep(True)
+        switch(True)
 
 
 def _local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
