@@ -259,3 +259,60 @@ def test_zero_one_deferred_still_holds_the_gradients_fsdp_leaves_whole():
     once = torchroof.estimate(config, "train", defer_gradient_sync=True, **base)
     assert once.facts.whole_gradients_traced
     assert once.memory.gradients_bytes == 98_304 * 4
+
+
+def test_ddp_deferred_holds_its_gradient_buffer_once():
+    # DDP over dp 2, 3 micro-batches. Reduced after each: 3 all-reduces of every gradient,
+    # the fp32 gradients (90,432 x 4 B = 361,728 B) held, and, while a layer's gradients
+    # are reduced, their fp32 copy (a decoder layer's 36,992 x 4 B = 147,968 B at most).
+    # Deferred to the last: one all-reduce; the traced program accumulates every gradient
+    # unsharded in fp32 until then (FSDP2's replicate under no-sync), and that is the
+    # gradient buffer (torch DDP's param.grad under no_sync, Megatron DDP's main_grad):
+    # 361,728 B of unsharded buffers, and the fp32 gradients the optimizer reads are views
+    # of it, so none is held beside it. Counted twice, the deferred step would hold
+    # 361,728 B more than the other; it holds one layer's fp32 copy less, and activations
+    # within 1% of the other's (the last micro-batch's transients)
+    config = LlamaConfig(**TINY)
+    base = dict(hardware="dgx-h100", dp=2, microbatches=3, **SIZES)
+    each = torchroof.estimate(config, "train", **base)
+    once = torchroof.estimate(config, "train", defer_gradient_sync=True, **base)
+
+    def reductions(est) -> int:
+        return sum(1 for k in est.kernels if k.unit == "network" and k.phase == "backward")
+
+    assert reductions(once) * 3 == reductions(each)
+    assert (each.memory.gradients_bytes, each.memory.layer_buffers_bytes) == (PARAMS * 4, 147_968)
+    assert once.facts.whole_gradients_traced
+    assert (once.memory.gradients_bytes, once.memory.layer_buffers_bytes) == (0, PARAMS * 4)
+    activations = once.memory.activations_peak_bytes - each.memory.activations_peak_bytes
+    assert abs(activations) < each.memory.activations_peak_bytes / 100
+    assert each.memory.total_bytes - once.memory.total_bytes == 147_968 - activations
+    assert sum(a.startswith("DDP over dp 2: gradients accumulated") for a in once.assumptions) == 1
+    assert not any(a.startswith("DDP over dp") for a in each.assumptions)
+    # reducing in bf16, the accumulation is bf16 (90,432 x 2 B = 180,864 B) and the optimizer
+    # reads a whole fp32 copy of it: both are held
+    bf16 = torchroof.estimate(
+        config, "train", defer_gradient_sync=True, reduce_dtype="bf16", **base
+    )
+    assert not bf16.facts.whole_gradients_traced
+    assert (bf16.memory.gradients_bytes, bf16.memory.layer_buffers_bytes) == (
+        PARAMS * 4,
+        PARAMS * 2,
+    )
+
+
+@pytest.mark.parametrize(("zero", "deferred"), [(0, True), (1, True), (2, False)])
+def test_deepspeed_reduces_once_a_step_under_zero_0_and_1(zero, deferred):
+    # DeepSpeed's engine reduces DDP's and ZeRO-1's gradients only at the gradient
+    # accumulation boundary, ZeRO-2's after every micro-batch (allreduce_gradients): over
+    # dp 2 and 3 micro-batches, one reduction per FSDP unit a step, or three
+    config = LlamaConfig(**TINY)
+    base = dict(hardware="dgx-h100", dp=2, zero=zero, microbatches=3, **SIZES)
+    plain = torchroof.estimate(config, "train", **base)
+    deepspeed = torchroof.estimate(config, "train", runtime="deepspeed", **base)
+
+    def reductions(est) -> int:
+        return sum(1 for k in est.kernels if k.unit == "network" and k.phase == "backward")
+
+    assert deepspeed.facts.workload.defer_gradient_sync is deferred
+    assert reductions(deepspeed) * (3 if deferred else 1) == reductions(plain)

@@ -196,10 +196,12 @@ def test_a_layer_row_expands_into_its_kernels(browser, prefill_trace, prefill_pa
     assert browser.find_elements(By.CSS_SELECTOR, "tr.kernel-row") == []
 
 
-def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path):
-    """FSDP 2 x TP 2 training on a DGX H100: the same links with another GPU re-prices the
-    kernels and re-lays the schedule (collectives keep their network time) exactly as
-    Python does with the cluster's accelerator replaced."""
+@pytest.mark.parametrize("gpus_per_node", [8, 2])
+def test_a_multi_gpu_step_is_relaid_on_its_schedule(browser, tmp_path, gpus_per_node):
+    """FSDP 2 x TP 2 training on a DGX H100 (and on nodes of two, where FSDP's collectives
+    cross the network on their own stream beside tensor parallel's): the same links with
+    another GPU re-prices the kernels and re-lays the schedule (collectives keep their
+    network time) exactly as Python does with the cluster's accelerator replaced."""
     from conftest import meta_causal_lm
 
     model = meta_causal_lm("llama", **MID_LLAMA)
@@ -208,7 +210,7 @@ def test_a_multi_gpu_step_is_relaid_on_its_two_stream_schedule(browser, tmp_path
     from torchroof.report import analysis
 
     trace = trace_model(model, regime="train", seq=512, fsdp=2, tp=2)
-    cluster = get_cluster("dgx-h100")
+    cluster = replace(get_cluster("dgx-h100"), gpus_per_node=gpus_per_node)
     path = tmp_path / "fsdp.html"
     estimate_html(estimate_trace(trace, cluster), path)
     load(browser, path)

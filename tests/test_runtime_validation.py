@@ -15,7 +15,6 @@ rv = load_example("runtime_validation")
 ABOVE_THE_FLOOR = (
     "gptfast-a100x8-llama31-8b-tp8-decode-bs1",
     "llamacpp-4090-llama3-8b-f16-pp1024",
-    "nemo2502-b200x64-mixtral-8x7b-ep8-fp8",
     "trtllm090-a100x2-mixtral-tp2-bs32-in2048-out2048-fp16",
 )
 NEW = {run["id"]: run for run in rv.runtime_runs()}

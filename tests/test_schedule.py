@@ -107,6 +107,39 @@ def test_a_wait_behind_queued_collectives_is_shared_by_their_running_time():
     assert laid.step_time_s == 3.5
 
 
+def test_collectives_crossing_two_links_run_at_once_and_share_the_wait():
+    # a matmul writes 1; an all-gather across the network (2 s) and an all-reduce within
+    # the node (1 s) both read it; the next matmul reads both results
+    network = Task(2.0, COMMUNICATION, frozenset({1}), frozenset({2}), lane="network")
+    node = Task(1.0, COMMUNICATION, frozenset({1}), frozenset({3}), lane="intra-node")
+    tasks = [_compute(1.0, {0}, {1}), network, node, _compute(0.5, {2, 3}, {4})]
+    laid = schedule(tasks)
+    # each on its own stream from 1: network [1, 3], intra-node [1, 2]; the matmul [3, 3.5].
+    # On one stream they would queue: [1, 3], [3, 4], the matmul [4, 4.5].
+    assert laid.start_s == (0.0, 1.0, 1.0, 3.0)
+    assert laid.end_s == (1.0, 3.0, 2.0, 3.5)
+    assert laid.step_time_s == 3.5
+    # the idle [1, 3]: over [1, 2] both run, 0.5 s each; over [2, 3] the all-gather alone
+    assert laid.exposed_s == (0.0, 1.5, 0.5, 0.0)
+    assert sum(laid.exposed_s) == 2.0  # the compute stream's idle time, no more
+
+
+def test_a_collective_waits_for_what_another_stream_reduced():
+    # HSDP: the reduce-scatter within the node writes 2, the all-reduce across the network
+    # reduces 2 in place, the optimizer reads 2
+    tasks = [
+        Task(1.0, COMMUNICATION, frozenset({1}), frozenset({2}), lane="intra-node"),
+        Task(2.0, COMMUNICATION, frozenset({2}), frozenset({2}), lane="network"),
+        _compute(0.5, {2}, {3}),
+    ]
+    laid = schedule(tasks)
+    # the all-reduce starts when the reduce-scatter ends, not when its own stream is free:
+    # [0, 1], [1, 3], the optimizer [3, 3.5]; the idle [0, 3] is 1 s and 2 s of them
+    assert laid.waits == ((), (0,), (1,))
+    assert laid.start_s == (0.0, 1.0, 3.0)
+    assert laid.exposed_s == (1.0, 2.0, 0.0)
+
+
 def test_without_overlap_every_kernel_waits_for_the_one_before():
     tasks = [_comm(1.0, {1}, {2}), _comm(2.0, {3}, {4}), _compute(3.0, {2}, {6})]
     laid = schedule(tasks, overlap=False)
@@ -364,6 +397,60 @@ def test_fsdp_all_gathers_and_reduce_scatters_hide_behind_layers():
     assert comm.copies_s > 0  # FSDP2's copy-in and chunk-cat ride the communication stream
     assert comm.exposed_s + comm.hidden_s == pytest.approx(comm.time_s, rel=1e-12)
     assert est.time_s < sum(k.time_s for k in est.kernels)
+
+
+def test_fsdp_across_nodes_runs_beside_tensor_parallel_within_the_node():
+    # FSDP 2 x TP 2 on H100 nodes of two GPUs: tensor-parallel collectives (ranks 0-1)
+    # stay on the node, FSDP's (ranks 0 and 2) cross the network; the two streams overlap
+    plan = ParallelPlan(fsdp=2, tp=2)
+    with fake_process_group(plan.world):
+        mesh = build_mesh(plan)
+        model = apply_tensor_parallel(_llama(num_hidden_layers=2), mesh["tp"])
+        apply_fsdp(model, mesh)
+        with fake_parameters(model):
+            ids = torch.zeros(2, 512, dtype=torch.long)
+            with torchroof.trace() as trace:
+                model(ids, labels=ids).loss.backward()
+    two_per_node = dataclasses.replace(get_cluster("dgx-h100"), gpus_per_node=2)
+    est = trace.estimate(two_per_node)
+    comms = [k for k in est.kernels if k.communication]
+    collectives = [k for k in comms if k.unit == "network"]
+    assert {k.lane for k in collectives if k.link == "network"} == {"network"}
+    assert {k.lane for k in collectives if k.link == "nvlink"} == {"intra-node"}
+    # FSDP2's copy-in and chunk-cat feed the FSDP collectives: on the network's stream
+    copies = [k for k in comms if k.unit != "network"]
+    assert copies and {k.lane for k in copies} == {"network"}
+    # some collective across the network runs while one within the node runs
+    spans = {
+        lane: [(k.start_s, k.start_s + k.time_s) for k in comms if k.lane == lane]
+        for lane in ("network", "intra-node")
+    }
+    assert any(a < d and c < b for a, b in spans["network"] for c, d in spans["intra-node"])
+    # the exposed charges add up to the compute stream's idle time and none exceeds its own
+    compute_s = sum(k.time_s for k in est.kernels if not k.communication)
+    assert sum(k.exposed_s for k in comms) == pytest.approx(est.time_s - compute_s, rel=1e-9)
+    assert all(0.0 <= k.exposed_s <= k.time_s * (1 + 1e-12) for k in comms)
+    # the estimate says so once; on one node of eight every collective stays inside it
+    line = "collectives across the network run on their own stream beside those within the node"
+    assert sum(a.startswith(line) for a in est.assumptions) == 1
+    one_node = trace.estimate("dgx-h100")
+    assert {k.lane for k in one_node.kernels if k.communication} == {"intra-node"}
+    assert not any(a.startswith(line) for a in one_node.assumptions)
+    # the summary names both streams; on one node it keeps the one
+    from torchroof.render.text import summary
+
+    both = "on the communication streams (within the node and across the network)"
+    assert both in summary(est) and both not in summary(one_node)
+    assert "ms on the communication stream, " in summary(one_node)
+    # the timeline draws the network's stream on a track of its own
+    from torchroof.render.chrome_trace import chrome_trace
+
+    events = chrome_trace(est)["traceEvents"]
+    names = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
+    on_network = [
+        e for e in events if e["ph"] == "X" and e["tid"] == names["communication (network)"]
+    ]
+    assert len(on_network) == sum(k.lane == "network" for k in comms)
 
 
 # -- one GPU: nothing changes -----------------------------------------------------------------

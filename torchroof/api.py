@@ -281,7 +281,7 @@ def estimate_trace(
     ``fusion``, ``epilogue``, ``loss``, ``attention``, ``on_chip_budget_bytes``,
     ``allow_tf32``, ``overlap``, ``overlap_communication``, ``compute_efficiency``,
     ``bandwidth_efficiency``, ``launch_overhead_s``) choose the kernels and how each is
-    timed. With collectives the step time is the two-stream schedule's
+    timed. With collectives the step time is the schedule's
     (:mod:`torchroof.timing.streams`); without, the plain sum of the kernels' times.
     ``plans`` keeps each trace's kernels across calls (:class:`TracePlans`).
     """

@@ -328,6 +328,20 @@ class Workload:
         return self.trains and mixed and self.parallel_plan.shards_data
 
     @property
+    def accumulates_whole_gradients(self) -> bool:
+        """The traced program's own unsharded gradient accumulation (FSDP2 under
+        ``set_requires_gradient_sync(False)``, reduced after the last micro-batch) is the
+        step's whole gradient buffer: ZeRO-1 (Megatron's distributed optimizer's
+        ``main_grad``), or DDP (zero 0 over dp > 1 with nothing sharded: torch DDP's
+        ``param.grad`` under ``no_sync``, Megatron DDP's ``main_grad``) whose gradients are
+        accumulated in the dtype the optimizer reads them in (a mixed-precision DDP
+        reducing in bf16 also makes a whole fp32 copy for its optimizer: both are held)."""
+        deferred = self.trains and self.defer_gradient_sync and self.microbatches > 1
+        ddp = self.zero == 0 and self.dp > 1 and self.fsdp * self.cp == 1
+        copied = self.precision == "mixed" and self.reduce_dtype == "bf16"
+        return deferred and (self.zero == 1 or (ddp and not copied))
+
+    @property
     def tokens(self) -> int:
         """Tokens processed by the step (decode: one per sequence). With ``seq`` left out,
         those of :data:`DEFAULT_SEQ`, before a model shorter than that shortens it

@@ -68,7 +68,7 @@ from torchroof.report.memory import (
 from torchroof.timing.kernel_shape import KernelShape, kernel_shape
 from torchroof.timing.roofline import NO_RUNTIME, KernelTime, time_kernel
 from torchroof.timing.runtime import StepRuntime
-from torchroof.timing.streams import schedule, tasks_of
+from torchroof.timing.streams import lanes_line, schedule, tasks_of
 from torchroof.timing.tp_overlap import Pipelined, pipelined_line, pipelined_pairs
 
 
@@ -342,7 +342,7 @@ def price_trace(
 ) -> Estimate:
     """Price and time every op of one ``trace`` on ``hardware`` (an accelerator, or a cluster
     whose accelerator runs the kernels and whose links carry the collectives): group the ops
-    into kernels, time each, and lay a step with collectives on its two streams. ``plans``
+    into kernels, time each, and lay a step with collectives on its streams. ``plans``
     (this trace's, kept by the caller) holds the kernels made under each kernel policy, so
     pricing the same trace again under it times the kernels only."""
     spec, cluster = resolve_hardware(hardware)
@@ -370,7 +370,7 @@ def price_trace(
     step_time_s = None
     pipelined = Pipelined()
     if collectives:
-        progress.current().begin("scheduling compute and communication on their two streams")
+        progress.current().begin("scheduling compute and communication on their streams")
         pipelined = tp_pairs(kernels, runtime, workload, pricing)
         timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
@@ -412,6 +412,7 @@ def price_trace(
             *([offload.line()] if offload else []),
             *plan.memory_notes,
             *([pipelined_line(pipelined.pairs, kernels)] if pipelined.pairs else []),
+            *(lanes_line(_collective_lanes(timed)) if pricing.overlap_communication else []),
         ],
         options=pricing,
         facts=replace(trace.facts),
@@ -467,18 +468,19 @@ def _scheduled(
     pipelined: Pipelined | None = None,
 ) -> tuple[list[KernelEstimate], float]:
     """The kernels with their start, stream and exposed communication, and the step time,
-    from the two-stream schedule (:mod:`torchroof.timing.streams`), the ``pipelined`` pairs
-    side by side."""
+    from the schedule on the compute and communication streams
+    (:mod:`torchroof.timing.streams`), the ``pipelined`` pairs side by side."""
     pipelined = pipelined or Pipelined()
     pairs = pipelined.pairs
     beside = {i: (b.after, b.until, b.skip) for i, b in pipelined.beside.items()}
-    tasks = tasks_of(kernels, [k.time_s for k in timed], beside)
+    tasks = tasks_of(kernels, [k.time_s for k in timed], beside, [k.link for k in timed])
     laid = schedule(tasks, overlap=pricing.overlap_communication)
     placed = [
         replace(
             k,
             start_s=start,
             stream=task.stream,
+            lane=task.lane,
             exposed_s=exposed,
             waits_on=before,
             pipelined_with=pairs.get(i),
@@ -490,6 +492,11 @@ def _scheduled(
     return placed, laid.step_time_s
 
 
+def _collective_lanes(timed: list[KernelEstimate]) -> list[str]:
+    """The streams of the step's collectives that cross a link (not a group of one)."""
+    return [k.lane for k in timed if k.unit == "network" and k.link not in ("", "none")]
+
+
 def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str, int]:
     """``role_bytes`` with every gradient held, under ZeRO-1: DeepSpeed's stage 1 and
     Megatron's distributed optimizer keep the whole gradient buffer (Megatron's
@@ -498,8 +505,9 @@ def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str
     gradients times :attr:`StepFacts.whole_gradients` (the dp ranks for dense weights,
     fewer for experts sharded over the ranks holding them; Rajbhandari et al. 2020, ZeRO,
     Sec. 5: P_os keeps gradients whole); where the traced step accumulates them whole itself
-    (:attr:`StepFacts.whole_gradients_traced`), only the share FSDP2 does not accumulate
-    (the parameters no data rank shards) beside the traced accumulation."""
+    (:attr:`StepFacts.whole_gradients_traced`: ZeRO-1 or DDP whose reduction waits for the
+    last micro-batch), only the share FSDP2 does not accumulate (the parameters on no data
+    ranks) beside the traced accumulation."""
     if facts.whole_gradients_traced:  # the traced accumulation is the whole buffer
         kept = round(role_bytes.get("gradients", 0) * facts.whole_gradients)
         return {**role_bytes, "gradients": kept}
@@ -510,8 +518,18 @@ def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str
 
 
 def zero_assumptions(workload: Workload | None) -> list[str]:
-    """How a ZeRO stage over the dp ranks is run, stated once."""
-    if workload is None or not workload.zero:
+    """How a ZeRO stage over the dp ranks (or DDP whose reduction waits for the last
+    micro-batch) is run, stated once."""
+    if workload is None:
+        return []
+    if workload.accumulates_whole_gradients and not workload.zero:
+        return [
+            f"DDP over dp {workload.dp}: gradients accumulated unsharded over the "
+            f"{workload.microbatches} micro-batches and all-reduced after the last, held "
+            "once (counted in the step's peak; the ones the optimizer reads are views of "
+            "them, as Megatron's main_grad)"
+        ]
+    if not workload.zero:
         return []
     zero, dp, cp = workload.zero, workload.dp, workload.cp
     ranks = f"{dp} ranks" if cp == 1 else f"{dp} x cp {cp} = {dp * cp} ranks"

@@ -111,9 +111,11 @@ def workload_defaults(
     if zero is not None and "zero" not in knobs and facts and facts.trains and replicas:
         out["zero"] = int(zero)
     # Megatron-FSDP reduces its sharded gradients after every micro-batch whatever no_sync
-    # says: only data ranks that keep whole gradients (DDP, the distributed optimizer) wait
+    # says, as DeepSpeed's ZeRO-2 and ZeRO-3 do: only data ranks that keep whole gradients
+    # (DDP, ZeRO-1 / the distributed optimizer) wait
     defer = profile.setting("defer_gradient_sync")
-    whole = given("fsdp", 1) == 1 and given("dp", 1) * given("cp", 1) > 1
+    whole_stage = out.get("zero", given("zero", 0)) in (0, 1)
+    whole = whole_stage and given("fsdp", 1) == 1 and given("dp", 1) * given("cp", 1) > 1
     several = given("microbatches", 1) > 1 and given("pp", 1) == 1
     if defer is True and "defer_gradient_sync" not in knobs and facts and facts.trains:
         if whole and several:

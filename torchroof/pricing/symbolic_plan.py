@@ -192,7 +192,7 @@ class SymbolicPlan:
                 kernels, self.plan.roles, spec, cluster, pricing, runtime
             )
             if collectives:
-                raise NotPlanned("a step with collectives is laid on two streams: priced whole")
+                raise NotPlanned("a step with collectives is laid on its streams: priced whole")
             for n, estimate in zip(missing, timed, strict=True):
                 known[keys[n]] = estimate
         return [known[k] for k in keys]
@@ -255,7 +255,7 @@ def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicP
     when the step is not one a plan can serve, or the check at a second point fails)."""
     trace = symbolic.trace
     if any(op.name.startswith(("c10d.", "_c10d_functional")) for op in trace.ops):
-        raise NotPlanned("a step with collectives is laid on two streams: priced whole")
+        raise NotPlanned("a step with collectives is laid on its streams: priced whole")
     clear_layout_caches()  # each comparison on a size is made, and written down, here
     with deciding() as log:
         plan = group_kernels(trace, pricing)

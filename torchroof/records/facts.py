@@ -71,10 +71,10 @@ class StepFacts:
     # ZeRO-1: the bytes of the whole-gradient buffer held (in the reduction's dtype) beside
     # the traced program over those of the sharded fp32 gradients traced
     whole_gradients: float = 0.0
-    # ZeRO-1 with the reduction deferred to the last micro-batch: the traced program holds
-    # the whole gradient itself (FSDP2's unsharded accumulation), the sharded fp32 gradients
-    # traced standing for views of it (Megatron's main_grad shards); whole_gradients is then
-    # the share of them FSDP2 does not accumulate (parameters no data rank shards)
+    # ZeRO-1 or DDP with the reduction deferred to the last micro-batch: the traced program
+    # holds the whole gradient itself (FSDP2's unsharded accumulation), the fp32 gradients
+    # traced standing for views of it (Megatron's main_grad); whole_gradients is then the
+    # share of them FSDP2 does not accumulate (parameters on no data-parallel ranks)
     whole_gradients_traced: bool = False
     dtype: str = ""  # the dtype a step traced from a saved file is re-labelled in
     pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks

@@ -9,19 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 from torchroof.records.ops import TOP_LEVEL
 from torchroof.render.text import estimate_label
+from torchroof.timing.streams import NETWORK
 
 if TYPE_CHECKING:
     from torchroof.report.estimate import Estimate
 
 _THREADS = {"forward": 1, "backward": 2, "recompute": 3, "optimizer": 4}
 _COMMUNICATION_THREAD = 5  # collectives and the copies feeding them, on their own stream
+_NETWORK_THREAD = 6  # those crossing the network, on theirs (torchroof.timing.streams.lane_of)
 
 
 def chrome_trace(est: Estimate) -> dict[str, Any]:
     """Kernels on a timeline, one track per phase, times in microseconds: back to back (the
-    roofline sum) for a step on one GPU; at their places on the two-stream schedule
+    roofline sum) for a step on one GPU; at their places on the schedule
     (torchroof.timing.streams) when the step communicates, with the collectives on a
-    ``communication`` track beside the compute."""
+    ``communication`` track beside the compute (and those crossing the network on a
+    ``communication (network)`` track of their own: the two run at once)."""
     events: list[dict[str, Any]] = [
         {
             "name": "process_name",
@@ -34,6 +37,8 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
     scheduled = any(k.start_s is not None for k in est.kernels)
     if scheduled:
         tracks["communication"] = _COMMUNICATION_THREAD
+        if any(k.lane == NETWORK for k in est.kernels):
+            tracks["communication (network)"] = _NETWORK_THREAD
     for phase, tid in tracks.items():
         events.append(
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": phase}}
@@ -45,7 +50,7 @@ def chrome_trace(est: Estimate) -> dict[str, Any]:
             start_us = k.start_s * 1e6
         tid = _THREADS.get(k.phase, 1)
         if scheduled and k.communication:
-            tid = _COMMUNICATION_THREAD
+            tid = _NETWORK_THREAD if k.lane == NETWORK else _COMMUNICATION_THREAD
         events.append(
             {
                 "name": k.name.removeprefix("aten."),

@@ -8,7 +8,7 @@ the ceilings this estimate's kernels need, and switching to one (or moving the e
 sliders) re-prices every kernel in the page from its stored W and Q with the pure roofline
 T = max(W/pi, Q/beta) + launch (torchroof.timing.roofline.time_kernel), a collective as
 max(Q/beta, its network time) (torchroof.pricing.price.time_collective), and re-lays the
-two-stream schedule from the waits each kernel keeps (torchroof.timing.streams.waits) — the same
+schedule from the waits each kernel keeps (torchroof.timing.streams.waits) — the same
 rules, in the same floating-point order, so the page's totals are Python's to the last digit.
 
 The page inlines plotly.js (about 4.8 MB, the ``html`` extra) and its data: no CDN, no
@@ -143,7 +143,7 @@ def why_not_repriced(est: Estimate) -> str:
     if any(k.pipelined_with is not None for k in est.kernels):
         return (
             "tensor-parallel collectives run beside their GEMMs (the runtime's "
-            "tp_comm_overlap), laid on the two streams in Python: run torchroof estimate "
+            "tp_comm_overlap), laid on the streams in Python: run torchroof estimate "
             "--hardware NAME for another accelerator"
         )
     if est.pipeline is not None:
@@ -231,7 +231,7 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
         for name in (
             "name", "ops", "module", "phase", "flops", "bytes", "unit", "peak", "time_s",
             "bound", "boundary", "tile", "link", "network_s", "stream", "start_s",
-            "waits_on", "wire_bytes", "overhead_s", "exposed_s",
+            "waits_on", "wire_bytes", "overhead_s", "exposed_s", "lane",
         )
     }  # fmt: skip
     for k in est.kernels:
@@ -255,6 +255,7 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
         columns["wire_bytes"].append(k.wire_bytes)
         columns["overhead_s"].append(k.overhead_s)
         columns["exposed_s"].append(k.exposed_s)
+        columns["lane"].append(k.lane)
     return columns
 
 

@@ -13,6 +13,7 @@ from torchroof.records.units import GIB
 from torchroof.render.units import ms, plural
 from torchroof.report import analysis
 from torchroof.report.analysis import communication, network_intensity
+from torchroof.timing.streams import INTRA_NODE, NETWORK
 from torchroof.workloads import regime
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def phase_lines(est: Estimate) -> list[str]:
     hidden = communication(est).hidden_s
     return [
         f"{which}, on the compute stream (collectives counted where it waited on them; "
-        f"{ms(hidden)} ms more ran hidden on the communication stream): "
+        f"{ms(hidden)} ms more ran hidden on {_streams(est)}): "
         + ", ".join(f"{p} {ms(times[p])} ms" for p in phases)
         + f" = {ms(sum(times.values()))} ms"
     ]
@@ -169,6 +170,15 @@ def pipeline_lines(est: Estimate) -> list[str]:
     return lines
 
 
+def _streams(est: Estimate) -> str:
+    """The communication stream, or both when collectives crossed the network beside those
+    within the node (torchroof.timing.streams.lane_of)."""
+    lanes = {k.lane for k in est.kernels if k.communication}
+    if {NETWORK, INTRA_NODE} <= lanes:
+        return "the communication streams (within the node and across the network)"
+    return "the communication stream"
+
+
 def communication_lines(est: Estimate) -> list[str]:
     """The step's communication (torchroof.timing.streams): its time on the communication stream,
     the part the compute stream waited on (exposed, as a share of the step) and the part
@@ -178,7 +188,7 @@ def communication_lines(est: Estimate) -> list[str]:
     links = ", ".join(f"{link} {ms(s)} ms" for link, s in comm.by_link_s.items())
     copies = f", FSDP copies {ms(comm.copies_s)} ms" if comm.copies_s else ""
     lines = [
-        f"communication: {ms(comm.time_s)} ms on the communication stream, "
+        f"communication: {ms(comm.time_s)} ms on {_streams(est)}, "
         f"{ms(comm.exposed_s)} ms exposed ({100 * comm.exposed_share:.1f}% of the "
         f"{'step' if est.pipeline is None else 'kernels listed'}), "
         f"hidden behind compute: {ms(comm.hidden_s)} ms; links: {links}{copies}"

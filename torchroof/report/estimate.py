@@ -72,7 +72,7 @@ class KernelEstimate:
     wire_by_link: dict[str, int] = field(default_factory=dict)  # bytes one rank sends, by link
     network_s: float = 0.0  # a collective's alpha + wire bytes / beta
     stream: Stream = "compute"  # "communication" for collectives and the copies feeding them
-    start_s: float | None = None  # on the two-stream schedule; None when nothing was laid
+    start_s: float | None = None  # on the step's schedule; None when nothing was laid
     exposed_s: float = 0.0  # communication kernels: compute-stream idle time charged to it
     first_op: int = -1  # the trace index of its first op (-1: not known)
     latency_s: float = 0.0  # a collective's alpha (per-message latency) within network_s
@@ -87,13 +87,17 @@ class KernelEstimate:
     in_flight_bytes: float = 0.0
     overhead_s: float = 0.0
     # the earlier kernels (by index) on the other stream whose end this one waits for on
-    # the two-stream schedule (torchroof.timing.streams.waits); () off the schedule; None: not
+    # the step's schedule (torchroof.timing.streams.waits); () off the schedule; None: not
     # recorded (read from a file older than format 3)
     waits_on: tuple[int, ...] | None = ()
     # the kernel on the other stream it runs in chunks beside (a tensor-parallel all-gather
     # and the GEMM reading it, a GEMM and the reduce-scatter of its output:
     # torchroof.timing.tp_overlap); None: none
     pipelined_with: int | None = None
+    # a communication kernel's stream (torchroof.timing.streams.lane_of): "intra-node" or
+    # "network", the link its collective crosses; "" for a compute kernel, or one laid
+    # before collectives had a stream per link (one communication stream)
+    lane: str = ""
 
     @property
     def bytes(self) -> int:
@@ -128,6 +132,8 @@ class KernelEstimate:
         data["waits_on"] = None if self.waits_on is None else list(self.waits_on)
         if self.pipelined_with is None:  # files from before it stay as they were
             del data["pipelined_with"]
+        if not self.lane:
+            del data["lane"]
         return data
 
     @classmethod
@@ -306,7 +312,7 @@ class Estimate:
     memory: MemoryFootprint | None = None
     cluster: str | None = None
     link_ridges: dict[str, float] = field(default_factory=dict)  # FLOP/B, per cluster link
-    step_time_s: float | None = None  # the two-stream schedule's, when the step communicates
+    step_time_s: float | None = None  # the step schedule's, when the step communicates
     pipeline: PipelineStep | None = (
         None  # a pipelined step's schedule (torchroof.parallel.pipeline.price)
     )
@@ -320,7 +326,7 @@ class Estimate:
     # -- totals ---------------------------------------------------------------------------
     @property
     def time_s(self) -> float:
-        """The step time: the two-stream schedule's last end when the step has collectives
+        """The step time: the schedule's last end when the step has collectives
         (torchroof.timing.streams), else the kernels' times summed (they run back to back);
         plus the runtime's host time per step and the exposed time of activation offload."""
         added = self.host_overhead_s + self.offload_exposed_s

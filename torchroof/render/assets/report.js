@@ -124,15 +124,17 @@
       return { start, exposed, step: clock };
     }
     let computeFree = 0;
-    let communicationFree = 0;
+    const laneFree = new Map(); // each communication stream's last end (k.lane: the link's)
+    const lane = (i) => (k.lane ? k.lane[i] : "");
     const idle = [];
     const runs = [];
     for (let i = 0; i < n; i++) {
       let ready = 0;
       for (const j of k.waits_on[i]) ready = Math.max(ready, end[j]);
       if (communication(i)) {
-        start[i] = Math.max(communicationFree, ready);
-        end[i] = communicationFree = start[i] + time[i];
+        start[i] = Math.max(laneFree.get(lane(i)) || 0, ready);
+        end[i] = start[i] + time[i];
+        laneFree.set(lane(i), end[i]);
         runs.push(i);
       } else {
         start[i] = Math.max(computeFree, ready);
@@ -140,17 +142,41 @@
         end[i] = computeFree = start[i] + time[i];
       }
     }
+    let communicationFree = 0;
+    for (const free of laneFree.values()) communicationFree = Math.max(communicationFree, free);
     if (communicationFree > computeFree) idle.push([computeFree, communicationFree]);
-    let first = 0;
-    for (const i of runs) {
-      while (first < idle.length && idle[first][1] <= start[i]) first += 1;
-      for (let j = first; j < idle.length && idle[j][0] < end[i]; j++) {
-        const [a, b] = idle[j];
-        if (a <= start[i] && end[i] <= b) exposed[i] += time[i];
-        else exposed[i] += Math.max(0, Math.min(end[i], b) - Math.max(start[i], a));
+    charge(idle, runs, start, end, time, exposed);
+    return { start, exposed, step: Math.max(computeFree, communicationFree) };
+  }
+
+  // torchroof.timing.streams._charge: each idle interval to the runs in it, a run alone charged
+  // its overlap, several at once an equal share of each instant.
+  function charge(idle, runs, start, end, time, exposed) {
+    const order = runs.slice().sort((x, y) => start[x] - start[y] || x - y);
+    let following = 0;
+    let live = [];
+    for (const [a, b] of idle) {
+      while (following < order.length && start[order[following]] < b) live.push(order[following++]);
+      live = live.filter((i) => end[i] > a);
+      const inside = live.filter((i) => start[i] < b);
+      let apart = true;
+      for (let j = 1; j < inside.length; j++) if (end[inside[j - 1]] > start[inside[j]]) apart = false;
+      if (apart) {
+        for (const i of inside) {
+          if (a <= start[i] && end[i] <= b) exposed[i] += time[i];
+          else exposed[i] += Math.max(0, Math.min(end[i], b) - Math.max(start[i], a));
+        }
+        continue;
+      }
+      const cuts = new Set([a, b]);
+      for (const i of inside) for (const t of [start[i], end[i]]) if (a < t && t < b) cuts.add(t);
+      const sorted = [...cuts].sort((x, y) => x - y);
+      for (let j = 0; j + 1 < sorted.length; j++) {
+        const [lo, hi] = [sorted[j], sorted[j + 1]];
+        const running = inside.filter((i) => start[i] <= lo && hi <= end[i]);
+        for (const i of running) exposed[i] += (hi - lo) / running.length;
       }
     }
-    return { start, exposed, step: Math.max(computeFree, communicationFree) };
   }
 
   // The estimate as Python priced it.
