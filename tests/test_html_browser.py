@@ -220,6 +220,8 @@ def test_a_multi_gpu_step_is_relaid_on_its_schedule(browser, tmp_path, gpus_per_
         python = estimate_trace(trace, replace(cluster, accelerator=spec))
         page = priced(browser, name)
         assert page["step"] == python.time_s
+        # each collective's share of the compute stream's waits, as Python charged it
+        assert page["exposed"] == [k.exposed_s for k in python.kernels]
         select(browser, "accelerator", name)
         assert text(browser, "step-time") == f"{python.time_s * 1e3:.3f} ms"
         # four GPUs, two per replica (tp 2): throughput per GPU as the text summary gives it

@@ -715,7 +715,7 @@
     Object.assign(state, { accelerator: name, computeEfficiency, bandwidthEfficiency });
     try {
       const f = figures(DATA.estimates[view]);
-      return { step: f.step, time: f.time, note: f.note, mfu: f.mfu };
+      return { step: f.step, time: f.time, note: f.note, mfu: f.mfu, exposed: f.exposed };
     } finally {
       Object.assign(state, saved);
     }
