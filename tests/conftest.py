@@ -30,6 +30,17 @@ PARALLEL_LLAMA = dict(
     num_hidden_layers=2,
 )
 
+# The tiny Llama the ZeRO and gradient-reduction tests train (tests/test_zero.py,
+# tests/test_gradient_reduction.py): d = 64, 2 layers, vocabulary 128, 90,432 parameters.
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
+
 # A tiny Mixtral the expert tests build: d = 64, 8 experts of FFN 128 (gate-up 64 -> 256,
 # down 128 -> 64), top-2, 2 layers, 4 heads of 16 (2 KV heads), vocab 128.
 TINY_MIXTRAL = dict(

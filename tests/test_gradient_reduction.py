@@ -13,6 +13,7 @@ import json
 import re
 
 import pytest
+from conftest import TINY_LLAMA
 from torchroof.counters import kind_of
 from torchroof.counters.collectives import collective_kind
 from transformers import LlamaConfig
@@ -22,14 +23,7 @@ from torchroof import Trace
 from torchroof.config import Workload
 from torchroof.config.errors import WorkloadError
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-)
+TINY = TINY_LLAMA
 PARAMS = 8192 + 8192 + 2 * 36992 + 64  # 90,432
 SIZES = dict(batch=1, seq=32)
 

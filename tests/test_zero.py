@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import TINY_LLAMA
 from torchroof.counters import kind_of
 from torchroof.counters.collectives import collective_kind
 from transformers import LlamaConfig
@@ -21,14 +22,7 @@ from torchroof.config.errors import WorkloadError
 from torchroof.pricing.runtime import runtime_options, workload_defaults
 from torchroof.workloads import train
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-)
+TINY = TINY_LLAMA
 DP, LAYERS = 4, 2
 BASE = dict(hardware="dgx-h100", batch=1, seq=32, dp=DP)
 

@@ -56,6 +56,7 @@ from torchroof.quant.recipes import check_hardware
 from torchroof.records.facts import StepFacts
 from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
+from torchroof.report.analysis import collective_lanes
 from torchroof.report.estimate import Estimate, KernelEstimate
 from torchroof.report.kinds import Boundary
 from torchroof.report.memory import (
@@ -412,7 +413,7 @@ def price_trace(
             *([offload.line()] if offload else []),
             *plan.memory_notes,
             *([pipelined_line(pipelined.pairs, kernels)] if pipelined.pairs else []),
-            *(lanes_line(_collective_lanes(timed)) if pricing.overlap_communication else []),
+            *(lanes_line(collective_lanes(timed)) if pricing.overlap_communication else []),
         ],
         options=pricing,
         facts=replace(trace.facts),
@@ -490,11 +491,6 @@ def _scheduled(
         )
     ]
     return placed, laid.step_time_s
-
-
-def _collective_lanes(timed: list[KernelEstimate]) -> list[str]:
-    """The streams of the step's collectives that cross a link (not a group of one)."""
-    return [k.lane for k in timed if k.unit == "network" and k.link not in ("", "none")]
 
 
 def zero_one_gradients(role_bytes: dict[str, int], facts: StepFacts) -> dict[str, int]:

@@ -12,7 +12,7 @@ from torchroof.records.ops import PHASES
 from torchroof.records.units import GIB
 from torchroof.render.units import ms, plural
 from torchroof.report import analysis
-from torchroof.report.analysis import communication, network_intensity
+from torchroof.report.analysis import collective_lanes, communication, network_intensity
 from torchroof.timing.streams import INTRA_NODE, NETWORK
 from torchroof.workloads import regime
 
@@ -173,8 +173,7 @@ def pipeline_lines(est: Estimate) -> list[str]:
 def _streams(est: Estimate) -> str:
     """The communication stream, or both when collectives crossed the network beside those
     within the node (torchroof.timing.streams.lane_of)."""
-    lanes = {k.lane for k in est.kernels if k.communication}
-    if {NETWORK, INTRA_NODE} <= lanes:
+    if {NETWORK, INTRA_NODE} <= collective_lanes(est.kernels):
         return "the communication streams (within the node and across the network)"
     return "the communication stream"
 

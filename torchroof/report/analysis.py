@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from torchroof.config.parallel_plan import ParallelPlan
 
 if TYPE_CHECKING:
-    from torchroof.report.estimate import Estimate
+    from torchroof.report.estimate import Estimate, KernelEstimate
 
 
 def mfu(est: Estimate) -> float:
@@ -123,6 +123,12 @@ class Communication:
     def exposed_share(self) -> float:
         """Share of the step's time the compute stream waited on communication."""
         return self.exposed_s / self.step_time_s if self.step_time_s else 0.0
+
+
+def collective_lanes(kernels: Iterable[KernelEstimate]) -> set[str]:
+    """The streams (torchroof.timing.streams.lane_of) the step's collectives that cross a
+    link ran on: a group of one and the copies feeding collectives left out."""
+    return {k.lane for k in kernels if k.unit == "network" and k.link not in ("", "none")}
 
 
 def communication(est: Estimate) -> Communication:

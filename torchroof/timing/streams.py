@@ -66,7 +66,7 @@ fully exposed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -332,9 +332,9 @@ def _laned(tasks: list[Task], collective: Sequence[bool], links: Sequence[str]) 
     ]
 
 
-def lanes_line(lanes: Sequence[str]) -> list[str]:
+def lanes_line(lanes: Collection[str]) -> list[str]:
     """The assumption a step whose collectives cross both the network and the node states
-    once (``lanes``: its kernels' :attr:`Task.lane`); none otherwise."""
+    once (``lanes``: the streams its collectives ran on); none otherwise."""
     if not {NETWORK, INTRA_NODE} <= set(lanes):
         return []
     return [
