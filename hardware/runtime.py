@@ -19,7 +19,9 @@ The format, every key a profile may hold (anything else is an error):
   the tensor peak its GEMM library reaches where published), ``sequence_parallel_regather``
   (setting: true or false: under sequence parallel a linear layer saves the rank's shard
   of its all-gathered input and all-gathers it again in the backward), ``save_fp8_inputs``
-  (setting: true or false: an fp8 linear layer saves its input for the backward in fp8).
+  (setting: true or false: an fp8 linear layer saves its input for the backward in fp8),
+  ``fp16_accumulate`` (setting: true or false: its fp16 matmuls accumulate in fp16, timed
+  against an accelerator's ``fp16_accumulate_tensor_flops_per_s`` where it lists one).
 - ``[launches]``: ``kernel_launch_s`` (figure: one kernel launched eagerly),
   ``cuda_graphs`` (setting: ``none``, ``decode`` or ``all``: which steps replay a CUDA
   graph), ``graph_kernel_launch_s`` (figure: one kernel inside a replayed graph),
@@ -108,6 +110,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "attention_kernel": ("setting", ATTENTION_KERNELS),
         "sequence_parallel_regather": ("setting", ("bool",)),
         "save_fp8_inputs": ("setting", ("bool",)),
+        "fp16_accumulate": ("setting", ("bool",)),
         "gemm_efficiency": ("fraction", ()),
     },
     "launches": {

@@ -84,6 +84,10 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "shared_memory_bytes_per_sm": (False, True, "bytes"),
     "l2_bytes": (False, True, "bytes"),
     "compute_units": (False, True, "SMs or CUs"),
+    # GeForce parts run fp16 tensor cores at twice the rate when they also accumulate in
+    # fp16 (NVIDIA Ada whitepaper, appendix A); a runtime that does (llama.cpp's cuBLAS
+    # calls) is timed against it (runtime profile: [kernels] fp16_accumulate)
+    "fp16_accumulate_tensor_flops_per_s": (False, False, "FLOP/s"),
     # The hierarchical roofline (Yang, Kurth & Williams 2020) and Little's law (Little 1961;
     # docs/concepts/littles-law.md): the on-chip boundaries (aggregate,
     # approximate), the memory latency, the per-kernel launch cost and the achievable
@@ -207,6 +211,8 @@ class HardwareSpec:
     shared_memory_bytes_per_sm: Figure | None = None
     l2_bytes: Figure | None = None  # informational: read by nothing yet
     compute_units: Figure | None = None  # informational: SMs (NVIDIA) or CUs (AMD)
+    # dense fp16 tensor rate accumulating in fp16, where it exceeds tensor_flops_per_s.fp16
+    fp16_accumulate_tensor_flops_per_s: Figure | None = None
     interconnect_bytes_per_s: dict[str, Figure] = field(default_factory=dict)  # informational
     # aggregate on-chip bandwidths of the hierarchical roofline (approximate: issue width x clock)
     l2_bytes_per_s: Figure | None = None
@@ -220,14 +226,20 @@ class HardwareSpec:
     aliases: tuple[str, ...] = ()
     path: str = ""
 
-    def tensor_peak(self, dtype: str, *, allow_tf32: bool = False) -> float:
+    def tensor_peak(
+        self, dtype: str, *, allow_tf32: bool = False, fp16_accumulate: bool = False
+    ) -> float:
         """Dense tensor-core FLOP/s for a matmul in ``dtype``.
 
         fp32 matmuls use tf32 tensor cores only when ``allow_tf32``; otherwise they run on
         the fp32 vector units (the unit follows the op; on an H100 SXM that is a 14.8x cliff,
-        989.4 / 66.9 TFLOP/s from NVIDIA's datasheet).
+        989.4 / 66.9 TFLOP/s from NVIDIA's datasheet). An fp16 matmul that accumulates in
+        fp16 (``fp16_accumulate``) runs at ``fp16_accumulate_tensor_flops_per_s`` where the
+        part lists one (GeForce: 330.3 against 165.2 TFLOP/s on an RTX 4090).
         """
         key = spec_dtype(dtype)
+        if key == "fp16" and fp16_accumulate and self.fp16_accumulate_tensor_flops_per_s:
+            return self.fp16_accumulate_tensor_flops_per_s.value
         if key == "fp32":
             if allow_tf32 and "tf32" in self.tensor_flops_per_s:
                 return self._tensor("tf32")
@@ -259,10 +271,14 @@ class HardwareSpec:
             raise UnsupportedDtypeError(f"{self.display_name} lists no {key} vector peak")
         return figure.value
 
-    def peak(self, unit: str, dtype: str, *, allow_tf32: bool = False) -> float:
+    def peak(
+        self, unit: str, dtype: str, *, allow_tf32: bool = False, fp16_accumulate: bool = False
+    ) -> float:
         """The ceiling an op on ``unit`` in ``dtype`` can reach (the unit follows the op)."""
         if unit == "tensor":
-            return self.tensor_peak(dtype or "bf16", allow_tf32=allow_tf32)
+            return self.tensor_peak(
+                dtype or "bf16", allow_tf32=allow_tf32, fp16_accumulate=fp16_accumulate
+            )
         if unit == "vector":
             return self.vector_peak(dtype or "fp32")
         if unit == "sfu":
@@ -324,6 +340,7 @@ class HardwareSpec:
             "shared_memory_bytes_per_sm": self.shared_memory_bytes_per_sm,
             "l2_bytes": self.l2_bytes,
             "compute_units": self.compute_units,
+            "fp16_accumulate_tensor_flops_per_s": self.fp16_accumulate_tensor_flops_per_s,
             **{key: getattr(self, key) for key in REALISTIC_KEYS},
         }
         optional = {key: figure for key, figure in optional.items() if figure is not None}
@@ -391,6 +408,7 @@ def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> Hardwar
         shared_memory_bytes_per_sm=figures.get("shared_memory_bytes_per_sm"),
         l2_bytes=figures.get("l2_bytes"),
         compute_units=figures.get("compute_units"),
+        fp16_accumulate_tensor_flops_per_s=figures.get("fp16_accumulate_tensor_flops_per_s"),
         **{key: figures.get(key) for key in REALISTIC_KEYS},
         interconnect_bytes_per_s=tables.get("interconnect_bytes_per_s", {}),
         aliases=aliases,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_LLAMA
 from torchroof.counters import Cost
 from torchroof.hardware import get, get_cluster
 from torchroof.hardware.runtime import (
@@ -215,6 +216,92 @@ def test_a_custom_all_reduce_takes_small_tensors_in_one_node():
     # NCCL's: past the runtime's limit, and across nodes
     assert custom_all_reduce_time(9 * 2**20, ranks, DGX, custom) is None
     assert custom_all_reduce_time(1024, [0, 8], DGX, custom) is None
+
+
+def test_a_graph_replayed_nccl_collective_pays_nccls_modelled_latency():
+    """NCCL's tuning model (src/graph/tuning.cc), LL protocol, ring on one node: 6.6 us +
+    0.6 us per NVLink step. DGX A100 (NVLink 3 at 300 GB/s x 0.772 achieved): an 8 KiB
+    all-reduce over 8 GPUs, 14 steps: 6.6 + 14 x 0.6 = 15.0 us, where nccl-tests' eager
+    44.8 us stood; + 2 x 7/8 x 8192 B / 231.6 GB/s = 0.0619 us of wire. An all-gather over
+    4 GPUs, 3 steps: 8.4 us. All-to-all, a group across nodes and an AMD node keep their
+    measured figure; a group of 16 on a GB200 NVL72 (6.6 + 30 x 0.6 = 24.6 us) keeps the
+    cluster's lower 15.4 us."""
+    from torchroof.timing.graph_collectives import in_graph, nccl_model_latency_s
+
+    a100 = get_cluster("dgx-a100")
+    eager = collective_time("all_reduce", 8192, list(range(8)), a100)
+    graph = in_graph(eager)
+    wire = 2 * 7 / 8 * 8192 / (300e9 * 0.772)
+    assert eager.alpha_s == pytest.approx(44.8e-6)
+    assert graph.alpha_s == pytest.approx(15.0e-6, rel=1e-9)
+    assert graph.time_s == pytest.approx(15.0e-6 + wire, rel=1e-9)
+    gather = in_graph(collective_time("all_gather", 8192, [0, 1, 2, 3], a100))
+    assert gather.alpha_s == pytest.approx(8.4e-6, rel=1e-9)
+    assert nccl_model_latency_s("all_reduce", 2, "nvlink") == pytest.approx(7.8e-6)
+    assert nccl_model_latency_s("all_reduce", 2, "pcie") == pytest.approx(8.6e-6)
+    unchanged = [
+        collective_time("all_to_all", 8192, list(range(8)), a100),
+        collective_time("all_reduce", 8192, [0, 8], a100),
+        collective_time("all_reduce", 8192, list(range(8)), get_cluster("nd-mi300x-v5")),
+        collective_time("all_reduce", 8192, list(range(16)), get_cluster("gb200-nvl72")),
+    ]
+    assert [in_graph(net) for net in unchanged] == unchanged
+
+
+def test_gpt_fast_replays_its_tensor_parallel_all_reduces_from_the_graph():
+    """A tiny Llama's decode step at TP 2 on a DGX A100: the embedding's, attention's and
+    MLP's all-reduces (1 + 2 x 2 layers) and the head's all-gather. Under gpt-fast (decode
+    replayed as one CUDA graph) each all-reduce's fixed cost is NCCL's modelled 6.6 + 2 x
+    0.6 = 7.8 us and the all-gather's 6.6 + 0.6 = 7.2 us; launched eagerly (the eager
+    runtime) each is the cluster's measured 44.8 us. The runtime line says which."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**TINY_LLAMA)
+    times = {}
+    for runtime in ("gpt-fast", "eager"):
+        est = torchroof.estimate(
+            config, "decode", hardware="dgx-a100", batch=1, context=32, tp=2, runtime=runtime
+        )
+        comms = [k for k in est.kernels if k.unit == "network" and k.link == "nvlink"]
+        kinds = [k.name.split(".")[1].removesuffix("_") for k in comms]
+        assert kinds == ["all_reduce"] + ["allreduce"] * 4 + ["all_gather_into_tensor"]
+        times[runtime] = [round(k.latency_s * 1e7) for k in comms]
+        stated = [line for line in est.assumptions if line.startswith("runtime:")]
+        graph_line = "NCCL's collectives in a node at NCCL's own latency model"
+        assert (graph_line in stated[0]) is (runtime == "gpt-fast")
+    assert times == {"gpt-fast": [78] * 5 + [72], "eager": [448] * 6}
+
+
+def test_llama_cpp_times_fp16_matmuls_at_the_fp16_accumulate_rate_where_listed():
+    """A 4096^3 fp16 matmul (2 x 4096^3 = 137.4 GFLOP; 3 x 4096^2 x 2 B = 100.7 MB, 0.1 ms
+    at 1,008 GB/s) on an RTX 4090: under llama.cpp (cuBLAS with CUBLAS_COMPUTE_16F) at the
+    330.3 TFLOP/s of fp16 accumulation, 0.4161 ms; under the eager runtime at 165.2, 0.8320
+    ms. MFU's reference peak follows, and the HTML report's ceiling key names the rate so
+    its re-pricing on another part takes that part's fp16 peak (an H100's one rate). On an
+    H100, which lists no such figure, both runtimes give 137.4e9 / 989.4e12 = 0.1389 ms."""
+    from torchroof.render.html import accelerators, estimate_data
+
+    with torchroof.trace() as t:
+        x = torch.empty(4096, 4096, dtype=torch.float16, device="meta")
+        x @ x
+    flops = 2 * 4096**3
+    fast = t.estimate("rtx-4090", runtime="llama-cpp")
+    slow = t.estimate("rtx-4090", runtime="eager")
+    assert fast.kernels[0].time_s == pytest.approx(flops / 330.3e12, rel=1e-9)
+    assert slow.kernels[0].time_s == pytest.approx(flops / 165.2e12, rel=1e-9)
+    assert fast.reference_peak_flops_per_s == 330.3e12
+    assert slow.reference_peak_flops_per_s == 165.2e12
+    said = "fp16 matmuls accumulating in fp16"
+    assert any(said in line for line in fast.assumptions)
+    assert not any(said in line for line in slow.assumptions)
+    for runtime in ("llama-cpp", "eager"):
+        h100 = t.estimate("h100-sxm", runtime=runtime)
+        assert h100.kernels[0].time_s == pytest.approx(flops / 989.4e12, rel=1e-9)
+    keys = estimate_data(fast)["keys"]  # the kernel's ceiling and MFU's reference
+    assert keys == ["tensor|float16|fp16acc", "tensor|fp16|fp16acc"]
+    peaks = {a["name"]: a["peaks"][keys[0]] for a in accelerators(set(keys))}
+    assert (peaks["rtx-4090"], peaks["h100-sxm"]) == (330.3e12, 989.4e12)
+    assert estimate_data(slow)["keys"] == ["tensor|float16", "tensor|fp16"]
 
 
 def test_the_summary_says_which_runtime_is_assumed():

@@ -14,6 +14,7 @@ from torchroof.kernels.fusion import Kernel
 from torchroof.records.ops import OpRecord
 from torchroof.report.estimate import KernelEstimate
 from torchroof.report.kinds import Link
+from torchroof.timing.graph_collectives import in_graph
 from torchroof.timing.network import NETWORK, NO_LINK, collective_time, custom_all_reduce_time
 from torchroof.timing.roofline import KernelTime
 from torchroof.timing.runtime import StepRuntime
@@ -53,7 +54,10 @@ def time_collective(
     than one rank is noted in ``unpriced`` (its size) and the kernel returned as is, for
     the caller to refuse. A runtime with its own all-reduce for small tensors
     (``runtime.all_reduce``) runs the all-reduces it takes with that kernel
-    (:func:`torchroof.timing.network.custom_all_reduce_time`)."""
+    (:func:`torchroof.timing.network.custom_all_reduce_time`). In a step replayed from a CUDA
+    graph (``runtime.graph_replayed``) an NCCL collective within one node pays NCCL's own
+    modelled latency where it is below the cluster's measured one
+    (:func:`torchroof.timing.graph_collectives.in_graph`)."""
     ranks = op.arg("group_ranks")
     size = group_size(op)
     if size == 1:
@@ -72,6 +76,8 @@ def time_collective(
         net = custom_all_reduce_time(size, ranks, cluster, runtime.all_reduce)
     if net is None:
         net = collective_time(kind, size, ranks, cluster)
+        if runtime is not None and runtime.graph_replayed:
+            net = in_graph(net)
     wire = {cluster.intra_node.kind: round(net.intra_node_bytes_per_rank)}
     wire[NETWORK] = round(net.network_bytes_per_rank)
     return replace(

@@ -193,14 +193,16 @@ def time_kernels(
 
 
 def reference_peak(
-    tensor_flops: dict[str, int], spec: HardwareSpec, pricing: PricingOptions
+    tensor_flops: dict[str, int], spec: HardwareSpec, pricing: PricingOptions, runtime: StepRuntime
 ) -> tuple[str, float]:
-    """(the dtype MFU is measured in, its peak): the tensor-unit dtype with the most FLOPs,
-    else the fp32 vector peak."""
+    """(the dtype MFU is measured in, its peak as the step's kernels are timed against it):
+    the tensor-unit dtype with the most FLOPs, else the fp32 vector peak."""
     if not tensor_flops:
         return "fp32", spec.vector_peak("fp32")
     dtype = max(tensor_flops, key=tensor_flops.__getitem__)
-    peak = spec.tensor_peak(dtype, allow_tf32=pricing.allow_tf32)
+    peak = spec.tensor_peak(
+        dtype, allow_tf32=pricing.allow_tf32, fp16_accumulate=runtime.fp16_accumulate
+    )
     return spec_dtype(dtype), peak
 
 
@@ -374,7 +376,7 @@ def price_trace(
         progress.current().begin("scheduling compute and communication on their streams")
         pipelined = tp_pairs(kernels, runtime, workload, pricing)
         timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
-    reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
+    reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing, runtime)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
     memory = footprint(
         trace,

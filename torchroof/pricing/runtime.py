@@ -176,6 +176,8 @@ def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool
         f"{attention} attention",
         f"{pricing.loss} loss",
     ]
+    if step.fp16_accumulate:
+        parts.append("fp16 matmuls accumulating in fp16")
     if realistic:
         how = "from a CUDA graph" if step.graph_replayed else "eagerly"
         parts.append(f"{(step.launch_s or 0) * 1e6:.1f} us per kernel launched {how}")
@@ -188,4 +190,6 @@ def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool
             f"its own all-reduce up to {step.all_reduce.max_bytes / 2**20:g} MiB in a node "
             f"({step.all_reduce.latency_s * 1e6:g} us)"
         )
+    if step.graph_replayed and communicates:
+        parts.append("NCCL's collectives in a node at NCCL's own latency model (no host launch)")
     return [", ".join(parts)]

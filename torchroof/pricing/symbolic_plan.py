@@ -121,7 +121,7 @@ class SymbolicPlan:
                 tensor_flops[k.dtype] += count * k.flops
             for role, size in k.traffic.items():
                 traffic[role] += count * size
-        reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing)
+        reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing, runtime)
         times = [k.time_s for k in timed]
         batch = facts.workload.batch if facts.workload else 1
         values = Values(numbers)

@@ -36,6 +36,7 @@ from torchroof.hardware import (
     get,
     spec_dtype,
 )
+from torchroof.hardware.runtime import RuntimeProfileError, UnknownRuntimeError, get_runtime
 from torchroof.records.ops import layer_key, stack_key
 from torchroof.render.text import coverage_line, estimate_label, members, row_label, summary
 from torchroof.report import analysis
@@ -64,24 +65,39 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
-def peak_key(unit: str, dtype: str, allow_tf32: bool) -> str:
+def peak_key(unit: str, dtype: str, allow_tf32: bool, fp16_accumulate: bool = False) -> str:
     """The name of the ceiling a kernel on ``unit`` in ``dtype`` is timed against; only an
-    fp32 matmul's ceiling depends on ``allow_tf32`` (HardwareSpec.tensor_peak)."""
-    fp32_matmul = unit == "tensor" and spec_dtype(dtype or "bf16") == "fp32"
-    return f"{unit}|{dtype}" + ("|tf32" if allow_tf32 and fp32_matmul else "")
+    fp32 matmul's ceiling depends on ``allow_tf32``, and only an fp16 matmul's on
+    ``fp16_accumulate`` (HardwareSpec.tensor_peak)."""
+    key = spec_dtype(dtype or "bf16") if unit == "tensor" else ""
+    suffix = "|tf32" if allow_tf32 and key == "fp32" else ""
+    suffix += "|fp16acc" if fp16_accumulate and key == "fp16" else ""
+    return f"{unit}|{dtype}{suffix}"
+
+
+def _accumulates_fp16(est: Estimate) -> bool:
+    """Whether the estimate's runtime timed its fp16 matmuls accumulating in fp16 (runtime
+    profile: [kernels] fp16_accumulate); a profile no longer found counts as not."""
+    if not est.options.runtime:
+        return False
+    try:
+        return get_runtime(est.options.runtime).setting("fp16_accumulate") is True
+    except (UnknownRuntimeError, RuntimeProfileError, OSError):
+        return False
 
 
 def _reference_key(est: Estimate) -> str:
     """The ceiling MFU is measured against: the dominant matmul dtype's tensor peak, or the
     fp32 vector peak when no kernel runs on the tensor cores (pipeline._estimate_trace)."""
     if any(k.unit == "tensor" for k in est.kernels):
-        return peak_key("tensor", est.reference_dtype, est.options.allow_tf32)
+        fp16_acc = _accumulates_fp16(est)
+        return peak_key("tensor", est.reference_dtype, est.options.allow_tf32, fp16_acc)
     return "vector|fp32"
 
 
 def _peak(spec: HardwareSpec, key: str) -> float:
-    unit, dtype, *tf32 = key.split("|")
-    return spec.peak(unit, dtype, allow_tf32=bool(tf32))
+    unit, dtype, *flags = key.split("|")
+    return spec.peak(unit, dtype, allow_tf32="tf32" in flags, fp16_accumulate="fp16acc" in flags)
 
 
 def _specs(names: list[str]) -> list[HardwareSpec]:
@@ -224,7 +240,7 @@ def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
 
 def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
     """The kernels column by column (a page of 10,000 kernels stays a few MB)."""
-    allow_tf32 = est.options.allow_tf32
+    allow_tf32, fp16_acc = est.options.allow_tf32, _accumulates_fp16(est)
     index = {key: i for i, key in enumerate(keys)}
     columns: dict[str, list[Any]] = {
         name: []
@@ -242,7 +258,7 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
         columns["flops"].append(k.flops)
         columns["bytes"].append(k.bytes)
         columns["unit"].append(k.unit)
-        columns["peak"].append(index.get(peak_key(k.unit, k.dtype, allow_tf32), -1))
+        columns["peak"].append(index.get(peak_key(k.unit, k.dtype, allow_tf32, fp16_acc), -1))
         columns["time_s"].append(k.time_s)
         columns["bound"].append(k.bound)
         columns["boundary"].append(k.boundary)
@@ -260,8 +276,8 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
 
 
 def _keys(est: Estimate) -> list[str]:
-    allow_tf32 = est.options.allow_tf32
-    keys = {peak_key(k.unit, k.dtype, allow_tf32) for k in est.kernels if k.unit in PIPES}
+    allow_tf32, fp16_acc = est.options.allow_tf32, _accumulates_fp16(est)
+    keys = {peak_key(k.unit, k.dtype, allow_tf32, fp16_acc) for k in est.kernels if k.unit in PIPES}
     return sorted(keys | {_reference_key(est)})
 
 

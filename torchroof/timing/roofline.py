@@ -135,7 +135,12 @@ def time_kernel(
     attention kernel and the GEMM library's share of peak of the ``runtime`` running the
     step where its profile gives them."""
     realistic = options.mode == "realistic"
-    peak = hardware.peak(cost.unit, cost.dtype, allow_tf32=options.allow_tf32)
+    peak = hardware.peak(
+        cost.unit,
+        cost.dtype,
+        allow_tf32=options.allow_tf32,
+        fp16_accumulate=runtime.fp16_accumulate,
+    )
     peak *= options.compute_efficiency
     bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
     if realistic and options.achievable:

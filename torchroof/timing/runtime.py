@@ -30,7 +30,9 @@ class StepRuntime:
     the matmuls), ``gemm_efficiency`` (GEMMs' share of peak; 1 where none is published),
     ``host_overhead_s`` per step (0 but in realistic mode), ``all_reduce`` (its small
     all-reduce), ``tp_comm_overlap`` (sequence parallel's all-gathers and reduce-scatters run
-    beside the GEMMs they feed or drain: :mod:`torchroof.timing.tp_overlap`)."""
+    beside the GEMMs they feed or drain: :mod:`torchroof.timing.tp_overlap`),
+    ``fp16_accumulate`` (fp16 matmuls accumulate in fp16, at the accelerator's
+    ``fp16_accumulate_tensor_flops_per_s`` where it lists one)."""
 
     launch_s: float | None = None
     graph_replayed: bool = False
@@ -39,6 +41,7 @@ class StepRuntime:
     host_overhead_s: float = 0.0
     all_reduce: CustomAllReduce | None = None
     tp_comm_overlap: bool = False  # sequence parallel's collectives beside their GEMMs
+    fp16_accumulate: bool = False  # fp16 matmuls accumulate in fp16 (GeForce's faster rate)
 
 
 def step_runtime(
@@ -64,4 +67,5 @@ def step_runtime(
         host_overhead_s=(profile.figure("host_overhead_s") or 0.0) if realistic else 0.0,
         all_reduce=custom,
         tp_comm_overlap=profile.setting("tp_comm_overlap") is True,
+        fp16_accumulate=profile.setting("fp16_accumulate") is True,
     )
