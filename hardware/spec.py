@@ -14,6 +14,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from torchroof.hardware.runtime import ATTENTION_KERNELS
 from torchroof.hardware.toml_checks import (
     Figure,
     HardwareSpecError,
@@ -112,11 +113,17 @@ REALISTIC_KEYS = (
     "achievable_tensor_fraction",
 )
 _VECTOR_KEYS = ("fp32", "fp64")
+# [attention_tensor_fraction]: a fused attention kernel's measured share of the tensor peak,
+# by kernel and direction (realistic mode: torchroof/timing/roofline.py)
+ATTENTION_SHARE_KEYS = tuple(
+    f"{kernel}_{direction}" for kernel in ATTENTION_KERNELS for direction in ("forward", "backward")
+)
 _TABLE_KEYS: dict[str, tuple[bool, tuple[str, ...] | None, tuple[str, ...], str]] = {
     # [table]: (required, allowed keys (None: any), keys it must hold, unit of each figure)
     "tensor_flops_per_s": (True, tuple(sorted(_SPEC_KEYS)), (), "FLOP/s"),
     "vector_flops_per_s": (True, _VECTOR_KEYS, ("fp32",), "FLOP/s"),
     "interconnect_bytes_per_s": (False, None, (), "B/s"),
+    "attention_tensor_fraction": (False, ATTENTION_SHARE_KEYS, (), "fraction of the tensor peak"),
 }
 _STRING_KEYS = {"name": True, "display_name": False, "source": False}  # key: required
 _OTHER_KEYS = ("aliases", "measured")  # a list of strings; calibrate's record (a table)
@@ -149,10 +156,15 @@ def _figure_table(
             problems.append(misplaced(key, name))
             continue
         if allowed is not None and name not in allowed:
-            problems.append(f"{dotted}: unknown datatype (known: {', '.join(allowed)})")
+            what = "datatype" if key.endswith("flops_per_s") else "name"
+            problems.append(f"{dotted}: unknown {what} (known: {', '.join(allowed)})")
             continue
         figure = parse_figure(dotted, figure_raw, False, unit, problems)
-        if figure is not None:
+        if figure is not None and unit.startswith("fraction") and figure.value > 1:
+            problems.append(
+                f"{dotted}.value: a fraction of peak is at most 1, got {figure.value!r}"
+            )
+        elif figure is not None:
             out[name] = figure
     for name in needed:
         if name not in raw:
@@ -223,6 +235,8 @@ class HardwareSpec:
     launch_overhead_s: Figure | None = None  # one kernel's launch, device side
     achievable_hbm_fraction: Figure | None = None  # STREAM-like bandwidth / hbm_bytes_per_s
     achievable_tensor_fraction: Figure | None = None  # sustained tensor rate / the peaks
+    # a fused attention kernel's measured share of the tensor peak, by "<kernel>_<direction>"
+    attention_tensor_fraction: dict[str, Figure] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     path: str = ""
 
@@ -261,6 +275,15 @@ class HardwareSpec:
                 f"cast the model to one of those or choose another accelerator"
             )
         return figure.value
+
+    def attention_share(self, kernel: str, backward: bool) -> float | None:
+        """The share of the tensor peak ``kernel`` (a runtime's attention kernel: fa2, fa3,
+        cudnn, ...) is measured to reach on this part, forward or ``backward``; None where the
+        file lists none."""
+        figure = self.attention_tensor_fraction.get(
+            f"{kernel}_{'backward' if backward else 'forward'}"
+        )
+        return figure.value if figure is not None else None
 
     def vector_peak(self, dtype: str = "fp32") -> float:
         """Non-tensor-core FLOP/s: the fp64 rate for fp64 data, else the fp32 rate (half,
@@ -354,6 +377,7 @@ class HardwareSpec:
             ("tensor_flops_per_s", self.tensor_flops_per_s),
             ("vector_flops_per_s", self.vector_flops_per_s),
             ("interconnect_bytes_per_s", self.interconnect_bytes_per_s),
+            ("attention_tensor_fraction", self.attention_tensor_fraction),
         ):
             out.update({f"{group}.{k}": v for k, v in table.items()})
         return out
@@ -411,6 +435,7 @@ def parse(data: dict[str, Any], path: str | Path = "<hardware spec>") -> Hardwar
         fp16_accumulate_tensor_flops_per_s=figures.get("fp16_accumulate_tensor_flops_per_s"),
         **{key: figures.get(key) for key in REALISTIC_KEYS},
         interconnect_bytes_per_s=tables.get("interconnect_bytes_per_s", {}),
+        attention_tensor_fraction=tables.get("attention_tensor_fraction", {}),
         aliases=aliases,
         path=str(path),
     )

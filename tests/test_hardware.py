@@ -208,6 +208,23 @@ def test_three_problems_come_in_one_error_naming_the_file(tmp_path, monkeypatch)
     assert pickle.loads(pickle.dumps(error)).problems == error.problems
 
 
+def test_an_attention_share_names_a_known_kernel_and_stays_a_fraction(tmp_path):
+    shipped = (Path(get("h100-sxm").path)).read_text()
+    bad = shipped.replace("fa3_forward = { value = 0.608", "fa3_forward = { value = 1.2")
+    bad = bad.replace("cudnn_backward =", "cudnn_backwards =")
+    path = tmp_path / "h100-edit.toml"
+    path.write_text(bad)
+    with pytest.raises(HardwareSpecError) as info:
+        get(str(path))
+    assert info.value.problems == (
+        "attention_tensor_fraction.fa3_forward.value: a fraction of peak is at most 1, got 1.2",
+        "attention_tensor_fraction.cudnn_backwards: unknown name (known: fa2_forward, "
+        "fa2_backward, fa3_forward, fa3_backward, flashinfer_forward, flashinfer_backward, "
+        "cudnn_forward, cudnn_backward, trtllm_forward, trtllm_backward, sdpa_forward, "
+        "sdpa_backward)",
+    )
+
+
 def test_a_toml_syntax_error_names_the_file_and_the_line(tmp_path):
     path = _write(tmp_path, 'name = "x"\nhbm_bytes_per_s = { value = \n')
     with pytest.raises(HardwareSpecError) as info:

@@ -41,6 +41,7 @@ def time_collective(
     cluster: ClusterSpec | None,
     unpriced: list[int],
     runtime: StepRuntime | None = None,
+    in_graph_ops: list[int] | None = None,
 ) -> KernelEstimate:
     """A collective at the network boundary (docs/concepts/network-ridges.md):
     alpha + wire bytes / beta on the link its group's ranks span
@@ -55,9 +56,10 @@ def time_collective(
     the caller to refuse. A runtime with its own all-reduce for small tensors
     (``runtime.all_reduce``) runs the all-reduces it takes with that kernel
     (:func:`torchroof.timing.network.custom_all_reduce_time`). In a step replayed from a CUDA
-    graph (``runtime.graph_replayed``) an NCCL collective within one node pays NCCL's own
-    modelled latency where it is below the cluster's measured one
-    (:func:`torchroof.timing.graph_collectives.in_graph`)."""
+    graph (``runtime.graph_replayed``) an NCCL collective within one node runs as NCCL's own
+    model times it where that is faster than the cluster's measured time
+    (:func:`torchroof.timing.graph_collectives.in_graph`); the op's index is then noted in
+    ``in_graph_ops``."""
     ranks = op.arg("group_ranks")
     size = group_size(op)
     if size == 1:
@@ -77,7 +79,9 @@ def time_collective(
     if net is None:
         net = collective_time(kind, size, ranks, cluster)
         if runtime is not None and runtime.graph_replayed:
-            net = in_graph(net)
+            eager, net = net, in_graph(net, cluster)
+            if net is not eager and in_graph_ops is not None:
+                in_graph_ops.append(op.index)
     wire = {cluster.intra_node.kind: round(net.intra_node_bytes_per_rank)}
     wire[NETWORK] = round(net.network_bytes_per_rank)
     return replace(

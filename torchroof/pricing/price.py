@@ -16,7 +16,7 @@ from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.config.routing import parse_routing
 from torchroof.counters import Cost, registry_version
-from torchroof.hardware import ClusterSpec, HardwareSpec, spec_dtype
+from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.kernels import optimizer_step
 from torchroof.kernels.fp8_saves import fp8_line, fp8_saved_inputs
 from torchroof.kernels.fusion import Coverage, Kernel, build_kernels
@@ -49,7 +49,14 @@ from torchroof.pricing.residency import (
     regathered_residency,
 )
 from torchroof.pricing.routing import RoutedRank, grouped_gemm, routed_rank
-from torchroof.pricing.runtime import check_runtime, runtime_lines, timing_of, with_knobs
+from torchroof.pricing.runtime import (
+    check_runtime,
+    fp16_accumulated,
+    reference_peak,
+    runtime_lines,
+    timing_of,
+    with_knobs,
+)
 from torchroof.pricing.trace_checks import check_cluster_fits
 from torchroof.pricing.traffic import traffic_by_role
 from torchroof.quant.recipes import check_hardware
@@ -154,15 +161,16 @@ def time_kernels(
     pricing: PricingOptions,
     runtime: StepRuntime = NO_RUNTIME,
     rank: RoutedRank | None = None,
-) -> tuple[list[KernelEstimate], dict[str, int], int]:
-    """(every kernel timed, the tensor-unit FLOPs by dtype, how many are collectives), under
-    the ``runtime`` running the step, its routed experts as ``rank`` receives them (balanced
-    when None)."""
+) -> tuple[list[KernelEstimate], dict[str, int], int, int]:
+    """(every kernel timed, the tensor-unit FLOPs by dtype, how many are collectives, how
+    many of them a CUDA graph times by NCCL's model), under the ``runtime`` running the
+    step, its routed experts as ``rank`` receives them (balanced when None)."""
     report = progress.current()
     report.begin(f"timing {len(kernels):,} kernels on the {spec.display_name}", len(kernels))
     timed: list[KernelEstimate] = []
     tensor_flops: dict[str, int] = defaultdict(int)
     unpriced: list[int] = []  # group sizes of collectives that need a cluster to be timed
+    in_graph_ops: list[int] = []  # collectives timed by NCCL's in-graph model
     collectives = 0
     # a repeated layer's kernels repeat: each distinct (work, traffic, unit, dtype, shape)
     # is timed once, time_kernel reading nothing else of a kernel
@@ -180,7 +188,7 @@ def time_kernels(
         if cost.unit == "network":
             collectives += 1
             op = collective_op(kernel)
-            estimate = time_collective(estimate, op, t, cluster, unpriced, runtime)
+            estimate = time_collective(estimate, op, t, cluster, unpriced, runtime, in_graph_ops)
         if rank is not None and routed(kernel):
             gemm = grouped_gemm(kernel.ops)
             reach = rank.reach(*gemm) if gemm is not None else 1.0
@@ -189,21 +197,7 @@ def time_kernels(
         timed.append(estimate)
     if unpriced:
         raise ClusterRequiredError(needs_cluster(len(unpriced), max(unpriced), spec))
-    return timed, tensor_flops, collectives
-
-
-def reference_peak(
-    tensor_flops: dict[str, int], spec: HardwareSpec, pricing: PricingOptions, runtime: StepRuntime
-) -> tuple[str, float]:
-    """(the dtype MFU is measured in, its peak as the step's kernels are timed against it):
-    the tensor-unit dtype with the most FLOPs, else the fp32 vector peak."""
-    if not tensor_flops:
-        return "fp32", spec.vector_peak("fp32")
-    dtype = max(tensor_flops, key=tensor_flops.__getitem__)
-    peak = spec.tensor_peak(
-        dtype, allow_tf32=pricing.allow_tf32, fp16_accumulate=runtime.fp16_accumulate
-    )
-    return spec_dtype(dtype), peak
+    return timed, tensor_flops, collectives, len(in_graph_ops)
 
 
 @dataclass(frozen=True)
@@ -367,7 +361,7 @@ def price_trace(
         workload.ep if workload else 1,
         pricing.routing_imbalance,
     )
-    timed, tensor_flops, collectives = time_kernels(
+    timed, tensor_flops, collectives, in_graph_count = time_kernels(
         kernels, roles, spec, cluster, pricing, runtime, rank
     )
     step_time_s = None
@@ -377,6 +371,7 @@ def price_trace(
         pipelined = tp_pairs(kernels, runtime, workload, pricing)
         timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing, runtime)
+    fp16_rate = fp16_accumulated(runtime, spec, tensor_flops)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
     memory = footprint(
         trace,
@@ -405,7 +400,7 @@ def price_trace(
         op_count=len(trace.ops),
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
-            *runtime_lines(pricing, runtime, collectives > 0),
+            *runtime_lines(pricing, runtime, collectives > 0, spec, in_graph_count, fp16_rate),
             *routing_assumptions(trace, rank),
             *zero_assumptions(workload),
             *reduction_assumptions(workload),
@@ -425,6 +420,7 @@ def price_trace(
         step_time_s=step_time_s,
         host_overhead_s=runtime.host_overhead_s,
         offload_exposed_s=offload.exposed_s if offload else 0.0,
+        fp16_accumulate=fp16_rate is not None,
     )
 
 

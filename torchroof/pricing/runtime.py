@@ -18,6 +18,7 @@ from typing import Any
 from torchroof.config import PricingOptions, Workload
 from torchroof.config.choices import REGIME_FACTS
 from torchroof.config.errors import OptionError
+from torchroof.hardware import HardwareSpec, spec_dtype
 from torchroof.hardware.runtime import (
     RUNTIME_DIR,
     RuntimeProfile,
@@ -152,9 +153,28 @@ def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime
     return step_runtime(profile, regime, batch, pricing.mode == "realistic")
 
 
-def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool) -> list[str]:
+def fp16_accumulated(
+    step: StepRuntime, spec: HardwareSpec, tensor_flops: Mapping[str, int]
+) -> float | None:
+    """The rate the step's fp16 matmuls ran at when its runtime accumulates them in fp16 on
+    a part that lists a faster rate for it (a GeForce card), else None."""
+    rate = spec.fp16_accumulate_tensor_flops_per_s
+    fp16 = any(spec_dtype(dtype) == "fp16" for dtype in tensor_flops)
+    return rate.value if step.fp16_accumulate and rate is not None and fp16 else None
+
+
+def runtime_lines(
+    pricing: PricingOptions,
+    step: StepRuntime,
+    communicates: bool,
+    spec: HardwareSpec | None = None,
+    in_graph: int = 0,
+    fp16_rate: float | None = None,
+) -> list[str]:
     """The estimate's statement of the runtime it assumes (``step``: what it changed in
-    timing this step; ``communicates``: the step has collectives), one line each."""
+    timing this step on ``spec``; ``communicates``: the step has collectives, ``in_graph``
+    of them timed by NCCL's in-graph model; ``fp16_rate``: its fp16 matmuls' rate when they
+    accumulate in fp16), one line each."""
     profile = runtime_profile(pricing)
     realistic = pricing.mode == "realistic"
     if profile is None:
@@ -176,8 +196,8 @@ def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool
         f"{attention} attention",
         f"{pricing.loss} loss",
     ]
-    if step.fp16_accumulate:
-        parts.append("fp16 matmuls accumulating in fp16")
+    if fp16_rate is not None:
+        parts.append(f"fp16 matmuls accumulating in fp16 ({fp16_rate / 1e12:.1f} TFLOP/s)")
     if realistic:
         how = "from a CUDA graph" if step.graph_replayed else "eagerly"
         parts.append(f"{(step.launch_s or 0) * 1e6:.1f} us per kernel launched {how}")
@@ -185,11 +205,42 @@ def runtime_lines(pricing: PricingOptions, step: StepRuntime, communicates: bool
             parts.append(f"{step.host_overhead_s * 1e3:.2f} ms of host time per step")
         if step.gemm_efficiency != 1.0:
             parts.append(f"GEMMs at {step.gemm_efficiency:.0%} of peak")
+        shares = [
+            spec.attention_share(step.attention_kernel, backward)
+            if spec is not None and pricing.attention == "flash" and pricing.achievable
+            else None
+            for backward in (False, True)
+        ]
+        if shares[0] is not None or shares[1] is not None:
+            measured = ", ".join(
+                f"{share:.0%} {way}"
+                for share, way in zip(shares, ("forward", "backward"), strict=True)
+                if share is not None
+            )
+            parts.append(f"{attention} attention at its measured {measured} of the tensor peak")
     if step.all_reduce is not None and communicates:
         parts.append(
             f"its own all-reduce up to {step.all_reduce.max_bytes / 2**20:g} MiB in a node "
             f"({step.all_reduce.latency_s * 1e6:g} us)"
         )
-    if step.graph_replayed and communicates:
-        parts.append("NCCL's collectives in a node at NCCL's own latency model (no host launch)")
+    if in_graph:
+        plural = "s" if in_graph > 1 else ""
+        parts.append(
+            f"{in_graph} NCCL collective{plural} in a node timed by NCCL's own model inside "
+            "the CUDA graph (no host launch)"
+        )
     return [", ".join(parts)]
+
+
+def reference_peak(
+    tensor_flops: dict[str, int], spec: HardwareSpec, pricing: PricingOptions, runtime: StepRuntime
+) -> tuple[str, float]:
+    """(the dtype MFU is measured in, its peak as the step's kernels are timed against it):
+    the tensor-unit dtype with the most FLOPs, else the fp32 vector peak."""
+    if not tensor_flops:
+        return "fp32", spec.vector_peak("fp32")
+    dtype = max(tensor_flops, key=tensor_flops.__getitem__)
+    peak = spec.tensor_peak(
+        dtype, allow_tf32=pricing.allow_tf32, fp16_accumulate=runtime.fp16_accumulate
+    )
+    return spec_dtype(dtype), peak

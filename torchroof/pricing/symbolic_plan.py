@@ -39,10 +39,9 @@ from torchroof.pricing.price import (
     check_step,
     group_kernels,
     plan_kernels,
-    reference_peak,
     time_kernels,
 )
-from torchroof.pricing.runtime import timing_of
+from torchroof.pricing.runtime import reference_peak, timing_of
 from torchroof.records.dims import Dim, DimFloat, has_dims
 from torchroof.records.expressions import (
     Decision,
@@ -188,7 +187,7 @@ class SymbolicPlan:
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
             kernels = [self.maker(n)(numbers) for n in missing]
-            timed, _, collectives = time_kernels(
+            timed, _, collectives, _ = time_kernels(
                 kernels, self.plan.roles, spec, cluster, pricing, runtime
             )
             if collectives:

@@ -36,7 +36,6 @@ from torchroof.hardware import (
     get,
     spec_dtype,
 )
-from torchroof.hardware.runtime import RuntimeProfileError, UnknownRuntimeError, get_runtime
 from torchroof.records.ops import layer_key, stack_key
 from torchroof.render.text import coverage_line, estimate_label, members, row_label, summary
 from torchroof.report import analysis
@@ -75,22 +74,11 @@ def peak_key(unit: str, dtype: str, allow_tf32: bool, fp16_accumulate: bool = Fa
     return f"{unit}|{dtype}{suffix}"
 
 
-def _accumulates_fp16(est: Estimate) -> bool:
-    """Whether the estimate's runtime timed its fp16 matmuls accumulating in fp16 (runtime
-    profile: [kernels] fp16_accumulate); a profile no longer found counts as not."""
-    if not est.options.runtime:
-        return False
-    try:
-        return get_runtime(est.options.runtime).setting("fp16_accumulate") is True
-    except (UnknownRuntimeError, RuntimeProfileError, OSError):
-        return False
-
-
 def _reference_key(est: Estimate) -> str:
     """The ceiling MFU is measured against: the dominant matmul dtype's tensor peak, or the
     fp32 vector peak when no kernel runs on the tensor cores (pipeline._estimate_trace)."""
     if any(k.unit == "tensor" for k in est.kernels):
-        fp16_acc = _accumulates_fp16(est)
+        fp16_acc = est.fp16_accumulate
         return peak_key("tensor", est.reference_dtype, est.options.allow_tf32, fp16_acc)
     return "vector|fp32"
 
@@ -240,7 +228,7 @@ def _stacks(est: Estimate, depth: int | None = None) -> list[dict[str, Any]]:
 
 def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
     """The kernels column by column (a page of 10,000 kernels stays a few MB)."""
-    allow_tf32, fp16_acc = est.options.allow_tf32, _accumulates_fp16(est)
+    allow_tf32, fp16_acc = est.options.allow_tf32, est.fp16_accumulate
     index = {key: i for i, key in enumerate(keys)}
     columns: dict[str, list[Any]] = {
         name: []
@@ -276,7 +264,7 @@ def _kernels(est: Estimate, keys: list[str]) -> dict[str, list[Any]]:
 
 
 def _keys(est: Estimate) -> list[str]:
-    allow_tf32, fp16_acc = est.options.allow_tf32, _accumulates_fp16(est)
+    allow_tf32, fp16_acc = est.options.allow_tf32, est.fp16_accumulate
     keys = {peak_key(k.unit, k.dtype, allow_tf32, fp16_acc) for k in est.kernels if k.unit in PIPES}
     return sorted(keys | {_reference_key(est)})
 

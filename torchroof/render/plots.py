@@ -73,6 +73,9 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
             roofs.append((f"{key} tensor", spec.tensor_peak(key, allow_tf32=True)))
         except UnsupportedDtypeError:
             continue
+    if est.fp16_accumulate and spec.fp16_accumulate_tensor_flops_per_s is not None:
+        rate = spec.fp16_accumulate_tensor_flops_per_s.value  # the step's fp16 matmuls ran here
+        roofs.append(("fp16 tensor, fp16 accumulate", rate))
     roofs.append(("fp32 vector", spec.vector_peak("fp32")))
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     for label, peak in roofs:

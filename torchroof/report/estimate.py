@@ -322,6 +322,9 @@ class Estimate:
     # activation offload (torchroof.pricing.offload): its copies' time not hidden behind the
     # layers' compute, added to the step time
     offload_exposed_s: float = 0.0
+    # its fp16 matmuls accumulated in fp16, timed at the part's faster rate for that (a
+    # runtime profile's fp16_accumulate on a GeForce card); the HTML report's ceilings follow
+    fp16_accumulate: bool = False
 
     # -- totals ---------------------------------------------------------------------------
     @property
@@ -437,6 +440,7 @@ class Estimate:
             "step_time_s": self.step_time_s,
             "host_overhead_s": self.host_overhead_s,
             "offload_exposed_s": self.offload_exposed_s,
+            **({"fp16_accumulate": True} if self.fp16_accumulate else {}),
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "totals": {
                 "time_s": self.time_s,
@@ -489,6 +493,7 @@ class Estimate:
             step_time_s=data.get("step_time_s"),
             host_overhead_s=data.get("host_overhead_s", 0.0),
             offload_exposed_s=data.get("offload_exposed_s", 0.0),
+            fp16_accumulate=data.get("fp16_accumulate") is True,
             pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 

@@ -148,7 +148,7 @@ def _check_ranks(kind: str, group_ranks: Sequence[int], cluster: ClusterSpec) ->
     return ranks
 
 
-def _intra_rate(link: Link, ranks_on_node: int, gpus_per_node: int) -> float:
+def intra_rate(link: Link, ranks_on_node: int, gpus_per_node: int) -> float:
     """Achieved per-GPU rate for a group of ``ranks_on_node`` GPUs sharing one node."""
     rate = link.achieved_bytes_per_s
     if link.topology == "full_mesh" and gpus_per_node > 1:
@@ -206,7 +206,7 @@ def collective_time(
     intra = cluster.intra_node
     if m == 1:  # one node: the intra-node link
         wire = bus_factor(kind, n) * size
-        beta = _intra_rate(intra, n, cluster.gpus_per_node)
+        beta = intra_rate(intra, n, cluster.gpus_per_node)
         if kind == "all_reduce" and nvls and intra.nvls_all_reduce_bus_bytes_per_s is not None:
             beta, algorithm = intra.nvls_all_reduce_bus_bytes_per_s.value, "nvls"
         return CollectiveTime(
@@ -226,7 +226,7 @@ def collective_time(
             network_bytes_per_rank=wire,
         )  # fmt: skip
     intra_bytes, network_bytes = _hierarchical_bytes(kind, size, n, k, m)
-    intra_beta = _intra_rate(intra, k, cluster.gpus_per_node)
+    intra_beta = intra_rate(intra, k, cluster.gpus_per_node)
     intra_s, network_s = intra_bytes / intra_beta, network_bytes / net_beta
     network_bound = network_s >= intra_s
     return CollectiveTime(
@@ -264,7 +264,7 @@ def custom_all_reduce_time(
     size = float(message_bytes)
     one_shot = size < custom.one_shot_max_bytes
     wire = (n - 1) * size if one_shot else 2 * (n - 1) / n * size
-    beta = _intra_rate(cluster.intra_node, n, cluster.gpus_per_node)
+    beta = intra_rate(cluster.intra_node, n, cluster.gpus_per_node)
     return CollectiveTime(
         kind="all_reduce", message_bytes=size, group_size=n, nodes=1, ranks_per_node=n,
         link=cluster.intra_node.kind, bound_link=cluster.intra_node.kind,

@@ -13,6 +13,10 @@ each separately switchable: the on-chip roofs (``on_chip``), wave quantisation
 (``waves``), the latency shelf of too little in flight (``latency_shelf``), the achievable
 fractions of peak (``achievable``), the launch (``launch``) and, from "pi is the top of a
 stack", a fused attention kernel's softmax on the SFU and vector pipes (``softmax_pipes``).
+Where the accelerator file lists the measured share of its tensor peak that the runtime's
+attention kernel reaches (``[attention_tensor_fraction]``: FlashAttention-2 and -3 and
+cuDNN, forward and backward, from their authors' benchmarks), an attention kernel runs at
+that share instead (under ``achievable``), softmax included.
 """
 
 from __future__ import annotations
@@ -143,19 +147,25 @@ def time_kernel(
     )
     peak *= options.compute_efficiency
     bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
+    attention = shape is not None and shape.kind == "attention"
+    measured = None  # the attention kernel's measured share of the peak, softmax included
     if realistic and options.achievable:
         bandwidth *= _fraction(hardware.achievable_hbm_fraction)
-        if cost.unit == "tensor":
+        if attention and shape is not None and runtime.attention_kernel:
+            measured = hardware.attention_share(runtime.attention_kernel, shape.backward)
+        if measured is not None:
+            peak *= measured
+        elif cost.unit == "tensor":
             peak *= _fraction(hardware.achievable_tensor_fraction)
             if shape is not None and shape.kind == "gemm":
                 peak *= runtime.gemm_efficiency
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
-    attention = shape is not None and shape.kind == "attention"
     if (
         realistic
         and options.softmax_pipes
         and attention
+        and measured is None
         and shape is not None
         and levels is not None
     ):

@@ -32,7 +32,9 @@ class StepRuntime:
     all-reduce), ``tp_comm_overlap`` (sequence parallel's all-gathers and reduce-scatters run
     beside the GEMMs they feed or drain: :mod:`torchroof.timing.tp_overlap`),
     ``fp16_accumulate`` (fp16 matmuls accumulate in fp16, at the accelerator's
-    ``fp16_accumulate_tensor_flops_per_s`` where it lists one)."""
+    ``fp16_accumulate_tensor_flops_per_s`` where it lists one), ``attention_kernel`` (the
+    fused attention kernel it launches: realistic mode times it at its measured share of the
+    tensor peak where the accelerator file lists one)."""
 
     launch_s: float | None = None
     graph_replayed: bool = False
@@ -42,6 +44,7 @@ class StepRuntime:
     all_reduce: CustomAllReduce | None = None
     tp_comm_overlap: bool = False  # sequence parallel's collectives beside their GEMMs
     fp16_accumulate: bool = False  # fp16 matmuls accumulate in fp16 (GeForce's faster rate)
+    attention_kernel: str = ""  # the fused attention kernel it launches (fa2, fa3, cudnn, ...)
 
 
 def step_runtime(
@@ -68,4 +71,5 @@ def step_runtime(
         all_reduce=custom,
         tp_comm_overlap=profile.setting("tp_comm_overlap") is True,
         fp16_accumulate=profile.setting("fp16_accumulate") is True,
+        attention_kernel=str(profile.setting("attention_kernel") or ""),
     )
