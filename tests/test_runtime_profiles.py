@@ -328,6 +328,10 @@ def test_llama_cpp_times_fp16_matmuls_at_the_fp16_accumulate_rate_where_listed()
     again = torchroof.Estimate.from_dict(fast.to_dict())
     assert again.fp16_accumulate and estimate_data(again)["keys"] == keys
     assert "fp16_accumulate" not in slow.to_dict()
+    # priced on an H100 (one fp16 rate), the page re-prices it on the 4090 at 330.3
+    h100 = t.estimate("h100-sxm", runtime="llama-cpp")
+    assert h100.fp16_accumulate and estimate_data(h100)["keys"] == keys
+    assert not any(said in line for line in h100.assumptions)  # nothing new on an H100
 
 
 def test_realistic_attention_runs_at_its_kernels_measured_share_of_the_peak():
@@ -365,6 +369,9 @@ def test_realistic_attention_runs_at_its_kernels_measured_share_of_the_peak():
     assert a100_fwd.peak_flops_per_s == a100_bwd.peak_flops_per_s == pytest.approx(312e12 * 0.583)
     vllm_fwd, _ = attention(t.estimate("a100-sxm", mode="realistic", runtime="vllm"))
     assert vllm_fwd.peak_flops_per_s == pytest.approx(312e12 * 0.87, rel=1e-9)
+    # attention written out as math (scores to memory) is not the fused kernel measured
+    math = t.estimate("h100-sxm", mode="realistic", runtime="torchtitan", attention="math")
+    assert all(k.peak_flops_per_s == pytest.approx(989.4e12 * 0.80) for k in attention(math))
 
 
 def test_the_summary_says_which_runtime_is_assumed():

@@ -371,7 +371,7 @@ def price_trace(
         pipelined = tp_pairs(kernels, runtime, workload, pricing)
         timed, step_time_s = _scheduled(timed, kernels, pricing, pipelined)
     reference_dtype, reference_flops = reference_peak(tensor_flops, spec, pricing, runtime)
-    fp16_rate = fp16_accumulated(runtime, spec, tensor_flops)
+    fp16_acc = fp16_accumulated(runtime, tensor_flops)
     batch = trace.facts.workload.batch if trace.facts.workload else 1
     memory = footprint(
         trace,
@@ -400,7 +400,7 @@ def price_trace(
         op_count=len(trace.ops),
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
-            *runtime_lines(pricing, runtime, collectives > 0, spec, in_graph_count, fp16_rate),
+            *runtime_lines(pricing, runtime, collectives > 0, spec, in_graph_count, fp16_acc),
             *routing_assumptions(trace, rank),
             *zero_assumptions(workload),
             *reduction_assumptions(workload),
@@ -420,7 +420,7 @@ def price_trace(
         step_time_s=step_time_s,
         host_overhead_s=runtime.host_overhead_s,
         offload_exposed_s=offload.exposed_s if offload else 0.0,
-        fp16_accumulate=fp16_rate is not None,
+        fp16_accumulate=fp16_acc,
     )
 
 

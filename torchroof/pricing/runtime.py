@@ -153,14 +153,11 @@ def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime
     return step_runtime(profile, regime, batch, pricing.mode == "realistic")
 
 
-def fp16_accumulated(
-    step: StepRuntime, spec: HardwareSpec, tensor_flops: Mapping[str, int]
-) -> float | None:
-    """The rate the step's fp16 matmuls ran at when its runtime accumulates them in fp16 on
-    a part that lists a faster rate for it (a GeForce card), else None."""
-    rate = spec.fp16_accumulate_tensor_flops_per_s
-    fp16 = any(spec_dtype(dtype) == "fp16" for dtype in tensor_flops)
-    return rate.value if step.fp16_accumulate and rate is not None and fp16 else None
+def fp16_accumulated(step: StepRuntime, tensor_flops: Mapping[str, int]) -> bool:
+    """Whether the step's fp16 matmuls accumulate in fp16 (its runtime says so and it has
+    some), whatever the part: one that lists a faster rate for it (a GeForce card) times
+    them at that rate, any other at its fp16 peak."""
+    return step.fp16_accumulate and any(spec_dtype(dtype) == "fp16" for dtype in tensor_flops)
 
 
 def runtime_lines(
@@ -169,11 +166,11 @@ def runtime_lines(
     communicates: bool,
     spec: HardwareSpec | None = None,
     in_graph: int = 0,
-    fp16_rate: float | None = None,
+    fp16_accumulate: bool = False,
 ) -> list[str]:
     """The estimate's statement of the runtime it assumes (``step``: what it changed in
     timing this step on ``spec``; ``communicates``: the step has collectives, ``in_graph``
-    of them timed by NCCL's in-graph model; ``fp16_rate``: its fp16 matmuls' rate when they
+    of them timed by NCCL's in-graph model; ``fp16_accumulate``: its fp16 matmuls
     accumulate in fp16), one line each."""
     profile = runtime_profile(pricing)
     realistic = pricing.mode == "realistic"
@@ -196,8 +193,9 @@ def runtime_lines(
         f"{attention} attention",
         f"{pricing.loss} loss",
     ]
-    if fp16_rate is not None:
-        parts.append(f"fp16 matmuls accumulating in fp16 ({fp16_rate / 1e12:.1f} TFLOP/s)")
+    rate = spec.fp16_accumulate_tensor_flops_per_s if spec is not None else None
+    if fp16_accumulate and rate is not None:  # elsewhere the rate is the fp16 peak: nothing new
+        parts.append(f"fp16 matmuls accumulating in fp16 ({rate.value / 1e12:.1f} TFLOP/s)")
     if realistic:
         how = "from a CUDA graph" if step.graph_replayed else "eagerly"
         parts.append(f"{(step.launch_s or 0) * 1e6:.1f} us per kernel launched {how}")

@@ -322,8 +322,9 @@ class Estimate:
     # activation offload (torchroof.pricing.offload): its copies' time not hidden behind the
     # layers' compute, added to the step time
     offload_exposed_s: float = 0.0
-    # its fp16 matmuls accumulated in fp16, timed at the part's faster rate for that (a
-    # runtime profile's fp16_accumulate on a GeForce card); the HTML report's ceilings follow
+    # its fp16 matmuls accumulate in fp16 (a runtime profile's fp16_accumulate): a part that
+    # lists a faster rate for that (a GeForce card) times them there; the HTML report's
+    # ceilings follow, on whichever part it re-prices the step
     fp16_accumulate: bool = False
 
     # -- totals ---------------------------------------------------------------------------

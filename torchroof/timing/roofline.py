@@ -126,6 +126,41 @@ def _on_chip_seconds(levels: Levels | None, hardware: HardwareSpec) -> dict[str,
     }
 
 
+def _ceilings(
+    cost: Cost,
+    hardware: HardwareSpec,
+    options: PricingOptions,
+    shape: KernelShape | None,
+    runtime: StepRuntime,
+) -> tuple[float, float, float | None]:
+    """(pi, beta, the attention kernel's measured share of the peak or None) a kernel is
+    timed against: the part's peak for its unit and dtype and its HBM bandwidth, after the
+    efficiencies asked for; in realistic mode with ``achievable``, the sustained fractions,
+    the runtime's GEMM efficiency, or for the runtime's fused attention kernel its measured
+    share (softmax included; a "math" policy writes its scores and runs no such kernel)."""
+    peak = hardware.peak(
+        cost.unit,
+        cost.dtype,
+        allow_tf32=options.allow_tf32,
+        fp16_accumulate=runtime.fp16_accumulate,
+    )
+    peak *= options.compute_efficiency
+    bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
+    measured = None
+    if options.mode != "realistic" or not options.achievable:
+        return peak, bandwidth, measured
+    bandwidth *= _fraction(hardware.achievable_hbm_fraction)
+    if shape is not None and shape.kind == "attention" and options.attention == "flash":
+        measured = hardware.attention_share(runtime.attention_kernel, shape.backward)
+    if measured is not None:
+        peak *= measured
+    elif cost.unit == "tensor":
+        peak *= _fraction(hardware.achievable_tensor_fraction)
+        if shape is not None and shape.kind == "gemm":
+            peak *= runtime.gemm_efficiency
+    return peak, bandwidth, measured
+
+
 def time_kernel(
     cost: Cost,
     hardware: HardwareSpec,
@@ -139,26 +174,8 @@ def time_kernel(
     attention kernel and the GEMM library's share of peak of the ``runtime`` running the
     step where its profile gives them."""
     realistic = options.mode == "realistic"
-    peak = hardware.peak(
-        cost.unit,
-        cost.dtype,
-        allow_tf32=options.allow_tf32,
-        fp16_accumulate=runtime.fp16_accumulate,
-    )
-    peak *= options.compute_efficiency
-    bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
+    peak, bandwidth, measured = _ceilings(cost, hardware, options, shape, runtime)
     attention = shape is not None and shape.kind == "attention"
-    measured = None  # the attention kernel's measured share of the peak, softmax included
-    if realistic and options.achievable:
-        bandwidth *= _fraction(hardware.achievable_hbm_fraction)
-        if attention and shape is not None and runtime.attention_kernel:
-            measured = hardware.attention_share(runtime.attention_kernel, shape.backward)
-        if measured is not None:
-            peak *= measured
-        elif cost.unit == "tensor":
-            peak *= _fraction(hardware.achievable_tensor_fraction)
-            if shape is not None and shape.kind == "gemm":
-                peak *= runtime.gemm_efficiency
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)
     compute_s = cost.flops / peak if cost.flops else 0.0
     if (
