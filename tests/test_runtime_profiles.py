@@ -369,6 +369,15 @@ def test_realistic_attention_runs_at_its_kernels_measured_share_of_the_peak():
     assert a100_fwd.peak_flops_per_s == a100_bwd.peak_flops_per_s == pytest.approx(312e12 * 0.583)
     vllm_fwd, _ = attention(t.estimate("a100-sxm", mode="realistic", runtime="vllm"))
     assert vllm_fwd.peak_flops_per_s == pytest.approx(312e12 * 0.87, rel=1e-9)
+    # a serving step states the forward share only
+    from transformers import LlamaConfig
+
+    served = torchroof.estimate(
+        LlamaConfig(**TINY_LLAMA), "prefill", hardware="h100-sxm", seq=64, runtime="vllm",
+        mode="realistic",
+    )  # fmt: skip
+    (line,) = [line for line in served.assumptions if line.startswith("runtime:")]
+    assert "fa3 attention at its measured 61% forward of the tensor peak" in line
     # attention written out as math (scores to memory) is not the fused kernel measured
     math = t.estimate("h100-sxm", mode="realistic", runtime="torchtitan", attention="math")
     assert all(k.peak_flops_per_s == pytest.approx(989.4e12 * 0.80) for k in attention(math))

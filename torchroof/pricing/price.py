@@ -361,7 +361,7 @@ def price_trace(
         workload.ep if workload else 1,
         pricing.routing_imbalance,
     )
-    timed, tensor_flops, collectives, in_graph_count = time_kernels(
+    timed, tensor_flops, collectives, in_graph = time_kernels(
         kernels, roles, spec, cluster, pricing, runtime, rank
     )
     step_time_s = None
@@ -400,7 +400,7 @@ def price_trace(
         op_count=len(trace.ops),
         uncounted=dict(plan.coverage.uncounted),
         assumptions=[
-            *runtime_lines(pricing, runtime, collectives > 0, spec, in_graph_count, fp16_acc),
+            *runtime_lines(pricing, runtime, collectives > 0, spec, in_graph, fp16_acc, workload),
             *routing_assumptions(trace, rank),
             *zero_assumptions(workload),
             *reduction_assumptions(workload),

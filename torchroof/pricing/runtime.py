@@ -167,11 +167,14 @@ def runtime_lines(
     spec: HardwareSpec | None = None,
     in_graph: int = 0,
     fp16_accumulate: bool = False,
+    workload: Workload | None = None,
 ) -> list[str]:
     """The estimate's statement of the runtime it assumes (``step``: what it changed in
     timing this step on ``spec``; ``communicates``: the step has collectives, ``in_graph``
     of them timed by NCCL's in-graph model; ``fp16_accumulate``: its fp16 matmuls
-    accumulate in fp16), one line each."""
+    accumulate in fp16; a ``workload`` that does not train states no backward), one line
+    each."""
+    trains = workload is None or workload.trains
     profile = runtime_profile(pricing)
     realistic = pricing.mode == "realistic"
     if profile is None:
@@ -207,12 +210,12 @@ def runtime_lines(
             spec.attention_share(step.attention_kernel, backward)
             if spec is not None and pricing.attention == "flash" and pricing.achievable
             else None
-            for backward in (False, True)
+            for backward in ((False, True) if trains else (False,))
         ]
-        if shares[0] is not None or shares[1] is not None:
+        if any(share is not None for share in shares):
             measured = ", ".join(
                 f"{share:.0%} {way}"
-                for share, way in zip(shares, ("forward", "backward"), strict=True)
+                for share, way in zip(shares, ("forward", "backward"), strict=False)
                 if share is not None
             )
             parts.append(f"{attention} attention at its measured {measured} of the tensor peak")
