@@ -332,6 +332,15 @@ def test_llama_cpp_times_fp16_matmuls_at_the_fp16_accumulate_rate_where_listed()
     h100 = t.estimate("h100-sxm", runtime="llama-cpp")
     assert h100.fp16_accumulate and estimate_data(h100)["keys"] == keys
     assert not any(said in line for line in h100.assumptions)  # nothing new on an H100
+    # the roofline plot draws the roof those matmuls ran under, on a part that has it
+    from torchroof.render.plots import roof_lines
+
+    roof = ("fp16 tensor, fp16 accumulate", 330.3e12)
+    assert roof in roof_lines(fast, get("rtx-4090"))
+    assert roof not in roof_lines(slow, get("rtx-4090"))
+    assert [label for label, _ in roof_lines(h100, get("h100-sxm"))] == [
+        "fp8 tensor", "bf16 tensor", "tf32 tensor", "fp32 vector",
+    ]  # fmt: skip
 
 
 def test_realistic_attention_runs_at_its_kernels_measured_share_of_the_peak():

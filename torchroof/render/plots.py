@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchroof.hardware import UnsupportedDtypeError, get
+from torchroof.hardware import HardwareSpec, UnsupportedDtypeError, get
 from torchroof.records.ops import PHASES
 from torchroof.render.text import estimate_label
 
@@ -57,6 +57,24 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 150) -> Path:
     return path
 
 
+def roof_lines(est: Estimate, spec: HardwareSpec) -> list[tuple[str, float]]:
+    """(label, FLOP/s) of each roof the roofline plot draws for ``est`` on ``spec``: the
+    tensor peaks the part has, the fp16-accumulate rate where the step's fp16 matmuls ran
+    at it, and the fp32 vector peak."""
+    roofs = []
+    for key in ("fp8", "bf16", "tf32"):
+        try:
+            roofs.append((f"{key} tensor", spec.tensor_peak(key, allow_tf32=True)))
+        except UnsupportedDtypeError:
+            continue
+    if est.fp16_accumulate and spec.fp16_accumulate_tensor_flops_per_s is not None:
+        roofs.append(
+            ("fp16 tensor, fp16 accumulate", spec.fp16_accumulate_tensor_flops_per_s.value)
+        )
+    roofs.append(("fp32 vector", spec.vector_peak("fp32")))
+    return roofs
+
+
 def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> Path:
     """Log-log roofline: the HBM diagonal, a roof per dtype and the vector-unit roof, and a
     point per kernel at (intensity, attained FLOP/s), its area proportional to its time."""
@@ -67,16 +85,7 @@ def roofline_plot(est: Estimate, path: str | Path, colour_by: str = "phase") -> 
     xs = [k.intensity for k in kernels]
     lo, hi = min(xs + [0.1]) / 2, max(xs + [spec.ridge("bf16") * 10]) * 2
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    roofs = []
-    for key in ("fp8", "bf16", "tf32"):
-        try:
-            roofs.append((f"{key} tensor", spec.tensor_peak(key, allow_tf32=True)))
-        except UnsupportedDtypeError:
-            continue
-    if est.fp16_accumulate and spec.fp16_accumulate_tensor_flops_per_s is not None:
-        rate = spec.fp16_accumulate_tensor_flops_per_s.value  # the step's fp16 matmuls ran here
-        roofs.append(("fp16 tensor, fp16 accumulate", rate))
-    roofs.append(("fp32 vector", spec.vector_peak("fp32")))
+    roofs = roof_lines(est, spec)
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     for label, peak in roofs:
         ax.plot(
