@@ -27,6 +27,7 @@ from torchroof.hardware.runtime import (
     available_runtimes,
     get_runtime,
 )
+from torchroof.timing.roofline import measured_attention_share
 from torchroof.timing.runtime import StepRuntime, step_runtime
 
 
@@ -207,9 +208,7 @@ def runtime_lines(
         if step.gemm_efficiency != 1.0:
             parts.append(f"GEMMs at {step.gemm_efficiency:.0%} of peak")
         shares = [
-            spec.attention_share(step.attention_kernel, backward)
-            if spec is not None and pricing.attention == "flash" and pricing.achievable
-            else None
+            measured_attention_share(spec, pricing, step, backward) if spec is not None else None
             for backward in ((False, True) if trains else (False,))
         ]
         if any(share is not None for share in shares):

@@ -126,6 +126,18 @@ def _on_chip_seconds(levels: Levels | None, hardware: HardwareSpec) -> dict[str,
     }
 
 
+def measured_attention_share(
+    hardware: HardwareSpec, options: PricingOptions, runtime: StepRuntime, backward: bool
+) -> float | None:
+    """The measured share of ``hardware``'s tensor peak a fused attention kernel of
+    ``runtime`` runs at, forward or ``backward``: in realistic mode with ``achievable`` under
+    a flash policy (a "math" policy writes its scores and runs no such kernel), where the
+    accelerator file lists one; else None."""
+    if options.mode != "realistic" or not options.achievable or options.attention != "flash":
+        return None
+    return hardware.attention_share(runtime.attention_kernel, backward)
+
+
 def _ceilings(
     cost: Cost,
     hardware: HardwareSpec,
@@ -137,7 +149,7 @@ def _ceilings(
     timed against: the part's peak for its unit and dtype and its HBM bandwidth, after the
     efficiencies asked for; in realistic mode with ``achievable``, the sustained fractions,
     the runtime's GEMM efficiency, or for the runtime's fused attention kernel its measured
-    share (softmax included; a "math" policy writes its scores and runs no such kernel)."""
+    share, softmax included (:func:`measured_attention_share`)."""
     peak = hardware.peak(
         cost.unit,
         cost.dtype,
@@ -150,8 +162,8 @@ def _ceilings(
     if options.mode != "realistic" or not options.achievable:
         return peak, bandwidth, measured
     bandwidth *= _fraction(hardware.achievable_hbm_fraction)
-    if shape is not None and shape.kind == "attention" and options.attention == "flash":
-        measured = hardware.attention_share(runtime.attention_kernel, shape.backward)
+    if shape is not None and shape.kind == "attention":
+        measured = measured_attention_share(hardware, options, runtime, shape.backward)
     if measured is not None:
         peak *= measured
     elif cost.unit == "tensor":
