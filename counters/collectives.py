@@ -154,6 +154,30 @@ def _one_peer(splits: object) -> bool:
     return isinstance(splits, (list, tuple)) and sum(1 for n in splits if n) == 1
 
 
+def pair_ranks(op: OpRecord, group_ranks: list[int]) -> list[list[int]]:
+    """The pairs of ranks a send or receive crosses: the op's recorded group (a
+    point-to-point op's pair); for a
+    permutation (an all-to-all whose split sizes send to one peer and receive from one:
+    context parallel's ring passing dK, dV on), the traced rank with the peer it sends to
+    and with the peer it receives from (the ring moves in step, so the slower hop sets its
+    pace). The traced rank is rank 0 of its program, the first of each of its groups'
+    ranks (torchroof.parallel.program)."""
+    sends, receives = op.arg("input_split_sizes"), op.arg("output_split_sizes")
+    if len(group_ranks) <= 2 or not _one_peer(sends):
+        return [list(group_ranks)]
+    own = group_ranks[0]
+    pairs = [[own, group_ranks[_peer(sends)]]]
+    if _one_peer(receives):
+        pairs.append([group_ranks[_peer(receives)], own])
+    return pairs
+
+
+def _peer(splits: object) -> int:
+    """The index of the one non-zero split size (:func:`_one_peer` holds)."""
+    assert isinstance(splits, (list, tuple))
+    return next(i for i, n in enumerate(splits) if n)
+
+
 def _nbytes(tensors: list[TensorMeta]) -> int:
     return sum(t.nbytes for t in distinct(tensors))
 

@@ -99,12 +99,31 @@ LLAMA3_405B = (
     "Llama 3 paper, Table 4: interleaved 1F1B with V not published (priced with 2 stages per "
     "rank), micro-batches of one sequence (not published: the 32 sequences per DP group as "
     "32 micro-batches), FSDP keeping parameters gathered after forward (reshard_after_forward "
-    "off), gradients reduced in fp32; model FLOP/s as 6N + 6·L·d·T per token (N = "
-    "405e9, causal attention), the paper's definition not published; H100 SXM at 700 W as "
-    "dgx-h100, RoCE as its 400 Gb/s network"
+    "off), gradients reduced in fp32; model FLOP/s as PaLM's 6N + 12·L·H·Q·T per token "
+    "(Chowdhery et al. 2022, appendix B, which the paper cites for MFU: N = 405e9, H·Q = d, "
+    "attention not halved for causality); H100 SXM at 700 W as dgx-h100, RoCE as its "
+    "400 Gb/s network"
 )
-# Llama-3.1-405B: 6 x 405e9 + 6 x 126 layers x 16,384 (d) x 8,192 (T), FLOPs per token
-LLAMA3_405B_FLOPS = 6 * 405e9 + 6 * 126 * 16384 * 8192
+# Llama-3.1-405B by PaLM's count: 6 x 405e9 + 12 x 126 layers x 16,384 (H·Q = d) x 8,192
+# (T), FLOPs per token; the attention term is 8% of it
+LLAMA3_405B_FLOPS = 6 * 405e9 + 12 * 126 * 16384 * 8192
+# the same at the 131,072-token sequences of the context-parallel stage, where the
+# attention term is 57% of the 5.68e12
+LLAMA3_405B_128K_FLOPS = 6 * 405e9 + 12 * 126 * 16384 * 131072
+CP_META = (
+    "context parallel as torch's load-balanced attention on each pipeline stage's ranks, "
+    "which gathers K and V once a layer as the paper's all-gather-based CP does"
+)
+CP_RING = (
+    "context parallel priced as torch's load-balanced ring attention on each pipeline "
+    "stage's ranks (Transformer Engine passes K and V round the ring point to point; torch "
+    "gathers them once a layer: the same K and V bytes in the forward)"
+)
+MB_LLAMA31_REDUCE = (
+    "gradients reduced in bf16 (Megatron-Bridge scripts/performance/configs/llama/"
+    "llama31_llm_pretrain.py @0013c9a, set_llama31_common_configs: grad_reduce_in_fp32 = "
+    "False)"
+)
 MB_DEEPSEEK = (
     "Megatron-Bridge 25.11 on DGX-GB200: interleaved 1F1B (PP 4 x VP 4), EP 64 over the 64 "
     "data-parallel ranks (torchroof's dp with ep: dense weights replicated, gradients "
@@ -247,6 +266,36 @@ CHOICES: dict[str, Choice] = {
         workload={"pp_schedule": "interleaved-1f1b", "reshard_after_forward": False},
         model_flops_per_token=LLAMA3_405B_FLOPS,
     ),
+    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": Choice(
+        "dgx-h100",
+        LLAMA3_405B.replace(
+            "32 sequences per DP group as 32", "16 sequences per DP group as 16"
+        ).replace("12·L·H·Q·T per token", "12·L·H·Q·T per token at T = 131,072")
+        + f"; {CP_META}; no activation checkpointing (the paper trains 8K sequences without; "
+        "the 128K stage's setting is not published)",
+        sizes={"micro_batch": 1, "grad_accum": 16, "virtual_stages": 2},
+        workload={"pp_schedule": "interleaved-1f1b", "reshard_after_forward": False},
+        model_flops_per_token=LLAMA3_405B_128K_FLOPS,
+    ),
+    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": Choice(
+        "dgx-h100",
+        "Transformer Engine fp8 (quant 'fp8'); interleaved 1F1B with the table's VP 5; "
+        f"sequence parallel (Megatron's with TP > 1); {CP_RING}; the distributed optimizer "
+        "over the 2 replicas and the 2 context ranks (NeMo's default: zero 1); no "
+        "activation recompute (not published)",
+        sizes={"virtual_stages": 5},
+        workload={"quant": "fp8", "zero": 1, "pp_schedule": "interleaved-1f1b"},
+        sequence_parallel=True,
+    ),
+    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": Choice(
+        "dgx-h100",
+        "Transformer Engine fp8 current scaling priced as torchao's Float8 tensorwise (quant "
+        f"'fp8'); sequence parallel (Megatron's with TP > 1); {CP_RING}; the distributed "
+        f"optimizer over the 8 replicas and the 2 context ranks (zero 1); {MB_LLAMA31_REDUCE}; "
+        "no activation recompute (not published)",
+        workload={"quant": "fp8", "zero": 1, "reduce_dtype": "bf16"},
+        sequence_parallel=True,
+    ),
     "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": Choice(
         "gb200-nvl72", MB_DEEPSEEK, workload={"reduce_dtype": "bf16"}
     ),
@@ -313,22 +362,18 @@ _MPT = (
     "MPT-7B: no shipped config of its architecture (llm-foundry's benchmark model: LayerNorm "
     "without biases, GELU MLP, learned positions; transformers' MPT has ALiBi instead)"
 )
-_CP_PP = "torchroof's cp composes with tp, fsdp and dp, not yet with pipeline stages"
 _FP8_EXPERTS = (
     "FP8 expert weights: DeepSeek-V3's experts are 3-D grouped-GEMM weights, which "
     "torchroof's recipes leave in bf16 (and its 1x128 / 128x128 block scales are not a recipe)"
 )
 NOT_PREDICTED: dict[str, str] = {
-    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": (f"CP 16 with FSDP 8 and PP 16: {_CP_PP}"),
     "foundry-h100x8-mpt7b-fsdp": _MPT,
     "foundry-h100x512-mpt7b-fsdp": _MPT,
     "foundry-a100-40gbx128-mpt7b-fsdp": _MPT,
-    "nemo2407-h100x64-llama3-70b-tp4-pp4-cp2-fp8": f"CP 2 with DP 2 and PP 4: {_CP_PP}",
     # pipeline and expert parallel runs (pp_ep_runs.json)
     "mb2511-gb200x256-qwen3-235b-a22b-pp8-vp3-ep32-bf16": (
         "Qwen3-235B-A22B: no shipped config (its config.json needs the network)"
     ),
-    "mb2511-h100x1024-llama31-405b-tp8-pp8-cp2-vp8-fp8": f"CP 2 with DP 8 and PP 8: {_CP_PP}",
     "mb2509-h100x1024-deepseekv3-tp2-pp8-vp4-ep64": (
         "precision not printed (fp8 presumed); TP 2 with EP 64 and sequence parallel "
         "on a MoE model (torchroof's sequence parallel is the Llama layout only)"

@@ -129,10 +129,6 @@ BF16_REDUCE = (
     "gradients reduced in bf16, as the performance recipe sets (grad_reduce_in_fp32=False)"
 )
 NOT_PREDICTED_NEW = {
-    "mb2511-b200x128-llama31-405b-tp4-pp8-cp2-vp8-fp8cs": (
-        "CP 2 with DP 2 and PP 8: torchroof's cp composes with tp, fsdp and dp, not yet with "
-        "pipeline stages"
-    ),
     "hfblog-a100x4-granite7b-deepspeed-zero3-bs8": "Granite-7B: no shipped config",
     "hfblog-a100x4-granite7b-fsdp-fullshard-bs8": "Granite-7B: no shipped config",
     "trtllm090-l40sx4-mixtral-tp4-ttft-bs1-in2048-fp8": "no L40S cluster ships; fp8 with TP 4",
@@ -160,6 +156,9 @@ def _train_new(run: dict[str, Any]) -> Any:
         workload["virtual_stages"] = par.get("virtual_stages") or 1
     if par.get("ep", 1) > 1:
         workload["ep"] = par["ep"]
+    cp = par.get("cp", 1)
+    if cp > 1:  # Transformer Engine's ring priced as torch's (the same K/V bytes)
+        workload["cp"] = cp
     if run.get("grad_reduce_dtype"):  # the recipe's grad_reduce_in_fp32 (run["inferred"])
         workload["reduce_dtype"] = run["grad_reduce_dtype"]
     phase = mgv.Phase(
@@ -167,8 +166,11 @@ def _train_new(run: dict[str, Any]) -> Any:
         workload, "fused", 1.0,
     )  # fmt: skip
     pp = par.get("pp", 1)
-    tokens = run["micro_batch"] * run["seq_len"] * run["grad_accum"] / (par["tp"] * pp)
+    # a pipeline's pp x tp x cp ranks share one replica's tokens
+    tokens = run["micro_batch"] * run["seq_len"] * run["grad_accum"] / (par["tp"] * pp * cp)
     notes = [FP8_TRAIN] + ([MEGATRON_FSDP] if par["dp_shard"] > 1 else [])
+    if cp > 1:
+        notes.append(mgv.CP_RING)
     if run.get("grad_reduce_dtype") == "bf16":
         notes.append(BF16_REDUCE)
     figure = mgv.Figure(run["measured"]["unit"], work=tokens)

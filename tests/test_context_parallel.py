@@ -271,3 +271,50 @@ def test_training_shards_parameters_over_the_context_parallel_ranks(knobs, shard
     reduces = {tuple(op.arg("group_ranks")) for op in _collectives(trace, "all_reduce")}
     assert gathers == scatters == {sharded}
     assert reduces == ({replicated} if replicated else set())
+
+
+def test_ring_passes_at_cp4_are_priced_between_the_rank_and_its_peer():
+    # cp 4: the backward passes dK, dV to one peer of the 4 with all_to_all_single (one
+    # non-zero split size); it is priced as a send between rank 0 and that peer, not
+    # refused as a "pair" of 4 ranks
+    trace = _trace(cp=4)
+    permutes = [op for op in trace.ops if op.name == "_c10d_functional.all_to_all_single.default"]
+    assert permutes and {tuple(op.arg("group_ranks")) for op in permutes} == {(0, 1, 2, 3)}
+    peers = {tuple(op.arg("input_split_sizes")).index(max(op.arg("input_split_sizes")))
+             for op in permutes}  # fmt: skip
+    assert len(peers) == 1
+    peer = peers.pop()
+    est = torchroof.Trace.of(trace).estimate("dgx-h100")
+    cluster = get_cluster("dgx-h100")
+    # dK and dV of the rank's T / cp = 16 tokens in fp32: 2 x 2·2·16·64 x 4 B = 32,768 B
+    kv = 2 * B * H_KV * (T // 4) * HEAD
+    expected = collective_time("send_recv", kv * FP32, [0, peer], cluster)
+    priced = [k for k in est.kernels if k.name == "_c10d_functional.all_to_all_single.default"]
+    assert kv * FP32 == 32_768
+    # two layers, cp = 4 passes each (the last hands dK, dV back to the rank that owns them)
+    assert len(priced) == len(permutes) == 2 * 4
+    assert all(k.network_s == pytest.approx(expected.time_s) for k in priced)
+    assert {k.link for k in priced} == {"nvlink"}
+
+
+def test_a_ring_across_nodes_is_paced_by_its_slower_hop():
+    # cp 8 x tp 2 on dgx-h100 (8 GPUs a node): rank 0's cp group is [0, 2, ..., 14]. The
+    # ring sends dK, dV from rank 0 to rank 2 (its node, NVLink) while rank 0 receives from
+    # rank 14 (the next node): the pass ends when both have, so it is priced on the network
+    trace = _trace(cp=8, tp=2)
+    permutes = [op for op in trace.ops if op.name == "_c10d_functional.all_to_all_single.default"]
+    group = [0, 2, 4, 6, 8, 10, 12, 14]
+    assert {tuple(op.arg("group_ranks")) for op in permutes} == {tuple(group)}
+    # one KV head per TP rank, T / cp = 8 tokens: 2 x 2·1·8·64 = 2,048 fp32 values, 8,192 B
+    assert {tuple(op.arg("input_split_sizes")) for op in permutes} == {(0, 2048, 0, 0, 0, 0, 0, 0)}
+    assert {tuple(op.arg("output_split_sizes")) for op in permutes} == {(0,) * 7 + (2048,)}
+    cluster = get_cluster("dgx-h100")
+    sent = collective_time("send_recv", 2048 * FP32, [0, 2], cluster)
+    received = collective_time("send_recv", 2048 * FP32, [14, 0], cluster)
+    assert (sent.link, received.link) == ("nvlink", "network")
+    est = torchroof.Trace.of(trace).estimate("dgx-h100")
+    priced = [k for k in est.kernels if k.name == "_c10d_functional.all_to_all_single.default"]
+    assert len(priced) == len(permutes) == 2 * 8  # two layers, cp passes each
+    assert {k.link for k in priced} == {"network"}
+    assert all(k.network_s == pytest.approx(received.time_s) for k in priced)
+    assert received.time_s > sent.time_s

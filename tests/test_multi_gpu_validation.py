@@ -197,22 +197,14 @@ def test_every_run_is_mapped_or_refused_with_a_reason():
         assert mgv.get_cluster(req.phases[0].hardware)  # a shipped cluster
 
 
-def test_context_parallel_refusals_are_what_torchroof_refuses():
-    """A refused run with CP > 1 names why in torchroof's terms: its CP with pipeline
-    stages is refused by torchroof.config.Workload today (a reason to revisit once it is
-    not); CP with FSDP or DP is predicted."""
-    from torchroof.config import Workload, WorkloadError
-
-    cp_rows = [i for i in mgv.NOT_PREDICTED if RUNS[i]["parallelism"]["cp"] > 1]
-    assert len(cp_rows) == 3  # the three with pipeline stages
-    for run_id in cp_rows:
-        run, par = RUNS[run_id], RUNS[run_id]["parallelism"]
-        assert f"CP {par['cp']} with " in mgv.NOT_PREDICTED[run_id], run_id
-        with pytest.raises(WorkloadError, match="does not yet compose with context parallel"):
-            Workload(regime="train", seq=run["seq_len"], tp=par["tp"], cp=par["cp"],
-                     fsdp=par["dp_shard"], dp=par["dp_replicate"], pp=par["pp"])  # fmt: skip
-    predicted = [i for i in RUNS if RUNS[i]["parallelism"]["cp"] > 1 and i in mgv.CHOICES]
-    assert len(predicted) == 3
+def test_every_context_parallel_run_is_predicted():
+    """torchroof's cp composes with tp, fsdp, dp and pipeline stages: every run with CP > 1
+    is asked, none is set aside (three with pipeline stages, three without)."""
+    cp_rows = [i for i in RUNS if RUNS[i]["parallelism"]["cp"] > 1]
+    assert not [i for i in cp_rows if i in mgv.NOT_PREDICTED]
+    assert all(i in mgv.CHOICES for i in cp_rows)
+    assert sum(RUNS[i]["parallelism"]["pp"] > 1 for i in cp_rows) == 3
+    assert len(cp_rows) == 6
 
 
 def test_every_collective_entry_is_compared():
@@ -242,23 +234,32 @@ def test_a_decode_run_predicted_live_equals_the_checked_in_prediction():
             assert mine[key] == pytest.approx(theirs[key], rel=1e-9), key
 
 
+def _sizes(run_id: str, *names: str) -> tuple:
+    """The request for a run, and the named sizes of its one phase's workload."""
+    req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
+    return req, tuple(req.phases[0].workload[name] for name in names)
+
+
 def test_pipeline_runs_share_tokens_over_pp_and_read_model_flops():
     # Llama 3 405B on 8,192 GPUs: 32 micro-batches of one 8,192-token sequence per
     # pipeline of pp 16 x tp 8 = 128 GPUs: 2,048 tokens per GPU per step, each worth
-    # 6 x 405e9 + 6 x 126 x 16,384 x 8,192 FLOPs; 430 model TFLOP/s per GPU is then
-    # 2,048 x 2.5315e12 / 1e12 / 430 = 12.06 s per step.
-    run_id = "llama3-405b-h100x8192-tp8-pp16-dp64"
-    req = mgv.request(RUNS[run_id], mgv.CHOICES[run_id])
-    workload = req.phases[0].workload
-    assert (workload["pp"], workload["tp"], workload["fsdp"], workload["microbatches"]) == (
-        16,
-        8,
-        64,
-        32,
-    )
-    assert workload["pp_schedule"] == "interleaved-1f1b" and workload["virtual_stages"] == 2
-    per_token = 6 * 405e9 + 6 * 126 * 16384 * 8192
+    # PaLM's 6 x 405e9 + 12 x 126 x 16,384 x 8,192 = 2.6329e12 FLOPs; 430 model TFLOP/s
+    # per GPU is then 2,048 x 2.6329e12 / 1e12 / 430 = 12.54 s per step.
+    names = ("pp", "tp", "cp", "fsdp", "microbatches", "pp_schedule", "virtual_stages")
+    req, sizes = _sizes("llama3-405b-h100x8192-tp8-pp16-dp64", *names[:2], *names[3:])
+    assert sizes == (16, 8, 64, 32, "interleaved-1f1b", 2)
+    per_token = 6 * 405e9 + 12 * 126 * 16384 * 8192
     assert req.figure.seconds(430) == pytest.approx(2048 * per_token / 1e12 / 430)
+    assert req.figure.seconds(430) == pytest.approx(12.54, abs=0.005)
+    # its 128K stage adds cp 16 to the pipeline: 16 micro-batches of one 131,072-token
+    # sequence over pp 16 x tp 8 x cp 16 = 2,048 GPUs, 1,024 tokens per GPU per step, each
+    # 6 x 405e9 + 12 x 126 x 16,384 x 131,072 = 5.6770e12 FLOPs (the attention term 57% of
+    # it); 380 model TFLOP/s per GPU is 1,024 x 5.6770e12 / 1e12 / 380 = 15.30 s per step
+    req, sizes = _sizes("llama3-405b-h100x16384-tp8-cp16-pp16-dp8", *names)
+    assert sizes == (16, 8, 16, 8, 16, "interleaved-1f1b", 2)
+    per_token = 6 * 405e9 + 12 * 126 * 16384 * 131072
+    assert req.figure.seconds(380) == pytest.approx(1024 * per_token / 1e12 / 380)
+    assert req.figure.seconds(380) == pytest.approx(15.30, abs=0.005)
 
 
 def test_expert_parallel_run_maps_ep_and_its_schedule():

@@ -14,6 +14,7 @@ from torchroof.models.sources import build_model
 from torchroof.parallel.pipeline.schedule import Action, action_order, simulate
 from torchroof.parallel.stages import make_stage, split_layers
 from torchroof.render import files, text
+from torchroof.report import analysis
 from torchroof.workloads import run_workload
 
 
@@ -168,8 +169,8 @@ def test_zbv_splits_input_and_weight_gradients() -> None:
 
 
 def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
-    with pytest.raises(WorkloadError, match="compose with context parallel"):
-        Workload(regime="train", pp=2, cp=2, seq=128)
+    with pytest.raises(WorkloadError, match="over the fsdp and cp ranks"):
+        Workload(regime="train", pp=2, cp=2, seq=128, pp_schedule="zbv")
     with pytest.raises(WorkloadError, match="splits each backward"):
         Workload(regime="train", pp=2, fsdp=2, pp_schedule="zbv")
     with pytest.raises(WorkloadError, match="pp_split"):
@@ -425,3 +426,47 @@ def test_a_model_with_two_stacks_of_layers_is_refused() -> None:
     )  # fmt: skip
     with pytest.raises(WorkloadError, match=r"it has 2 \(encoder.layers, decoder.layers\)"):
         torchroof.trace_model(config, "prefill", seq=16, batch=1, pp=2, microbatches=2)
+
+
+def test_context_parallel_stages_run_the_ring_on_their_shard_and_send_it() -> None:
+    # pp 2 x cp 2, TINY (8 layers: 4 a stage, d = 256, 4 heads of 64, 2 KV heads), batch 1
+    # of seq 128, 4 micro-batches. cp 2 cuts each sequence into 2 x cp = 4 chunks of 32;
+    # rank 0 holds chunks 0 and 3, 64 tokens.
+    trace = torchroof.trace_model(TINY, "train", seq=128, pp=2, cp=2, microbatches=4)
+    assert set(trace.traces) == {0, 1}  # first and last stage differ
+    flash = "aten._scaled_dot_product_flash_attention.default"
+    for index, stage in trace.traces.items():
+        layers = range(4 * index, 4 * index + 4)
+        # every layer of the stage attends as one ring rank: its own 64 tokens causally,
+        # then for its later chunk (32 queries) the other rank's 64 keys
+        blocks = [
+            (op.inputs[0].shape[2], op.inputs[1].shape[2], bool(op.arg("is_causal", False)))
+            for op in stage.ops
+            if op.name == flash
+        ]
+        assert blocks == [(64, 64, True), (32, 64, False)] * 4
+        # per layer one K/V all-gather in forward and one in backward, on the stage's cp
+        # group: ranks 0 and 1 of the stage's own program of 2 ranks
+        gathers = [
+            op
+            for op in stage.ops
+            if op.name == "_c10d_functional.all_gather_into_tensor.default"
+            and op.module.endswith("self_attn")
+        ]
+        assert sorted({op.module for op in gathers}) == [
+            f"model.layers.{i}.self_attn" for i in layers
+        ]
+        assert len(gathers) == 2 * 4
+        assert {tuple(op.arg("group_ranks")) for op in gathers} == {(0, 1)}
+    est = torchroof.estimate(TINY, "train", hardware="dgx-h100", seq=128, pp=2, cp=2,
+                             microbatches=4)  # fmt: skip
+    # a stage sends its shard: 1 x 64 tokens x 256 x 2 B = 32,768 B, half of the 65,536 B
+    # a pipeline without cp sends
+    assert {r.activation_bytes for r in est.pipeline.stages} == {32_768}
+    # the pp x cp = 4 ranks share the step's 4 micro-batches x 128 tokens
+    assert analysis.ranks(est) == (4, 4)
+    assert analysis.tokens_per_s_per_gpu(est) == pytest.approx(4 * 128 / est.time_s / 4)
+    # a serving pipeline (prefill, each rank caching its own K/V) sends the same shard
+    served = torchroof.estimate(TINY, "prefill", hardware="dgx-h100", seq=128, pp=2, cp=2,
+                                cache="dynamic")  # fmt: skip
+    assert {r.activation_bytes for r in served.pipeline.stages} == {32_768}

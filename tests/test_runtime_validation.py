@@ -40,6 +40,18 @@ def test_a_collected_training_run_is_tokens_per_gpu_of_its_micro_batches():
     assert phase.workload["pp"] == 8 and phase.workload["virtual_stages"] == 5
     assert phase.workload["dp"] == 2 and phase.workload["fsdp"] == 1
     assert phase.workload["quant"] == "fp8" and phase.workload["microbatches"] == 64
+    assert "cp" not in phase.workload
+
+
+def test_a_context_parallel_pipeline_shares_its_tokens_over_its_cp_ranks_too():
+    """Megatron-Bridge, Llama-3.1-405B on 128 B200s at TP 4 PP 8 CP 2 VP 8 and DP 2: one
+    pipeline's step is 32 micro-batches of 1 x 8192 tokens shared by its tp x pp x cp = 64
+    GPUs, 4,096 tokens per GPU (661 tokens/s per GPU <=> a 6.2 s step)."""
+    req = rv.new_request(NEW["mb2511-b200x128-llama31-405b-tp4-pp8-cp2-vp8-fp8cs"])
+    (phase,) = req.phases
+    assert req.figure.work == 32 * 8192 / 64 == 4096
+    assert phase.workload["cp"] == 2 and phase.workload["pp"] == 8
+    assert phase.workload["virtual_stages"] == 8 and phase.workload["dp"] == 2
 
 
 def test_a_static_batch_is_its_prefill_and_the_first_and_last_decode_step():
@@ -126,6 +138,7 @@ DOES_NOT_FIT = {
     "mb2511-gb200x256-deepseekv3-pp4-vp4-ep64-bf16": "its recompute is not modelled",
     "llama3-405b-h100x8192-tp8-pp16-dp64": "Meta's schedule is not published",
     "llama3-405b-h100x16384-tp8-pp16-dp128": "Meta's schedule is not published",
+    "llama3-405b-h100x16384-tp8-cp16-pp16-dp8": "Meta's schedule is not published",
 }
 PUBLISHED_MEMORY_ABOVE = {
     "torchtune-a100-llama32-3b-full-bs2-seq4096-packed-compile-ckpt": "chunked cross-entropy",

@@ -266,6 +266,19 @@ def test_one_tensor_parallel_rank_leaves_the_step_alone():
     [
         ({"regime": "decode", "context": 16}, "a decode step has one per sequence"),
         ({"regime": "train", "seq": 15}, "splits seq=15 over tp=2 ranks: seq must be a multiple"),
+        # cp 3 cuts seq 18 into 2 x 3 = 6 chunks: each cp rank holds 6 tokens, and tp 4
+        # (4 KV heads, one a rank) cannot split 6 evenly: 18 is not a multiple of cp x tp = 12
+        (
+            {
+                "regime": "train",
+                "seq": 18,
+                "cp": 3,
+                "tp": 4,
+                "config": LlamaConfig(**{**PARALLEL_LLAMA, "num_key_value_heads": 4}),
+            },
+            r"each cp rank's seq / cp = 6 tokens over tp=4 ranks: seq must be a multiple of "
+            r"cp x tp = 12",
+        ),
     ],
 )
 def test_steps_that_cannot_split_their_tokens_are_refused(knobs, message):

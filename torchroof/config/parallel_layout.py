@@ -158,19 +158,20 @@ class Parallelism:
             raise WorkloadError(f"ep={ep} does not yet compose with context parallel")
 
     def _check_pipeline(self, shape: StepShape) -> None:
-        """Pipeline stages compose with tensor (and sequence) parallel, FSDP / HSDP and EP (one
-        stage's program); not (yet) with context parallel; torch's split backward (zero-bubble
-        schedules) runs autograd.grad, which FSDP2's hooks do not reduce and which cannot
-        separate the weight gradients of transformers' tensor-parallel layers."""
-        if self.cp > 1:
-            raise WorkloadError(f"pp={self.pp} does not yet compose with context parallel")
+        """Pipeline stages compose with tensor (and sequence) parallel, FSDP / HSDP, EP and
+        context parallel (one stage's program: a stage's ranks run the ring over their
+        T/cp tokens and send that shard on); torch's split backward (zero-bubble
+        schedules) runs autograd.grad, which FSDP2's hooks (over the fsdp x cp ranks of a
+        training step) do not reduce and which cannot separate the weight gradients of
+        transformers' tensor-parallel layers."""
         trains = shape.facts.trains
         splits = self.pp_schedule in choices.SPLIT_BACKWARD
-        if splits and self.fsdp * self.dp > 1 and trains:
+        if splits and self.fsdp * self.dp * self.cp > 1 and trains:
             raise WorkloadError(
                 f"the {self.pp_schedule} schedule splits each backward (torch's "
                 "stage_backward_input / stage_backward_weight), which FSDP2's gradient "
-                "reduction does not follow here: use 1f1b, gpipe or interleaved-1f1b with fsdp"
+                "reduction (over the fsdp and cp ranks) does not follow here: use 1f1b, gpipe "
+                "or interleaved-1f1b with fsdp, dp or cp"
             )
         if splits and self.tp > 1 and trains:
             raise WorkloadError(
@@ -207,7 +208,8 @@ class Parallelism:
         """Context parallel (torch's load-balanced ring attention, torchroof.parallel.program
         .apply_context_parallel) splits each sequence of the step into 2·cp equal chunks;
         it composes with tensor (and sequence) parallel, FSDP / HSDP (a training step shards
-        parameters over the fsdp x cp ranks, as torchtitan does) and dp replicas, and an
+        parameters over the fsdp x cp ranks, as torchtitan does), dp replicas and pipeline
+        stages (each stage's ranks run the ring over their shard), and an
         inference step keeps each rank's own K/V (a dynamic cache: a static one is built for
         the whole sequence)."""
         cp = self.cp

@@ -22,7 +22,7 @@ shapes and its collectives with their groups (torchroof.capture.mode, torchroof.
             with torchroof.trace() as trace:
                 model(ids, labels=ids).loss.backward()
 
-Context parallel (no FSDP yet) wraps the step instead:
+Context parallel wraps the step instead (after FSDP over the fsdp x cp ranks in training):
 ``with apply_context_parallel(model, mesh["cp"]):`` each forward then runs on the rank's
 T/cp tokens with torch's ring attention.
 

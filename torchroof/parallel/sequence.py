@@ -369,8 +369,9 @@ def sequence_parallel(workload: Workload) -> bool:
 
 def check_sequence_parallel(workload: Workload) -> None:
     """Refuse a sequence-parallel step whose new tokens do not split evenly over the
-    tensor-parallel ranks: a decode step's one token per sequence, or ``seq`` not a
-    multiple of ``tp`` (torchtitan asserts the same: its shards are even)."""
+    tensor-parallel ranks: a decode step's one token per sequence, or a rank's share of
+    ``seq`` (seq / cp under context parallel) not a multiple of ``tp`` (torchtitan asserts
+    the same: its shards are even)."""
     if not sequence_parallel(workload):
         return
     if workload.shape.facts.tokens_per_sequence is not None:  # decode: one new token each
@@ -379,11 +380,17 @@ def check_sequence_parallel(workload: Workload) -> None:
             "step has one per sequence: use tensor parallel without sequence parallel"
         )
     assert workload.seq is not None, "seq is resolved before the plan is checked"
-    if workload.seq % workload.tp:
+    seq, cp, tp = workload.seq, workload.cp, workload.tp
+    if seq % (cp * tp) == 0:
+        return
+    if cp > 1:
         raise WorkloadError(
-            f"sequence_parallel splits seq={workload.seq} over tp={workload.tp} ranks: "
-            "seq must be a multiple of tp"
+            f"sequence_parallel splits each cp rank's seq / cp = {seq / cp:g} tokens over "
+            f"tp={tp} ranks: seq must be a multiple of cp x tp = {cp * tp}"
         )
+    raise WorkloadError(
+        f"sequence_parallel splits seq={seq} over tp={tp} ranks: seq must be a multiple of tp"
+    )
 
 
 def loss_context(workload: Workload) -> AbstractContextManager[Any]:

@@ -8,7 +8,12 @@ from typing import cast
 
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
-from torchroof.counters.collectives import collective_kind, group_size, message_bytes
+from torchroof.counters.collectives import (
+    collective_kind,
+    group_size,
+    message_bytes,
+    pair_ranks,
+)
 from torchroof.hardware import ClusterSpec, HardwareSpec, available_clusters
 from torchroof.kernels.fusion import Kernel
 from torchroof.records.ops import OpRecord
@@ -77,7 +82,9 @@ def time_collective(
     if kind == "all_reduce" and runtime is not None and runtime.all_reduce is not None:
         net = custom_all_reduce_time(size, ranks, cluster, runtime.all_reduce)
     if net is None:
-        net = collective_time(kind, size, ranks, cluster)
+        pairs = pair_ranks(op, list(ranks)) if kind == "send_recv" else [list(ranks)]
+        timed = [collective_time(kind, size, pair, cluster) for pair in pairs]
+        net = max(timed, key=lambda t: t.time_s)
         if runtime is not None and runtime.graph_replayed:
             eager, net = net, in_graph(net, cluster)
             if net is not eager and in_graph_ops is not None:

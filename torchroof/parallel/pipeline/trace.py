@@ -72,7 +72,7 @@ def trace_pipeline(
 ) -> PipelineTraceT:
     """A pipelined step: :func:`pipeline_order`, the decoder layers split into
     pp · stages-per-rank stages (:func:`torchroof.parallel.stages.split_layers`), and each
-    distinct stage traced once as rank 0 of its own program (tp, fsdp, dp), one
+    distinct stage traced once as rank 0 of its own program (tp, cp, fsdp, dp), one
     micro-batch, on a model from ``build`` run by ``run`` (the caller's: the public API
     builds, checks and runs every step alike), the stages shared out between processes
     (:mod:`torchroof.parallel.pipeline.workers`). A stage whose copied layers' backward
