@@ -155,21 +155,22 @@ def _one_peer(splits: object) -> bool:
 
 
 def pair_ranks(op: OpRecord, group_ranks: list[int]) -> list[list[int]]:
-    """The pairs of ranks a send or receive crosses: the op's recorded group (a
-    point-to-point op's pair); for a
-    permutation (an all-to-all whose split sizes send to one peer and receive from one:
-    context parallel's ring passing dK, dV on), the traced rank with the peer it sends to
-    and with the peer it receives from (the ring moves in step, so the slower hop sets its
-    pace). The traced rank is rank 0 of its program, the first of each of its groups'
+    """The pairs of ranks a send or receive crosses. A group of one or two ranks, or an op
+    that is no permutation, is its recorded group as it stands (a point-to-point op's
+    pair). A permutation (an all-to-all whose split sizes send to one peer: context
+    parallel's ring passing dK, dV on) is the traced rank with the peer it sends to, and,
+    where its output split sizes name one, with the peer it receives from (the ring moves
+    in step, so the slower hop sets its pace); a hop to itself is the rank alone (no
+    link). The traced rank is rank 0 of its program, the first of each of its groups'
     ranks (torchroof.parallel.program)."""
     sends, receives = op.arg("input_split_sizes"), op.arg("output_split_sizes")
     if len(group_ranks) <= 2 or not _one_peer(sends):
         return [list(group_ranks)]
     own = group_ranks[0]
-    pairs = [[own, group_ranks[_peer(sends)]]]
+    hops = [(own, group_ranks[_peer(sends)])]  # (source, target)
     if _one_peer(receives):
-        pairs.append([group_ranks[_peer(receives)], own])
-    return pairs
+        hops.append((group_ranks[_peer(receives)], own))
+    return [[source, target] if source != target else [own] for source, target in hops]
 
 
 def _peer(splits: object) -> int:

@@ -318,3 +318,29 @@ def test_a_ring_across_nodes_is_paced_by_its_slower_hop():
     assert {k.link for k in priced} == {"network"}
     assert all(k.network_s == pytest.approx(received.time_s) for k in priced)
     assert received.time_s > sent.time_s
+
+
+def test_the_pairs_a_permutation_crosses():
+    # pair_ranks on the cp 8 x tp 2 ring's dK, dV pass (rank 0 sends to group index 1,
+    # rank 2, and receives from index 7, rank 14), and on variants of it
+    from dataclasses import replace
+
+    from torchroof.counters.collectives import pair_ranks
+
+    (op, *_) = [
+        op
+        for op in _trace(cp=8, tp=2).ops
+        if op.name == "_c10d_functional.all_to_all_single.default"
+    ]
+    group = [0, 2, 4, 6, 8, 10, 12, 14]
+
+    def splits(sends, receives=None):
+        args = {**op.args, "input_split_sizes": sends, "output_split_sizes": receives}
+        return pair_ranks(replace(op, args=args), group)
+
+    one = [0, 2048, 0, 0, 0, 0, 0, 0]
+    assert pair_ranks(op, group) == [[0, 2], [14, 0]]
+    assert splits(one) == [[0, 2]]  # no receive sizes recorded: the send hop alone
+    assert splits([2048, 0, 0, 0, 0, 0, 0, 0], [2048] + [0] * 7) == [[0], [0]]  # to itself
+    assert splits([256] * 8, [256] * 8) == [group]  # an all-to-all, not a permutation
+    assert pair_ranks(op, [0, 8]) == [[0, 8]]  # a pair stays the pair

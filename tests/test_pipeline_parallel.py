@@ -169,7 +169,7 @@ def test_zbv_splits_input_and_weight_gradients() -> None:
 
 
 def test_pipelines_refuse_what_they_do_not_compose_with() -> None:
-    with pytest.raises(WorkloadError, match="over the fsdp and cp ranks"):
+    with pytest.raises(WorkloadError, match=r"over the data ranks \(fsdp, dp, cp\)"):
         Workload(regime="train", pp=2, cp=2, seq=128, pp_schedule="zbv")
     with pytest.raises(WorkloadError, match="splits each backward"):
         Workload(regime="train", pp=2, fsdp=2, pp_schedule="zbv")

@@ -442,6 +442,25 @@ def test_a_version_1_estimate_still_loads():
     est = Estimate.from_dict(data)
     assert [k.boundary for k in est.kernels] == ["", "", ""]
     assert est.time_s == pytest.approx(5e-4 + 1e-4 + 4e-4)
-    data["version"] = 4
-    with pytest.raises(ValueError, match="version 4 is not supported"):
+    data["version"] = 5
+    with pytest.raises(ValueError, match="version 5 is not supported"):
         Estimate.from_dict(data)
+
+
+def test_a_version_3_estimate_loads_without_the_fields_format_4_added():
+    """Format 4 marks the fields added after 3 (a kernel's pipelined_with and lane, the
+    estimate's host_overhead_s, offload_exposed_s and fp16_accumulate): a version-3 file
+    without them reads with them at their defaults, and the same step time."""
+    est = _hand_estimate("prefill")
+    data = est.to_dict()
+    assert data["version"] == 4
+    data["version"] = 3
+    for key in ("host_overhead_s", "offload_exposed_s", "fp16_accumulate"):
+        data.pop(key, None)
+    for kernel in data["kernels"]:
+        kernel.pop("pipelined_with", None)
+        kernel.pop("lane", None)
+    old = Estimate.from_dict(data)
+    assert (old.host_overhead_s, old.offload_exposed_s, old.fp16_accumulate) == (0.0, 0.0, False)
+    assert {(k.pipelined_with, k.lane) for k in old.kernels} == {(None, "")}
+    assert old.time_s == pytest.approx(est.time_s) == pytest.approx(5e-4 + 1e-4 + 4e-4)

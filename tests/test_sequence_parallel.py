@@ -266,18 +266,19 @@ def test_one_tensor_parallel_rank_leaves_the_step_alone():
     [
         ({"regime": "decode", "context": 16}, "a decode step has one per sequence"),
         ({"regime": "train", "seq": 15}, "splits seq=15 over tp=2 ranks: seq must be a multiple"),
-        # cp 3 cuts seq 18 into 2 x 3 = 6 chunks: each cp rank holds 6 tokens, and tp 4
-        # (4 KV heads, one a rank) cannot split 6 evenly: 18 is not a multiple of cp x tp = 12
+        # cp 2 cuts seq 12 into 2 x 2 = 4 chunks of 3: each cp rank holds 6 tokens, and tp 4
+        # (4 KV heads, one a rank) cannot split 6 evenly, though 12 divides by tp: 12 is not
+        # a multiple of cp x tp = 8
         (
             {
                 "regime": "train",
-                "seq": 18,
-                "cp": 3,
+                "seq": 12,
+                "cp": 2,
                 "tp": 4,
                 "config": LlamaConfig(**{**PARALLEL_LLAMA, "num_key_value_heads": 4}),
             },
             r"each cp rank's seq / cp = 6 tokens over tp=4 ranks: seq must be a multiple of "
-            r"cp x tp = 12",
+            r"cp x tp = 8",
         ),
     ],
 )

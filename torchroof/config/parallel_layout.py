@@ -169,9 +169,9 @@ class Parallelism:
         if splits and self.fsdp * self.dp * self.cp > 1 and trains:
             raise WorkloadError(
                 f"the {self.pp_schedule} schedule splits each backward (torch's "
-                "stage_backward_input / stage_backward_weight), which FSDP2's gradient "
-                "reduction (over the fsdp and cp ranks) does not follow here: use 1f1b, gpipe "
-                "or interleaved-1f1b with fsdp, dp or cp"
+                "stage_backward_input / stage_backward_weight), which the gradient reduction "
+                "over the data ranks (fsdp, dp, cp) does not follow here: use 1f1b, gpipe or "
+                "interleaved-1f1b with fsdp, dp or cp"
             )
         if splits and self.tp > 1 and trains:
             raise WorkloadError(

@@ -385,7 +385,7 @@ def check_sequence_parallel(workload: Workload) -> None:
         return
     if cp > 1:
         raise WorkloadError(
-            f"sequence_parallel splits each cp rank's seq / cp = {seq / cp:g} tokens over "
+            f"sequence_parallel splits each cp rank's seq / cp = {seq // cp} tokens over "
             f"tp={tp} ranks: seq must be a multiple of cp x tp = {cp * tp}"
         )
     raise WorkloadError(

@@ -11,7 +11,7 @@ cache run unchanged), and a forward that:
 
 - on every stage but the first, takes the activation the previous stage sends as
   ``inputs_embeds`` (an empty (B, T, d) tensor, T the rank's tokens: T/cp under context
-  parallel, T/tp more under sequence parallel: a receive, no work);
+  parallel, T/(cp·tp) with sequence parallel too: a receive, no work);
 - on every stage but the last, returns the base model's last hidden state (what it sends)
   as the output's ``loss``, so a training step's backward starts from the gradient the next
   stage sends back (:func:`stage_backward`, an empty tensor of the output's shape).

@@ -78,11 +78,14 @@ def time_collective(
             "trace it again with this torchroof, which records each collective's group"
         )
     kind, size = collective_kind(op), message_bytes(op)
+    pairs = pair_ranks(op, list(ranks)) if kind == "send_recv" else [list(ranks)]
+    pairs = [pair for pair in pairs if len(pair) > 1]
+    if not pairs:  # a permutation onto the rank itself crosses no link
+        return replace(kernel, link=cast(Link, NO_LINK))
     net = None
     if kind == "all_reduce" and runtime is not None and runtime.all_reduce is not None:
         net = custom_all_reduce_time(size, ranks, cluster, runtime.all_reduce)
     if net is None:
-        pairs = pair_ranks(op, list(ranks)) if kind == "send_recv" else [list(ranks)]
         timed = [collective_time(kind, size, pair, cluster) for pair in pairs]
         net = max(timed, key=lambda t: t.time_s)
         if runtime is not None and runtime.graph_replayed:

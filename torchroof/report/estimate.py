@@ -39,8 +39,12 @@ __all__ = [
 # wave_efficiency, in_flight_bytes, overhead_s) and the estimate its per-layer rows; a
 # version-1 file reads with those at their defaults. 3: scheduled kernels carry the kernels
 # they wait for (waits_on); an older file's schedule cannot be re-laid (torchroof.render.html).
-ESTIMATE_FORMAT_VERSION = 3
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+# 4: fields added after 3, among them a kernel's pipelined_with (the GEMM a collective runs
+# beside) and lane (its communication stream), and the estimate's host_overhead_s,
+# offload_exposed_s and fp16_accumulate; a reader of format 3 would refuse them by name, so
+# it now says the version instead, and a version-3 file reads with them at their defaults.
+ESTIMATE_FORMAT_VERSION = 4
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
