@@ -343,7 +343,7 @@ def test_training_with_ep_shards_experts_over_the_ranks_that_hold_them():
 def test_ep_must_fit_the_ranks_that_hold_batches():
     with pytest.raises(WorkloadError, match="multiple of tp=2"):
         Workload(regime="prefill", tp=2, dp=4, ep=3)
-    with pytest.raises(WorkloadError, match="divide dp x fsdp x tp = 2"):
+    with pytest.raises(WorkloadError, match="divide dp x fsdp x cp x tp = 2"):
         Workload(regime="prefill", dp=2, ep=4)
     with pytest.raises(OptionError, match="routing_imbalance"):
         PricingOptions(routing_imbalance=0.5)
@@ -381,3 +381,70 @@ def test_experts_whose_rows_do_not_split_evenly_shard_whole():
     ]
     assert len(gathers) == 2 * LAYERS
     assert {message_bytes(op) for op in gathers} == {3 * 24_576 * BF16}
+
+
+def test_context_parallel_ranks_send_their_own_tokens_to_the_experts():
+    # cp 2 x ep 2 (2 ranks): each cp rank holds B x T / cp = 2 x 16 / 2 = 16 of the tokens,
+    # and the EP group is the cp pair (0, 1). Each token all-to-all sends the rank's
+    # 16 tokens x top-2 rows of d = 64 in bf16: 16 x 2 x 64 x 2 B = 4,096 B (half of the
+    # 8,192 B one rank of ep 2 without cp sends for its 32 tokens)
+    def tokens_sent(trace: Trace) -> set[tuple[tuple[int, ...], int]]:
+        return {
+            (tuple(op.arg("group_ranks")), message_bytes(op))
+            for op in _all_to_alls(trace, 0, "forward")
+            if message_bytes(op) > 64  # not the counts' exchange (8 experts x 8 B)
+        }
+
+    config = MixtralConfig(**MIXTRAL)
+    cp = torchroof.trace_model(config, "train", batch=B, seq=T, cp=2, ep=2)
+    alone = torchroof.trace_model(config, "train", batch=B, seq=T, fsdp=2, ep=2)
+    assert tokens_sent(cp) == {((0, 1), TOKENS // 2 * TOP_K * D * BF16)} == {((0, 1), 4096)}
+    assert tokens_sent(alone) == {((0, 1), TOKENS * TOP_K * D * BF16)}
+    # the ring attention runs on the same pair; each expert lives on one rank (world / ep
+    # = 1 copy): no expert collective but the all-to-alls
+    ring = [
+        op
+        for op in cp.ops
+        if op.module.endswith("self_attn") and kind_of(op.packet) == "collective"
+    ]
+    assert ring and {tuple(op.arg("group_ranks")) for op in ring} == {(0, 1)}
+    experts = {
+        collective_kind(op)
+        for op in cp.ops
+        if kind_of(op.packet) == "collective" and op.module.endswith("experts")
+    }
+    assert experts == {"all_to_all"}
+    # cp 2 x tp 2 x ep 2 (4 ranks, cp outside tp): the EP group is the TP pair (0, 1) and
+    # each expert's two copies sit on the cp ranks (0, 2), which shard it as FSDP shards
+    # the dense weights over them: gradients reduce-scattered over (0, 2), not all-reduced
+    both = torchroof.trace_model(config, "train", batch=B, seq=T, cp=2, tp=2, ep=2)
+    reductions = Counter(
+        (collective_kind(op), tuple(op.arg("group_ranks")))
+        for op in both.ops
+        if kind_of(op.packet) == "collective" and op.module.endswith("experts")
+        and collective_kind(op) in ("reduce_scatter", "all_reduce")
+    )  # fmt: skip
+    assert reductions == {("reduce_scatter", (0, 2)): LAYERS}
+
+
+def test_a_routing_imbalance_leaves_the_ring_attentions_passes_alone():
+    # cp 2 x ep 2: the busiest rank's experts get 2x the balanced rows, so its token
+    # all-to-alls carry twice the bytes (alpha unscaled); the ring's dK, dV passes (an
+    # all_to_all_single to one peer) carry no routed tokens and keep their time
+    config = MixtralConfig(**MIXTRAL)
+    knobs = dict(hardware=CLUSTER, batch=B, seq=T, cp=2, ep=2)
+    balanced = torchroof.estimate(config, "train", **knobs).kernels
+    busiest = torchroof.estimate(config, "train", routing_imbalance=2.0, **knobs).kernels
+
+    def network(kernels, module_end: str) -> list:
+        return [k for k in kernels if k.unit == "network" and k.module.endswith(module_end)]
+
+    ring = network(balanced, "self_attn"), network(busiest, "self_attn")
+    assert [k.name for k in ring[0] if "all_to_all" in k.name]  # the passes are there
+    assert [k.network_s for k in ring[0]] == [k.network_s for k in ring[1]]
+    pairs = zip(network(balanced, "experts"), network(busiest, "experts"), strict=True)
+    tokens = [(before, after) for before, after in pairs if "all_to_all" in before.name]
+    assert tokens
+    for before, after in tokens:
+        carried = before.network_s - before.latency_s
+        assert after.network_s == pytest.approx(before.latency_s + 2.0 * carried)

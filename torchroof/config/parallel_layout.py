@@ -145,17 +145,17 @@ class Parallelism:
                 )
 
     def _check_expert_parallel(self) -> None:
-        """EP groups are consecutive ranks of one stage holding different batches (dp,
-        fsdp) or one batch (tp): ep must be a multiple of tp and divide dp x fsdp x tp
-        (transformers' DistributedConfig asks the same); not with context parallel."""
+        """EP groups are consecutive ranks of one stage holding different tokens (dp, fsdp,
+        and cp: each cp rank holds its own share of the sequences) or the same ones (tp): ep
+        must be a multiple of tp and divide dp x fsdp x cp x tp (transformers'
+        DistributedConfig asks ep to divide fsdp x tp)."""
         ep, tp = self.ep, self.tp
-        if ep % tp or (self.dp * self.fsdp * tp) % ep:
+        ranks = self.dp * self.fsdp * self.cp * tp
+        if ep % tp or ranks % ep:
             raise WorkloadError(
-                f"ep={ep} must be a multiple of tp={tp} and divide dp x fsdp x tp = "
-                f"{self.dp * self.fsdp * tp}: raise dp (serving) or fsdp (training)"
+                f"ep={ep} must be a multiple of tp={tp} and divide dp x fsdp x cp x tp = "
+                f"{ranks}: raise dp (serving), or fsdp or cp (training)"
             )
-        if self.cp > 1:
-            raise WorkloadError(f"ep={ep} does not yet compose with context parallel")
 
     def _check_pipeline(self, shape: StepShape) -> None:
         """Pipeline stages compose with tensor (and sequence) parallel, FSDP / HSDP, EP and
@@ -208,8 +208,9 @@ class Parallelism:
         """Context parallel (torch's load-balanced ring attention, torchroof.parallel.program
         .apply_context_parallel) splits each sequence of the step into 2·cp equal chunks;
         it composes with tensor (and sequence) parallel, FSDP / HSDP (a training step shards
-        parameters over the fsdp x cp ranks, as torchtitan does), dp replicas and pipeline
-        stages (each stage's ranks run the ring over their shard), and an
+        parameters over the fsdp x cp ranks, as torchtitan does), dp replicas, pipeline
+        stages (each stage's ranks run the ring over their shard) and expert parallel (a
+        cp rank sends its own tokens to the experts), and an
         inference step keeps each rank's own K/V (a dynamic cache: a static one is built for
         the whole sequence)."""
         cp = self.cp

@@ -22,7 +22,8 @@ class ParallelPlan:
     ``tp``: tensor parallel (the model's ``base_model_tp_plan``). ``ep``: expert parallel,
     not a dimension of its own: the routed experts are sharded over groups of ``ep``
     consecutive ranks of one stage (torchroof.parallel.expert), which hold different
-    batches (dp, fsdp) or the same one (tp) for everything else.
+    tokens (dp, fsdp: other batches; cp: other shares of the sequences) or the same ones
+    (tp) for everything else.
     """
 
     pp: int = 1

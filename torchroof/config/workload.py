@@ -178,7 +178,7 @@ class Workload:
         1,
         "expert-parallel ranks: routed experts sharded over them, tokens sent to their "
         "experts' ranks by all-to-all (transformers' all_to_all dispatch); ep divides "
-        "dp x fsdp x tp and is a multiple of tp",
+        "dp x fsdp x cp x tp and is a multiple of tp",
         group="parallelism",
     )
     cp: int = knob(

@@ -24,7 +24,8 @@ receives tokens·top_k/ep rows per peer. Usage, on a model built on meta::
         with torchroof.trace() as trace:
             model(ids, labels=ids).loss.backward()
 
-NB: the EP ranks hold different batches (data parallel for everything but the experts);
+NB: the EP ranks hold different tokens (other batches, or under context parallel other
+shares of the sequences: data parallel for everything but the experts);
 what keeps the non-expert weights in step across them (FSDP / DDP) is not applied here.
 FSDP2 over the dense mesh refuses the expert DTensors ("Cannot concatenate overlapping
 meshes"); as transformers' ``apply_fully_sharded_data_parallelism`` does, each
@@ -228,7 +229,10 @@ def _apply(model: nn.Module, mesh: DeviceMesh, workload: Workload) -> AbstractCo
         apply_expert_parallel(model, experts["ep"], mesh["tp"])
         if workload.trains and plan.shards_data:
             reshard = workload.plan.reshards_after_forward
-            ddp = plan.fsdp == 1  # data ranks that replicate (dp alone, zero 0)
+            # data ranks that replicate (dp alone, zero 0); where FSDP shards the dense
+            # parameters (over the fsdp x cp ranks) the experts are sharded too, over
+            # the ranks that hold the same ones (efsdp)
+            ddp = plan.fsdp * plan.cp == 1
             ignored = shard_experts(
                 model,
                 experts["efsdp"],

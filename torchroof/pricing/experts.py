@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import cast
 
 from torchroof.config import PricingOptions
+from torchroof.counters.collectives import collective_kind
 from torchroof.hardware import HardwareSpec
 from torchroof.kernels.fusion import Kernel
 from torchroof.report.estimate import KernelEstimate
@@ -17,11 +18,14 @@ from torchroof.timing.roofline import KernelTime
 
 def routed(kernel: Kernel) -> bool:
     """An expert kernel whose work follows the routed tokens: a grouped GEMM, or an
-    all-to-all that carries tokens to their experts' ranks."""
+    all-to-all that carries tokens to their experts' ranks; not context parallel's ring
+    passing dK, dV to one peer with an all-to-all (a permutation: a send, no tokens)."""
     names = [op.name for op in kernel.ops]
     if any("grouped_mm" in name for name in names):
         return True
-    return kernel.cost.unit == "network" and any("all_to_all" in name for name in names)
+    return kernel.cost.unit == "network" and any(
+        "all_to_all" in op.name and collective_kind(op) == "all_to_all" for op in kernel.ops
+    )
 
 
 def busiest_rank(
