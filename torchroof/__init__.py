@@ -42,6 +42,7 @@ from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import TensorMeta
 from torchroof.report.compare import Comparison, Sweep
 from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
+from torchroof.serving import SequenceWork, StepTimer
 from torchroof.studies import compare, sweep
 
 __version__ = "0.1.0"
@@ -58,6 +59,8 @@ __all__ = [
     "PipelineTrace",
     "PreparedModel",
     "PricingOptions",
+    "SequenceWork",
+    "StepTimer",
     "Sweep",
     "TensorMeta",
     "Trace",

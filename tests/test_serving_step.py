@@ -1,0 +1,162 @@
+"""The engine-step function (torchroof.serving.StepTimer): a step mixing prefill chunks and
+decodes priced from a model prepared for decode, checked against the estimates it must
+agree with and against W and Q derived by hand.
+
+The model is tests/conftest.py's small Llama with 2 layers: d = 128, 4 query heads of 32,
+2 K/V heads, vocab 1000, bf16; the decode is prepared at context 64. Priced on the H100
+SXM's pure roofline, where each kernel takes max(W/pi, Q/beta) and these small kernels are
+all memory-bound.
+"""
+
+import pytest
+from conftest import meta_causal_lm, small_llama
+from torchroof.hardware import UnknownHardwareError
+from torchroof.hardware import get as load_hardware
+
+import torchroof
+from torchroof.config.errors import OptionError
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import TensorMeta, TensorRef
+from torchroof.serving import SequenceWork, StepTimer, decodes, prompt
+from torchroof.serving.attention import (
+    AttentionGeometry,
+    chunk_kernel,
+    decode_geometry,
+    decode_kernel,
+)
+
+H100_BETA = load_hardware("h100-sxm").hbm_bytes_per_s.value  # bytes/s, pure roofline
+LAYER = AttentionGeometry("model.layers.0.self_attn", 4, 2, 32, 32, "bfloat16", "bfloat16", True)
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return torchroof.prepare(small_llama(2), "decode", context=64, batch=4)
+
+
+@pytest.fixture(scope="module")
+def timer(prepared):
+    return StepTimer(prepared, "h100-sxm")
+
+
+def test_a_batch_of_equal_decodes_is_the_decode_estimate(prepared, timer):
+    step = timer.time(decodes(4, 64))
+    estimate = prepared.price("h100-sxm", batch=4)
+    # the one difference: transformers' static-cache decode reads a bool mask over the
+    # 64 + 1 keys (one row, broadcast over the batch) that a paged engine's kernel does not:
+    # 65 B per layer, 2 layers, at beta
+    assert estimate.time_s - step.time_s == pytest.approx(2 * 65 / H100_BETA, rel=1e-6)
+    assert (step.tokens, step.sequences, step.sampled) == (4, 4, 4)
+    assert step.time_s == pytest.approx(step.body_s + step.head_s + step.attention_s)
+    # the attention part is the traced step's two attention kernels less their mask bytes
+    traced = sum(k.time_s for k in estimate.kernels if "attention" in k.name)
+    assert step.attention_s == pytest.approx(traced - 2 * 65 / H100_BETA, rel=1e-9)
+
+
+def test_a_longer_context_adds_only_its_key_and_value_reads(timer):
+    short, long = timer.time(decodes(4, 64)), timer.time(decodes(4, 192))
+    # 128 more keys per sequence: K and V of 2 heads x 32 dims x 2 B each, 4 sequences,
+    # 2 layers: 128 * 2 * 64 * 2 * 4 * 2 = 262,144 B more read by attention, nothing else
+    assert long.body_s == short.body_s and long.head_s == short.head_s
+    assert long.attention_s - short.attention_s == pytest.approx(262_144 / H100_BETA, rel=1e-9)
+
+
+def test_a_lone_prompt_is_close_to_the_prefill_estimate(timer):
+    step = timer.time([prompt(16)])
+    prefill = torchroof.estimate(small_llama(2), "prefill", seq=16, batch=1)
+    # the same GEMMs, norms and causal attention on 16 tokens and logits for the last one;
+    # the step adds the copy transformers makes undoing the decode's grouped-query packing
+    # of attention's output (16 x 4 x 32 x 2 B = 4 KiB read and written per layer)
+    assert step.time_s > prefill.time_s
+    assert step.time_s - prefill.time_s < 2 * 2 * 4096 / H100_BETA
+
+
+def test_only_sampled_rows_reach_the_output_projection(timer):
+    chunk = SequenceWork(16, 48, samples=False)  # a prompt's chunk that is not its last
+    one = timer.time([SequenceWork(1, 10), chunk])
+    two = timer.time([SequenceWork(1, 10), SequenceWork(16, 48, samples=True)])
+    assert (one.sampled, two.sampled, one.tokens) == (1, 2, 17)
+    assert one.body_s == two.body_s and one.attention_s == two.attention_s
+    # one more row of logits: its 128 bf16 inputs (256 B) read, 1000 bf16 logits written
+    assert two.head_s - one.head_s == pytest.approx((256 + 2000) / H100_BETA, rel=1e-9)
+
+
+def test_ragged_attention_by_hand():
+    # two decodes over 10 and 30 cached tokens: 11 + 31 = 42 keys in all
+    cost, shape = decode_kernel(LAYER, [SequenceWork(1, 10), SequenceWork(1, 30)])
+    assert cost.flops == 2 * 4 * (32 + 32) * 42  # = 21,504: QK and PV for every key
+    assert cost.bytes_read == 2 * 4 * 32 * 2 + 42 * 2 * 64 * 2  # q + K and V = 11,264
+    assert cost.bytes_written == 2 * 4 * 32 * 2 + 2 * 4 * 4  # o + fp32 lse = 544
+    # packed: each K/V head's 2 query heads are a kernel's rows, 2 seqs x 2 K/V heads
+    assert (shape.batch, shape.m, shape.n, shape.kept) == (4, 2, 21, 1.0)
+    # a 16-token chunk on 48 cached tokens: row i (1..16) sees 48 + i keys, 904 pairs
+    cost, shape = chunk_kernel(LAYER, [SequenceWork(16, 48)])
+    assert cost.flops == 2 * 4 * 64 * (16 * 48 + 16 * 17 // 2) == 462_848
+    assert cost.bytes_read == 16 * 4 * 32 * 2 + 64 * 2 * 64 * 2  # q + K and V = 20,480
+    assert cost.bytes_written == 16 * 4 * 32 * 2 + 16 * 4 * 4  # o + lse = 4,352
+    assert (shape.batch, shape.m, shape.n) == (4, 16, 64)
+    assert shape.kept == pytest.approx(904 / (16 * 64))
+
+
+def test_a_mixed_step_adds_its_parts(timer):
+    step = [prompt(16, 48, last=False), *decodes(3, 100)]
+    mixed = timer.time(step)
+    alone = timer.time([prompt(16, 48, last=False)])
+    # adding 3 decodes costs more GEMM rows and more attention, never less
+    assert mixed.tokens == 19 and mixed.sampled == 3
+    assert mixed.time_s > alone.time_s and mixed.attention_s > alone.attention_s
+    decodes_alone = timer.time(decodes(3, 100))
+    # the prompt's chunk runs in a kernel of its own beside the decodes' (two launches)
+    assert mixed.attention_s == pytest.approx(alone.attention_s + decodes_alone.attention_s)
+
+
+def test_tensor_parallel_decode_is_the_decode_estimate():
+    prepared = torchroof.prepare(small_llama(2), "decode", context=64, batch=4, tp=2)
+    step = StepTimer(prepared, "dgx-h100").time(decodes(4, 64))
+    # each rank's mask, as on one GPU: 65 B per layer
+    estimate = prepared.price("dgx-h100", batch=4).time_s
+    assert estimate - step.time_s == pytest.approx(2 * 65 / H100_BETA, rel=1e-3)
+
+
+def test_bad_steps_are_refused_in_one_line(prepared, timer):
+    cases = [
+        (lambda: timer.time([]), "needs at least one sequence"),
+        (lambda: timer.time([(1, 64)]), "is a tuple, not a SequenceWork"),
+        (lambda: SequenceWork(0, 64), "new_tokens must be at least 1"),
+        (lambda: SequenceWork(1, -1), "context must be 0 or more"),
+        (lambda: SequenceWork(1.5, 3), "whole number of tokens"),
+        (lambda: decodes(0, 64), "batch must be a whole number"),
+        (lambda: timer.time([SequenceWork(1, 4096)]), "longer than the model's maximum"),
+        (lambda: StepTimer(prepared, "no-such-gpu"), "no-such-gpu"),
+        (
+            lambda: StepTimer(torchroof.prepare(small_llama(2), "prefill", seq=64)),
+            "prepare the model with regime 'decode'",
+        ),
+        (
+            lambda: StepTimer(torchroof.prepare(small_llama(2), "decode", cache="dynamic")),
+            "needs cache='static'",
+        ),
+    ]
+    for call, message in cases:
+        with pytest.raises((OptionError, ValueError, UnknownHardwareError)) as caught:
+            call()
+        assert message in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+
+def test_attention_it_cannot_price_per_sequence_is_refused():
+    # Gemma 2 runs its attention eagerly (soft-capped scores): no fused kernel to price
+    gemma = torchroof.prepare(meta_causal_lm("gemma2"), "decode", context=64, batch=2)
+    with pytest.raises(OptionError, match="no fused attention kernel"):
+        StepTimer(gemma).time(decodes(2, 64))
+    t = TensorMeta((2, 2, 2, 32), (256, 128, 32, 1), "bfloat16", 0)
+    kv = TensorMeta((2, 2, 65, 32), (4160, 2080, 32, 1), "bfloat16", 1)
+    refs = {"query": TensorRef(0), "key": TensorRef(1), "value": TensorRef(2)}
+    latent = OpRecord(0, "torchroof.mla_decode_attention", (t, kv, kv), (), refs, "m", "forward")
+    with pytest.raises(OptionError, match="is not priced per sequence yet"):
+        decode_geometry(latent, 64)
+    sdpa = "aten._scaled_dot_product_flash_attention.default"
+    window = OpRecord(0, sdpa, (t, kv, kv), (), refs, "m", "forward")
+    with pytest.raises(OptionError, match="sliding window"):
+        decode_geometry(window, 128)  # 65 keys at context 128: a window of its own
+    assert decode_geometry(window, 64) == LAYER  # 2 rows of 2 K/V heads: packed, 4 heads

@@ -1,0 +1,159 @@
+"""Attention of a mixed engine step: one ragged kernel per layer for the decodes, one for
+the prefill chunks, each over every sequence's own cache.
+
+A serving engine's attention backend takes the step's sequences with their own lengths
+(FlashInfer's batch decode and batch prefill wrappers, FlashAttention's variable-length
+kernel; vLLM and SGLang pass them as ragged batches), so a layer's attention does the sum
+of its sequences' work in one launch (two where decodes and chunks run separate kernels,
+as FlashInfer's do). Per sequence, with H query heads, H_kv K/V heads, head dims d and d_v
+(docs/concepts/attention-kv.md, Dao et al. 2022 for the fused kernel's compulsory bytes):
+
+- W = 2·H·(d + d_v)·pairs, pairs = the (query, key) pairs the causal mask keeps: a decode
+  keeps all ``context + 1``; a chunk of n tokens on c cached keeps the rows aligned to the
+  end of its c + n keys (flash-attn's causal,
+  :func:`~torchroof.counters.attention.causal_fraction`);
+- Q reads q (n·H·d), K and V (every cached and new key, (c + n)·H_kv·(d + d_v)) once, at
+  their stored widths, and writes o (n·H·d_v) and the fp32 log-sum-exp (n·H).
+
+The geometry each layer runs (heads per rank, K/V heads, dims, dtypes, whether its decode
+kernel takes each K/V head's query group as rows, as transformers' ``pack_gqa`` and
+FlashInfer's GQA decode do) is read off the layer's attention op in a traced decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from torchroof.config.errors import OptionError
+from torchroof.counters import Cost
+from torchroof.counters.attention import causal_fraction
+from torchroof.records.ops import OpRecord
+from torchroof.records.tensors import dtype_itemsize
+from torchroof.serving.composition import SequenceWork
+from torchroof.timing.kernel_shape import KernelShape
+
+LOG_SUM_EXP_BYTES = 4  # the fused kernel's fp32 log-sum-exp, one per query row and head
+
+RAGGED_OPS = frozenset(
+    {
+        "aten._scaled_dot_product_flash_attention.default",
+        "aten._scaled_dot_product_efficient_attention.default",
+    }
+)
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """One layer's attention on one rank, as a traced decode step ran it; layers alike but
+    for their module compare equal (a step times each kind once)."""
+
+    module: str = field(compare=False)
+    query_heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    query_dtype: str
+    kv_dtype: str
+    packed: bool  # the decode kernel's rows are a K/V head's query group (GQA packing)
+
+    @property
+    def group(self) -> int:
+        return self.query_heads // self.kv_heads
+
+
+def decode_geometry(op: OpRecord, context: int) -> AttentionGeometry:
+    """The geometry of ``op``, a decode step's attention (one new token per sequence over
+    ``context`` cached); a layer this module cannot price is refused in one line."""
+    q, k, v = op.tensor("query"), op.tensor("key"), op.tensor("value")
+    if op.name not in RAGGED_OPS or q is None or k is None or v is None or len(q.shape) != 4:
+        raise OptionError(
+            f"{op.module}: {op.packet} is not priced per sequence yet (the mixed-step "
+            "function prices scaled dot-product attention over a full cache)"
+        )
+    _, heads, rows, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    if kv_len != context + 1:
+        raise OptionError(
+            f"{op.module} attends over {kv_len} keys at context {context}, not every cached "
+            "token and the new one (a sliding window or a cache of its own): not priced "
+            "per sequence yet"
+        )
+    packed = rows > 1  # one new token: more query rows than that are a packed GQA group
+    return AttentionGeometry(
+        module=op.module,
+        query_heads=heads * rows if packed else heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        value_dim=v.shape[-1],
+        query_dtype=q.dtype,
+        kv_dtype=k.dtype,
+        packed=packed,
+    )
+
+
+def decode_kernel(
+    layer: AttentionGeometry, decodes: Sequence[SequenceWork]
+) -> tuple[Cost, KernelShape]:
+    """(cost, geometry) of one ragged decode kernel over ``decodes`` (one new token each)."""
+    count = len(decodes)
+    keys = sum(work.length for work in decodes)
+    cost = _cost(layer, count, keys, keys)
+    if layer.packed:
+        rows, batch = layer.group, count * layer.kv_heads
+    else:
+        rows, batch = 1, count * layer.query_heads
+    shape = KernelShape(
+        "attention",
+        dtype_itemsize(layer.query_dtype),
+        batch=batch,
+        m=rows,
+        n=round(keys / count),
+        k=layer.head_dim,
+        kept=1.0,
+        value_dim=layer.value_dim,
+        kv_batch=count * layer.kv_heads,
+    )
+    return cost, shape
+
+
+def chunk_kernel(
+    layer: AttentionGeometry, chunks: Sequence[SequenceWork]
+) -> tuple[Cost, KernelShape]:
+    """(cost, geometry) of one ragged prefill kernel over ``chunks``, each causal over its
+    cached and new keys; the geometry is the chunks' mean (rows, keys) per sequence."""
+    count = len(chunks)
+    rows = sum(work.new_tokens for work in chunks)
+    keys = sum(work.length for work in chunks)
+    pairs = sum(kept_pairs(work) for work in chunks)
+    cost = _cost(layer, rows, keys, pairs)
+    m, n = max(1, round(rows / count)), max(1, round(keys / count))
+    shape = KernelShape(
+        "attention",
+        dtype_itemsize(layer.query_dtype),
+        batch=count * layer.query_heads,
+        m=m,
+        n=n,
+        k=layer.head_dim,
+        kept=min(1.0, pairs / (count * m * n)),
+        value_dim=layer.value_dim,
+        kv_batch=count * layer.kv_heads,
+    )
+    return cost, shape
+
+
+def kept_pairs(work: SequenceWork) -> int:
+    """(query, key) pairs a causal kernel computes for ``work``: each new token attends to
+    every cached key and the new ones up to itself."""
+    n, keys = work.new_tokens, work.length
+    return round(causal_fraction(n, keys, aligned_to_end=True) * n * keys)
+
+
+def _cost(layer: AttentionGeometry, rows: int, keys: int, pairs: int) -> Cost:
+    """W and Q of attention with ``rows`` query tokens, ``keys`` K/V tokens read and
+    ``pairs`` (query token, key) pairs kept, summed over a kernel's sequences."""
+    h, hkv, d, dv = layer.query_heads, layer.kv_heads, layer.head_dim, layer.value_dim
+    sq, skv = dtype_itemsize(layer.query_dtype), dtype_itemsize(layer.kv_dtype)
+    read = rows * h * d * sq + keys * hkv * (d + dv) * skv
+    written = rows * h * dv * sq + rows * h * LOG_SUM_EXP_BYTES
+    return Cost(2 * h * (d + dv) * pairs, read, written, "tensor", layer.query_dtype)
