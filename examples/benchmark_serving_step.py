@@ -29,10 +29,10 @@ MODEL, HARDWARE = "llama-3-70b", "dgx-h100"
 PRICING = {"mode": "realistic", "runtime": "vllm"}
 
 
-def steps(count: int, sizes: int, seed: int = 0) -> list[list[SequenceWork]]:
+def steps(count: int, sizes: int, random_state: int = 0) -> list[list[SequenceWork]]:
     """``count`` engine steps with ``sizes`` distinct token counts (decode batches of
     32..32 + sizes/2 - 1, with or without a 512-token chunk)."""
-    rng = random.Random(seed)
+    rng = random.Random(random_state)
     batches = [32 + i for i in range(max(1, sizes // 2))]
     out = []
     for _ in range(count):

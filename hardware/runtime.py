@@ -181,20 +181,23 @@ class RuntimeProfile:
             return True
         return trains == (self.runs == "training")
 
-    def graph_replayed(self, regime: str, batch: int) -> bool:
-        """Whether a step of ``regime`` with ``batch`` sequences replays a CUDA graph."""
+    def graph_replayed(self, regime: str, batch: int, graphs_on: bool = True) -> bool:
+        """Whether a step of ``regime`` with ``batch`` sequences replays a CUDA graph (never
+        with ``graphs_on`` False: the engine was told to launch eagerly)."""
+        if not graphs_on:
+            return False
         graphs = self.setting("cuda_graphs") or "none"
         if graphs == "all":
             return True
         limit = self.figure("graph_max_batch")
         return graphs == "decode" and regime == "decode" and (limit is None or batch <= limit)
 
-    def launch_s(self, regime: str, batch: int) -> float:
+    def launch_s(self, regime: str, batch: int, graphs_on: bool = True) -> float:
         """One kernel's launch in a step of ``regime`` with ``batch`` sequences: the graph
         figure where the step replays a graph and the profile lists one, else the eager
         launch."""
         graph = self.figure("graph_kernel_launch_s")
-        if graph is not None and self.graph_replayed(regime, batch):
+        if graph is not None and self.graph_replayed(regime, batch, graphs_on):
             return graph
         eager = self.figure("kernel_launch_s")
         assert eager is not None  # required

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_LLAMA
+from conftest import TINY_LLAMA, small_llama
 from torchroof.counters import Cost
 from torchroof.hardware import get, get_cluster
 from torchroof.hardware.runtime import (
@@ -146,6 +146,9 @@ def test_launch_is_the_graph_figure_up_to_the_captured_batch(tmp_path):
     assert step_runtime(profile, "decode", 8).launch_s == 1e-6  # graph replayed
     assert step_runtime(profile, "decode", 9).launch_s == 5e-6  # past the capture limit
     assert step_runtime(profile, "prefill", 1).launch_s == 5e-6  # prefill is not captured
+    # told to launch eagerly (vLLM's --enforce-eager, cuda_graphs=False): no graph at all
+    eager = step_runtime(profile, "decode", 8, graphs_on=False)
+    assert (eager.launch_s, eager.graph_replayed) == (5e-6, False)
     # one 16 KB copy kernel: realistic time = its body + the runtime's launch, not the
     # accelerator file's 2 us
     cost = Cost(0, 8192, 8192, "vector", "bfloat16")
@@ -158,6 +161,17 @@ def test_launch_is_the_graph_figure_up_to_the_captured_batch(tmp_path):
     # the pure roofline pays no launch under any runtime
     pure = time_kernel(cost, H100, PricingOptions(), runtime=StepRuntime(launch_s=1e-6))
     assert pure.overhead_s == 0.0
+
+
+def test_no_cuda_graphs_launches_every_kernel_eagerly():
+    # vLLM's profile: 1.37 us a kernel replayed from its decode graph, 2.52 us launched;
+    # the same decode step, launched eagerly, pays the difference once per kernel
+    knobs = dict(batch=8, context=16, mode="realistic", runtime="vllm")
+    graphed = torchroof.estimate(small_llama(2), "decode", **knobs)
+    eager = torchroof.estimate(small_llama(2), "decode", cuda_graphs=False, **knobs)
+    assert eager.options.cuda_graphs is False
+    difference = len(graphed.kernels) * (2.52e-6 - 1.37e-6)
+    assert eager.time_s - graphed.time_s == pytest.approx(difference, rel=1e-9)
 
 
 def test_host_overhead_is_added_once_per_step_in_realistic_mode(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from conftest import meta_causal_lm, small_llama
 from torchroof.hardware import UnknownHardwareError
 from torchroof.hardware import get as load_hardware
+from transformers import GraniteConfig
 
 import torchroof
 from torchroof.config.errors import OptionError
@@ -26,6 +27,19 @@ from torchroof.serving.attention import (
 )
 
 H100_BETA = load_hardware("h100-sxm").hbm_bytes_per_s.value  # bytes/s, pure roofline
+SMALL_LLAMA = small_llama(2).to_dict()
+SMALL_LLAMA = {
+    k: SMALL_LLAMA[k]
+    for k in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+    )
+}
 LAYER = AttentionGeometry("model.layers.0.self_attn", 4, 2, 32, 32, "bfloat16", "bfloat16", True)
 
 
@@ -46,7 +60,7 @@ def test_a_batch_of_equal_decodes_is_the_decode_estimate(prepared, timer):
     # 64 + 1 keys (one row, broadcast over the batch) that a paged engine's kernel does not:
     # 65 B per layer, 2 layers, at beta
     assert estimate.time_s - step.time_s == pytest.approx(2 * 65 / H100_BETA, rel=1e-6)
-    assert (step.tokens, step.sequences, step.sampled) == (4, 4, 4)
+    assert (step.tokens, step.sequences, step.logit_rows) == (4, 4, 4)
     assert step.time_s == pytest.approx(step.body_s + step.head_s + step.attention_s)
     # the attention part is the traced step's two attention kernels less their mask bytes
     traced = sum(k.time_s for k in estimate.kernels if "attention" in k.name)
@@ -75,7 +89,7 @@ def test_only_sampled_rows_reach_the_output_projection(timer):
     chunk = SequenceWork(16, 48, samples=False)  # a prompt's chunk that is not its last
     one = timer.time([SequenceWork(1, 10), chunk])
     two = timer.time([SequenceWork(1, 10), SequenceWork(16, 48, samples=True)])
-    assert (one.sampled, two.sampled, one.tokens) == (1, 2, 17)
+    assert (one.logit_rows, two.logit_rows, one.tokens) == (1, 2, 17)
     assert one.body_s == two.body_s and one.attention_s == two.attention_s
     # one more row of logits: its 128 bf16 inputs (256 B) read, 1000 bf16 logits written
     assert two.head_s - one.head_s == pytest.approx((256 + 2000) / H100_BETA, rel=1e-9)
@@ -103,7 +117,7 @@ def test_a_mixed_step_adds_its_parts(timer):
     mixed = timer.time(step)
     alone = timer.time([prompt(16, 48, last=False)])
     # adding 3 decodes costs more GEMM rows and more attention, never less
-    assert mixed.tokens == 19 and mixed.sampled == 3
+    assert mixed.tokens == 19 and mixed.logit_rows == 3
     assert mixed.time_s > alone.time_s and mixed.attention_s > alone.attention_s
     decodes_alone = timer.time(decodes(3, 100))
     # the prompt's chunk runs in a kernel of its own beside the decodes' (two launches)
@@ -118,16 +132,83 @@ def test_tensor_parallel_decode_is_the_decode_estimate():
     assert estimate - step.time_s == pytest.approx(2 * 65 / H100_BETA, rel=1e-3)
 
 
+def test_attention_it_cannot_price_per_sequence_is_refused():
+    # Gemma 2 keeps a sliding window on its local layers
+    gemma = torchroof.prepare(meta_causal_lm("gemma2"), "decode", context=64, batch=2)
+    with pytest.raises(OptionError, match="sliding window of 4,096 tokens"):
+        StepTimer(gemma)
+    # attention run as matmuls and a softmax: no fused kernel to price per sequence
+    eager = small_llama(2)
+    eager._attn_implementation = "eager"
+    with pytest.raises(OptionError, match="no fused attention kernel"):
+        StepTimer(torchroof.prepare(eager, "decode", context=16))
+    t = TensorMeta((2, 2, 2, 32), (256, 128, 32, 1), "bfloat16", 0)
+    kv = TensorMeta((2, 2, 65, 32), (4160, 2080, 32, 1), "bfloat16", 1)
+    refs = {"query": TensorRef(0), "key": TensorRef(1), "value": TensorRef(2)}
+    latent = OpRecord(0, "torchroof.mla_decode_attention", (t, kv, kv), (), refs, "m", "forward")
+    with pytest.raises(OptionError, match="is not priced per sequence yet"):
+        decode_geometry(latent, 64)
+    sdpa = "aten._scaled_dot_product_flash_attention.default"
+    window = OpRecord(0, sdpa, (t, kv, kv), (), refs, "m", "forward")
+    with pytest.raises(OptionError, match="sliding window"):
+        decode_geometry(window, 128)  # 65 keys at context 128: a window of its own
+    assert decode_geometry(window, 64) == LAYER  # 2 rows of 2 K/V heads: packed, 4 heads
+
+
+def test_logits_scaled_after_the_projection_are_part_of_it():
+    # Granite divides its logits by logits_scaling at the model's root, after lm_head
+    config = GraniteConfig(**{**SMALL_LLAMA, "logits_scaling": 8.0})
+    prepared = torchroof.prepare(config, "decode", context=16, batch=4)
+    timer = StepTimer(prepared)
+    assert timer.time(decodes(4, 16)).time_s == pytest.approx(
+        prepared.price(batch=4).time_s - 2 * 17 / H100_BETA, rel=1e-9
+    )
+    one = timer.time([SequenceWork(16, 48, samples=False), SequenceWork(1, 10)])
+    two = timer.time([SequenceWork(16, 48), SequenceWork(1, 10)])
+    # one more row: lm_head reads its 256 B input and writes 1000 bf16 logits (2000 B),
+    # and the division reads and writes them again
+    assert two.head_s - one.head_s == pytest.approx((256 + 3 * 2000) / H100_BETA, rel=1e-9)
+
+
+def test_a_verification_computes_logits_at_every_new_token(timer):
+    # two sequences verifying 4 drafted tokens each: 5 new tokens, 5 rows of logits each
+    step = [SequenceWork(5, 100, verifies=True), SequenceWork(5, 300, verifies=True)]
+    verified = timer.time(step)
+    assert (verified.tokens, verified.logit_rows) == (10, 10)
+    assert verified.head_s == timer.time(decodes(10, 64)).head_s
+    with pytest.raises(OptionError, match="verifies needs samples=True"):
+        SequenceWork(5, 100, samples=False, verifies=True)
+
+
+def test_a_step_with_a_prompt_launches_eagerly_under_a_runtime():
+    # vLLM replays a full CUDA graph for decode-only steps (1.37 us a kernel) and launches
+    # a step with a prompt chunk eagerly here (2.52 us): the same 12 tokens cost the
+    # difference on every kernel but attention and the output projection
+    prepared = torchroof.prepare(small_llama(2), "decode", context=16)
+    timer = StepTimer(prepared, mode="realistic", runtime="vllm")
+    graphed = timer.time(decodes(12, 16))
+    mixed = timer.time([prompt(8), *decodes(4, 16)])
+    kernels = prepared.price(batch=12, mode="realistic", runtime="vllm").kernels
+    body = [k for k in kernels if "attention" not in k.name and k.module != "lm_head"]
+    assert mixed.body_s - graphed.body_s == pytest.approx(len(body) * (2.52 - 1.37) * 1e-6)
+
+
 def test_bad_steps_are_refused_in_one_line(prepared, timer):
     cases = [
         (lambda: timer.time([]), "needs at least one sequence"),
         (lambda: timer.time([(1, 64)]), "is a tuple, not a SequenceWork"),
+        (lambda: timer.time(prompt(5)), "wrap the one sequence"),
         (lambda: SequenceWork(0, 64), "new_tokens must be at least 1"),
         (lambda: SequenceWork(1, -1), "context must be 0 or more"),
         (lambda: SequenceWork(1.5, 3), "whole number of tokens"),
         (lambda: decodes(0, 64), "batch must be a whole number"),
         (lambda: timer.time([SequenceWork(1, 4096)]), "longer than the model's maximum"),
         (lambda: StepTimer(prepared, "no-such-gpu"), "no-such-gpu"),
+        (lambda: StepTimer(prepared, batch=3), "give them to torchroof.prepare()"),
+        (
+            lambda: StepTimer(torchroof.prepare(small_llama(2), "decode", context=8, tp=2)),
+            "cluster",
+        ),
         (
             lambda: StepTimer(torchroof.prepare(small_llama(2), "prefill", seq=64)),
             "prepare the model with regime 'decode'",
@@ -142,21 +223,5 @@ def test_bad_steps_are_refused_in_one_line(prepared, timer):
             call()
         assert message in str(caught.value)
         assert "\n" not in str(caught.value)
-
-
-def test_attention_it_cannot_price_per_sequence_is_refused():
-    # Gemma 2 runs its attention eagerly (soft-capped scores): no fused kernel to price
-    gemma = torchroof.prepare(meta_causal_lm("gemma2"), "decode", context=64, batch=2)
-    with pytest.raises(OptionError, match="no fused attention kernel"):
-        StepTimer(gemma).time(decodes(2, 64))
-    t = TensorMeta((2, 2, 2, 32), (256, 128, 32, 1), "bfloat16", 0)
-    kv = TensorMeta((2, 2, 65, 32), (4160, 2080, 32, 1), "bfloat16", 1)
-    refs = {"query": TensorRef(0), "key": TensorRef(1), "value": TensorRef(2)}
-    latent = OpRecord(0, "torchroof.mla_decode_attention", (t, kv, kv), (), refs, "m", "forward")
-    with pytest.raises(OptionError, match="is not priced per sequence yet"):
-        decode_geometry(latent, 64)
-    sdpa = "aten._scaled_dot_product_flash_attention.default"
-    window = OpRecord(0, sdpa, (t, kv, kv), (), refs, "m", "forward")
-    with pytest.raises(OptionError, match="sliding window"):
-        decode_geometry(window, 128)  # 65 keys at context 128: a window of its own
-    assert decode_geometry(window, 64) == LAYER  # 2 rows of 2 K/V heads: packed, 4 heads
+    # a step given as any iterable is read once
+    assert timer.time(w for w in decodes(2, 64)).tokens == 2

@@ -42,7 +42,7 @@ from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import TensorMeta
 from torchroof.report.compare import Comparison, Sweep
 from torchroof.report.estimate import Estimate, KernelEstimate, LayerRow
-from torchroof.serving import SequenceWork, StepTimer
+from torchroof.serving import SequenceWork, ServeResult, StepTimer, serve
 from torchroof.studies import compare, sweep
 
 __version__ = "0.1.0"
@@ -60,6 +60,7 @@ __all__ = [
     "PreparedModel",
     "PricingOptions",
     "SequenceWork",
+    "ServeResult",
     "StepTimer",
     "Sweep",
     "TensorMeta",
@@ -69,6 +70,7 @@ __all__ = [
     "compare",
     "estimate",
     "prepare",
+    "serve",
     "estimate_trace",
     "meta_copy",
     "op_budget",

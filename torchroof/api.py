@@ -210,6 +210,7 @@ def estimate(
     latency_shelf: bool | None = None,
     achievable: bool | None = None,
     launch: bool | None = None,
+    cuda_graphs: bool | None = None,
     softmax_pipes: bool | None = None,
     gemm_tile: str | None = None,
     **unknown: Any,  # a misspelt knob: an OptionError that lists every knob

@@ -50,7 +50,12 @@ from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans
 from torchroof.pricing.runtime import check_runtime_regime, with_knobs, workload_defaults
-from torchroof.pricing.symbolic_plan import NotPlanned, SymbolicPlan, plan_symbolic
+from torchroof.pricing.symbolic_plan import (
+    CountedKernels,
+    NotPlanned,
+    SymbolicPlan,
+    plan_symbolic,
+)
 from torchroof.progress import reporting
 from torchroof.records.symbolic_trace import SymbolicTrace
 from torchroof.report.compare import point_metrics
@@ -130,7 +135,7 @@ class PreparedModel:
         self._families: dict[tuple[Any, ...], list[SymbolicTrace] | str] = {}
         self._seen: set[tuple[Any, ...]] = set()
         self._plans: dict[tuple[Any, ...], list[SymbolicPlan] | str] = {}
-        self._symbolic = self._substituted = self._planned = 0
+        self._symbolic = self._substituted = self._planned_points = 0
         self._config: Any = None
         # what was traced or priced the long way: why -> the points it held for
         self._notes: dict[str, dict[str, None]] = {}
@@ -149,7 +154,7 @@ class PreparedModel:
             plans,
             self._symbolic,
             self._substituted,
-            self._planned,
+            self._planned_points,
         )
 
     def workload_for(self, **knobs: Any) -> Workload:
@@ -233,6 +238,23 @@ class PreparedModel:
     ) -> tuple[dict[str, Any], Estimate | None]:
         """(:meth:`metrics`, the estimate they were read from, or None where they were
         priced from kernels planned for every size and no estimate was made)."""
+        counted = self.counted(hardware, pricing=pricing, **knobs)
+        if isinstance(counted, CountedKernels):
+            return point_metrics(counted), None
+        return point_metrics(counted), counted
+
+    def counted(
+        self,
+        hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+        *,
+        pricing: PricingOptions | None = None,
+        **knobs: Any,
+    ) -> Estimate:
+        """The step :meth:`price` prices, as its distinct kernels each timed once with
+        how many times each runs (a :class:`~torchroof.pricing.symbolic_plan.CountedKernels`,
+        its ``kernels`` beside its ``counts``) where it is priced from kernels planned for
+        every size; else its whole estimate (every kernel once). Its ``time_s`` is the
+        step's either way."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)
         options = with_knobs(pricing, pricing_knobs)
@@ -240,12 +262,11 @@ class PreparedModel:
         check_runtime_regime(options, step[0].regime)  # before anything is traced
         check_quant_hardware(step[0].quant, spec)
         with reporting(self.progress):
-            planned = self._planned_metrics(step, spec, cluster, options)
+            planned = self._planned(step, spec, cluster, options)
         if planned is not None:
-            self._planned += 1
-            return planned, None
-        priced = self.price(hardware, pricing=options, **workload_knobs)
-        return point_metrics(priced), priced
+            self._planned_points += 1
+            return planned
+        return self.price(hardware, pricing=options, **workload_knobs)
 
     # -- symbolic traces and plans ---------------------------------------------------------
     def _model_config(self) -> Any:
@@ -317,14 +338,14 @@ class PreparedModel:
             self._substituted += 1
         return trace
 
-    def _planned_metrics(
+    def _planned(
         self,
         step: tuple[Workload, bool],
         spec: HardwareSpec,
         cluster: ClusterSpec | None,
         pricing: PricingOptions,
-    ) -> dict[str, Any] | None:
-        """The point's figures from kernels planned for every size; None where there is
+    ) -> CountedKernels | None:
+        """The point's kernels from kernels planned for every size; None where there is
         no symbolic trace or plan for it (then it is priced from its own trace)."""
         symbolic = self._family(step, eager=True)
         if symbolic is None:
@@ -337,7 +358,7 @@ class PreparedModel:
         if plan is None:
             return None
         try:
-            return plan.metrics(numbers, facts, spec, cluster, pricing)
+            return plan.repeated(numbers, facts, spec, cluster, pricing)
         except NotPlanned as why:
             self._note(_point(numbers), f"priced from its own trace ({why})")
             return None

@@ -14,6 +14,7 @@ from torchroof.cli import (
     hardware,
     labs,
     models,
+    serve,
     sweep,
     validate,
     zoo,
@@ -29,6 +30,7 @@ HANDLERS = {
     "models": models.run,
     "compare": compare.run,
     "sweep": sweep.run,
+    "serve": serve.run,
     "roofline": labs.run_roofline,
     "zoo": zoo.run,
     "calibrate": calibrate.run,
@@ -45,7 +47,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Roofline time budgets for PyTorch models, traced on the meta device.",
     )
     commands = parser.add_subparsers(dest="command", parser_class=Parser)
-    for command in (estimate, compare, sweep, calibrate, validate, zoo, labs, hardware, models):
+    for command in (
+        estimate,
+        compare,
+        sweep,
+        serve,
+        calibrate,
+        validate,
+        zoo,
+        labs,
+        hardware,
+        models,
+    ):
         command.add_parser(commands)
     return parser
 

@@ -193,6 +193,14 @@ class PricingOptions:
         off="realistic: kernels pay no launch overhead",
         group="timing",
     )
+    cuda_graphs: bool = knob(
+        True,
+        "the steps the runtime captures replay a CUDA graph (its graph launch per kernel, "
+        "NCCL's in-graph collectives)",
+        off="every step launches its kernels eagerly, whatever the runtime captures (vLLM's "
+        "--enforce-eager)",
+        group="timing",
+    )
     softmax_pipes: bool = knob(
         True,
         "realistic: fused attention's exponentials run on the SFU and its softmax bookkeeping "

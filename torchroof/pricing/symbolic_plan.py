@@ -108,6 +108,18 @@ class SymbolicPlan:
     ) -> dict[str, Any]:
         """:func:`~torchroof.report.compare.point_metrics` of the estimate at ``numbers``
         (which must hold; ``facts`` are that step's), each repeated kernel timed once."""
+        return point_metrics(self.repeated(numbers, facts, spec, cluster, pricing))
+
+    def repeated(
+        self,
+        numbers: Mapping[str, int],
+        facts: StepFacts,
+        spec: HardwareSpec,
+        cluster: ClusterSpec | None,
+        pricing: PricingOptions,
+    ) -> CountedKernels:
+        """The step at ``numbers`` (which must hold; ``facts`` are that step's) as its
+        distinct kernels, each timed once, with how many times each runs."""
         check_step(facts.workload, spec, cluster, pricing)
         if routing_kind(pricing.routing) != BALANCED:
             raise NotPlanned("MoE routing other than balanced is priced from the point's trace")
@@ -133,7 +145,7 @@ class SymbolicPlan:
             peak=self.lives.peak(numbers),
             backward_saved=0,  # serving steps only (torchroof.symbolic.AXES): no backward
         )
-        repeated = _Repeated(
+        return CountedKernels(
             hardware=spec.name,
             hardware_display=spec.display_name,
             hbm_bytes_per_s=spec.hbm_bytes_per_s.value,
@@ -153,7 +165,6 @@ class SymbolicPlan:
             totals=dict(traffic),
             host_overhead_s=runtime.host_overhead_s,
         )
-        return point_metrics(repeated)
 
     def maker(self, n: int) -> KernelMaker:
         """How the ``n``-th timed kernel is made at a point (made once, when first needed)."""
@@ -203,10 +214,11 @@ alone is timed once per batch): past it, they are timed again."""
 
 
 @dataclass
-class _Repeated(Estimate):
+class CountedKernels(Estimate):
     """A step's figures from its distinct kernels, each repeated ``counts`` times (a
     repeated layer's kernels are alike): its totals count every copy, its step time is
-    given (added in launch order). Only :func:`point_metrics` reads it."""
+    given (added in launch order). :func:`point_metrics` reads it, and what reads each
+    kind of kernel's time (``kernels`` with ``counts``); not a whole estimate."""
 
     counts: tuple[int, ...] = ()
     totals: dict[str, int] | None = None

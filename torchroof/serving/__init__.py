@@ -9,6 +9,22 @@ on the rows that sample a token.
 """
 
 from torchroof.serving.composition import SequenceWork, decodes, prompt
+from torchroof.serving.requests import Request
+from torchroof.serving.results import ServeResult
+from torchroof.serving.scheduler import EngineConfig
+from torchroof.serving.serve import serve
+from torchroof.serving.simulate import simulate
 from torchroof.serving.step_time import StepTime, StepTimer
 
-__all__ = ["SequenceWork", "StepTime", "StepTimer", "decodes", "prompt"]
+__all__ = [
+    "EngineConfig",
+    "Request",
+    "SequenceWork",
+    "ServeResult",
+    "StepTime",
+    "StepTimer",
+    "decodes",
+    "prompt",
+    "serve",
+    "simulate",
+]

@@ -16,12 +16,15 @@ class SequenceWork:
     prefill, k + 1 for a target model verifying k drafted tokens) against ``context``
     tokens already in its KV cache; ``samples`` says whether the step samples a token for
     it (a decode and a prompt's last chunk do, an earlier chunk does not), which decides
-    the rows the output projection computes (vLLM computes logits only where it samples).
+    the rows the output projection computes (vLLM computes logits only where it samples);
+    ``verifies`` marks a target model checking ``new_tokens - 1`` drafted tokens, whose
+    logits it computes at every new token.
     """
 
     new_tokens: int
     context: int = 0
     samples: bool = True
+    verifies: bool = False
 
     def __post_init__(self) -> None:
         for name in ("new_tokens", "context"):
@@ -34,6 +37,15 @@ class SequenceWork:
             )
         if self.context < 0:
             raise OptionError(f"context must be 0 or more cached tokens, got {self.context}")
+        if self.verifies and not self.samples:
+            raise OptionError("a speculative verification samples: verifies needs samples=True")
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows of logits the step computes for this sequence."""
+        if self.verifies:
+            return self.new_tokens
+        return 1 if self.samples else 0
 
     @property
     def length(self) -> int:

@@ -8,35 +8,40 @@ costs, on the roofline of the accelerator and runtime given:
   collectives, the runtime's launches and host overhead) as the prepared decode step runs
   them on N = Σ n_i rows: a decode of batch N processes N tokens through them exactly as
   an engine's flattened step does;
-- the output projection on the S rows that sample a token, as a decode of batch S runs it
-  (vLLM computes logits at the sampled positions only);
+- the output projection on the L rows whose logits the step computes, as a decode of
+  batch L runs it (one per sampling sequence: vLLM computes logits only where it samples;
+  k + 1 for a speculative verification of k drafted tokens);
 - attention per layer as ragged kernels over each sequence's own cache
   (:mod:`torchroof.serving.attention`).
 
-Each batch priced is a :meth:`~torchroof.prepared.PreparedModel.price` of the prepared
-step at that batch, kept for later steps of the same size. A step of B decodes at the
+A step with a prompt chunk in it launches its kernels eagerly (the runtimes replay a full
+CUDA graph for decode-only steps: vLLM's piecewise graphs for mixed steps have no figure
+in its profile). Each batch priced is a :meth:`~torchroof.prepared.PreparedModel.counted`
+of the prepared step at that batch, kept for later steps. A step of B decodes at the
 prepared context is that decode step, but for the dense mask transformers builds for a
-static cache (B·(context + 1) bytes per layer), which an engine's paged kernels do not read.
+static cache (one byte per key and layer), which an engine's paged kernels do not read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchroof.api import config_of
-from torchroof.config import PricingOptions
+from torchroof.config import PricingOptions, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import check_positions
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.runtime import timing_of, with_knobs
+from torchroof.progress import silenced
+from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
-from torchroof.report.estimate import Estimate, KernelEstimate
+from torchroof.report.memory import MemoryFootprint
 from torchroof.serving.attention import (
     AttentionGeometry,
     chunk_kernel,
@@ -44,6 +49,15 @@ from torchroof.serving.attention import (
     decode_kernel,
 )
 from torchroof.serving.composition import SequenceWork, check_step
+from torchroof.serving.parts import (
+    DEFAULT_EXACT_UP_TO,
+    DecodeParts,
+    grid_neighbours,
+    head_module,
+    refuse_windows,
+    split_parts,
+)
+from torchroof.serving.requests import Request
 from torchroof.timing.roofline import time_kernel
 from torchroof.timing.runtime import StepRuntime
 
@@ -57,24 +71,11 @@ class StepTime:
 
     time_s: float
     body_s: float  # every kernel but attention and the output projection, on N tokens
-    head_s: float  # the output projection on the sampled rows
+    head_s: float  # the output projection on the logit rows
     attention_s: float  # every layer's ragged attention kernels
     tokens: int  # N: new tokens processed
     sequences: int
-    sampled: int  # S: rows the output projection computes
-
-
-@dataclass(frozen=True)
-class _Probe:
-    """A decode step of batch N priced whole, split into the parts a mixed step reuses."""
-
-    time_s: float
-    attention_s: float
-    head_s: float
-
-    @property
-    def body_s(self) -> float:
-        return self.time_s - self.attention_s - self.head_s
+    logit_rows: int  # L: rows the output projection computes
 
 
 class StepTimer:
@@ -85,9 +86,13 @@ class StepTimer:
     >>> timer.time([prompt(512), *decodes(31, 1024)]).time_s               # doctest: +SKIP
 
     ``hardware`` and ``pricing`` (or its fields as keywords) are as
-    :meth:`~torchroof.prepared.PreparedModel.price` takes them. The prepared step must be a
-    decode with a static cache (an engine writes its cache in place) on one pipeline stage
-    and without context parallel.
+    :meth:`~torchroof.prepared.PreparedModel.price` takes them. Token counts up to
+    ``exact_up_to`` are each priced at their own batch, larger ones interpolated between
+    grid batches (:data:`~torchroof.serving.parts.GRID_RATIO`); None prices every count at
+    its own batch. The prepared step must be a decode with a static cache (an engine writes
+    its cache in place) on one pipeline stage and without context parallel. The prepared
+    step is traced and priced once here, so that a model or plan it cannot price is
+    refused before any step.
     """
 
     def __init__(
@@ -96,78 +101,76 @@ class StepTimer:
         hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
         *,
         pricing: PricingOptions | None = None,
+        exact_up_to: int | None = DEFAULT_EXACT_UP_TO,
         **pricing_knobs: Any,
     ) -> None:
+        if exact_up_to is not None and (
+            isinstance(exact_up_to, bool) or not isinstance(exact_up_to, int) or exact_up_to < 1
+        ):
+            raise OptionError(
+                f"exact_up_to must be a whole number >= 1 or None, got {exact_up_to!r}"
+            )
+        workload_knobs, pricing_only = split_knobs(pricing_knobs)
+        if workload_knobs:
+            raise OptionError(
+                f"{', '.join(sorted(workload_knobs))} choose the prepared step: give them to "
+                "torchroof.prepare(), not to a step timer"
+            )
+        self.exact_up_to = exact_up_to
         base = prepared.workload_for()
-        if base.regime != "decode":
-            raise OptionError(
-                f"a step timer prices from a decode step: prepare the model with regime "
-                f"'decode', not '{base.regime}'"
-            )
-        if base.cache != "static":
-            raise OptionError(
-                f"a step timer needs cache='static' (an engine writes its KV cache in place), "
-                f"not '{base.cache}'"
-            )
-        if base.pp > 1 or base.cp > 1:
-            raise OptionError(
-                "a step timer prices one pipeline stage without context parallel "
-                f"(pp={base.pp}, cp={base.cp} given)"
-            )
+        _check_base(base)
         self._spec, _ = resolve_hardware(hardware)  # a bad name fails before any tracing
         self.prepared = prepared
         self.hardware = hardware
-        self.pricing = with_knobs(pricing, pricing_knobs)
-        self.context: int | None = None  # the prepared decode's, once it is traced
+        self.pricing = with_knobs(pricing, pricing_only)
+        self._eager = replace(self.pricing, cuda_graphs=False)
         self._config = config_of(prepared.model)
+        refuse_windows(self._config)
         self._name = str(prepared.model) if isinstance(prepared.model, (str, Path)) else None
         self._allow_beyond = base.allow_beyond_max_positions
         self._checked_length = 0  # the longest sequence checked against the positions
-        self._probes: dict[int, _Probe] = {}
-        self._layers: dict[AttentionGeometry, int] | None = None
-        self._runtimes: dict[int, StepRuntime] = {}
+        self._probes: dict[tuple[int, bool], DecodeParts] = {}
+        self._runtimes: dict[tuple[int, bool], StepRuntime] = {}
+        self.context, self._head, self._layers = self._read_trace()
+        self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
     def time(self, step: Sequence[SequenceWork]) -> StepTime:
         """The time of one engine step processing ``step``'s sequences."""
+        if isinstance(step, SequenceWork):
+            raise OptionError("a step is a list of SequenceWork: wrap the one sequence in [ ]")
+        step = tuple(step)
         check_step(step)
         longest = max(work.length for work in step)
         if longest > self._checked_length and self._config is not None:
             check_positions(self._config, longest, self._allow_beyond, name=self._name)
             self._checked_length = longest
         tokens = sum(work.new_tokens for work in step)
-        sampled = sum(1 for work in step if work.samples)
-        body = self._probe(tokens).body_s
-        head = self._probe(sampled).head_s if sampled else 0.0
-        attention = self.attention_s(step, tokens)
-        return StepTime(
-            time_s=body + head + attention,
-            body_s=body,
-            head_s=head,
-            attention_s=attention,
-            tokens=tokens,
-            sequences=len(step),
-            sampled=sampled,
-        )
+        rows = sum(work.logit_rows for work in step)
+        eager = any(work.new_tokens > 1 for work in step)
+        body = self._between(tokens, "body_s", eager)
+        head = self._between(rows, "head_s", eager) if rows else 0.0
+        attention = self.attention_s(step, tokens, eager)
+        return StepTime(body + head + attention, body, head, attention, tokens, len(step), rows)
 
-    def attention_s(self, step: Sequence[SequenceWork], tokens: int) -> float:
+    def attention_s(self, step: Sequence[SequenceWork], tokens: int, eager: bool = False) -> float:
         """Every layer's attention for ``step``: a ragged kernel over its decodes and one
-        over its prefill chunks (or speculative verifications), under the runtime the
-        prepared decode of batch ``tokens`` runs."""
-        layers = self.layers()
-        spec = self._spec
-        runtime = self._runtimes.get(tokens)
+        over its prefill chunks (or speculative verifications), under the runtime a decode
+        of batch ``tokens`` runs (launched eagerly where ``eager``)."""
+        runtime = self._runtimes.get((tokens, eager))
         if runtime is None:
             workload = self.prepared.workload_for(batch=tokens)
-            runtime = self._runtimes[tokens] = timing_of(self.pricing, workload)
+            pricing = self._eager if eager else self.pricing
+            runtime = self._runtimes[(tokens, eager)] = timing_of(pricing, workload)
+        pricing = self._eager if eager else self.pricing
         decodes = [work for work in step if work.new_tokens == 1]
         chunks = [work for work in step if work.new_tokens > 1]
         total = 0.0
-        for layer, count in layers.items():  # layers alike are timed once
+        for layer, count in self._layers.items():  # layers alike are timed once
             kernels = ([decode_kernel(layer, decodes)] if decodes else []) + (
                 [chunk_kernel(layer, chunks)] if chunks else []
             )
             total += count * sum(
-                time_kernel(cost, spec, self.pricing, shape, shape.itemsize, runtime).time_s
+                time_kernel(cost, self._spec, pricing, shape, shape.itemsize, runtime).time_s
                 for cost, shape in kernels
             )
         return total
@@ -175,47 +178,107 @@ class StepTimer:
     def layers(self) -> dict[AttentionGeometry, int]:
         """Each kind of attention layer's geometry, read off the prepared decode step's
         trace, with how many layers are of that kind."""
-        if self._layers is None:
-            trace = self.prepared.trace()
-            if not isinstance(trace, Trace):
-                raise OptionError("a step timer prices one pipeline stage")
-            ops = [op for op in trace.ops if kind_of(op.packet) == "attention"]
-            if not ops:
-                raise OptionError(
-                    "the prepared decode step runs no fused attention kernel (transformers "
-                    "runs this model's attention as separate matmuls and a softmax): not "
-                    "priced per sequence yet"
-                )
-            workload = trace.facts.workload
-            context = workload.context if workload is not None else None
-            if context is None:
-                raise OptionError("the prepared decode step states no context")
-            self.context = context
-            self._layers = dict(Counter(decode_geometry(op, context) for op in ops))
-        return self._layers
+        return dict(self._layers)
 
-    def _probe(self, batch: int) -> _Probe:
-        probe = self._probes.get(batch)
-        if probe is None:
-            estimate = self.prepared.price(self.hardware, pricing=self.pricing, batch=batch)
-            probe = self._probes[batch] = _split(estimate)
-        return probe
+    def memory(self, tokens: int) -> MemoryFootprint:
+        """The memory footprint of the prepared decode at batch ``tokens``: its weights and
+        the activations of a step of that many tokens, per GPU."""
+        memory = self._probe(tokens, eager=True).memory
+        if memory is None:
+            raise OptionError("the prepared decode step has no memory footprint")
+        return memory
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes one token adds to the cache on one GPU, over every layer."""
+        return sum(
+            count
+            * layer.kv_heads
+            * (layer.head_dim + layer.value_dim)
+            * dtype_itemsize(layer.kv_dtype)
+            for layer, count in self._layers.items()
+        )
+
+    def check_lengths(self, requests: Sequence[Request]) -> None:
+        """Refuse a request longer (prompt and output) than the model's positions."""
+        longest = max(requests, key=lambda r: r.input_len + r.output_len)
+        if self._config is not None:
+            length = longest.input_len + longest.output_len
+            check_positions(self._config, length, self._allow_beyond, name=self._name)
+
+    def describe(self) -> dict[str, Any]:
+        """What a result records of the deployment: the model, the accelerator or
+        cluster, the prepared step's parallel plan and the pricing."""
+        base = self.prepared.workload_for()
+        hardware = self.hardware if isinstance(self.hardware, (str, Path)) else self.hardware.name
+        return {
+            "model": self._name or type(self.prepared.model).__name__,
+            "hardware": str(hardware),
+            "tp": base.tp,
+            "ep": base.ep,
+            "dtype": base.dtype,
+            "kv_dtype": base.kv_dtype,
+            "quant": base.quant,
+            "mode": self.pricing.mode,
+            "runtime": self.pricing.runtime,
+        }
+
+    def _between(self, count: int, part: str, eager: bool) -> float:
+        """``part`` of the decode at batch ``count``: priced at that batch up to
+        ``exact_up_to``, above it interpolated linearly between the two grid batches
+        around it."""
+        if self.exact_up_to is None or count <= self.exact_up_to:
+            return float(getattr(self._probe(count, eager), part))
+        low, high = grid_neighbours(count, self.exact_up_to)
+        below = float(getattr(self._probe(low, eager), part))
+        if high == low:
+            return below
+        above = float(getattr(self._probe(high, eager), part))
+        return below + (above - below) * (count - low) / (high - low)
+
+    def _probe(self, batch: int, eager: bool) -> DecodeParts:
+        parts = self._probes.get((batch, eager))
+        if parts is None:
+            pricing = self._eager if eager else self.pricing
+            with silenced():  # a step inside a simulation: its stage reports the whole
+                counted = self.prepared.counted(self.hardware, pricing=pricing, batch=batch)
+            parts = self._probes[(batch, eager)] = split_parts(counted, self._head)
+        return parts
+
+    def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int]]:
+        """(the prepared context, the output projection's module, each kind of attention
+        layer with its count), read off the prepared decode step's trace."""
+        trace = self.prepared.trace()
+        if not isinstance(trace, Trace):
+            raise OptionError("a step timer prices one pipeline stage")
+        workload = trace.facts.workload
+        context = workload.context if workload is not None else None
+        if context is None:
+            raise OptionError("the prepared decode step states no context")
+        ops = [op for op in trace.ops if kind_of(op.packet) == "attention"]
+        if not ops:
+            raise OptionError(
+                "the prepared decode step runs no fused attention kernel (transformers "
+                "runs this model's attention as separate matmuls and a softmax): not "
+                "priced per sequence yet"
+            )
+        layers = dict(Counter(decode_geometry(op, context) for op in ops))
+        return context, head_module(trace), layers
 
 
-def _split(estimate: Estimate) -> _Probe:
-    """A decode step's time, its attention kernels' and its output projection's: the run
-    of kernels that ends the step in one module outside the decoder layers."""
-    kernels = estimate.kernels
-    attention = sum(k.time_s for k in kernels if _is_attention(k))
-    head_module = kernels[-1].module if kernels else ""
-    head = 0.0
-    if head_module and not any(part.isdigit() for part in head_module.split(".")):
-        for kernel in reversed(kernels):
-            if kernel.module != head_module:
-                break
-            head += kernel.time_s
-    return _Probe(estimate.time_s, attention, head)
-
-
-def _is_attention(kernel: KernelEstimate) -> bool:
-    return any(kind_of(name.rsplit(".", 1)[0]) == "attention" for name in kernel.ops)
+def _check_base(base: Any) -> None:
+    """Refuse a prepared step a step timer cannot price from."""
+    if base.regime != "decode":
+        raise OptionError(
+            f"a step timer prices from a decode step: prepare the model with regime "
+            f"'decode', not '{base.regime}'"
+        )
+    if base.cache != "static":
+        raise OptionError(
+            f"a step timer needs cache='static' (an engine writes its KV cache in place), "
+            f"not '{base.cache}'"
+        )
+    if base.pp > 1 or base.cp > 1:
+        raise OptionError(
+            "a step timer prices one pipeline stage without context parallel "
+            f"(pp={base.pp}, cp={base.cp} given)"
+        )

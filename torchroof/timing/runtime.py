@@ -48,11 +48,16 @@ class StepRuntime:
 
 
 def step_runtime(
-    profile: RuntimeProfile | None, regime: str, batch: int, realistic: bool = False
+    profile: RuntimeProfile | None,
+    regime: str,
+    batch: int,
+    realistic: bool = False,
+    graphs_on: bool = True,
 ) -> StepRuntime:
     """What ``profile`` sets for a step of ``regime`` with ``batch`` sequences per rank,
-    timed in ``realistic`` mode or not (no profile: nothing, every figure the accelerator
-    file's)."""
+    timed in ``realistic`` mode or not, with the runtime's CUDA graphs or every step
+    launched eagerly (``graphs_on`` False); no profile: nothing, every figure the
+    accelerator file's."""
     if profile is None:
         return StepRuntime()
     custom = None
@@ -63,8 +68,8 @@ def step_runtime(
         ranks = int(profile.figure("custom_all_reduce_max_ranks") or 8)
         custom = CustomAllReduce(limit, one_shot, latency, ranks)
     return StepRuntime(
-        launch_s=profile.launch_s(regime, batch),
-        graph_replayed=profile.graph_replayed(regime, batch),
+        launch_s=profile.launch_s(regime, batch, graphs_on),
+        graph_replayed=profile.graph_replayed(regime, batch, graphs_on),
         softmax_overlapped=profile.softmax_overlapped(),
         gemm_efficiency=profile.figure("gemm_efficiency") or 1.0,
         host_overhead_s=(profile.figure("host_overhead_s") or 0.0) if realistic else 0.0,

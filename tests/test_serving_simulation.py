@@ -1,0 +1,261 @@
+"""The serving simulation (torchroof.serving.simulate, torchroof.serve, ``torchroof serve``):
+its scheduler by hand, its latencies against the step function they come from, and the
+properties a serving engine has (saturation throughput, chunked prefill's trade, preemption
+exactly when the KV blocks run out, determinism), on tests/conftest.py's small Llama (2
+layers, d = 128, 4 heads of 32, 2 K/V heads: 2 x 2 x 2 x 32 x 2 B = 512 B of K and V per
+token) priced on the H100 SXM's pure roofline."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import small_llama
+
+import torchroof
+from torchroof.cli.main import main
+from torchroof.config.errors import OptionError
+from torchroof.serving import SequenceWork, StepTimer, prompt
+from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
+from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
+from torchroof.serving.simulate import kv_capacity, simulate
+
+
+@pytest.fixture(scope="module")
+def timer():
+    prepared = torchroof.prepare(small_llama(2), "decode", context=16)
+    return StepTimer(prepared, "h100-sxm")
+
+
+def test_a_prompt_runs_in_chunks_of_the_budget_then_decodes():
+    scheduler = Scheduler(EngineConfig(max_num_batched_tokens=256), kv_blocks=1000)
+    state = Running(Request(0, 1000, 3, 0.0), arrival_s=0.0)
+    scheduler.submit(state)
+    chunks = []
+    now = 0.0
+    while scheduler.busy:
+        step = scheduler.schedule(now)
+        chunks.append([(w.new_tokens, w.context, w.samples) for w in step.work])
+        now += 1.0
+        scheduler.complete(step, now)
+    # 1000 prompt tokens in 256-token chunks, the last (232) samples the first token; then
+    # two decodes feed back tokens 1 and 2 over 1000 and 1001 cached tokens
+    assert chunks == [
+        [(256, 0, False)],
+        [(256, 256, False)],
+        [(256, 512, False)],
+        [(232, 768, True)],
+        [(1, 1000, True)],
+        [(1, 1001, True)],
+    ]
+    assert state.first_token_s == 4.0 and state.finish_s == 6.0 and state.gaps == [1.0, 1.0]
+    # its blocks are freed when it finishes: ceil(1002 / 16) = 63 held at the end
+    assert scheduler.free_blocks == 1000 and state.blocks == 0
+
+
+def test_preemption_starts_exactly_where_the_blocks_run_out():
+    # four requests of 32 prompt + 33 output tokens hold ceil((32 + 33 - 1) / 16) = 4
+    # blocks each at their end: 16 blocks serve all four at once, 15 do not
+    def run(blocks):
+        scheduler = Scheduler(EngineConfig(), kv_blocks=blocks)
+        states = [Running(Request(i, 32, 33, 0.0), arrival_s=0.0) for i in range(4)]
+        for state in states:
+            scheduler.submit(state)
+        steps, now, peak = 0, 0.0, 0
+        while scheduler.busy:
+            step = scheduler.schedule(now)
+            peak = max(peak, step.blocks_used)
+            now += 1.0
+            scheduler.complete(step, now)
+            steps += 1
+        return scheduler.preemptions, steps, peak, states
+
+    preemptions, steps, peak, _ = run(16)
+    assert (preemptions, steps, peak) == (0, 33, 16)  # 1 prefill step + 32 decode steps
+    preemptions, steps, peak, states = run(15)
+    assert preemptions >= 1 and peak <= 15
+    # the newest request was the one preempted, and it finished all the same
+    assert states[3].preemptions >= 1 and all(s.done for s in states)
+    assert steps > 33
+
+
+def test_one_request_alone_takes_its_prefill_then_its_decodes(timer):
+    request = Request(0, 48, 5, arrival_s=0.0)
+    result = simulate(timer, [request])
+    record = result.requests[0]
+    # TTFT: the prompt's step; each later token: a decode over 48, 49, 50 and 51 cached
+    prefill = timer.time([prompt(48)]).time_s
+    decodes = [timer.time([SequenceWork(1, 48 + i)]).time_s for i in range(4)]
+    assert record.ttft_s == pytest.approx(prefill, rel=1e-12)
+    assert record.finish_s - record.first_token_s == pytest.approx(sum(decodes), rel=1e-12)
+    assert record.tpot_s == pytest.approx(sum(decodes) / 4, rel=1e-12)
+    assert np.allclose(result.itl_s, decodes, rtol=1e-12)
+    assert record.queue_s == 0.0 and len(result.steps.start_s) == 5
+
+
+def test_at_saturation_throughput_is_the_full_batch_per_step(timer):
+    # 8 clients each sending 64-token prompts for 512 tokens, 8 sequences at most: the
+    # engine decodes 8 at a time almost always, over contexts from 64 to 575
+    engine = EngineConfig(max_num_seqs=8)
+    requests = [Request(i, 64, 512) for i in range(32)]
+    result = simulate(timer, requests, engine=engine, concurrency=8)
+    summary = result.summary()
+    middle = timer.time([SequenceWork(1, 64 + 255)] * 8).time_s  # the mean context
+    assert summary["output_tokens_per_s"] == pytest.approx(8 / middle, rel=0.03)
+
+
+def test_chunked_prefill_trades_time_to_first_token_for_smooth_tokens(timer):
+    # on this model a 2048-token prompt's step takes 16 us, a 512-token chunk beside 8
+    # decodes 5 us, 8 decodes alone 1.6 us; at 30,000 requests/s a few requests overlap
+    requests = make_requests(
+        200, Lengths.parse(2048, "in"), Lengths.parse(64, "out"), Arrivals("poisson", 3e4), 3
+    )
+    whole = EngineConfig(max_num_batched_tokens=4096, chunked_prefill=False)
+    whole = simulate(timer, requests, engine=whole).summary()
+    chunked = simulate(timer, requests, engine=EngineConfig(max_num_batched_tokens=512))
+    chunked = chunked.summary()
+    # a whole prompt stalls every decode for its step: the tail gap between tokens is
+    # that step; in 512-token chunks each stall is a quarter of it (Sarathi-Serve's
+    # point), while the prompt's own first token waits for four steps instead of one
+    assert chunked["itl_s"]["p99"] < 0.5 * whole["itl_s"]["p99"]
+    assert chunked["ttft_s"]["p50"] > 2 * whole["ttft_s"]["p50"]
+
+
+def test_the_same_inputs_give_the_same_bytes(timer):
+    requests = make_requests(
+        40,
+        Lengths.parse("uniform:8,200", "in"),
+        Lengths.parse("zipf:1.2,100", "out"),
+        Arrivals("gamma", 30.0, cv=2.0),
+        7,
+    )
+    a = json.dumps(simulate(timer, requests, replicas=2, router="least-loaded").to_dict(0.1, 0.01))
+    b = json.dumps(simulate(timer, requests, replicas=2, router="least-loaded").to_dict(0.1, 0.01))
+    assert a == b
+
+
+def test_replicas_share_the_load(timer):
+    # one request alone takes about 5 us here: arriving 1 us apart, they overlap
+    requests = [Request(i, 32, 16, arrival_s=1e-6 * i) for i in range(6)]
+    result = simulate(timer, requests, replicas=2)
+    assert [r.replica for r in result.requests] == [0, 1, 0, 1, 0, 1]  # round-robin
+    alone = simulate(timer, requests)
+    assert result.summary()["e2e_s"]["mean"] < alone.summary()["e2e_s"]["mean"]
+
+
+def test_kv_blocks_are_what_memory_leaves(timer):
+    engine = EngineConfig()
+    kv = kv_capacity(timer, engine)
+    assert kv.bytes_per_token == 512  # 2 layers x 2 K/V heads x (32 + 32) dims x 2 B
+    memory = timer.memory(8192)
+    usable = int(80 * 2**30 * 0.9)  # the H100 SXM's 80 GiB at vLLM's 0.9
+    left = usable - memory.weights_bytes - memory.activations_peak_bytes
+    assert kv.blocks == left // (512 * 16)
+    assert kv_capacity(timer, EngineConfig(num_gpu_blocks_override=7)).blocks == 7
+
+
+def test_lengths_and_arrivals_are_drawn_as_written():
+    rng = np.random.default_rng(0)
+    assert set(Lengths.parse("uniform:3,5", "x").draw(rng, 500)) == {3, 4, 5}
+    zipf = Lengths.parse("zipf:2,10", "x").draw(rng, 20000)
+    assert zipf.min() >= 1 and zipf.max() <= 10
+    # P(1) = 1 / sum(k^-2, k = 1..10) = 1 / 1.5498 = 0.645
+    assert (zipf == 1).mean() == pytest.approx(0.645, abs=0.015)
+    assert list(Lengths.parse(7, "x").draw(rng, 3)) == [7, 7, 7]
+    gaps = np.diff([0.0, *Arrivals("poisson", 20.0).times(rng, 20000)])
+    assert gaps.mean() == pytest.approx(1 / 20, rel=0.03)  # exponential gaps, mean 1/rate
+    bursty = np.diff([0.0, *Arrivals("gamma", 20.0, cv=2.0).times(rng, 20000)])
+    assert bursty.mean() == pytest.approx(1 / 20, rel=0.05)
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)
+
+
+def test_request_files(tmp_path):
+    jsonl = tmp_path / "trace.jsonl"
+    jsonl.write_text(
+        '{"input_len": 10, "output_len": 4, "arrival_s": 0.5}\n\n'
+        '{"input_len": 20, "output_len": 2, "arrival_s": 0.1}\n'
+    )
+    assert [(r.input_len, r.output_len, r.arrival_s) for r in read_requests(jsonl)] == [
+        (10, 4, 0.5),
+        (20, 2, 0.1),
+    ]
+    table = tmp_path / "trace.csv"
+    table.write_text("input_len,output_len\n10,4\n12,x\n")
+    with pytest.raises(OptionError, match="line 3: output_len 'x' is not a number"):
+        read_requests(table)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_len": 10, "output_len": 4}\n{"input_len": 0, "output_len": 4}\n')
+    with pytest.raises(OptionError, match="line 2: input_len must be a whole number >= 1"):
+        read_requests(bad)
+
+
+def test_serve_end_to_end_and_on_the_command_line(tmp_path, capsys):
+    result = torchroof.serve(
+        small_llama(2), rate=50.0, requests=30, input_len="uniform:16,64", output_len=8
+    )
+    summary = result.summary(ttft_slo_s=1.0)
+    assert summary["requests"] == summary["requests_meeting_slo"] == 30
+    assert result.engine["kv_bytes_per_token"] == 512
+    out = tmp_path / "run.json"
+    code = main(
+        [
+            "serve",
+            "gpt2",
+            "--rate",
+            "20",
+            "--requests",
+            "20",
+            "--input-len",
+            "32",
+            "--output-len",
+            "4",
+            "--ttft-ms",
+            "500",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "time to first token" in text and "goodput:" in text
+    assert len(json.loads(out.read_text())["requests"]) == 20
+
+
+def test_bad_serving_input_is_answered_in_one_line(timer, tmp_path, capsys):
+    one = [Request(0, 16, 4, 0.0)]
+    cases = [
+        (lambda: Arrivals("poisson", 0.0), "rate must be above 0"),
+        (lambda: Arrivals("poisson", -1.0), "rate must be above 0"),
+        (lambda: Lengths.parse("pareto:1,2", "input_len"), "unknown distribution 'pareto'"),
+        (lambda: Lengths.parse("uniform:9,3", "input_len"), "LO <= HI"),
+        (lambda: Lengths.parse("0", "input_len"), "whole number of tokens >= 1"),
+        (lambda: simulate(timer, one, replicas=0), "replicas must be"),
+        (lambda: simulate(timer, one, router="random"), "unknown router"),
+        (lambda: simulate(timer, [Request(0, 4000, 200, 0.0)]), "positions"),
+        (
+            lambda: simulate(timer, one, engine=EngineConfig(num_gpu_blocks_override=1)),
+            "the KV cache holds 1 blocks",
+        ),
+        (
+            lambda: simulate(
+                timer,
+                [Request(0, 600, 4, 0.0)],
+                engine=EngineConfig(max_num_batched_tokens=512, chunked_prefill=False),
+            ),
+            "without chunked prefill",
+        ),
+        (lambda: torchroof.serve(small_llama(2), requests=3), "give a request rate"),
+        (
+            lambda: torchroof.serve(small_llama(2), rate=1.0, concurrency=2, requests=3),
+            "not both",
+        ),
+        (lambda: torchroof.serve(small_llama(2), rate=1.0, batch=4), "batch is not taken"),
+        (lambda: EngineConfig(max_num_seqs=0), "max_num_seqs must be"),
+        (lambda: EngineConfig(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    ]
+    for call, message in cases:
+        with pytest.raises((OptionError, ValueError)) as caught:
+            call()
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert main(["serve", "gpt2", "--rate", "0"]) == 2
+    assert "must be above 0" in capsys.readouterr().err

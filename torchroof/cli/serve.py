@@ -1,0 +1,138 @@
+"""``torchroof serve``: a model served to a stream of requests, simulated request by
+request (continuous batching over paged KV blocks), with its latencies and throughput."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from torchroof.cli.common import (
+    Subparsers,
+    add_quiet,
+    base_settings,
+    positive_int,
+    workload_args,
+    writable,
+    wrote,
+)
+from torchroof.render.serving import serving_lines
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def add_parser(commands: Subparsers) -> None:
+    """The ``serve`` command and its flags."""
+    srv = commands.add_parser(
+        "serve",
+        help="simulate serving a stream of requests: TTFT, TPOT, throughput, goodput",
+        usage="%(prog)s [model] (--rate R | --concurrency C) [--requests N | --trace FILE] "
+        "[options]",
+    )
+    workload_args(srv)
+    load = srv.add_argument_group("requests")
+    load.add_argument("--rate", type=_positive_float, help="requests per second (Poisson)")
+    load.add_argument(
+        "--concurrency", type=positive_int, help="closed-loop clients, each one request at a time"
+    )
+    load.add_argument("--requests", type=positive_int, default=1000, help="requests to draw (1000)")
+    load.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="requests from a JSONL or CSV file (input_len, output_len, optional arrival_s)",
+    )
+    load.add_argument(
+        "--input-len",
+        default="1024",
+        help="prompt tokens: N, uniform:LO,HI, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or "
+        "zipf:A,MAX (1024)",
+    )
+    load.add_argument("--output-len", default="128", help="output tokens, as --input-len (128)")
+    load.add_argument(
+        "--burstiness",
+        type=_positive_float,
+        default=1.0,
+        help="gamma shape of the gaps between arrivals: 1 is Poisson, below 1 burstier (1)",
+    )
+    load.add_argument(
+        "--random-state",
+        type=int,
+        default=0,
+        help="the random state the requests are drawn from (0)",
+    )
+    eng = srv.add_argument_group("engine")
+    eng.add_argument("--replicas", type=positive_int, default=1, help="engines behind a router")
+    eng.add_argument("--router", default="round-robin", help="round-robin or least-loaded")
+    eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
+    eng.add_argument("--max-num-seqs", type=positive_int, default=256, help="running requests")
+    eng.add_argument(
+        "--max-num-batched-tokens", type=positive_int, default=8192, help="tokens per step"
+    )
+    eng.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        help="run prompts whole, in steps of their own",
+    )
+    eng.add_argument(
+        "--gpu-memory-utilization",
+        type=_positive_float,
+        default=0.9,
+        help="share of GPU memory the engine takes (0.9)",
+    )
+    slo = srv.add_argument_group("service-level objectives")
+    slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
+    slo.add_argument("--tpot-ms", type=_positive_float, help="time-per-output-token target")
+    out = srv.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
+    out.add_argument("--csv", metavar="PATH", help="one row per request")
+    add_quiet(srv)
+
+
+def run(args: argparse.Namespace) -> None:
+    from torchroof.serving.scheduler import EngineConfig
+    from torchroof.serving.serve import serve
+
+    writable(args.json, args.csv)
+    settings = base_settings(args)
+    hardware = settings.pop("hardware")
+    engine = EngineConfig(
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunked_prefill=not args.no_chunked_prefill,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    result = serve(
+        args.model,
+        hardware,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        requests=args.trace if args.trace else args.requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        burstiness=args.burstiness,
+        random_state=args.random_state,
+        engine=engine,
+        replicas=args.replicas,
+        router=args.router,
+        **settings,
+    )
+    ttft = args.ttft_ms / 1e3 if args.ttft_ms else None
+    tpot = args.tpot_ms / 1e3 if args.tpot_ms else None
+    print("\n".join(serving_lines(result.summary(ttft, tpot), result.engine)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(ttft, tpot), indent=1) + "\n")
+        wrote("the run", args.json)
+    if args.csv:
+        rows = result.to_dict(ttft, tpot)["requests"]
+        with Path(args.csv).open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        wrote("one row per request", args.csv)

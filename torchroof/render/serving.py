@@ -1,0 +1,69 @@
+"""A simulated serving run as text: its latencies, throughput, goodput and engine, read
+from the summary and engine dictionaries :class:`torchroof.serving.ServeResult` gives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tabulate import tabulate
+
+LATENCY_ROWS = (
+    ("ttft_s", "time to first token"),
+    ("tpot_s", "time per output token"),
+    ("itl_s", "inter-token latency"),
+    ("e2e_s", "end-to-end latency"),
+    ("queue_s", "queueing delay"),
+)
+
+
+def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list[str]:
+    """The run's latency table (ms: mean, P50, P90, P99) and its throughput, goodput and
+    engine lines."""
+    rows = []
+    for key, label in LATENCY_ROWS:
+        stats = summary[key]
+        rows.append([label, *(_ms(stats[k]) for k in ("mean", "p50", "p90", "p99"))])
+    table = tabulate(rows, headers=["latency (ms)", "mean", "P50", "P90", "P99"])
+    lines = [
+        f"torchroof serve: {engine['model']} on {engine['hardware']}, {_plan(engine)}, "
+        f"{summary['requests']:,} requests over {summary['duration_s']:.1f} s",
+        table,
+        "",
+        f"throughput: {summary['request_throughput_per_s']:.2f} requests/s, "
+        f"{summary['output_tokens_per_s']:,.0f} output tokens/s, "
+        f"{summary['total_tokens_per_s']:,.0f} tokens/s with the prompts",
+    ]
+    slo = summary["slo"]
+    if slo["ttft_s"] is not None or slo["tpot_s"] is not None:
+        limits = [
+            f"{name} <= {value * 1e3:g} ms"
+            for name, value in (("TTFT", slo["ttft_s"]), ("TPOT", slo["tpot_s"]))
+            if value is not None
+        ]
+        lines.append(
+            f"goodput: {summary['goodput_per_s']:.2f} requests/s meet {' and '.join(limits)} "
+            f"({summary['requests_meeting_slo']:,} of {summary['requests']:,})"
+        )
+    lines.append(
+        f"engine: {summary['steps']:,} steps; KV cache {engine['kv_blocks']:,} blocks of "
+        f"{engine['block_size']} tokens per replica (at most {summary['kv_blocks_peak_share']:.1%} "
+        f"in use); {summary['preemptions']:,} preemptions"
+    )
+    return lines
+
+
+def _plan(engine: Mapping[str, Any]) -> str:
+    replicas = engine["replicas"]
+    parts = [f"{replicas} replica{'s' if replicas != 1 else ''}"]
+    parts += [f"{k} {engine[k]}" for k in ("tp", "ep") if engine.get(k, 1) != 1]
+    load = (
+        f"{engine['concurrency']} concurrent clients"
+        if engine.get("concurrency")
+        else "open arrivals"
+    )
+    return f"{' x '.join(parts)}, {load}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"

@@ -1,0 +1,120 @@
+"""A priced decode step split into what a mixed engine step reuses of it: its attention,
+its output projection, and the rest; and the grid of batches the rest is priced at.
+
+The output projection is found in the step's trace: the last GEMM outside the decoder
+layers (``lm_head``), with every op after it (a logit scale or soft cap at the model's
+root). A step's time is piecewise linear in its token count between the kinks where a
+kernel turns from memory- to compute-bound, so between two grid batches
+:data:`GRID_RATIO` apart linear interpolation errs by a small share of the gap, and only
+where a kink falls between them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torchroof.config.errors import OptionError
+from torchroof.counters import kind_of
+from torchroof.models.sources import position_limit
+from torchroof.pricing.symbolic_plan import CountedKernels
+from torchroof.records.trace import Trace
+from torchroof.report.estimate import Estimate, KernelEstimate
+from torchroof.report.memory import MemoryFootprint
+from torchroof.timing.kernel_shape import GEMM_PACKETS
+
+DEFAULT_EXACT_UP_TO = 64
+"""Token (and logit-row) counts priced each at its own batch; above it, between grid
+batches (a serving step's count takes hundreds of values, each a pricing)."""
+
+GRID_RATIO = 1 + 1 / 16
+"""Each grid batch above the exact ones is this many times the last (rounded up)."""
+
+
+@dataclass(frozen=True)
+class DecodeParts:
+    """A decode step of batch N priced whole, and the time of its attention kernels and of
+    its output projection in it."""
+
+    time_s: float
+    attention_s: float
+    head_s: float
+    memory: MemoryFootprint | None
+
+    @property
+    def body_s(self) -> float:
+        """Every kernel but attention and the output projection (host overhead included)."""
+        return self.time_s - self.attention_s - self.head_s
+
+
+def split_parts(step: Estimate, head: str) -> DecodeParts:
+    """``step``'s time, its attention kernels' and its output projection's (the kernels
+    from the first of ``head``'s module to the end), each kernel counted as often as it
+    runs."""
+    counts = step.counts if isinstance(step, CountedKernels) else (1,) * len(step.kernels)
+    attention = head_s = 0.0
+    in_head = False
+    for kernel, count in zip(step.kernels, counts, strict=True):
+        in_head = in_head or kernel.module == head
+        if is_attention(kernel):
+            attention += count * kernel.time_s
+        elif in_head:
+            head_s += count * kernel.time_s
+    if not in_head:
+        raise OptionError(f"the priced step has no kernel of its output projection {head}")
+    return DecodeParts(step.time_s, attention, head_s, step.memory)
+
+
+def is_attention(kernel: KernelEstimate) -> bool:
+    return any(kind_of(name.rsplit(".", 1)[0]) == "attention" for name in kernel.ops)
+
+
+def head_module(trace: Trace) -> str:
+    """The output projection of a decode step: the module of its last GEMM, which must sit
+    outside the decoder layers (refused in one line otherwise)."""
+    for op in reversed(trace.ops):
+        if kind_of(op.packet) == "matmul" or op.packet in GEMM_PACKETS:
+            module = op.module
+            if module and not any(part.isdigit() for part in module.split(".")):
+                return module
+            break
+    raise OptionError(
+        "the prepared decode step ends in no output projection outside its decoder layers: "
+        "its logits cannot be priced per sampled row"
+    )
+
+
+def refuse_windows(config: Any) -> None:
+    """Refuse a model whose attention is windowed (a sliding window shorter than its
+    positions): a step timer prices every layer over each sequence's whole cache."""
+    if config is None or getattr(config, "use_sliding_window", True) is False:
+        return
+    window = getattr(config, "sliding_window", None)
+    limit = position_limit(config)
+    if isinstance(window, int) and window > 0 and (limit is None or window < limit[1]):
+        raise OptionError(
+            f"its attention keeps a sliding window of {window:,} tokens: a step timer prices "
+            "every layer over each sequence's whole cache, not per window yet"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(start: int) -> tuple[int, ...]:
+    points = [start]
+    while points[-1] < 2**24:
+        points.append(max(points[-1] + 1, math.ceil(points[-1] * GRID_RATIO)))
+    return tuple(points)
+
+
+def grid_neighbours(count: int, start: int) -> tuple[int, int]:
+    """The grid batches (from ``start``) at or just below and at or just above ``count``."""
+    grid = _grid(start)
+    at = bisect.bisect_left(grid, count)
+    if at < len(grid) and grid[at] == count:
+        return count, count
+    if at >= len(grid):
+        raise OptionError(f"a step of {count:,} tokens is beyond the grid's {grid[-1]:,}")
+    return grid[at - 1], grid[at]

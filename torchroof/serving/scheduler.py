@@ -1,0 +1,227 @@
+"""A vLLM-style continuous-batching scheduler over paged KV blocks, stepped by the caller.
+
+Each step (Kwon et al. 2023, PagedAttention; vLLM's V1 scheduler, docs.vllm.ai "Engine
+Arguments" for the knobs and their defaults):
+
+1. The running requests first, oldest first: each gets the tokens it still has to compute
+   (1 for a decode; the rest of its prompt, up to the step's remaining token budget, with
+   chunked prefill). The KV blocks those tokens need are allocated; when none are free, the
+   newest running request is preempted, its blocks freed and its cache dropped, and it goes
+   back to the front of the queue to compute its prompt and the tokens it generated again
+   (vLLM's recompute preemption).
+2. Then waiting requests, first come first served, while the token budget, ``max_num_seqs``
+   and the free blocks allow (none are admitted in a step that preempted).
+
+Without chunked prefill (vLLM's earlier scheduler) a step is either whole prompts only, as
+many as the budget, the blocks and ``max_num_seqs`` admit, or, when none can start, one
+decode for every running request; every prompt must then fit the budget.
+
+A request samples a token when a step computes the last of its pending tokens: the end of
+its prompt (its first token), then one per decode, until it has ``output_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from torchroof.config.errors import OptionError
+from torchroof.serving.composition import SequenceWork
+from torchroof.serving.requests import Request
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The scheduler's knobs, with vLLM's defaults (docs.vllm.ai, "Engine Arguments")."""
+
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 256  # requests running at once
+    max_num_batched_tokens: int = 8192  # new tokens per step
+    chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.9  # the share of HBM the engine takes
+    num_gpu_blocks_override: int | None = None  # KV blocks, whatever memory is left
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"{name} must be a whole number >= 1, got {value!r}")
+        blocks = self.num_gpu_blocks_override
+        if blocks is not None and (
+            isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1
+        ):
+            raise OptionError(
+                f"num_gpu_blocks_override must be a whole number >= 1, got {blocks!r}"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise OptionError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+
+@dataclass(eq=False)
+class Running:
+    """A request's state in the engine: tokens cached, tokens sampled, blocks held, and
+    the times it arrived, produced its tokens and was preempted."""
+
+    request: Request
+    arrival_s: float
+    computed: int = 0  # tokens whose K and V are cached
+    generated: int = 0  # output tokens sampled
+    blocks: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    admitted_s: float | None = None  # first scheduled
+    preemptions: int = 0
+    gaps: list[float] = field(default_factory=list)  # between successive tokens
+
+    @property
+    def pending(self) -> int:
+        """Tokens to compute before its next sample: its prompt and every token it
+        generated but the last, less what is cached."""
+        return self.request.input_len + self.generated - self.computed
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.request.output_len
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """What one step computes: per request, its new tokens (``work`` in the same order)."""
+
+    requests: tuple[Running, ...]
+    work: tuple[SequenceWork, ...]
+    preempted: int  # requests preempted to make room for this step
+    blocks_used: int  # after the step's allocation
+
+    @property
+    def prefill_tokens(self) -> int:
+        """New tokens of prompts (first computed, or again after a preemption); the rest
+        are decodes. Read before the step completes."""
+        return sum(
+            work.new_tokens
+            for state, work in zip(self.requests, self.work, strict=True)
+            if not (state.generated and state.pending == 1)
+        )
+
+
+class Scheduler:
+    """The waiting queue, the running requests and ``kv_blocks`` KV blocks of one engine."""
+
+    def __init__(self, config: EngineConfig, kv_blocks: int) -> None:
+        self.config = config
+        self.kv_blocks = kv_blocks
+        self.free_blocks = kv_blocks
+        self.waiting: deque[Running] = deque()
+        self.running: list[Running] = []
+        self.preemptions = 0
+
+    def submit(self, state: Running) -> None:
+        self.waiting.append(state)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, now: float) -> ScheduledStep:
+        """The next step's requests and tokens (their blocks allocated)."""
+        budget = self.config.max_num_batched_tokens
+        preempted_before = self.preemptions
+        if not self.config.chunked_prefill:
+            prompts = self._admit(budget, now, whole=True)
+            if prompts:
+                return self._step(prompts, preempted_before)
+        chosen = self._running(budget)
+        if self.config.chunked_prefill and self.preemptions == preempted_before:
+            left = budget - sum(n for _, n in chosen)
+            chosen += self._admit(left, now, whole=False)
+        return self._step(chosen, preempted_before)
+
+    def complete(self, step: ScheduledStep, now: float) -> list[Running]:
+        """Advance ``step``'s requests by the tokens it computed at time ``now``; the
+        requests it finished, their blocks freed."""
+        finished = []
+        for state, work in zip(step.requests, step.work, strict=True):
+            state.computed += work.new_tokens
+            if not work.samples:
+                continue
+            state.generated += 1
+            if state.first_token_s is None:
+                state.first_token_s = now
+            else:
+                state.gaps.append(now - (state.last_token_s or now))
+            state.last_token_s = now
+            if state.done:
+                state.finish_s = now
+                self.running.remove(state)
+                self.free_blocks += state.blocks
+                state.blocks = 0
+                finished.append(state)
+        return finished
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)
+
+    def _running(self, budget: int) -> list[tuple[Running, int]]:
+        chosen: list[tuple[Running, int]] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            state = self.running[i]
+            tokens = min(state.pending, budget)
+            need = self.blocks_for(state.computed + tokens) - state.blocks
+            while need > self.free_blocks and self.running[-1] is not state:
+                self._preempt(self.running[-1])
+            if need > self.free_blocks:  # the request itself is the newest: it waits
+                self._preempt(state)
+                break
+            self._allocate(state, need)
+            chosen.append((state, tokens))
+            budget -= tokens
+            i += 1
+        return chosen
+
+    def _admit(self, budget: int, now: float, whole: bool) -> list[tuple[Running, int]]:
+        chosen: list[tuple[Running, int]] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            state = self.waiting[0]
+            tokens = state.pending if whole else min(state.pending, budget)
+            if tokens > budget:
+                break
+            need = self.blocks_for(state.computed + tokens) - state.blocks
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self.running.append(state)
+            if state.admitted_s is None:
+                state.admitted_s = now
+            self._allocate(state, need)
+            chosen.append((state, tokens))
+            budget -= tokens
+        return chosen
+
+    def _allocate(self, state: Running, blocks: int) -> None:
+        self.free_blocks -= blocks
+        state.blocks += blocks
+
+    def _preempt(self, state: Running) -> None:
+        self.running.remove(state)
+        self.free_blocks += state.blocks
+        state.blocks = state.computed = 0
+        state.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(state)
+
+    def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
+        work = tuple(
+            SequenceWork(tokens, state.computed, samples=tokens == state.pending)
+            for state, tokens in chosen
+        )
+        return ScheduledStep(
+            tuple(state for state, _ in chosen),
+            work,
+            self.preemptions - preempted_before,
+            self.kv_blocks - self.free_blocks,
+        )

@@ -1,0 +1,140 @@
+"""``torchroof.serve``: a model served to a stream of requests on a deployment, simulated.
+
+It prepares the model for decode once (:func:`torchroof.prepare`, at a short context: the
+simulation sizes every step from its requests), draws or reads the requests, and runs
+:func:`~torchroof.serving.simulate.simulate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from torchroof.config import PricingOptions, split_knobs
+from torchroof.config.errors import OptionError
+from torchroof.hardware import ClusterSpec, HardwareSpec
+from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.prepared import prepare
+from torchroof.progress import reporting
+from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
+from torchroof.serving.results import ServeResult
+from torchroof.serving.scheduler import EngineConfig
+from torchroof.serving.simulate import simulate
+from torchroof.serving.step_time import DEFAULT_EXACT_UP_TO, StepTimer
+
+PREPARED_CONTEXT = 128
+"""The context the decode is prepared at: only transformers' dense mask reads it (one byte
+per key and layer), every step's attention is priced over its own requests' caches."""
+
+SIZED_BY_REQUESTS = ("regime", "batch", "seq", "context", "microbatches")
+
+
+def serve(
+    model: Any = DEFAULT_MODEL,
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+    *,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    requests: int | str | Path | Sequence[Request] = 1000,
+    input_len: str | int = 1024,
+    output_len: str | int = 128,
+    burstiness: float = 1.0,
+    random_state: int = 0,
+    engine: EngineConfig | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
+    exact_up_to: int | None = DEFAULT_EXACT_UP_TO,
+    pricing: PricingOptions | None = None,
+    progress: bool = False,
+    **knobs: Any,
+) -> ServeResult:
+    """Simulate serving ``requests`` (a count to draw, a JSONL/CSV file, or
+    :class:`Request` objects) with ``model`` on ``replicas`` engines of ``hardware``.
+
+    Requests arrive at ``rate`` per second (Poisson; ``burstiness`` below 1 draws gamma
+    gaps of shape ``burstiness``, as vLLM's serving benchmark does), or are sent by
+    ``concurrency`` closed-loop clients, or arrive at a file's own ``arrival_s``. Drawn
+    lengths follow ``input_len`` and ``output_len`` (``512``, ``uniform:128,2048``, ...:
+    :class:`~torchroof.serving.requests.Lengths`), drawn from ``random_state``. ``knobs`` are the
+    deployment's workload fields (``tp``, ``ep``, ``dtype``, ``kv_dtype``, ``quant``) and
+    pricing options (``mode``, ``runtime``, ...); ``engine`` the scheduler's knobs.
+    """
+    workload, pricing_knobs = split_knobs(knobs)
+    sized = sorted(set(workload) & set(SIZED_BY_REQUESTS))
+    if sized:
+        raise OptionError(
+            f"serve sizes each step from its requests: {', '.join(sized)} is not taken"
+        )
+    batch = _requests(requests, rate, concurrency, input_len, output_len, burstiness, random_state)
+    prepared = prepare(model, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
+    timer = StepTimer(prepared, hardware, pricing=pricing, exact_up_to=exact_up_to, **pricing_knobs)
+    with reporting(progress):
+        return simulate(
+            timer,
+            batch,
+            engine=engine,
+            concurrency=concurrency,
+            replicas=replicas,
+            router=router,
+        )
+
+
+def _requests(
+    requests: int | str | Path | Sequence[Request],
+    rate: float | None,
+    concurrency: int | None,
+    input_len: str | int,
+    output_len: str | int,
+    burstiness: float,
+    random_state: int,
+) -> list[Request]:
+    """The requests to serve, with their arrival times where the load is open."""
+    if rate is not None and concurrency is not None:
+        raise OptionError("give a request rate or a concurrency, not both")
+    if not (isinstance(burstiness, (int, float)) and burstiness > 0 and math.isfinite(burstiness)):
+        raise OptionError(f"burstiness must be above 0 (1 is Poisson), got {burstiness}")
+    if isinstance(requests, (str, Path)):
+        given = read_requests(requests)
+    elif isinstance(requests, int) and not isinstance(requests, bool):
+        inputs, outputs = (
+            Lengths.parse(input_len, "input_len"),
+            Lengths.parse(output_len, "output_len"),
+        )
+        if rate is None and concurrency is None:
+            raise OptionError("give a request rate (per second) or a concurrency")
+        arrivals = (
+            Arrivals("closed", concurrency=concurrency) if concurrency else _open(rate, burstiness)
+        )
+        return make_requests(requests, inputs, outputs, arrivals, random_state)
+    elif isinstance(requests, Sequence):
+        given = list(cast(Sequence[Request], requests))
+        if not all(isinstance(r, Request) for r in given):
+            raise OptionError("requests must be a count, a file, or Request objects")
+    else:
+        raise OptionError(f"requests must be a count, a file, or Request objects, got {requests!r}")
+    if rate is not None:  # new arrival times at the rate, the lengths as given
+        times = _open(rate, burstiness).times(_rng(random_state), len(given))
+        return [
+            Request(r.index, r.input_len, r.output_len, t)
+            for r, t in zip(given, times, strict=True)
+        ]
+    if concurrency is None and any(r.arrival_s is None for r in given):
+        raise OptionError(
+            "the requests give no arrival times: give a request rate or a concurrency"
+        )
+    return given
+
+
+def _open(rate: float | None, burstiness: float) -> Arrivals:
+    assert rate is not None
+    if burstiness == 1:
+        return Arrivals("poisson", rate=rate)
+    return Arrivals("gamma", rate=rate, cv=1 / math.sqrt(burstiness))
+
+
+def _rng(random_state: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(random_state)

@@ -1,0 +1,280 @@
+"""A serving deployment simulated request by request: engines stepping continuous batches,
+requests arriving, a router between replicas, as a discrete-event simulation (SimPy).
+
+Each replica is one engine (its own GPUs, tensor/expert parallel as the prepared model
+says) running :class:`~torchroof.serving.scheduler.Scheduler`: while it has requests it
+schedules a step, prices it with the shared :class:`~torchroof.serving.step_time.StepTimer`
+and holds for that time; idle, it waits for a request. Requests arrive at their times (an
+open workload) or are sent by closed-loop clients, each sending its next request when its
+last one finishes. The router sends each request to a replica: ``round-robin``, or
+``least-loaded`` (the fewest requests waiting and running; the lowest index on a tie).
+
+An engine's KV blocks are what its GPU memory holds after the weights and the activations
+of its largest step (``max_num_batched_tokens`` tokens), at ``gpu_memory_utilization``,
+as vLLM sizes its cache from a profiling run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from torchroof.config.errors import OptionError
+from torchroof.progress import current
+from torchroof.serving.requests import Request
+from torchroof.serving.results import RequestRecord, ServeResult, StepLog
+from torchroof.serving.scheduler import EngineConfig, Running, ScheduledStep, Scheduler
+from torchroof.serving.step_time import StepTimer
+
+ROUTERS = ("round-robin", "least-loaded")
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """One engine's KV cache, per GPU: what memory is left for it, in blocks."""
+
+    blocks: int
+    bytes_per_token: int
+    usable_bytes: int  # HBM x gpu_memory_utilization
+    weights_bytes: int
+    activations_bytes: int
+
+
+def kv_capacity(timer: StepTimer, engine: EngineConfig) -> KvCapacity:
+    """The KV blocks one engine holds (per GPU: every rank holds its own heads' share), or
+    ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does)."""
+    memory = timer.memory(engine.max_num_batched_tokens)
+    usable = int(memory.capacity_bytes * engine.gpu_memory_utilization)
+    per_token = timer.kv_bytes_per_token()
+    left = usable - memory.weights_bytes - memory.activations_peak_bytes
+    blocks = max(0, left // (per_token * engine.block_size))
+    if engine.num_gpu_blocks_override is not None:
+        blocks = engine.num_gpu_blocks_override
+    return KvCapacity(
+        blocks, per_token, usable, memory.weights_bytes, memory.activations_peak_bytes
+    )
+
+
+class _Replica:
+    """One engine in the simulation: its scheduler and its process's wake-up event."""
+
+    def __init__(self, index: int, scheduler: Scheduler, env: simpy.Environment) -> None:
+        self.index = index
+        self.scheduler = scheduler
+        self.env = env
+        self.idle: simpy.Event | None = None
+
+    def submit(self, state: Running) -> None:
+        self.scheduler.submit(state)
+        if self.idle is not None and not self.idle.triggered:
+            self.idle.succeed()
+
+    @property
+    def load(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+
+class _Run:
+    """The mutable state of one simulation: replicas, records, the step log."""
+
+    def __init__(
+        self,
+        timer: StepTimer,
+        engine: EngineConfig,
+        blocks: int,
+        replicas: int,
+        router: str,
+        requests: Sequence[Request],
+    ) -> None:
+        self.env = simpy.Environment()
+        self.timer = timer
+        self.replicas = [_Replica(i, Scheduler(engine, blocks), self.env) for i in range(replicas)]
+        self.router = router
+        self._turn = itertools.count()
+        self.records: list[RequestRecord] = []
+        self.gaps: list[list[float]] = []
+        self.steps: list[tuple[float, float, int, int, int, int, int, int]] = []
+        self.done = {r.index: self.env.event() for r in requests}
+        self.report = current()
+
+    def route(self, request: Request) -> None:
+        if self.router == "round-robin":
+            replica = self.replicas[next(self._turn) % len(self.replicas)]
+        else:
+            replica = min(self.replicas, key=lambda r: (r.load, r.index))
+        replica.submit(Running(request, arrival_s=self.env.now))
+
+    def engine(self, replica: _Replica) -> Generator[simpy.Event, Any, None]:
+        scheduler = replica.scheduler
+        while True:
+            if not scheduler.busy:
+                replica.idle = self.env.event()
+                yield replica.idle
+                replica.idle = None
+            step = scheduler.schedule(self.env.now)
+            if not step.work:
+                raise OptionError(_stuck(scheduler))
+            start = self.env.now
+            seconds = self.timer.time(step.work).time_s
+            yield self.env.timeout(seconds)
+            self._log(replica.index, start, seconds, step)
+            for state in scheduler.complete(step, self.env.now):
+                self._finish(replica.index, state)
+
+    def arrivals(self, requests: Sequence[Request]) -> Generator[simpy.Event, Any, None]:
+        for request in requests:
+            assert request.arrival_s is not None
+            if request.arrival_s > self.env.now:
+                yield self.env.timeout(request.arrival_s - self.env.now)
+            self.route(request)
+
+    def client(self, queue: Iterator[Request]) -> Generator[simpy.Event, Any, None]:
+        for request in queue:
+            self.route(request)
+            yield self.done[request.index]
+
+    def _log(self, replica: int, start: float, seconds: float, step: ScheduledStep) -> None:
+        prefill = step.prefill_tokens
+        tokens = sum(w.new_tokens for w in step.work)
+        self.steps.append(
+            (
+                start,
+                seconds,
+                replica,
+                len(step.work),
+                tokens,
+                prefill,
+                step.blocks_used,
+                step.preempted,
+            )
+        )
+
+    def _finish(self, replica: int, state: Running) -> None:
+        assert state.first_token_s is not None and state.finish_s is not None
+        request = state.request
+        self.records.append(
+            RequestRecord(
+                index=request.index,
+                replica=replica,
+                input_len=request.input_len,
+                output_len=request.output_len,
+                arrival_s=state.arrival_s,
+                admitted_s=state.admitted_s if state.admitted_s is not None else state.arrival_s,
+                first_token_s=state.first_token_s,
+                finish_s=state.finish_s,
+                preemptions=state.preemptions,
+            )
+        )
+        self.gaps.append(state.gaps)
+        self.done[request.index].succeed()
+        self.report.advance()
+
+
+def simulate(
+    timer: StepTimer,
+    requests: Sequence[Request],
+    *,
+    engine: EngineConfig | None = None,
+    concurrency: int | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
+) -> ServeResult:
+    """Serve ``requests`` on ``replicas`` engines priced by ``timer``: at their own
+    arrival times, or sent by ``concurrency`` closed-loop clients (then the requests'
+    arrival times are ignored)."""
+    engine = engine or EngineConfig()
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise OptionError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    if router not in ROUTERS:
+        raise OptionError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
+    if not requests:
+        raise OptionError("no requests to serve")
+    if concurrency is None and any(r.arrival_s is None for r in requests):
+        raise OptionError("requests without arrival times need a concurrency (closed loop)")
+    timer.check_lengths(requests)
+    capacity = kv_capacity(timer, engine)
+    _check_fits(requests, engine, capacity)
+    if len({r.index for r in requests}) != len(requests):
+        raise OptionError("two requests share an index: number them apart")
+    run = _Run(timer, engine, capacity.blocks, replicas, router, requests)
+    for replica in run.replicas:
+        run.env.process(run.engine(replica))
+    if concurrency is None:
+        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.index))
+        run.env.process(run.arrivals(ordered))
+    else:
+        queue = iter(requests)
+        for _ in range(min(concurrency, len(requests))):
+            run.env.process(run.client(queue))
+    report = run.report
+    with report.stage(f"serving {len(requests):,} requests", len(requests), "requests"):
+        run.env.run(until=simpy.AllOf(run.env, list(run.done.values())))
+    return _result(run, engine, capacity, replicas, router, concurrency)
+
+
+def _check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity) -> None:
+    """Refuse requests no engine can ever finish: one whose KV outgrows the whole cache,
+    or, without chunked prefill, one whose prompt (and, recomputed after a preemption,
+    its output) exceeds the step's token budget."""
+    longest = max(requests, key=lambda r: r.input_len + r.output_len)
+    tokens = longest.input_len + longest.output_len - 1  # the last token's K/V is not kept
+    need = math.ceil(tokens / engine.block_size)
+    if need > kv.blocks:
+        raise OptionError(
+            f"the KV cache holds {kv.blocks:,} blocks of {engine.block_size} tokens "
+            f"({kv.blocks * engine.block_size:,} tokens: {kv.usable_bytes / 2**30:.1f} GiB usable, "
+            f"weights {kv.weights_bytes / 2**30:.1f} GiB, activations "
+            f"{kv.activations_bytes / 2**30:.1f} GiB, {kv.bytes_per_token:,} B per token), "
+            f"below request {longest.index}'s {tokens:,} tokens: use more GPUs, a narrower "
+            "KV dtype, or shorter requests"
+        )
+    if not engine.chunked_prefill and tokens > engine.max_num_batched_tokens:
+        raise OptionError(
+            f"without chunked prefill a prompt runs whole: request {longest.index} needs "
+            f"{tokens:,} tokens in a step, above max_num_batched_tokens="
+            f"{engine.max_num_batched_tokens:,}"
+        )
+
+
+def _stuck(scheduler: Scheduler) -> str:
+    return (
+        f"the engine cannot schedule a step: {len(scheduler.waiting)} requests waiting, "
+        f"{scheduler.free_blocks} of {scheduler.kv_blocks} KV blocks free"
+    )
+
+
+def _result(
+    run: _Run,
+    engine: EngineConfig,
+    kv: KvCapacity,
+    replicas: int,
+    router: str,
+    concurrency: int | None,
+) -> ServeResult:
+    records = tuple(sorted(run.records, key=lambda r: r.index))
+    columns = list(zip(*run.steps, strict=True)) if run.steps else [()] * 8
+    names = list(StepLog.__dataclass_fields__)
+    kinds = [float, float, int, int, int, int, int, int]
+    log = StepLog(
+        **{
+            name: np.array(col, dtype=kind)
+            for name, col, kind in zip(names, columns, kinds, strict=True)
+        }
+    )
+    itl = np.array([gap for gaps in run.gaps for gap in gaps], dtype=float)
+    described: dict[str, Any] = {
+        **asdict(engine),
+        "kv_blocks": kv.blocks,
+        "kv_bytes_per_token": kv.bytes_per_token,
+        "replicas": replicas,
+        "router": router,
+        "concurrency": concurrency,
+        **run.timer.describe(),
+    }
+    return ServeResult(records, itl, log, described)
