@@ -8,11 +8,11 @@ Each measurement runs in its own process, imports warm:
   realistic, vLLM) on a DGX H100: the reference;
 - ``serve``: ``torchroof.serve`` of ``--requests`` requests at ``--rate`` per second
   (input lengths uniform over 128..2048, outputs lognormal around 256), the model
-  prepared inside the timed part; printed with the steps it simulated and the distinct
-  token counts it priced.
+  prepared inside the timed part, token counts above ``--interpolate-above`` (64)
+  priced between grid sizes; printed with the steps it simulated.
 
     python examples/benchmark_serve.py [--model llama-3-70b --tp 8 --hardware dgx-h100]
-        [--requests 10000 --rate 20]
+        [--requests 10000 --rate 20] [--interpolate-above 64]
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import time
 PRICING = {"mode": "realistic", "runtime": "vllm"}
 
 
-def _child(kind: str, model: str, tp: int, hardware: str, requests: int, rate: float) -> None:
+def _child(
+    kind: str, model: str, tp: int, hardware: str, requests: int, rate: float, above: int
+) -> None:
     import torchroof
 
     knobs = {"tp": tp} if tp > 1 else {}
@@ -44,6 +46,7 @@ def _child(kind: str, model: str, tp: int, hardware: str, requests: int, rate: f
         requests=requests,
         input_len="uniform:128,2048",
         output_len="lognormal:256,0.5",
+        exact_up_to=above or None,
         **knobs,
         **PRICING,
     )
@@ -84,10 +87,24 @@ def main() -> None:
     parser.add_argument("--hardware", default="dgx-h100")
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument(
+        "--interpolate-above",
+        type=int,
+        default=64,
+        help="token counts priced between grid sizes above this (0: every count priced)",
+    )
     parser.add_argument("--child", choices=["estimate", "serve"])
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.model, args.tp, args.hardware, args.requests, args.rate)
+        _child(
+            args.child,
+            args.model,
+            args.tp,
+            args.hardware,
+            args.requests,
+            args.rate,
+            args.interpolate_above,
+        )
         return
     reference = _run("estimate", args)["seconds"]
     served = _run("serve", args)

@@ -181,11 +181,21 @@ def runtime_tables() -> dict[str, str]:
     return tables
 
 
+def serving_tables() -> dict[str, str]:
+    import serving_validation as servv
+
+    tables: dict[str, str] = servv.markdown_tables(
+        _stored("serving_predictions.json")["predictions"]
+    )
+    return tables
+
+
 PAGES: dict[str, tuple[str, Callable[[], dict[str, str]]]] = {
     "single-gpu.md": ("single_gpu_validation.py", single_gpu_tables),
     "multi-gpu.md": ("multi_gpu_validation.py", multi_gpu_tables),
     "quantised.md": ("quant_validation.py", quant_tables),
     "runtimes.md": ("runtime_validation.py", runtime_tables),
+    "serving.md": ("serving_validation.py", serving_tables),
 }
 """Each validation page under docs/validation/: the script that writes it and its tables."""
 

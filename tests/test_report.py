@@ -442,8 +442,8 @@ def test_a_version_1_estimate_still_loads():
     est = Estimate.from_dict(data)
     assert [k.boundary for k in est.kernels] == ["", "", ""]
     assert est.time_s == pytest.approx(5e-4 + 1e-4 + 4e-4)
-    data["version"] = 5
-    with pytest.raises(ValueError, match="version 5 is not supported"):
+    data["version"] = 6
+    with pytest.raises(ValueError, match="version 6 is not supported"):
         Estimate.from_dict(data)
 
 
@@ -453,8 +453,9 @@ def test_a_version_3_estimate_loads_without_the_fields_format_4_added():
     without them reads with them at their defaults, and the same step time."""
     est = _hand_estimate("prefill")
     data = est.to_dict()
-    assert data["version"] == 4
+    assert data["version"] == 5
     data["version"] = 3
+    data["options"].pop("cuda_graphs")
     for key in ("host_overhead_s", "offload_exposed_s", "fp16_accumulate"):
         data.pop(key, None)
     for kernel in data["kernels"]:
@@ -464,3 +465,12 @@ def test_a_version_3_estimate_loads_without_the_fields_format_4_added():
     assert (old.host_overhead_s, old.offload_exposed_s, old.fp16_accumulate) == (0.0, 0.0, False)
     assert {(k.pipelined_with, k.lane) for k in old.kernels} == {(None, "")}
     assert old.time_s == pytest.approx(est.time_s) == pytest.approx(5e-4 + 1e-4 + 4e-4)
+
+
+def test_a_version_4_estimate_loads_with_cuda_graphs_on():
+    """Format 5 adds the pricing options' cuda_graphs: a version-4 file reads with it at
+    its default (the runtime's graphs replayed)."""
+    data = _hand_estimate("prefill").to_dict()
+    data["version"] = 4
+    data["options"].pop("cuda_graphs")
+    assert Estimate.from_dict(data).options.cuda_graphs is True

@@ -72,10 +72,14 @@ def test_preemption_starts_exactly_where_the_blocks_run_out():
     preemptions, steps, peak, _ = run(16)
     assert (preemptions, steps, peak) == (0, 33, 16)  # 1 prefill step + 32 decode steps
     preemptions, steps, peak, states = run(15)
-    assert preemptions >= 1 and peak <= 15
-    # the newest request was the one preempted, and it finished all the same
-    assert states[3].preemptions >= 1 and all(s.done for s in states)
-    assert steps > 33
+    # after 16 decodes the four hold 3 blocks each and each needs its fourth: the first
+    # three take the 3 left, the newest finds none and preempts itself, freeing its 3 (the
+    # step ends with 12 in use); it waits (it needs 4 blocks to hold its 32 + 17 tokens
+    # again) until the others end at step 33, then computes its prompt and its 17 tokens
+    # again in one step, which samples its 18th, and decodes its last 15
+    assert (preemptions, peak) == (1, 12)
+    assert [s.preemptions for s in states] == [0, 0, 0, 1] and all(s.done for s in states)
+    assert steps == 33 + 1 + 15
 
 
 def test_one_request_alone_takes_its_prefill_then_its_decodes(timer):
@@ -148,8 +152,12 @@ def test_kv_blocks_are_what_memory_leaves(timer):
     assert kv.bytes_per_token == 512  # 2 layers x 2 K/V heads x (32 + 32) dims x 2 B
     memory = timer.memory(8192)
     usable = int(80 * 2**30 * 0.9)  # the H100 SXM's 80 GiB at vLLM's 0.9
-    left = usable - memory.weights_bytes - memory.activations_peak_bytes
-    assert kv.blocks == left // (512 * 16)
+    # a decode of 8192 rows writes 8192 rows of logits (1000 bf16 each, 2000 B); an
+    # engine's step of 8192 tokens computes them for its 256 sequences at most
+    assert timer.logit_bytes_per_row == 2000
+    activations = memory.activations_peak_bytes - (8192 - 256) * 2000
+    assert kv.activations_bytes == activations
+    assert kv.blocks == (usable - memory.weights_bytes - activations) // (512 * 16)
     assert kv_capacity(timer, EngineConfig(num_gpu_blocks_override=7)).blocks == 7
 
 
@@ -228,7 +236,7 @@ def test_bad_serving_input_is_answered_in_one_line(timer, tmp_path, capsys):
         (lambda: Arrivals("poisson", -1.0), "rate must be above 0"),
         (lambda: Lengths.parse("pareto:1,2", "input_len"), "unknown distribution 'pareto'"),
         (lambda: Lengths.parse("uniform:9,3", "input_len"), "LO <= HI"),
-        (lambda: Lengths.parse("0", "input_len"), "whole number of tokens >= 1"),
+        (lambda: Lengths.parse("0", "input_len"), "whole number of tokens from 1"),
         (lambda: simulate(timer, one, replicas=0), "replicas must be"),
         (lambda: simulate(timer, one, router="random"), "unknown router"),
         (lambda: simulate(timer, [Request(0, 4000, 200, 0.0)]), "positions"),
@@ -251,6 +259,18 @@ def test_bad_serving_input_is_answered_in_one_line(timer, tmp_path, capsys):
         ),
         (lambda: torchroof.serve(small_llama(2), rate=1.0, batch=4), "batch is not taken"),
         (lambda: EngineConfig(max_num_seqs=0), "max_num_seqs must be"),
+        (lambda: Lengths.parse("zipf:1.5,1e9", "input_len"), "past 10,000,000 tokens"),
+        (lambda: Request(0, 16, 0), "output_len must be a whole number >= 1"),
+        (lambda: Request(0, 16, 4, float("nan")), "arrival_s must be 0 or more"),
+        (lambda: Request(0, 16, 4, -1.0), "arrival_s must be 0 or more"),
+        (lambda: simulate(timer, one, concurrency=0), "concurrency must be"),
+        (lambda: torchroof.serve(small_llama(2), concurrency=0, requests=3), "concurrency"),
+        (
+            lambda: make_requests(
+                3, Lengths("fixed", 4), Lengths("fixed", 4), Arrivals("closed", concurrency=1), -1
+            ),
+            "random_state must be",
+        ),
         (lambda: EngineConfig(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
     ]
     for call, message in cases:
@@ -259,3 +279,13 @@ def test_bad_serving_input_is_answered_in_one_line(timer, tmp_path, capsys):
         assert message in str(caught.value) and "\n" not in str(caught.value)
     assert main(["serve", "gpt2", "--rate", "0"]) == 2
     assert "must be above 0" in capsys.readouterr().err
+    trace = tmp_path / "trace.csv"
+    trace.write_text("input_len,output_len\n10,4\n")
+    assert main(["serve", "gpt2", "--trace", str(trace), "--requests", "5", "--rate", "1"]) == 2
+    assert "--requests is not taken with it" in capsys.readouterr().err
+    # draws past the longest length are clipped to it, then refused by the positions
+    wide = Lengths.parse("normal:9e6,1e7", "x")
+    huge = make_requests(50, wide, Lengths.parse(4, "y"), Arrivals("poisson", 1.0), 0)
+    assert max(r.input_len for r in huge) == 10_000_000 and min(r.input_len for r in huge) == 1
+    with pytest.raises(ValueError, match="positions"):
+        simulate(timer, huge)

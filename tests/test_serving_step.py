@@ -193,6 +193,23 @@ def test_a_step_with_a_prompt_launches_eagerly_under_a_runtime():
     assert mixed.body_s - graphed.body_s == pytest.approx(len(body) * (2.52 - 1.37) * 1e-6)
 
 
+def test_large_token_counts_interpolate_between_grid_sizes():
+    # exact_up_to=16: a 17..3000-token prompt's body and head come from the two grid
+    # batches around it (each 1/16 above the last). On the pure roofline each kernel's
+    # time is linear in the tokens but where it turns compute-bound: off by 1e-4 at most
+    # here; realistic mode's waves make steps between grid sizes: off by 2.7% at most here
+    prepared = torchroof.prepare(small_llama(2), "decode", context=16)
+    sizes = [*range(17, 400, 7), 500, 777, 1000, 2000, 3000]
+    for mode, bound in (("roofline", 1e-3), ("realistic", 0.05)):
+        exact = StepTimer(prepared, mode=mode)
+        grid = StepTimer(prepared, mode=mode, exact_up_to=16)
+        worst = max(
+            abs(grid.time([prompt(n)]).time_s / exact.time([prompt(n)]).time_s - 1) for n in sizes
+        )
+        assert 0 < worst < bound, (mode, worst)
+    assert grid.time([prompt(16)]).time_s == exact.time([prompt(16)]).time_s
+
+
 def test_bad_steps_are_refused_in_one_line(prepared, timer):
     cases = [
         (lambda: timer.time([]), "needs at least one sequence"),

@@ -59,7 +59,8 @@ from torchroof.pricing.symbolic_plan import (
 from torchroof.progress import reporting
 from torchroof.records.symbolic_trace import SymbolicTrace
 from torchroof.report.compare import point_metrics
-from torchroof.report.estimate import Estimate
+from torchroof.report.estimate import Estimate, KernelEstimate
+from torchroof.report.memory import MemoryFootprint
 from torchroof.symbolic import (
     family_key,
     point_facts,
@@ -81,6 +82,17 @@ DEFAULT_MAX_TRACES = 16
 training trace holds about 18,000 ops, some 100 MB; 16 of them some 1.6 GB. Each keeps
 up to :data:`~torchroof.pricing.price.MAX_PLANS_PER_TRACE` sets of kernels beside it,
 each much smaller than the trace (its kernels refer to the trace's own ops)."""
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """A step's time (``time_s``, as its estimate's), its memory footprint, and its distinct
+    kernels, each timed once, beside how many times each runs (``counts``)."""
+
+    time_s: float
+    kernels: tuple[KernelEstimate, ...]
+    counts: tuple[int, ...]
+    memory: MemoryFootprint | None
 
 
 @dataclass(frozen=True)
@@ -238,23 +250,36 @@ class PreparedModel:
     ) -> tuple[dict[str, Any], Estimate | None]:
         """(:meth:`metrics`, the estimate they were read from, or None where they were
         priced from kernels planned for every size and no estimate was made)."""
-        counted = self.counted(hardware, pricing=pricing, **knobs)
+        counted = self._counted(hardware, pricing, knobs)
         if isinstance(counted, CountedKernels):
             return point_metrics(counted), None
         return point_metrics(counted), counted
 
-    def counted(
+    def kernel_times(
         self,
         hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
         *,
         pricing: PricingOptions | None = None,
         **knobs: Any,
+    ) -> KernelTimes:
+        """The step :meth:`price` prices, as its step time, its memory footprint and its
+        distinct kernels each timed once with how many times each runs; from kernels
+        planned once for every size where the point keeps their decisions (no estimate is
+        made), else from its estimate (every kernel once)."""
+        counted = self._counted(hardware, pricing, knobs)
+        counts = (
+            counted.counts if isinstance(counted, CountedKernels) else (1,) * len(counted.kernels)
+        )
+        return KernelTimes(counted.time_s, tuple(counted.kernels), tuple(counts), counted.memory)
+
+    def _counted(
+        self,
+        hardware: str | Path | HardwareSpec | ClusterSpec,
+        pricing: PricingOptions | None,
+        knobs: dict[str, Any],
     ) -> Estimate:
-        """The step :meth:`price` prices, as its distinct kernels each timed once with
-        how many times each runs (a :class:`~torchroof.pricing.symbolic_plan.CountedKernels`,
-        its ``kernels`` beside its ``counts``) where it is priced from kernels planned for
-        every size; else its whole estimate (every kernel once). Its ``time_s`` is the
-        step's either way."""
+        """The point's :class:`~torchroof.pricing.symbolic_plan.CountedKernels` where it is
+        priced from kernels planned for every size, else its whole estimate."""
         workload_knobs, pricing_knobs = split_knobs(knobs)
         spec, cluster = resolve_hardware(hardware)
         options = with_knobs(pricing, pricing_knobs)

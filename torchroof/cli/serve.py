@@ -85,6 +85,14 @@ def add_parser(commands: Subparsers) -> None:
         default=0.9,
         help="share of GPU memory the engine takes (0.9)",
     )
+    eng.add_argument(
+        "--interpolate-above",
+        type=positive_int,
+        metavar="N",
+        help="price steps of more than N tokens between grid sizes 1/16 apart (faster; "
+        "exact on the pure roofline, up to 8.5%% off in realistic mode); default: every "
+        "size priced",
+    )
     slo = srv.add_argument_group("service-level objectives")
     slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
     slo.add_argument("--tpot-ms", type=_positive_float, help="time-per-output-token target")
@@ -99,6 +107,13 @@ def run(args: argparse.Namespace) -> None:
     from torchroof.serving.serve import serve
 
     writable(args.json, args.csv)
+    given: set[str] = getattr(args, "given", set())
+    drawn = sorted({"requests", "input_len", "output_len"} & given)
+    if args.trace and drawn:
+        raise ValueError(
+            f"--trace gives the requests and their lengths: "
+            f"{', '.join('--' + d.replace('_', '-') for d in drawn)} is not taken with it"
+        )
     settings = base_settings(args)
     hardware = settings.pop("hardware")
     engine = EngineConfig(
@@ -121,6 +136,7 @@ def run(args: argparse.Namespace) -> None:
         engine=engine,
         replicas=args.replicas,
         router=args.router,
+        exact_up_to=args.interpolate_above,
         **settings,
     )
     ttft = args.ttft_ms / 1e3 if args.ttft_ms else None

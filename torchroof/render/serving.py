@@ -28,6 +28,7 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
     lines = [
         f"torchroof serve: {engine['model']} on {engine['hardware']}, {_plan(engine)}, "
         f"{summary['requests']:,} requests over {summary['duration_s']:.1f} s",
+        f"priced: {_pricing(engine)}",
         table,
         "",
         f"throughput: {summary['request_throughput_per_s']:.2f} requests/s, "
@@ -63,6 +64,17 @@ def _plan(engine: Mapping[str, Any]) -> str:
         else "open arrivals"
     )
     return f"{' x '.join(parts)}, {load}"
+
+
+def _pricing(engine: Mapping[str, Any]) -> str:
+    parts = [engine.get("mode") or "roofline"]
+    if engine.get("runtime"):
+        parts.append(f"runtime {engine['runtime']}")
+    if engine.get("cuda_graphs") is False:
+        parts.append("every step launched eagerly")
+    if engine.get("exact_up_to"):
+        parts.append(f"steps of more than {engine['exact_up_to']} tokens interpolated")
+    return ", ".join(parts)
 
 
 def _ms(value: float | None) -> str:

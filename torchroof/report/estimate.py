@@ -43,8 +43,10 @@ __all__ = [
 # beside) and lane (its communication stream), and the estimate's host_overhead_s,
 # offload_exposed_s and fp16_accumulate; a reader of format 3 would refuse them by name, so
 # it now says the version instead, and a version-3 file reads with them at their defaults.
-ESTIMATE_FORMAT_VERSION = 4
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+# 5: the pricing options' cuda_graphs (every step launched eagerly when false); a version-4
+# file reads with it at its default, true.
+ESTIMATE_FORMAT_VERSION = 5
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True)

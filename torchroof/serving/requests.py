@@ -27,6 +27,8 @@ import numpy as np
 from torchroof.config.errors import OptionError
 
 LENGTH_KINDS = ("uniform", "normal", "lognormal", "zipf")
+LONGEST = 10_000_000
+"""The longest length a distribution may name or draw (longer than any model's context)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,21 @@ class Request:
     input_len: int
     output_len: int
     arrival_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_len", "output_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(
+                    f"request {self.index}: {name} must be a whole number >= 1, got {value!r}"
+                )
+        arrival = self.arrival_s
+        if arrival is not None and not (
+            isinstance(arrival, (int, float)) and math.isfinite(arrival) and arrival >= 0
+        ):
+            raise OptionError(
+                f"request {self.index}: arrival_s must be 0 or more seconds, got {arrival!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -64,8 +81,10 @@ class Lengths:
         kind, _, args = text.partition(":")
         if not args:
             number = _number(kind, what)
-            if number < 1 or number != int(number):
-                raise OptionError(f"{what} must be a whole number of tokens >= 1, got {text}")
+            if number < 1 or number != int(number) or number > LONGEST:
+                raise OptionError(
+                    f"{what} must be a whole number of tokens from 1 to {LONGEST:,}, got {text}"
+                )
             return cls("fixed", number)
         if kind not in LENGTH_KINDS:
             raise OptionError(
@@ -92,7 +111,8 @@ class Lengths:
             support = np.arange(1, int(self.b) + 1)
             weights = support.astype(float) ** -self.a
             values = rng.choice(support, size=count, p=weights / weights.sum())
-        return np.maximum(1, np.rint(values)).astype(np.int64)
+        # clipped before the cast: a draw past any model's positions is refused later
+        return np.clip(np.rint(values), 1, LONGEST).astype(np.int64)
 
     def largest(self) -> float:
         """The largest length a draw can take (inf for normal and lognormal)."""
@@ -113,6 +133,8 @@ def _check(kind: str, a: float, b: float, what: str, text: str) -> None:
         raise OptionError(f"{what}: {kind} needs a centre >= 1 and a spread >= 0, got {text}")
     if kind == "zipf" and not (a > 0 and b >= 1 and b == int(b)):
         raise OptionError(f"{what}: zipf:A,MAX needs A > 0 and a whole MAX >= 1, got {text}")
+    if max(a, b) > LONGEST:
+        raise OptionError(f"{what}: {text} names lengths past {LONGEST:,} tokens")
 
 
 @dataclass(frozen=True)
@@ -164,6 +186,8 @@ def make_requests(
     """``count`` requests drawn from ``random_state``: lengths first, then arrival times."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise OptionError(f"the number of requests must be a whole number >= 1, got {count!r}")
+    if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
+        raise OptionError(f"random_state must be a whole number >= 0, got {random_state!r}")
     rng = np.random.default_rng(random_state)
     inputs, outputs = input_len.draw(rng, count), output_len.draw(rng, count)
     times = arrivals.times(rng, count)

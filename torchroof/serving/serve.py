@@ -22,7 +22,7 @@ from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import simulate
-from torchroof.serving.step_time import DEFAULT_EXACT_UP_TO, StepTimer
+from torchroof.serving.step_time import StepTimer
 
 PREPARED_CONTEXT = 128
 """The context the decode is prepared at: only transformers' dense mask reads it (one byte
@@ -45,7 +45,7 @@ def serve(
     engine: EngineConfig | None = None,
     replicas: int = 1,
     router: str = "round-robin",
-    exact_up_to: int | None = DEFAULT_EXACT_UP_TO,
+    exact_up_to: int | None = None,
     pricing: PricingOptions | None = None,
     progress: bool = False,
     **knobs: Any,
@@ -93,6 +93,10 @@ def _requests(
     """The requests to serve, with their arrival times where the load is open."""
     if rate is not None and concurrency is not None:
         raise OptionError("give a request rate or a concurrency, not both")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise OptionError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
     if not (isinstance(burstiness, (int, float)) and burstiness > 0 and math.isfinite(burstiness)):
         raise OptionError(f"burstiness must be above 0 (1 is Poisson), got {burstiness}")
     if isinstance(requests, (str, Path)):
@@ -105,7 +109,9 @@ def _requests(
         if rate is None and concurrency is None:
             raise OptionError("give a request rate (per second) or a concurrency")
         arrivals = (
-            Arrivals("closed", concurrency=concurrency) if concurrency else _open(rate, burstiness)
+            Arrivals("closed", concurrency=concurrency)
+            if concurrency is not None
+            else _open(rate, burstiness)
         )
         return make_requests(requests, inputs, outputs, arrivals, random_state)
     elif isinstance(requests, Sequence):

@@ -48,17 +48,22 @@ class KvCapacity:
 
 def kv_capacity(timer: StepTimer, engine: EngineConfig) -> KvCapacity:
     """The KV blocks one engine holds (per GPU: every rank holds its own heads' share), or
-    ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does)."""
-    memory = timer.memory(engine.max_num_batched_tokens)
+    ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does).
+
+    The activations are those of a decode of ``max_num_batched_tokens`` rows, less the
+    logits of the rows past ``max_num_seqs``: an engine's step computes logits only where it
+    samples (vLLM's profiling run likewise)."""
+    tokens = engine.max_num_batched_tokens
+    memory = timer.memory(tokens)
     usable = int(memory.capacity_bytes * engine.gpu_memory_utilization)
     per_token = timer.kv_bytes_per_token()
-    left = usable - memory.weights_bytes - memory.activations_peak_bytes
+    unsampled = max(0, tokens - engine.max_num_seqs) * timer.logit_bytes_per_row
+    activations = max(0, memory.activations_peak_bytes - unsampled)
+    left = usable - memory.weights_bytes - activations
     blocks = max(0, left // (per_token * engine.block_size))
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override
-    return KvCapacity(
-        blocks, per_token, usable, memory.weights_bytes, memory.activations_peak_bytes
-    )
+    return KvCapacity(blocks, per_token, usable, memory.weights_bytes, activations)
 
 
 class _Replica:
@@ -195,6 +200,10 @@ def simulate(
         raise OptionError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
     if not requests:
         raise OptionError("no requests to serve")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise OptionError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
     if concurrency is None and any(r.arrival_s is None for r in requests):
         raise OptionError("requests without arrival times need a concurrency (closed loop)")
     timer.check_lengths(requests)
@@ -232,13 +241,14 @@ def _check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacit
             f"weights {kv.weights_bytes / 2**30:.1f} GiB, activations "
             f"{kv.activations_bytes / 2**30:.1f} GiB, {kv.bytes_per_token:,} B per token), "
             f"below request {longest.index}'s {tokens:,} tokens: use more GPUs, a narrower "
-            "KV dtype, or shorter requests"
+            "KV dtype, fewer tokens per step (max_num_batched_tokens), or shorter requests"
         )
     if not engine.chunked_prefill and tokens > engine.max_num_batched_tokens:
         raise OptionError(
-            f"without chunked prefill a prompt runs whole: request {longest.index} needs "
-            f"{tokens:,} tokens in a step, above max_num_batched_tokens="
-            f"{engine.max_num_batched_tokens:,}"
+            f"without chunked prefill a preempted request computes its prompt and output "
+            f"again in one step: request {longest.index} may need {tokens:,} tokens in a "
+            f"step, above max_num_batched_tokens={engine.max_num_batched_tokens:,} (vLLM "
+            "asks for max_num_batched_tokens >= max_model_len likewise)"
         )
 
 

@@ -16,8 +16,9 @@ costs, on the roofline of the accelerator and runtime given:
 
 A step with a prompt chunk in it launches its kernels eagerly (the runtimes replay a full
 CUDA graph for decode-only steps: vLLM's piecewise graphs for mixed steps have no figure
-in its profile). Each batch priced is a :meth:`~torchroof.prepared.PreparedModel.counted`
-of the prepared step at that batch, kept for later steps. A step of B decodes at the
+in its profile). Each batch priced is a
+:meth:`~torchroof.prepared.PreparedModel.kernel_times` of the prepared step at that
+batch, kept for later steps. A step of B decodes at the
 prepared context is that decode step, but for the dense mask transformers builds for a
 static cache (one byte per key and layer), which an engine's paged kernels do not read.
 """
@@ -50,10 +51,10 @@ from torchroof.serving.attention import (
 )
 from torchroof.serving.composition import SequenceWork, check_step
 from torchroof.serving.parts import (
-    DEFAULT_EXACT_UP_TO,
     DecodeParts,
     grid_neighbours,
     head_module,
+    logit_bytes_per_row,
     refuse_windows,
     split_parts,
 )
@@ -86,11 +87,12 @@ class StepTimer:
     >>> timer.time([prompt(512), *decodes(31, 1024)]).time_s               # doctest: +SKIP
 
     ``hardware`` and ``pricing`` (or its fields as keywords) are as
-    :meth:`~torchroof.prepared.PreparedModel.price` takes them. Token counts up to
-    ``exact_up_to`` are each priced at their own batch, larger ones interpolated between
-    grid batches (:data:`~torchroof.serving.parts.GRID_RATIO`); None prices every count at
-    its own batch. The prepared step must be a decode with a static cache (an engine writes
-    its cache in place) on one pipeline stage and without context parallel. The prepared
+    :meth:`~torchroof.prepared.PreparedModel.price` takes them. Every token count is
+    priced at its own batch, or, with ``exact_up_to``, only those up to it, larger ones
+    interpolated between grid batches (:data:`~torchroof.serving.parts.GRID_RATIO`: exact on
+    the pure roofline, up to 8.5% off in realistic mode). The prepared step must be a
+    decode with a static cache (an engine writes its cache in place) on one pipeline stage
+    and without context parallel. The prepared
     step is traced and priced once here, so that a model or plan it cannot price is
     refused before any step.
     """
@@ -101,7 +103,7 @@ class StepTimer:
         hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
         *,
         pricing: PricingOptions | None = None,
-        exact_up_to: int | None = DEFAULT_EXACT_UP_TO,
+        exact_up_to: int | None = None,
         **pricing_knobs: Any,
     ) -> None:
         if exact_up_to is not None and (
@@ -131,7 +133,7 @@ class StepTimer:
         self._checked_length = 0  # the longest sequence checked against the positions
         self._probes: dict[tuple[int, bool], DecodeParts] = {}
         self._runtimes: dict[tuple[int, bool], StepRuntime] = {}
-        self.context, self._head, self._layers = self._read_trace()
+        self.context, self._head, self._layers, self.logit_bytes_per_row = self._read_trace()
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
     def time(self, step: Sequence[SequenceWork]) -> StepTime:
@@ -220,6 +222,8 @@ class StepTimer:
             "quant": base.quant,
             "mode": self.pricing.mode,
             "runtime": self.pricing.runtime,
+            "cuda_graphs": self.pricing.cuda_graphs,
+            "exact_up_to": self.exact_up_to,
         }
 
     def _between(self, count: int, part: str, eager: bool) -> float:
@@ -236,17 +240,28 @@ class StepTimer:
         return below + (above - below) * (count - low) / (high - low)
 
     def _probe(self, batch: int, eager: bool) -> DecodeParts:
+        if eager and not self._graphed(batch):
+            eager = False  # the decode at this batch replays no graph: launched eagerly anyway
         parts = self._probes.get((batch, eager))
         if parts is None:
             pricing = self._eager if eager else self.pricing
             with silenced():  # a step inside a simulation: its stage reports the whole
-                counted = self.prepared.counted(self.hardware, pricing=pricing, batch=batch)
+                counted = self.prepared.kernel_times(self.hardware, pricing=pricing, batch=batch)
             parts = self._probes[(batch, eager)] = split_parts(counted, self._head)
         return parts
 
-    def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int]]:
+    def _graphed(self, batch: int) -> bool:
+        """Whether the prepared decode at ``batch`` replays a CUDA graph under the pricing."""
+        runtime = self._runtimes.get((batch, False))
+        if runtime is None:
+            workload = self.prepared.workload_for(batch=batch)
+            runtime = self._runtimes[(batch, False)] = timing_of(self.pricing, workload)
+        return runtime.graph_replayed
+
+    def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int], int]:
         """(the prepared context, the output projection's module, each kind of attention
-        layer with its count), read off the prepared decode step's trace."""
+        layer with its count, the bytes of one row of logits), read off the prepared decode
+        step's trace."""
         trace = self.prepared.trace()
         if not isinstance(trace, Trace):
             raise OptionError("a step timer prices one pipeline stage")
@@ -262,7 +277,8 @@ class StepTimer:
                 "priced per sequence yet"
             )
         layers = dict(Counter(decode_geometry(op, context) for op in ops))
-        return context, head_module(trace), layers
+        head = head_module(trace)
+        return context, head, layers, logit_bytes_per_row(trace, head)
 
 
 def _check_base(base: Any) -> None:
