@@ -347,3 +347,14 @@ def test_values_equal_as_numbers_are_one_value_of_an_axis():
     """1 and 1.0 are the same efficiency: a grid holding both could not find its points."""
     with pytest.raises(ValueError, match="compute_efficiency: a value is given twice"):
         sweep_grid("gpt2", {"compute_efficiency": [1, 1.0]}, regime="decode")
+
+
+def test_a_prepared_model_prices_its_own_regime_and_makes_another():
+    prepared = torchroof.prepare("gpt2", "decode", context=64)
+    # a regime keyword other than the prepared one was once dropped silently (the decode
+    # priced in its place): refused in one line, with the way to price it
+    with pytest.raises(OptionError, match="prepared for decode steps, not prefill"):
+        prepared.price(regime="prefill", seq=128)
+    prefill = prepared.for_regime("prefill")
+    assert prepared.for_regime("decode") is prepared
+    assert same(prefill.price(seq=128), torchroof.estimate("gpt2", "prefill", seq=128))

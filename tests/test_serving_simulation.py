@@ -15,6 +15,7 @@ import torchroof
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError
 from torchroof.serving import SequenceWork, StepTimer, prompt
+from torchroof.serving.rate_search import search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
 from torchroof.serving.simulate import kv_capacity, simulate
@@ -150,14 +151,18 @@ def test_kv_blocks_are_what_memory_leaves(timer):
     engine = EngineConfig()
     kv = kv_capacity(timer, engine)
     assert kv.bytes_per_token == 512  # 2 layers x 2 K/V heads x (32 + 32) dims x 2 B
-    memory = timer.memory(8192)
     usable = int(80 * 2**30 * 0.9)  # the H100 SXM's 80 GiB at vLLM's 0.9
-    # a decode of 8192 rows writes 8192 rows of logits (1000 bf16 each, 2000 B); an
-    # engine's step of 8192 tokens computes them for its 256 sequences at most
-    assert timer.logit_bytes_per_row == 2000
-    activations = memory.activations_peak_bytes - (8192 - 256) * 2000
+    # the largest step: 8192 new tokens (two prompts of the model's 4096 positions, logits
+    # for their last tokens) or 256 decodes (logits for each), whichever holds more
+    body = torchroof.estimate(small_llama(2), "prefill", seq=4096, batch=2)
+    rows = torchroof.estimate(small_llama(2), "decode", batch=256, context=16)
+    activations = max(body.memory.activations_peak_bytes, rows.memory.activations_peak_bytes)
     assert kv.activations_bytes == activations
-    assert kv.blocks == (usable - memory.weights_bytes - activations) // (512 * 16)
+    # not a decode of 8192 rows, whose 8192 rows of logits (2000 B each) no step computes
+    every_row = torchroof.estimate(small_llama(2), "decode", batch=8192, context=16)
+    assert every_row.memory.activations_peak_bytes > activations
+    assert kv.weights_bytes == rows.memory.weights_bytes
+    assert kv.blocks == (usable - kv.weights_bytes - activations) // (512 * 16)
     assert kv_capacity(timer, EngineConfig(num_gpu_blocks_override=7)).blocks == 7
 
 
@@ -289,3 +294,49 @@ def test_bad_serving_input_is_answered_in_one_line(timer, tmp_path, capsys):
     assert max(r.input_len for r in huge) == 10_000_000 and min(r.input_len for r in huge) == 1
     with pytest.raises(ValueError, match="positions"):
         simulate(timer, huge)
+
+
+def test_the_highest_rate_within_the_targets(timer, capsys):
+    # on this model a 512-token prompt's step takes about 4 us and a decode about 0.4 us
+    requests = make_requests(
+        100, Lengths.parse(512, "in"), Lengths.parse(64, "out"), Arrivals("poisson", 1.0), 0
+    )
+    found = search_rate(timer, requests, ttft_s=50e-6, tpot_s=2e-6, start=32768.0)
+    best = found.best
+    assert best is not None and best.attainment >= 0.9
+    # first the requests one at a time, none overlapping: each TTFT its prompt's step
+    alone = found.tried[0].result.summary()
+    assert alone["ttft_s"]["p99"] == pytest.approx(timer.time([prompt(512)]).time_s)
+    # every rate that met the targets is at most the best, and a rate within 5% above it
+    # did not meet them
+    met = [t.rate for t in found.tried[1:] if t.attainment >= 0.9]
+    failed = [t.rate for t in found.tried[1:] if t.attainment < 0.9]
+    assert max(met) == best.rate and best.rate < min(failed) <= best.rate * 1.05
+    # from a start the targets fail at, the search comes down to the same neighbourhood
+    below = search_rate(timer, requests, ttft_s=50e-6, tpot_s=2e-6, start=1e6).best
+    assert below is not None and abs(below.rate / best.rate - 1) < 0.2
+    # a TTFT below one request's own prefill: no rate meets it, said rather than searched
+    none = search_rate(timer, requests, ttft_s=1e-7, tpot_s=None)
+    assert none.best is None and len(none.tried) == 1
+    assert (
+        main(
+            [
+                "serve",
+                "gpt2",
+                "--sweep-rate",
+                "--ttft-ms",
+                "0.0001",
+                "--requests",
+                "20",
+                "--input-len",
+                "64",
+                "--output-len",
+                "4",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert "no rate meets TTFT <= 0.0001 ms for 90% of requests" in capsys.readouterr().out
+    with pytest.raises(OptionError, match="needs a TTFT or a TPOT target"):
+        search_rate(timer, requests, ttft_s=None, tpot_s=None)

@@ -169,6 +169,26 @@ class PreparedModel:
             self._planned_points,
         )
 
+    def for_regime(self, regime: str) -> PreparedModel:
+        """The same model, with the same workload keywords but its sizes (batch, seq and
+        context are each price's), prepared for ``regime`` (this one where it is its
+        regime); it traces its own steps."""
+        if regime == self.workload.regime:
+            return self
+        _, workload, given = self._given
+        sizes = ("regime", "batch", "seq", "context")
+        kept = {k: v for k, v in given.items() if k not in sizes}
+        return prepare(
+            self.model,
+            regime,
+            workload=workload,
+            inputs=self._inputs,
+            loss_fn=self._loss_fn,
+            max_traces=self._max_traces,
+            progress=self.progress,
+            **kept,
+        )
+
     def workload_for(self, **knobs: Any) -> Workload:
         """The workload :meth:`price` traces for these workload keywords (checked)."""
         return self._step(knobs)[0]
@@ -179,6 +199,12 @@ class PreparedModel:
         """(the workload, whether a module is cast) as estimate() makes them from what
         prepare() was given and ``knobs``, with the defaults of ``pricing``'s runtime."""
         regime, workload, given = self._given
+        asked = knobs.get("regime")
+        if asked is not None and asked != self.workload.regime:
+            raise OptionError(
+                f"this model is prepared for {self.workload.regime} steps, not {asked}: "
+                f"price {asked} from for_regime({asked!r}) or a model prepared for it"
+            )
         merged = {**given, **knobs}
         if pricing is not None:
             merged = workload_defaults(pricing, merged, workload, regime)

@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 from torchroof.cli.common import (
     Subparsers,
@@ -17,7 +18,7 @@ from torchroof.cli.common import (
     writable,
     wrote,
 )
-from torchroof.render.serving import serving_lines
+from torchroof.render.serving import rate_search_lines, serving_lines
 
 
 def _positive_float(text: str) -> float:
@@ -96,6 +97,18 @@ def add_parser(commands: Subparsers) -> None:
     slo = srv.add_argument_group("service-level objectives")
     slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
     slo.add_argument("--tpot-ms", type=_positive_float, help="time-per-output-token target")
+    slo.add_argument(
+        "--sweep-rate",
+        action="store_true",
+        help="search the highest request rate at which --attainment of the requests meet "
+        "the targets (instead of --rate or --concurrency)",
+    )
+    slo.add_argument(
+        "--attainment",
+        type=_positive_float,
+        default=0.9,
+        help="share of requests that must meet the targets (0.9)",
+    )
     out = srv.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
     out.add_argument("--csv", metavar="PATH", help="one row per request")
@@ -123,24 +136,24 @@ def run(args: argparse.Namespace) -> None:
         chunked_prefill=not args.no_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    result = serve(
-        args.model,
-        hardware,
-        rate=args.rate,
-        concurrency=args.concurrency,
-        requests=args.trace if args.trace else args.requests,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        burstiness=args.burstiness,
-        random_state=args.random_state,
-        engine=engine,
-        replicas=args.replicas,
-        router=args.router,
-        exact_up_to=args.interpolate_above,
+    deployment = {  # what serve() and highest_rate() take alike
+        "requests": args.trace if args.trace else args.requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "burstiness": args.burstiness,
+        "random_state": args.random_state,
+        "engine": engine,
+        "replicas": args.replicas,
+        "router": args.router,
+        "exact_up_to": args.interpolate_above,
         **settings,
-    )
+    }
     ttft = args.ttft_ms / 1e3 if args.ttft_ms else None
     tpot = args.tpot_ms / 1e3 if args.tpot_ms else None
+    if args.sweep_rate:
+        _sweep(args, deployment, hardware, ttft, tpot)
+        return
+    result = serve(args.model, hardware, rate=args.rate, concurrency=args.concurrency, **deployment)
     print("\n".join(serving_lines(result.summary(ttft, tpot), result.engine)))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(ttft, tpot), indent=1) + "\n")
@@ -152,3 +165,34 @@ def run(args: argparse.Namespace) -> None:
             writer.writeheader()
             writer.writerows(rows)
         wrote("one row per request", args.csv)
+
+
+def _sweep(
+    args: argparse.Namespace,
+    deployment: dict[str, Any],
+    hardware: str,
+    ttft: float | None,
+    tpot: float | None,
+) -> None:
+    """``--sweep-rate``: the highest rate within the targets, each rate tried."""
+    from torchroof.serving.serve import highest_rate
+
+    if args.rate is not None or args.concurrency is not None:
+        raise ValueError("--sweep-rate searches the rate: --rate and --concurrency are not taken")
+    if args.csv:
+        raise ValueError(
+            "--csv writes one row per request of one run: use --json with --sweep-rate"
+        )
+    found = highest_rate(
+        args.model,
+        hardware,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        attainment=args.attainment,
+        **deployment,
+    )
+    data = found.to_dict()
+    print("\n".join(rate_search_lines(data)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+        wrote("the search", args.json)

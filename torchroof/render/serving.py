@@ -54,6 +54,34 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
     return lines
 
 
+def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
+    """The rates a search served (its ``tried``: rate, attainment, P99 TTFT and TPOT) and
+    the highest within the targets, or why there is none."""
+    rows = [
+        [f"{t['rate']:,.4g}", f"{t['attainment']:.0%}", _ms(t["p99_ttft_s"]), _ms(t["p99_tpot_s"])]
+        for t in search["tried"]
+    ]
+    table = tabulate(rows, headers=["rate /s", "within targets", "P99 TTFT ms", "P99 TPOT ms"])
+    limits = " and ".join(
+        f"{name} <= {value * 1e3:g} ms"
+        for name, value in (("TTFT", search["ttft_s"]), ("TPOT", search["tpot_s"]))
+        if value is not None
+    )
+    best = search["best"]
+    if best is None:
+        alone = search["tried"][0]["attainment"]
+        verdict = (
+            f"no rate meets {limits} for {search['attainment']:.0%} of requests: served "
+            f"so far apart that none overlaps, {alone:.0%} of them do"
+        )
+    else:
+        verdict = (
+            f"highest rate within the targets: {best['rate']:,.4g} requests/s "
+            f"({best['attainment']:.0%} of requests meet {limits})"
+        )
+    return [table, "", verdict]
+
+
 def _plan(engine: Mapping[str, Any]) -> str:
     replicas = engine["replicas"]
     parts = [f"{replicas} replica{'s' if replicas != 1 else ''}"]

@@ -9,22 +9,26 @@ on the rows that sample a token.
 """
 
 from torchroof.serving.composition import SequenceWork, decodes, prompt
+from torchroof.serving.rate_search import RateSearch, search_rate
 from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
-from torchroof.serving.serve import serve
+from torchroof.serving.serve import highest_rate, serve
 from torchroof.serving.simulate import simulate
 from torchroof.serving.step_time import StepTime, StepTimer
 
 __all__ = [
     "EngineConfig",
+    "RateSearch",
     "Request",
     "SequenceWork",
     "ServeResult",
     "StepTime",
     "StepTimer",
     "decodes",
+    "highest_rate",
     "prompt",
+    "search_rate",
     "serve",
     "simulate",
 ]

@@ -68,17 +68,6 @@ def split_parts(step: KernelTimes, head: str) -> DecodeParts:
     return DecodeParts(step.time_s, attention, head_s, step.memory)
 
 
-def logit_bytes_per_row(trace: Trace, head: str) -> int:
-    """Bytes of one row of the output projection's output (its logits, per rank): the
-    largest tensor the head's ops write, over the rows it has."""
-    outputs = [t for op in trace.ops if op.module == head for t in op.outputs if t.shape]
-    if not outputs:
-        return 0
-    logits = max(outputs, key=lambda t: t.nbytes)
-    rows = max(1, logits.numel // logits.shape[-1])
-    return logits.nbytes // rows
-
-
 def is_attention(kernel: KernelEstimate) -> bool:
     return any(kind_of(name.rsplit(".", 1)[0]) == "attention" for name in kernel.ops)
 

@@ -18,6 +18,7 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
+from torchroof.serving.rate_search import RateSearch, search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
@@ -61,15 +62,8 @@ def serve(
     deployment's workload fields (``tp``, ``ep``, ``dtype``, ``kv_dtype``, ``quant``) and
     pricing options (``mode``, ``runtime``, ...); ``engine`` the scheduler's knobs.
     """
-    workload, pricing_knobs = split_knobs(knobs)
-    sized = sorted(set(workload) & set(SIZED_BY_REQUESTS))
-    if sized:
-        raise OptionError(
-            f"serve sizes each step from its requests: {', '.join(sized)} is not taken"
-        )
     batch = _requests(requests, rate, concurrency, input_len, output_len, burstiness, random_state)
-    prepared = prepare(model, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
-    timer = StepTimer(prepared, hardware, pricing=pricing, exact_up_to=exact_up_to, **pricing_knobs)
+    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     with reporting(progress):
         return simulate(
             timer,
@@ -79,6 +73,65 @@ def serve(
             replicas=replicas,
             router=router,
         )
+
+
+def highest_rate(
+    model: Any = DEFAULT_MODEL,
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+    *,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    attainment: float = 0.9,
+    requests: int | str | Path | Sequence[Request] = 500,
+    input_len: str | int = 1024,
+    output_len: str | int = 128,
+    burstiness: float = 1.0,
+    random_state: int = 0,
+    engine: EngineConfig | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
+    exact_up_to: int | None = None,
+    pricing: PricingOptions | None = None,
+    progress: bool = False,
+    **knobs: Any,
+) -> RateSearch:
+    """The highest request rate at which ``attainment`` of ``requests`` meet the TTFT and
+    TPOT targets (:func:`~torchroof.serving.rate_search.search_rate`), the other arguments
+    as :func:`serve` takes them; the requests arrive at 1 per second, their times scaled
+    for each rate tried."""
+    batch = _requests(requests, 1.0, None, input_len, output_len, burstiness, random_state)
+    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    with reporting(progress):
+        return search_rate(
+            timer,
+            batch,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            attainment=attainment,
+            engine=engine,
+            replicas=replicas,
+            router=router,
+        )
+
+
+def _timer(
+    model: Any,
+    hardware: str | Path | HardwareSpec | ClusterSpec,
+    knobs: dict[str, Any],
+    pricing: PricingOptions | None,
+    exact_up_to: int | None,
+    progress: bool,
+) -> StepTimer:
+    """The deployment's step timer: the model prepared for decode with the workload
+    keywords of ``knobs``, priced with its pricing keywords."""
+    workload, pricing_knobs = split_knobs(knobs)
+    sized = sorted(set(workload) & set(SIZED_BY_REQUESTS))
+    if sized:
+        raise OptionError(
+            f"serve sizes each step from its requests: {', '.join(sized)} is not taken"
+        )
+    prepared = prepare(model, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
+    return StepTimer(prepared, hardware, pricing=pricing, exact_up_to=exact_up_to, **pricing_knobs)
 
 
 def _requests(

@@ -48,17 +48,14 @@ class KvCapacity:
 
 def kv_capacity(timer: StepTimer, engine: EngineConfig) -> KvCapacity:
     """The KV blocks one engine holds (per GPU: every rank holds its own heads' share), or
-    ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does).
-
-    The activations are those of a decode of ``max_num_batched_tokens`` rows, less the
-    logits of the rows past ``max_num_seqs``: an engine's step computes logits only where it
-    samples (vLLM's profiling run likewise)."""
-    tokens = engine.max_num_batched_tokens
-    memory = timer.memory(tokens)
+    ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does): what
+    ``gpu_memory_utilization`` of its memory leaves after the weights and the activations
+    of its largest step (:meth:`~torchroof.serving.step_time.StepTimer.step_activations`
+    of ``max_num_batched_tokens`` tokens, logits for ``max_num_seqs`` rows at most)."""
+    memory = timer.memory(1)
     usable = int(memory.capacity_bytes * engine.gpu_memory_utilization)
     per_token = timer.kv_bytes_per_token()
-    unsampled = max(0, tokens - engine.max_num_seqs) * timer.logit_bytes_per_row
-    activations = max(0, memory.activations_peak_bytes - unsampled)
+    activations = timer.step_activations(engine.max_num_batched_tokens, engine.max_num_seqs)
     left = usable - memory.weights_bytes - activations
     blocks = max(0, left // (per_token * engine.block_size))
     if engine.num_gpu_blocks_override is not None:

@@ -25,6 +25,7 @@ static cache (one byte per key and layer), which an engine's paged kernels do no
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from torchroof.api import config_of
 from torchroof.config import PricingOptions, split_knobs
+from torchroof.config.choices import REGIME_FACTS
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models.sources import check_positions
+from torchroof.models.sources import check_positions, position_limit
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.runtime import timing_of, with_knobs
 from torchroof.progress import silenced
@@ -54,7 +56,6 @@ from torchroof.serving.parts import (
     DecodeParts,
     grid_neighbours,
     head_module,
-    logit_bytes_per_row,
     refuse_windows,
     split_parts,
 )
@@ -133,7 +134,7 @@ class StepTimer:
         self._checked_length = 0  # the longest sequence checked against the positions
         self._probes: dict[tuple[int, bool], DecodeParts] = {}
         self._runtimes: dict[tuple[int, bool], StepRuntime] = {}
-        self.context, self._head, self._layers, self.logit_bytes_per_row = self._read_trace()
+        self.context, self._head, self._layers = self._read_trace()
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
     def time(self, step: Sequence[SequenceWork]) -> StepTime:
@@ -189,6 +190,25 @@ class StepTimer:
         if memory is None:
             raise OptionError("the prepared decode step has no memory footprint")
         return memory
+
+    def step_activations(self, tokens: int, rows: int) -> int:
+        """The activations one GPU holds at the peak of the largest step an engine runs,
+        ``tokens`` new tokens with logits for at most ``rows`` of them: the larger of a
+        prefill of those tokens (in sequences as long as the model's positions allow, logits
+        for each one's last token) and a decode of ``rows`` sequences (logits for each), as
+        vLLM's profiling run sizes them."""
+        limit = position_limit(self._config) if self._config is not None else None
+        seq = min(tokens, limit[1]) if limit is not None else tokens
+        prefill = self.prepared.for_regime("prefill")
+        with silenced():
+            body = prefill.kernel_times(
+                self.hardware, pricing=self.pricing, batch=math.ceil(tokens / seq), seq=seq
+            ).memory
+        logits = self._probe(min(rows, tokens), eager=False).memory
+        return max(
+            body.activations_peak_bytes if body is not None else 0,
+            logits.activations_peak_bytes if logits is not None else 0,
+        )
 
     def kv_bytes_per_token(self) -> int:
         """K and V bytes one token adds to the cache on one GPU, over every layer."""
@@ -258,10 +278,9 @@ class StepTimer:
             runtime = self._runtimes[(batch, False)] = timing_of(self.pricing, workload)
         return runtime.graph_replayed
 
-    def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int], int]:
+    def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int]]:
         """(the prepared context, the output projection's module, each kind of attention
-        layer with its count, the bytes of one row of logits), read off the prepared decode
-        step's trace."""
+        layer with its count), read off the prepared decode step's trace."""
         trace = self.prepared.trace()
         if not isinstance(trace, Trace):
             raise OptionError("a step timer prices one pipeline stage")
@@ -277,13 +296,13 @@ class StepTimer:
                 "priced per sequence yet"
             )
         layers = dict(Counter(decode_geometry(op, context) for op in ops))
-        head = head_module(trace)
-        return context, head, layers, logit_bytes_per_row(trace, head)
+        return context, head_module(trace), layers
 
 
 def _check_base(base: Any) -> None:
     """Refuse a prepared step a step timer cannot price from."""
-    if base.regime != "decode":
+    facts = REGIME_FACTS[base.regime]
+    if facts.tokens_per_sequence != 1 or "cache" not in facts.knobs:  # a decode step
         raise OptionError(
             f"a step timer prices from a decode step: prepare the model with regime "
             f"'decode', not '{base.regime}'"
