@@ -79,7 +79,6 @@ def predict(run: dict[str, Any], timers: dict[tuple[str, str, int], StepTimer]) 
         "requests_per_s": summary["request_throughput_per_s"],
         "output_tokens_per_s": summary["output_tokens_per_s"],
         "total_tokens_per_s": summary["total_tokens_per_s"],
-        "kv_blocks_peak_share": summary["kv_blocks_peak_share"],
         "preemptions": summary["preemptions"],
     }
 

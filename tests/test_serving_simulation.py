@@ -152,16 +152,15 @@ def test_kv_blocks_are_what_memory_leaves(timer):
     kv = kv_capacity(timer, engine)
     assert kv.bytes_per_token == 512  # 2 layers x 2 K/V heads x (32 + 32) dims x 2 B
     usable = int(80 * 2**30 * 0.9)  # the H100 SXM's 80 GiB at vLLM's 0.9
-    # the largest step: 8192 new tokens (two prompts of the model's 4096 positions, logits
-    # for their last tokens) or 256 decodes (logits for each), whichever holds more
-    body = torchroof.estimate(small_llama(2), "prefill", seq=4096, batch=2)
-    rows = torchroof.estimate(small_llama(2), "decode", batch=256, context=16)
-    activations = max(body.memory.activations_peak_bytes, rows.memory.activations_peak_bytes)
+    # the largest step as vLLM's profiling run makes it: the 8192-token budget over 256
+    # requests of 32 tokens, logits for each one's last token
+    largest = torchroof.estimate(small_llama(2), "prefill", seq=32, batch=256)
+    activations = largest.memory.activations_peak_bytes
     assert kv.activations_bytes == activations
     # not a decode of 8192 rows, whose 8192 rows of logits (2000 B each) no step computes
     every_row = torchroof.estimate(small_llama(2), "decode", batch=8192, context=16)
     assert every_row.memory.activations_peak_bytes > activations
-    assert kv.weights_bytes == rows.memory.weights_bytes
+    assert kv.weights_bytes == largest.memory.weights_bytes
     assert kv.blocks == (usable - kv.weights_bytes - activations) // (512 * 16)
     assert kv_capacity(timer, EngineConfig(num_gpu_blocks_override=7)).blocks == 7
 
@@ -309,8 +308,11 @@ def test_the_highest_rate_within_the_targets(timer, capsys):
     assert alone["ttft_s"]["p99"] == pytest.approx(timer.time([prompt(512)]).time_s)
     # every rate that met the targets is at most the best, and a rate within 5% above it
     # did not meet them
-    met = [t.rate for t in found.tried[1:] if t.attainment >= 0.9]
-    failed = [t.rate for t in found.tried[1:] if t.attainment < 0.9]
+    # then every request at once, which fails these targets
+    assert [t.how for t in found.tried[:2]] == ["one at a time", "all at once"]
+    assert found.tried[1].attainment < 0.9
+    met = [t.rate for t in found.tried[2:] if t.attainment >= 0.9]
+    failed = [t.rate for t in found.tried[2:] if t.attainment < 0.9]
     assert max(met) == best.rate and best.rate < min(failed) <= best.rate * 1.05
     # from a start the targets fail at, the search comes down to the same neighbourhood
     below = search_rate(timer, requests, ttft_s=50e-6, tpot_s=2e-6, start=1e6).best
@@ -338,5 +340,11 @@ def test_the_highest_rate_within_the_targets(timer, capsys):
         == 0
     )
     assert "no rate meets TTFT <= 0.0001 ms for 90% of requests" in capsys.readouterr().out
+    # targets every request at once meets: no rate limits them, found in two runs
+    loose = search_rate(timer, requests, ttft_s=1.0, tpot_s=None)
+    assert loose.best is not None and loose.best.how == "all at once" and len(loose.tried) == 2
     with pytest.raises(OptionError, match="needs a TTFT or a TPOT target"):
         search_rate(timer, requests, ttft_s=None, tpot_s=None)
+    together = [Request(i, 16, 4, 0.5) for i in range(3)]
+    with pytest.raises(OptionError, match="all arrive at one time"):
+        search_rate(timer, together, ttft_s=1.0, tpot_s=None)

@@ -37,6 +37,16 @@ def add_parser(commands: Subparsers) -> None:
         "[options]",
     )
     workload_args(srv)
+    _request_flags(srv)
+    _engine_flags(srv)
+    _target_flags(srv)
+    out = srv.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
+    out.add_argument("--csv", metavar="PATH", help="one row per request")
+    add_quiet(srv)
+
+
+def _request_flags(srv: argparse.ArgumentParser) -> None:
     load = srv.add_argument_group("requests")
     load.add_argument("--rate", type=_positive_float, help="requests per second (Poisson)")
     load.add_argument(
@@ -67,6 +77,9 @@ def add_parser(commands: Subparsers) -> None:
         default=0,
         help="the random state the requests are drawn from (0)",
     )
+
+
+def _engine_flags(srv: argparse.ArgumentParser) -> None:
     eng = srv.add_argument_group("engine")
     eng.add_argument("--replicas", type=positive_int, default=1, help="engines behind a router")
     eng.add_argument("--router", default="round-robin", help="round-robin or least-loaded")
@@ -94,6 +107,9 @@ def add_parser(commands: Subparsers) -> None:
         "exact on the pure roofline, up to 8.5%% off in realistic mode); default: every "
         "size priced",
     )
+
+
+def _target_flags(srv: argparse.ArgumentParser) -> None:
     slo = srv.add_argument_group("service-level objectives")
     slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
     slo.add_argument("--tpot-ms", type=_positive_float, help="time-per-output-token target")
@@ -109,10 +125,6 @@ def add_parser(commands: Subparsers) -> None:
         default=0.9,
         help="share of requests that must meet the targets (0.9)",
     )
-    out = srv.add_argument_group("output")
-    out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
-    out.add_argument("--csv", metavar="PATH", help="one row per request")
-    add_quiet(srv)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -121,6 +133,8 @@ def run(args: argparse.Namespace) -> None:
 
     writable(args.json, args.csv)
     given: set[str] = getattr(args, "given", set())
+    if "attainment" in given and not args.sweep_rate:
+        raise ValueError("--attainment is the share a --sweep-rate search asks for: give both")
     drawn = sorted({"requests", "input_len", "output_len"} & given)
     if args.trace and drawn:
         raise ValueError(

@@ -55,10 +55,15 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
 
 
 def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
-    """The rates a search served (its ``tried``: rate, attainment, P99 TTFT and TPOT) and
-    the highest within the targets, or why there is none."""
+    """The loads a search served (its ``tried``: rate or how, attainment, P99 TTFT and
+    TPOT) and the highest rate within the targets, or why there is none."""
     rows = [
-        [f"{t['rate']:,.4g}", f"{t['attainment']:.0%}", _ms(t["p99_ttft_s"]), _ms(t["p99_tpot_s"])]
+        [
+            t["how"] or f"{t['rate']:,.4g}",
+            f"{t['attainment']:.0%}",
+            _ms(t["p99_ttft_s"]),
+            _ms(t["p99_tpot_s"]),
+        ]
         for t in search["tried"]
     ]
     table = tabulate(rows, headers=["rate /s", "within targets", "P99 TTFT ms", "P99 TPOT ms"])
@@ -67,18 +72,23 @@ def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
         for name, value in (("TTFT", search["ttft_s"]), ("TPOT", search["tpot_s"]))
         if value is not None
     )
-    best = search["best"]
-    if best is None:
-        alone = search["tried"][0]["attainment"]
-        verdict = (
-            f"no rate meets {limits} for {search['attainment']:.0%} of requests: served "
-            f"so far apart that none overlaps, {alone:.0%} of them do"
-        )
-    else:
+    share = f"{search['attainment']:.0%}"
+    best, first = search["best"], search["tried"][0]
+    if best is not None and best["rate"] is None:
+        verdict = f"every request at once meets {limits} for {share} of them: no rate limits them"
+    elif best is not None:
         verdict = (
             f"highest rate within the targets: {best['rate']:,.4g} requests/s "
             f"({best['attainment']:.0%} of requests meet {limits})"
         )
+    elif first["attainment"] < search["attainment"]:
+        verdict = (
+            f"no rate meets {limits} for {share} of requests: served one at a time, "
+            f"{first['attainment']:.0%} of them do"
+        )
+    else:
+        lowest = min(t["rate"] for t in search["tried"] if t["rate"] is not None and not t["how"])
+        verdict = f"no rate down to {lowest:,.4g} requests/s meets {limits} for {share} of requests"
     return [table, "", verdict]
 
 

@@ -26,13 +26,19 @@ from torchroof.serving.step_time import StepTimer
 MAX_DOUBLINGS = 30
 
 
+ONE_AT_A_TIME = "one at a time"
+ALL_AT_ONCE = "all at once"
+
+
 @dataclass(frozen=True)
 class RateTried:
-    """One rate the search served, and the share of requests within the targets."""
+    """One rate the search served, and the share of requests within the targets; ``how``
+    names the two loads that are not open arrivals at a rate."""
 
     rate: float
     attainment: float
     result: ServeResult
+    how: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class RateSearch:
         def row(t: RateTried) -> dict[str, Any]:
             summary = t.result.summary(self.ttft_s, self.tpot_s)
             return {
-                "rate": t.rate,
+                "rate": t.rate if math.isfinite(t.rate) else None,
+                "how": t.how,
                 "attainment": t.attainment,
                 "p99_ttft_s": summary["ttft_s"]["p99"],
                 "p99_tpot_s": summary["tpot_s"]["p99"],
@@ -72,6 +79,18 @@ class RateSearch:
         }
 
 
+def check_targets(ttft_s: float | None, tpot_s: float | None, attainment: float) -> None:
+    """Refuse a search without a target, a target that is not a positive time, or an
+    attainment outside (0, 1]."""
+    if ttft_s is None and tpot_s is None:
+        raise OptionError("a rate search needs a TTFT or a TPOT target")
+    for name, value in (("ttft", ttft_s), ("tpot", tpot_s)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise OptionError(f"the {name} target must be above 0 seconds, got {value}")
+    if not 0 < attainment <= 1:
+        raise OptionError(f"attainment must be in (0, 1], got {attainment}")
+
+
 def _one_at_a_time(
     timer: StepTimer,
     requests: Sequence[Request],
@@ -81,15 +100,29 @@ def _one_at_a_time(
     ttft_s: float | None,
     tpot_s: float | None,
 ) -> RateTried:
-    """The requests served one at a time: each arrives twice the longest one's time alone
-    after the last, so none overlaps another (the rate is one per that interval)."""
-    longest = max(requests, key=lambda r: r.input_len + r.output_len)
-    single = simulate(timer, [replace(longest, arrival_s=0.0)], engine=engine)
-    gap = 2 * single.requests[0].e2e_s
-    spaced = [replace(r, arrival_s=i * gap) for i, r in enumerate(requests)]
-    result = simulate(timer, spaced, engine=engine, replicas=replicas, router=router)
+    """The requests served one at a time (one closed-loop client per replica: each sent
+    when the last one ends); its rate is the requests over the time they took."""
+    result = simulate(
+        timer, requests, engine=engine, concurrency=replicas, replicas=replicas, router=router
+    )
     met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
-    return RateTried(1 / gap, met, result)
+    return RateTried(len(requests) / result.duration_s, met, result, ONE_AT_A_TIME)
+
+
+def _all_at_once(
+    timer: StepTimer,
+    requests: Sequence[Request],
+    engine: EngineConfig | None,
+    replicas: int,
+    router: str,
+    ttft_s: float | None,
+    tpot_s: float | None,
+) -> RateTried:
+    """Every request at time 0: where even this meets the targets, no rate limits them."""
+    together = [replace(r, arrival_s=0.0) for r in requests]
+    result = simulate(timer, together, engine=engine, replicas=replicas, router=router)
+    met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
+    return RateTried(math.inf, met, result, ALL_AT_ONCE)
 
 
 def search_rate(
@@ -107,17 +140,16 @@ def search_rate(
 ) -> RateSearch:
     """Search the highest rate at which ``requests`` (arriving at 1 per second in their
     own times, which are scaled) meet the targets."""
-    if ttft_s is None and tpot_s is None:
-        raise OptionError("a rate search needs a TTFT or a TPOT target")
-    for name, value in (("ttft", ttft_s), ("tpot", tpot_s)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise OptionError(f"the {name} target must be above 0 seconds, got {value}")
-    if not 0 < attainment <= 1:
-        raise OptionError(f"attainment must be in (0, 1], got {attainment}")
+    check_targets(ttft_s, tpot_s, attainment)
     if not (start > 0 and math.isfinite(start)) or not 0 < tolerance < 1:
         raise OptionError("start must be above 0 per second and tolerance in (0, 1)")
     if any(r.arrival_s is None for r in requests):
         raise OptionError("a rate search scales the requests' arrival times: give them")
+    times = [r.arrival_s or 0.0 for r in requests]
+    if len(requests) > 1 and max(times) == min(times):
+        raise OptionError(
+            "the requests all arrive at one time: a rate search needs their arrivals spread"
+        )
     tried: list[RateTried] = []
 
     def serve(rate: float) -> RateTried:
@@ -131,13 +163,17 @@ def search_rate(
     tried.append(alone)
     if alone.attainment < attainment:
         return RateSearch(None, tuple(tried), ttft_s, tpot_s, attainment)
+    together = _all_at_once(timer, requests, engine, replicas, router, ttft_s, tpot_s)
+    tried.append(together)
+    if together.attainment >= attainment:
+        return RateSearch(together, tuple(tried), ttft_s, tpot_s, attainment)
     low, rate = None, start
     for _ in range(MAX_DOUBLINGS):  # up from start while the rate meets the targets
         point = serve(rate)
         if point.attainment < attainment:
             break
         low, rate = point, rate * 2
-    else:
+    else:  # cannot happen: every request at once failed
         raise OptionError(f"every rate up to {rate:g} per second meets the targets")
     high = rate
     while low is None and rate > start / 2**MAX_DOUBLINGS:  # start failed: down from it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,7 +19,7 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
-from torchroof.serving.rate_search import RateSearch, search_rate
+from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
@@ -97,9 +98,11 @@ def highest_rate(
 ) -> RateSearch:
     """The highest request rate at which ``attainment`` of ``requests`` meet the TTFT and
     TPOT targets (:func:`~torchroof.serving.rate_search.search_rate`), the other arguments
-    as :func:`serve` takes them; the requests arrive at 1 per second, their times scaled
-    for each rate tried."""
-    batch = _requests(requests, 1.0, None, input_len, output_len, burstiness, random_state)
+    as :func:`serve` takes them. Drawn requests arrive at 1 per second; a file's own
+    arrival times are kept, scaled to a mean of 1 per second; each rate tried scales
+    them again."""
+    check_targets(ttft_s, tpot_s, attainment)  # before anything is traced
+    batch = _unit_rate(requests, input_len, output_len, burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     with reporting(progress):
         return search_rate(
@@ -112,6 +115,30 @@ def highest_rate(
             replicas=replicas,
             router=router,
         )
+
+
+def _unit_rate(
+    requests: int | str | Path | Sequence[Request],
+    input_len: str | int,
+    output_len: str | int,
+    burstiness: float,
+    random_state: int,
+) -> list[Request]:
+    """The requests arriving at a mean of 1 per second: drawn so, or given with their own
+    times (a file's), shifted to start at 0 and scaled; given without times, drawn so."""
+    if isinstance(requests, int):
+        return _requests(requests, 1.0, None, input_len, output_len, burstiness, random_state)
+    given = _requests(requests, None, 1, input_len, output_len, burstiness, random_state)
+    times = [r.arrival_s for r in given]
+    if any(t is None for t in times) or len(given) < 2:
+        return _requests(given, 1.0, None, input_len, output_len, burstiness, random_state)
+    first, last = min(t or 0.0 for t in times), max(t or 0.0 for t in times)
+    if last == first:
+        raise OptionError(
+            "the requests all arrive at one time: a rate search needs their arrivals spread"
+        )
+    gap = (last - first) / (len(given) - 1)
+    return [replace(r, arrival_s=((r.arrival_s or 0.0) - first) / gap) for r in given]
 
 
 def _timer(

@@ -25,7 +25,6 @@ static cache (one byte per key and layer), which an engine's paged kernels do no
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +37,7 @@ from torchroof.config.choices import REGIME_FACTS
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models.sources import check_positions, position_limit
+from torchroof.models.sources import check_positions
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.runtime import timing_of, with_knobs
 from torchroof.progress import silenced
@@ -134,6 +133,8 @@ class StepTimer:
         self._checked_length = 0  # the longest sequence checked against the positions
         self._probes: dict[tuple[int, bool], DecodeParts] = {}
         self._runtimes: dict[tuple[int, bool], StepRuntime] = {}
+        self._activations: dict[tuple[int, int], int] = {}
+        self._prefill: PreparedModel | None = None
         self.context, self._head, self._layers = self._read_trace()
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
@@ -192,23 +193,22 @@ class StepTimer:
         return memory
 
     def step_activations(self, tokens: int, rows: int) -> int:
-        """The activations one GPU holds at the peak of the largest step an engine runs,
-        ``tokens`` new tokens with logits for at most ``rows`` of them: the larger of a
-        prefill of those tokens (in sequences as long as the model's positions allow, logits
-        for each one's last token) and a decode of ``rows`` sequences (logits for each), as
-        vLLM's profiling run sizes them."""
-        limit = position_limit(self._config) if self._config is not None else None
-        seq = min(tokens, limit[1]) if limit is not None else tokens
-        prefill = self.prepared.for_regime("prefill")
-        with silenced():
-            body = prefill.kernel_times(
-                self.hardware, pricing=self.pricing, batch=math.ceil(tokens / seq), seq=seq
-            ).memory
-        logits = self._probe(min(rows, tokens), eager=False).memory
-        return max(
-            body.activations_peak_bytes if body is not None else 0,
-            logits.activations_peak_bytes if logits is not None else 0,
-        )
+        """The activations one GPU holds at the peak of the largest step an engine runs:
+        ``tokens`` new tokens spread over ``rows`` sequences, a prefill with logits for
+        each one's last token, as vLLM's profiling run sizes it (the budget of tokens over
+        ``max_num_seqs`` requests, then the sampler on each)."""
+        key = (tokens, rows)
+        found = self._activations.get(key)
+        if found is None:
+            batch = max(1, min(rows, tokens))
+            if self._prefill is None:
+                self._prefill = self.prepared.for_regime("prefill")
+            with silenced():
+                memory = self._prefill.kernel_times(
+                    self.hardware, pricing=self.pricing, batch=batch, seq=tokens // batch
+                ).memory
+            found = self._activations[key] = memory.activations_peak_bytes if memory else 0
+        return found
 
     def kv_bytes_per_token(self) -> int:
         """K and V bytes one token adds to the cache on one GPU, over every layer."""
