@@ -163,6 +163,11 @@ def test_kv_blocks_are_what_memory_leaves(timer):
     assert kv.weights_bytes == largest.memory.weights_bytes
     assert kv.blocks == (usable - kv.weights_bytes - activations) // (512 * 16)
     assert kv_capacity(timer, EngineConfig(num_gpu_blocks_override=7)).blocks == 7
+    # GPT-2 has 1024 positions: 8192 tokens over 4 requests would be 2048 each, so the
+    # largest step is 8 sequences of 1024
+    gpt2 = StepTimer(torchroof.prepare("gpt2", "decode", context=16))
+    eight = torchroof.estimate("gpt2", "prefill", batch=8, seq=1024)
+    assert gpt2.step_activations(8192, 4) == eight.memory.activations_peak_bytes
 
 
 def test_lengths_and_arrivals_are_drawn_as_written():

@@ -75,7 +75,10 @@ def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
     share = f"{search['attainment']:.0%}"
     best, first = search["best"], search["tried"][0]
     if best is not None and best["rate"] is None:
-        verdict = f"every request at once meets {limits} for {share} of them: no rate limits them"
+        verdict = (
+            f"every request at once meets {limits} for {best['attainment']:.0%} of them: no "
+            "rate limits them"
+        )
     elif best is not None:
         verdict = (
             f"highest rate within the targets: {best['rate']:,.4g} requests/s "

@@ -4,9 +4,12 @@ A rate meets the targets when at least ``attainment`` of its requests see a TTFT
 TPOT within them (DistServe's SLO attainment, Zhong et al. 2024; 90% by default). The
 requests keep their lengths at every rate tried, and their arrivals keep one draw of
 exponential (or gamma) gaps, scaled by 1 / rate: a higher rate sends the same requests
-closer together, so attainment falls as the rate rises. The search doubles the rate from
-``start`` until a rate fails, then halves the interval between the last rate that met the
-targets and the first that did not until it is within ``tolerance`` of it.
+closer together, so attainment falls as the rate rises (mostly: it need not fall
+steadily). The search serves the requests one at a time on each replica first (where even
+that fails, no rate meets the targets) and then every request at once (where that passes,
+no rate limits them); then it doubles the rate from ``start`` until a rate fails (or halves
+it until one passes), and halves the interval between the last rate that met the targets
+and the first that did not until it is within ``tolerance`` of it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from torchroof.serving.simulate import simulate
 from torchroof.serving.step_time import StepTimer
 
 MAX_DOUBLINGS = 30
-
 
 ONE_AT_A_TIME = "one at a time"
 ALL_AT_ONCE = "all at once"
@@ -100,10 +102,16 @@ def _one_at_a_time(
     ttft_s: float | None,
     tpot_s: float | None,
 ) -> RateTried:
-    """The requests served one at a time (one closed-loop client per replica: each sent
-    when the last one ends); its rate is the requests over the time they took."""
+    """The requests served one at a time on each replica (one closed-loop client per
+    replica, each request sent when its client's last one ends, to the least-loaded
+    replica: always a free one); its rate is the requests over the time they took."""
     result = simulate(
-        timer, requests, engine=engine, concurrency=replicas, replicas=replicas, router=router
+        timer,
+        requests,
+        engine=engine,
+        concurrency=replicas,
+        replicas=replicas,
+        router="least-loaded",
     )
     met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
     return RateTried(len(requests) / result.duration_s, met, result, ONE_AT_A_TIME)
@@ -173,7 +181,8 @@ def search_rate(
         if point.attainment < attainment:
             break
         low, rate = point, rate * 2
-    else:  # cannot happen: every request at once failed
+    else:  # every rate passed though every request at once did not (attainment need not
+        # fall steadily with the rate)
         raise OptionError(f"every rate up to {rate:g} per second meets the targets")
     high = rate
     while low is None and rate > start / 2**MAX_DOUBLINGS:  # start failed: down from it

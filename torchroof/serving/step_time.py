@@ -25,6 +25,7 @@ static cache (one byte per key and layer), which an engine's paged kernels do no
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +38,7 @@ from torchroof.config.choices import REGIME_FACTS
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models.sources import check_positions
+from torchroof.models.sources import check_positions, position_limit
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.runtime import timing_of, with_knobs
 from torchroof.progress import silenced
@@ -194,18 +195,22 @@ class StepTimer:
 
     def step_activations(self, tokens: int, rows: int) -> int:
         """The activations one GPU holds at the peak of the largest step an engine runs:
-        ``tokens`` new tokens spread over ``rows`` sequences, a prefill with logits for
-        each one's last token, as vLLM's profiling run sizes it (the budget of tokens over
-        ``max_num_seqs`` requests, then the sampler on each)."""
+        ``tokens`` new tokens spread over ``rows`` sequences (more where a sequence would
+        outgrow the model's positions), a prefill with logits for each one's last token,
+        as vLLM's profiling run sizes it (the budget of tokens over ``max_num_seqs``
+        requests, then the sampler on each)."""
         key = (tokens, rows)
         found = self._activations.get(key)
         if found is None:
             batch = max(1, min(rows, tokens))
+            limit = position_limit(self._config) if self._config is not None else None
+            if limit is not None:  # no sequence longer than the model's positions
+                batch = max(batch, math.ceil(tokens / limit[1]))
             if self._prefill is None:
                 self._prefill = self.prepared.for_regime("prefill")
             with silenced():
                 memory = self._prefill.kernel_times(
-                    self.hardware, pricing=self.pricing, batch=batch, seq=tokens // batch
+                    self.hardware, pricing=self.pricing, batch=batch, seq=max(1, tokens // batch)
                 ).memory
             found = self._activations[key] = memory.activations_peak_bytes if memory else 0
         return found
