@@ -93,46 +93,6 @@ def check_targets(ttft_s: float | None, tpot_s: float | None, attainment: float)
         raise OptionError(f"attainment must be in (0, 1], got {attainment}")
 
 
-def _one_at_a_time(
-    timer: StepTimer,
-    requests: Sequence[Request],
-    engine: EngineConfig | None,
-    replicas: int,
-    router: str,
-    ttft_s: float | None,
-    tpot_s: float | None,
-) -> RateTried:
-    """The requests served one at a time on each replica (one closed-loop client per
-    replica, each request sent when its client's last one ends, to the least-loaded
-    replica: always a free one); its rate is the requests over the time they took."""
-    result = simulate(
-        timer,
-        requests,
-        engine=engine,
-        concurrency=replicas,
-        replicas=replicas,
-        router="least-loaded",
-    )
-    met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
-    return RateTried(len(requests) / result.duration_s, met, result, ONE_AT_A_TIME)
-
-
-def _all_at_once(
-    timer: StepTimer,
-    requests: Sequence[Request],
-    engine: EngineConfig | None,
-    replicas: int,
-    router: str,
-    ttft_s: float | None,
-    tpot_s: float | None,
-) -> RateTried:
-    """Every request at time 0: where even this meets the targets, no rate limits them."""
-    together = [replace(r, arrival_s=0.0) for r in requests]
-    result = simulate(timer, together, engine=engine, replicas=replicas, router=router)
-    met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
-    return RateTried(math.inf, met, result, ALL_AT_ONCE)
-
-
 def search_rate(
     timer: StepTimer,
     requests: Sequence[Request],
@@ -160,19 +120,29 @@ def search_rate(
         )
     tried: list[RateTried] = []
 
-    def serve(rate: float) -> RateTried:
-        scaled = [replace(r, arrival_s=(r.arrival_s or 0.0) / rate) for r in requests]
-        result = simulate(timer, scaled, engine=engine, replicas=replicas, router=router)
+    def served(
+        load: Sequence[Request], rate: float | None, how: str = "", **how_served: Any
+    ) -> RateTried:
+        """``load`` served and recorded; a rate of None is the requests over their time."""
+        kwargs = {"replicas": replicas, "router": router, **how_served}
+        result = simulate(timer, load, engine=engine, **kwargs)
         met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
-        tried.append(RateTried(rate, met, result))
+        if rate is None:
+            rate = len(requests) / result.duration_s
+        tried.append(RateTried(rate, met, result, how))
         return tried[-1]
 
-    alone = _one_at_a_time(timer, requests, engine, replicas, router, ttft_s, tpot_s)
-    tried.append(alone)
+    def serve(rate: float) -> RateTried:
+        return served([replace(r, arrival_s=(r.arrival_s or 0.0) / rate) for r in requests], rate)
+
+    # one at a time on each replica: one closed-loop client per replica, each request sent
+    # when its client's last one ends, to the least-loaded replica (always a free one); its
+    # rate is the requests over the time they took
+    alone = served(requests, None, ONE_AT_A_TIME, concurrency=replicas, router="least-loaded")
     if alone.attainment < attainment:
         return RateSearch(None, tuple(tried), ttft_s, tpot_s, attainment)
-    together = _all_at_once(timer, requests, engine, replicas, router, ttft_s, tpot_s)
-    tried.append(together)
+    # every request at time 0: where even this meets the targets, no rate limits them
+    together = served([replace(r, arrival_s=0.0) for r in requests], math.inf, ALL_AT_ONCE)
     if together.attainment >= attainment:
         return RateSearch(together, tuple(tried), ttft_s, tpot_s, attainment)
     low, rate = None, start

@@ -126,12 +126,13 @@ def _unit_rate(
 ) -> list[Request]:
     """The requests arriving at a mean of 1 per second: drawn so, or given with their own
     times (a file's), shifted to start at 0 and scaled; given without times, drawn so."""
-    if isinstance(requests, int):
+    if isinstance(requests, int) and not isinstance(requests, bool):
         return _requests(requests, 1.0, None, input_len, output_len, burstiness, random_state)
-    given = _requests(requests, None, 1, input_len, output_len, burstiness, random_state)
+    _check_burstiness(burstiness)
+    given = _given(requests)
     times = [r.arrival_s for r in given]
     if any(t is None for t in times) or len(given) < 2:
-        return _requests(given, 1.0, None, input_len, output_len, burstiness, random_state)
+        return _retimed(given, 1.0, burstiness, random_state)
     first, last = min(t or 0.0 for t in times), max(t or 0.0 for t in times)
     if last == first:
         raise OptionError(
@@ -177,11 +178,8 @@ def _requests(
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
     ):
         raise OptionError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
-    if not (isinstance(burstiness, (int, float)) and burstiness > 0 and math.isfinite(burstiness)):
-        raise OptionError(f"burstiness must be above 0 (1 is Poisson), got {burstiness}")
-    if isinstance(requests, (str, Path)):
-        given = read_requests(requests)
-    elif isinstance(requests, int) and not isinstance(requests, bool):
+    _check_burstiness(burstiness)
+    if isinstance(requests, int) and not isinstance(requests, bool):
         inputs, outputs = (
             Lengths.parse(input_len, "input_len"),
             Lengths.parse(output_len, "output_len"),
@@ -194,23 +192,41 @@ def _requests(
             else _open(rate, burstiness)
         )
         return make_requests(requests, inputs, outputs, arrivals, random_state)
-    elif isinstance(requests, Sequence):
-        given = list(cast(Sequence[Request], requests))
-        if not all(isinstance(r, Request) for r in given):
-            raise OptionError("requests must be a count, a file, or Request objects")
-    else:
-        raise OptionError(f"requests must be a count, a file, or Request objects, got {requests!r}")
+    given = _given(requests)
     if rate is not None:  # new arrival times at the rate, the lengths as given
-        times = _open(rate, burstiness).times(_rng(random_state), len(given))
-        return [
-            Request(r.index, r.input_len, r.output_len, t)
-            for r, t in zip(given, times, strict=True)
-        ]
+        return _retimed(given, rate, burstiness, random_state)
     if concurrency is None and any(r.arrival_s is None for r in given):
         raise OptionError(
             "the requests give no arrival times: give a request rate or a concurrency"
         )
     return given
+
+
+def _check_burstiness(burstiness: float) -> None:
+    if not (isinstance(burstiness, (int, float)) and burstiness > 0 and math.isfinite(burstiness)):
+        raise OptionError(f"burstiness must be above 0 (1 is Poisson), got {burstiness}")
+
+
+def _given(requests: object) -> list[Request]:
+    """The requests of a JSONL/CSV file or a sequence of :class:`Request` objects."""
+    if isinstance(requests, (str, Path)):
+        return read_requests(requests)
+    if isinstance(requests, Sequence):
+        given = list(cast(Sequence[Request], requests))
+        if not all(isinstance(r, Request) for r in given):
+            raise OptionError("requests must be a count, a file, or Request objects")
+        return given
+    raise OptionError(f"requests must be a count, a file, or Request objects, got {requests!r}")
+
+
+def _retimed(
+    given: list[Request], rate: float, burstiness: float, random_state: int
+) -> list[Request]:
+    """``given``'s lengths with new arrival times drawn at ``rate``."""
+    times = _open(rate, burstiness).times(_rng(random_state), len(given))
+    return [
+        Request(r.index, r.input_len, r.output_len, t) for r, t in zip(given, times, strict=True)
+    ]
 
 
 def _open(rate: float | None, burstiness: float) -> Arrivals:

@@ -161,12 +161,8 @@ class StepTimer:
         """Every layer's attention for ``step``: a ragged kernel over its decodes and one
         over its prefill chunks (or speculative verifications), under the runtime a decode
         of batch ``tokens`` runs (launched eagerly where ``eager``)."""
-        runtime = self._runtimes.get((tokens, eager))
-        if runtime is None:
-            workload = self.prepared.workload_for(batch=tokens)
-            pricing = self._eager if eager else self.pricing
-            runtime = self._runtimes[(tokens, eager)] = timing_of(pricing, workload)
         pricing = self._eager if eager else self.pricing
+        runtime = self._runtime(tokens, eager)
         decodes = [work for work in step if work.new_tokens == 1]
         chunks = [work for work in step if work.new_tokens > 1]
         total = 0.0
@@ -277,11 +273,17 @@ class StepTimer:
 
     def _graphed(self, batch: int) -> bool:
         """Whether the prepared decode at ``batch`` replays a CUDA graph under the pricing."""
-        runtime = self._runtimes.get((batch, False))
+        return self._runtime(batch, eager=False).graph_replayed
+
+    def _runtime(self, batch: int, eager: bool) -> StepRuntime:
+        """What the runtime sets for the prepared decode at ``batch`` (launched eagerly
+        where ``eager``), worked out once per batch."""
+        runtime = self._runtimes.get((batch, eager))
         if runtime is None:
             workload = self.prepared.workload_for(batch=batch)
-            runtime = self._runtimes[(batch, False)] = timing_of(self.pricing, workload)
-        return runtime.graph_replayed
+            pricing = self._eager if eager else self.pricing
+            runtime = self._runtimes[(batch, eager)] = timing_of(pricing, workload)
+        return runtime
 
     def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int]]:
         """(the prepared context, the output projection's module, each kind of attention
