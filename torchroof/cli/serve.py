@@ -39,6 +39,7 @@ def add_parser(commands: Subparsers) -> None:
     workload_args(srv)
     _request_flags(srv)
     _engine_flags(srv)
+    _speculative_flags(srv)
     _target_flags(srv)
     out = srv.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
@@ -109,6 +110,43 @@ def _engine_flags(srv: argparse.ArgumentParser) -> None:
     )
 
 
+def _speculative_flags(srv: argparse.ArgumentParser) -> None:
+    spec = srv.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--draft", metavar="MODEL", help="a draft model proposing tokens (as the model is given)"
+    )
+    spec.add_argument(
+        "--speculative-tokens", type=positive_int, default=3, help="tokens drafted per step (3)"
+    )
+    spec.add_argument(
+        "--acceptance",
+        metavar="RATE",
+        help="the share of drafts accepted (0.7), or one rate per drafted position as the "
+        "engine's metrics report them (0.8,0.6,0.4)",
+    )
+    spec.add_argument("--draft-tp", type=positive_int, help="the draft's tensor parallel size")
+
+
+def _speculative(args: argparse.Namespace, given: set[str]) -> Any:
+    """The ``--draft`` flags as a :class:`~torchroof.serving.speculative.Speculative`."""
+    from torchroof.serving.speculative import Speculative
+
+    if args.draft is None:
+        extra = sorted({"speculative_tokens", "acceptance", "draft_tp"} & given)
+        if extra:
+            raise ValueError(
+                f"{', '.join('--' + e.replace('_', '-') for e in extra)} describe a draft "
+                "model: give --draft too"
+            )
+        return None
+    if args.acceptance is None:
+        raise ValueError(
+            "--draft needs --acceptance: the share of drafted tokens the target accepts "
+            "(a rate such as 0.7, or one per position such as 0.8,0.6,0.4)"
+        )
+    return Speculative(args.draft, args.acceptance, args.speculative_tokens, args.draft_tp)
+
+
 def _target_flags(srv: argparse.ArgumentParser) -> None:
     slo = srv.add_argument_group("service-level objectives")
     slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
@@ -159,6 +197,7 @@ def run(args: argparse.Namespace) -> None:
         "engine": engine,
         "replicas": args.replicas,
         "router": args.router,
+        "speculative": _speculative(args, given),
         "exact_up_to": args.interpolate_above,
         **settings,
     }

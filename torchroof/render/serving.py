@@ -51,6 +51,15 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{engine['block_size']} tokens per replica (at most {summary['kv_blocks_peak_share']:.1%} "
         f"in use); {summary['preemptions']:,} preemptions"
     )
+    spec = summary.get("speculative")
+    if spec is not None:
+        lines.append(
+            f"speculative decoding: {engine['draft_model']} drafts "
+            f"{engine['speculative_tokens']} tokens per step; {spec['acceptance_rate']:.1%} "
+            f"of {spec['drafted']:,} drafts accepted, {spec['mean_acceptance_length']:.2f} "
+            f"tokens per verification (expected "
+            f"{engine['expected_tokens_per_verification']:.2f})"
+        )
     return lines
 
 

@@ -15,6 +15,7 @@ from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.serve import highest_rate, serve
 from torchroof.serving.simulate import simulate
+from torchroof.serving.speculative import Speculative
 from torchroof.serving.step_time import StepTime, StepTimer
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Request",
     "SequenceWork",
     "ServeResult",
+    "Speculative",
     "StepTime",
     "StepTimer",
     "decodes",

@@ -24,6 +24,7 @@ from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import simulate
+from torchroof.serving.speculative import Drafter
 from torchroof.serving.step_time import StepTimer
 
 MAX_DOUBLINGS = 30
@@ -105,6 +106,8 @@ def search_rate(
     engine: EngineConfig | None = None,
     replicas: int = 1,
     router: str = "round-robin",
+    drafter: Drafter | None = None,
+    random_state: int = 0,
 ) -> RateSearch:
     """Search the highest rate at which ``requests`` (arriving at 1 per second in their
     own times, which are scaled) meet the targets."""
@@ -124,7 +127,13 @@ def search_rate(
         load: Sequence[Request], rate: float | None, how: str = "", **how_served: Any
     ) -> RateTried:
         """``load`` served and recorded; a rate of None is the requests over their time."""
-        kwargs = {"replicas": replicas, "router": router, **how_served}
+        kwargs = {
+            "replicas": replicas,
+            "router": router,
+            "drafter": drafter,
+            "random_state": random_state,
+            **how_served,
+        }
         result = simulate(timer, load, engine=engine, **kwargs)
         met = result.summary(ttft_s, tpot_s)["requests_meeting_slo"] / len(requests)
         if rate is None:

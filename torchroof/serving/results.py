@@ -69,6 +69,9 @@ class StepLog:
     prefill_tokens: np.ndarray  # new tokens of prompt chunks (the rest are decodes)
     blocks_used: np.ndarray
     preempted: np.ndarray
+    verifications: np.ndarray  # requests whose speculative drafts the step checked
+    drafted: np.ndarray  # drafts those verifications checked
+    accepted: np.ndarray  # of which accepted
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,16 @@ class ServeResult:
         out["requests_meeting_slo"] = len(good)
         out["goodput_per_s"] = len(good) / duration if duration else None
         out["preemptions"] = int(self.steps.preempted.sum())
+        verifications = int(self.steps.verifications.sum())
+        if verifications:  # as vLLM's speculative decoding metrics report them
+            drafted, accepted = int(self.steps.drafted.sum()), int(self.steps.accepted.sum())
+            out["speculative"] = {
+                "verifications": verifications,
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance_rate": accepted / drafted,
+                "mean_acceptance_length": 1 + accepted / verifications,
+            }
         out["steps"] = len(self.steps.start_s)
         out["kv_blocks_peak_share"] = (
             float(self.steps.blocks_used.max()) / self.engine["kv_blocks"]

@@ -18,17 +18,27 @@ decode for every running request; every prompt must then fit the budget.
 
 A request samples a token when a step computes the last of its pending tokens: the end of
 its prompt (its first token), then one per decode, until it has ``output_len`` tokens.
+
+With speculative decoding (:mod:`torchroof.serving.speculative`) a decoding request's step
+also verifies the drafts proposed for it in the step before (they count against the token
+budget and take KV slots, as vLLM's V1 scheduler counts them), and produces the accepted
+drafts and one token more.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from torchroof.config.errors import OptionError
 from torchroof.serving.composition import SequenceWork
 from torchroof.serving.requests import Request
+from torchroof.serving.speculative import Acceptance, Proposal, draft_passes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Running:
     finish_s: float | None = None
     admitted_s: float | None = None  # first scheduled
     preemptions: int = 0
+    drafts: int = 0  # tokens the draft model proposed for its next step
     gaps: list[float] = field(default_factory=list)  # between successive tokens
 
     @property
@@ -87,15 +98,25 @@ class Running:
     def done(self) -> bool:
         return self.generated >= self.request.output_len
 
+    @property
+    def decoding(self) -> bool:
+        """Whether its next step is a decode: a token sampled, and nothing else pending."""
+        return self.generated > 0 and self.pending == 1
+
 
 @dataclass(frozen=True)
 class ScheduledStep:
-    """What one step computes: per request, its new tokens (``work`` in the same order)."""
+    """What one step computes: per request, its new tokens (``work`` in the same order),
+    and with speculative decoding the drafts each verification accepts, the drafts
+    proposed for the next step and the draft model's passes."""
 
     requests: tuple[Running, ...]
     work: tuple[SequenceWork, ...]
     preempted: int  # requests preempted to make room for this step
     blocks_used: int  # after the step's allocation
+    accepted: tuple[int, ...] = ()  # per request: drafts accepted (0 without a verification)
+    proposed: tuple[int, ...] = ()  # per request: drafts proposed for its next step
+    draft: tuple[tuple[SequenceWork, ...], ...] = ()  # the draft model's passes
 
     @property
     def prefill_tokens(self) -> int:
@@ -104,15 +125,30 @@ class ScheduledStep:
         return sum(
             work.new_tokens
             for state, work in zip(self.requests, self.work, strict=True)
-            if not (state.generated and state.pending == 1)
+            if not state.decoding
         )
+
+    @property
+    def drafted(self) -> int:
+        """Drafts the step's verifications check."""
+        return sum(work.new_tokens - 1 for work in self.work if work.verifies)
 
 
 class Scheduler:
     """The waiting queue, the running requests and ``kv_blocks`` KV blocks of one engine."""
 
-    def __init__(self, config: EngineConfig, kv_blocks: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_blocks: int,
+        acceptance: Acceptance | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if acceptance is not None and rng is None:
+            raise OptionError("speculative decoding draws its acceptances: give an rng")
         self.config = config
+        self.acceptance = acceptance
+        self.rng = rng
         self.kv_blocks = kv_blocks
         self.free_blocks = kv_blocks
         self.waiting: deque[Running] = deque()
@@ -144,11 +180,16 @@ class Scheduler:
         """Advance ``step``'s requests by the tokens it computed at time ``now``; the
         requests it finished, their blocks freed."""
         finished = []
-        for state, work in zip(step.requests, step.work, strict=True):
-            state.computed += work.new_tokens
+        accepted = step.accepted or (0,) * len(step.work)
+        proposed = step.proposed or (0,) * len(step.work)
+        for state, work, kept, drafts in zip(
+            step.requests, step.work, accepted, proposed, strict=True
+        ):
+            state.computed += kept + 1 if work.verifies else work.new_tokens
+            state.drafts = drafts
             if not work.samples:
                 continue
-            state.generated += 1
+            state.generated += kept + 1
             if state.first_token_s is None:
                 state.first_token_s = now
             else:
@@ -170,8 +211,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             state = self.running[i]
-            tokens = min(state.pending, budget)
-            need = self.blocks_for(state.computed + tokens) - state.blocks
+            tokens = min(state.pending + (state.drafts if state.decoding else 0), budget)
+            need = max(0, self.blocks_for(state.computed + tokens) - state.blocks)
             while need > self.free_blocks and self.running[-1] is not state:
                 self._preempt(self.running[-1])
             if need > self.free_blocks:  # the request itself is the newest: it waits
@@ -209,19 +250,52 @@ class Scheduler:
     def _preempt(self, state: Running) -> None:
         self.running.remove(state)
         self.free_blocks += state.blocks
-        state.blocks = state.computed = 0
+        state.blocks = state.computed = state.drafts = 0
         state.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(state)
 
     def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
         work = tuple(
-            SequenceWork(tokens, state.computed, samples=tokens == state.pending)
+            SequenceWork(
+                tokens,
+                state.computed,
+                samples=tokens >= state.pending,
+                verifies=state.decoding and tokens > 1,
+            )
             for state, tokens in chosen
         )
-        return ScheduledStep(
+        step = ScheduledStep(
             tuple(state for state, _ in chosen),
             work,
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,
+        )
+        return self._speculate(step) if self.acceptance is not None else step
+
+    def _speculate(self, step: ScheduledStep) -> ScheduledStep:
+        """``step`` with its verifications' acceptances drawn, and the draft model's
+        proposals for the next step (:mod:`torchroof.serving.speculative`)."""
+        assert self.acceptance is not None and self.rng is not None
+        accepted, proposals = [], []
+        for state, work in zip(step.requests, step.work, strict=True):
+            kept = self.acceptance.draw(self.rng, work.new_tokens - 1) if work.verifies else 0
+            accepted.append(kept)
+            produced = kept + 1 if work.samples else 0
+            left = state.request.output_len - state.generated - produced
+            drafts = min(self.acceptance.tokens, left - 1) if work.samples else 0
+            drafts = max(0, drafts)
+            if not state.decoding:  # a prompt chunk, and the first token where it samples
+                proposals.append(Proposal(work.new_tokens + int(drafts > 0), work.context, drafts))
+            elif drafts:  # the token sampled, and the last draft where all were accepted
+                cached = state.computed + (kept + 1 if work.verifies else 1)
+                unseen = 2 if work.verifies and kept == state.drafts else 1
+                proposals.append(Proposal(unseen, cached - (unseen - 1), drafts))
+            else:
+                proposals.append(Proposal(0, 0, 0))
+        return replace(
+            step,
+            accepted=tuple(accepted),
+            proposed=tuple(p.drafts for p in proposals),
+            draft=draft_passes([p for p in proposals if p.new_tokens]),
         )

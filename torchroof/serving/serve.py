@@ -24,6 +24,7 @@ from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import simulate
+from torchroof.serving.speculative import Drafter, Speculative, check_draft
 from torchroof.serving.step_time import StepTimer
 
 PREPARED_CONTEXT = 128
@@ -47,6 +48,7 @@ def serve(
     engine: EngineConfig | None = None,
     replicas: int = 1,
     router: str = "round-robin",
+    speculative: Speculative | None = None,
     exact_up_to: int | None = None,
     pricing: PricingOptions | None = None,
     progress: bool = False,
@@ -61,10 +63,14 @@ def serve(
     lengths follow ``input_len`` and ``output_len`` (``512``, ``uniform:128,2048``, ...:
     :class:`~torchroof.serving.requests.Lengths`), drawn from ``random_state``. ``knobs`` are the
     deployment's workload fields (``tp``, ``ep``, ``dtype``, ``kv_dtype``, ``quant``) and
-    pricing options (``mode``, ``runtime``, ...); ``engine`` the scheduler's knobs.
+    pricing options (``mode``, ``runtime``, ...); ``engine`` the scheduler's knobs;
+    ``speculative`` a draft model decoding speculatively
+    (:class:`~torchroof.serving.speculative.Speculative`), its acceptances drawn from
+    ``random_state`` too.
     """
     batch = _requests(requests, rate, concurrency, input_len, output_len, burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
         return simulate(
             timer,
@@ -73,6 +79,8 @@ def serve(
             concurrency=concurrency,
             replicas=replicas,
             router=router,
+            drafter=drafter,
+            random_state=random_state,
         )
 
 
@@ -91,6 +99,7 @@ def highest_rate(
     engine: EngineConfig | None = None,
     replicas: int = 1,
     router: str = "round-robin",
+    speculative: Speculative | None = None,
     exact_up_to: int | None = None,
     pricing: PricingOptions | None = None,
     progress: bool = False,
@@ -104,6 +113,7 @@ def highest_rate(
     check_targets(ttft_s, tpot_s, attainment)  # before anything is traced
     batch = _unit_rate(requests, input_len, output_len, burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
         return search_rate(
             timer,
@@ -114,6 +124,8 @@ def highest_rate(
             engine=engine,
             replicas=replicas,
             router=router,
+            drafter=drafter,
+            random_state=random_state,
         )
 
 
@@ -160,6 +172,33 @@ def _timer(
         )
     prepared = prepare(model, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
     return StepTimer(prepared, hardware, pricing=pricing, exact_up_to=exact_up_to, **pricing_knobs)
+
+
+def _drafter(
+    speculative: Speculative | None, target: StepTimer, knobs: dict[str, Any], progress: bool
+) -> Drafter | None:
+    """The draft model's step timer, prepared as the target is (its dtype, KV dtype and
+    quantisation, at the target's tensor-parallel size unless ``speculative.tp`` says),
+    priced on the target's hardware with the target's pricing."""
+    if speculative is None:
+        return None
+    if not isinstance(speculative, Speculative):
+        raise OptionError(
+            f"speculative must be a torchroof.serving.Speculative, got {speculative!r}"
+        )
+    acceptance = speculative.rates()  # a bad rate fails before the draft is traced
+    workload, _ = split_knobs(knobs)
+    if speculative.tp is not None:
+        workload["tp"] = speculative.tp
+    workload.pop("ep", None)  # a draft model is dense
+    prepared = prepare(
+        speculative.draft, "decode", progress=progress, context=PREPARED_CONTEXT, **workload
+    )
+    timer = StepTimer(
+        prepared, target.hardware, pricing=target.pricing, exact_up_to=target.exact_up_to
+    )
+    check_draft(target, timer)
+    return Drafter(timer, acceptance)
 
 
 def _requests(

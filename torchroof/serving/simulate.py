@@ -30,6 +30,7 @@ from torchroof.progress import current
 from torchroof.serving.requests import Request
 from torchroof.serving.results import RequestRecord, ServeResult, StepLog
 from torchroof.serving.scheduler import EngineConfig, Running, ScheduledStep, Scheduler
+from torchroof.serving.speculative import Drafter
 from torchroof.serving.step_time import StepTimer
 
 ROUTERS = ("round-robin", "least-loaded")
@@ -46,21 +47,33 @@ class KvCapacity:
     activations_bytes: int
 
 
-def kv_capacity(timer: StepTimer, engine: EngineConfig) -> KvCapacity:
+def kv_capacity(
+    timer: StepTimer, engine: EngineConfig, draft: StepTimer | None = None
+) -> KvCapacity:
     """The KV blocks one engine holds (per GPU: every rank holds its own heads' share), or
     ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does): what
     ``gpu_memory_utilization`` of its memory leaves after the weights and the activations
     of its largest step (:meth:`~torchroof.serving.step_time.StepTimer.step_activations`
-    of ``max_num_batched_tokens`` tokens, logits for ``max_num_seqs`` rows at most)."""
+    of ``max_num_batched_tokens`` tokens, logits for ``max_num_seqs`` rows at most). With
+    a ``draft`` model its weights are held too, each token's block keeps its K/V as
+    well, and the larger of the two models' largest steps is set aside."""
     memory = timer.memory(1)
     usable = int(memory.capacity_bytes * engine.gpu_memory_utilization)
     per_token = timer.kv_bytes_per_token()
+    weights = memory.weights_bytes
     activations = timer.step_activations(engine.max_num_batched_tokens, engine.max_num_seqs)
-    left = usable - memory.weights_bytes - activations
+    if draft is not None:
+        per_token += draft.kv_bytes_per_token()
+        weights += draft.memory(1).weights_bytes
+        activations = max(
+            activations,
+            draft.step_activations(engine.max_num_batched_tokens, engine.max_num_seqs),
+        )
+    left = usable - weights - activations
     blocks = max(0, left // (per_token * engine.block_size))
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override
-    return KvCapacity(blocks, per_token, usable, memory.weights_bytes, activations)
+    return KvCapacity(blocks, per_token, usable, weights, activations)
 
 
 class _Replica:
@@ -93,15 +106,23 @@ class _Run:
         replicas: int,
         router: str,
         requests: Sequence[Request],
+        drafter: Drafter | None = None,
+        random_state: int = 0,
     ) -> None:
         self.env = simpy.Environment()
         self.timer = timer
-        self.replicas = [_Replica(i, Scheduler(engine, blocks), self.env) for i in range(replicas)]
+        self.drafter = drafter
+        acceptance = drafter.acceptance if drafter is not None else None
+        rngs = np.random.default_rng(random_state).spawn(replicas)
+        self.replicas = [
+            _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i]), self.env)
+            for i in range(replicas)
+        ]
         self.router = router
         self._turn = itertools.count()
         self.records: list[RequestRecord] = []
         self.gaps: list[list[float]] = []
-        self.steps: list[tuple[float, float, int, int, int, int, int, int]] = []
+        self.steps: list[tuple[float, ...]] = []
         self.done = {r.index: self.env.event() for r in requests}
         self.report = current()
 
@@ -124,6 +145,8 @@ class _Run:
                 raise OptionError(_stuck(scheduler))
             start = self.env.now
             seconds = self.timer.time(step.work).time_s
+            if self.drafter is not None:
+                seconds += self.drafter.time_s(step.draft)
             yield self.env.timeout(seconds)
             self._log(replica.index, start, seconds, step)
             for state in scheduler.complete(step, self.env.now):
@@ -154,6 +177,9 @@ class _Run:
                 prefill,
                 step.blocks_used,
                 step.preempted,
+                sum(work.verifies for work in step.work),
+                step.drafted,
+                sum(step.accepted),
             )
         )
 
@@ -186,10 +212,13 @@ def simulate(
     concurrency: int | None = None,
     replicas: int = 1,
     router: str = "round-robin",
+    drafter: Drafter | None = None,
+    random_state: int = 0,
 ) -> ServeResult:
     """Serve ``requests`` on ``replicas`` engines priced by ``timer``: at their own
     arrival times, or sent by ``concurrency`` closed-loop clients (then the requests'
-    arrival times are ignored)."""
+    arrival times are ignored). With a ``drafter`` the engines decode speculatively, its
+    acceptances drawn from ``random_state``."""
     engine = engine or EngineConfig()
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be a whole number >= 1, got {replicas!r}")
@@ -204,11 +233,13 @@ def simulate(
     if concurrency is None and any(r.arrival_s is None for r in requests):
         raise OptionError("requests without arrival times need a concurrency (closed loop)")
     timer.check_lengths(requests)
-    capacity = kv_capacity(timer, engine)
+    if drafter is not None:
+        drafter.timer.check_lengths(requests)
+    capacity = kv_capacity(timer, engine, drafter.timer if drafter is not None else None)
     _check_fits(requests, engine, capacity)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")
-    run = _Run(timer, engine, capacity.blocks, replicas, router, requests)
+    run = _Run(timer, engine, capacity.blocks, replicas, router, requests, drafter, random_state)
     for replica in run.replicas:
         run.env.process(run.engine(replica))
     if concurrency is None:
@@ -265,9 +296,9 @@ def _result(
     concurrency: int | None,
 ) -> ServeResult:
     records = tuple(sorted(run.records, key=lambda r: r.index))
-    columns = list(zip(*run.steps, strict=True)) if run.steps else [()] * 8
     names = list(StepLog.__dataclass_fields__)
-    kinds = [float, float, int, int, int, int, int, int]
+    columns = list(zip(*run.steps, strict=True)) if run.steps else [()] * len(names)
+    kinds = [float, float] + [int] * (len(names) - 2)
     log = StepLog(
         **{
             name: np.array(col, dtype=kind)
@@ -283,5 +314,6 @@ def _result(
         "router": router,
         "concurrency": concurrency,
         **run.timer.describe(),
+        **(run.drafter.describe() if run.drafter is not None else {}),
     }
     return ServeResult(records, itl, log, described)

@@ -14,9 +14,10 @@ costs, on the roofline of the accelerator and runtime given:
 - attention per layer as ragged kernels over each sequence's own cache
   (:mod:`torchroof.serving.attention`).
 
-A step with a prompt chunk in it launches its kernels eagerly (the runtimes replay a full
-CUDA graph for decode-only steps: vLLM's piecewise graphs for mixed steps have no figure
-in its profile). Each batch priced is a
+A step with a prompt chunk in it, or with requests of different numbers of new tokens,
+launches its kernels eagerly (the runtimes replay a full CUDA graph for uniform decode
+steps, speculative verifications of equal length included: vLLM's piecewise graphs for
+mixed steps have no figure in its profile). Each batch priced is a
 :meth:`~torchroof.prepared.PreparedModel.kernel_times` of the prepared step at that
 batch, kept for later steps. A step of B decodes at the
 prepared context is that decode step, but for the dense mask transformers builds for a
@@ -151,7 +152,7 @@ class StepTimer:
             self._checked_length = longest
         tokens = sum(work.new_tokens for work in step)
         rows = sum(work.logit_rows for work in step)
-        eager = any(work.new_tokens > 1 for work in step)
+        eager = _launched_eagerly(step)
         body = self._between(tokens, "body_s", eager)
         head = self._between(rows, "head_s", eager) if rows else 0.0
         attention = self.attention_s(step, tokens, eager)
@@ -175,6 +176,11 @@ class StepTimer:
                 for cost, shape in kernels
             )
         return total
+
+    @property
+    def config(self) -> Any:
+        """The model's configuration (None for a module without one)."""
+        return self._config
 
     def layers(self) -> dict[AttentionGeometry, int]:
         """Each kind of attention layer's geometry, read off the prepared decode step's
@@ -304,6 +310,17 @@ class StepTimer:
             )
         layers = dict(Counter(decode_geometry(op, context) for op in ops))
         return context, head_module(trace), layers
+
+
+def _launched_eagerly(step: Sequence[SequenceWork]) -> bool:
+    """Whether a step runs without a CUDA graph: one with a prompt chunk, or with requests
+    of different numbers of new tokens (vLLM's V1 engine replays a full graph only for a
+    uniform decode batch: every request 1 token, or every one verifying the same number
+    of drafts: docs.vllm.ai, design "CUDA Graphs")."""
+    first = step[0].new_tokens
+    return any(
+        (work.new_tokens > 1 and not work.verifies) or work.new_tokens != first for work in step
+    )
 
 
 def _check_base(base: Any) -> None:

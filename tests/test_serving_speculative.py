@@ -1,0 +1,271 @@
+"""Speculative decoding in the serving simulation (torchroof.serving.speculative): the
+acceptance rates and their expected tokens (Leviathan et al. 2023's closed form), the
+scheduler's verifications and the draft model's passes by hand, the latencies they make,
+the KV cache the draft shares, and the speed-up against the closed form. The target is
+tests/conftest.py's small Llama with 4 layers (1,024 B of K and V per token: 4 layers x 2
+K/V heads x (32 + 32) x 2 B), the draft the same with 1 layer (256 B per token), on the
+H100 SXM's pure roofline."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import small_llama
+
+import torchroof
+from torchroof.cli.main import main
+from torchroof.config.errors import OptionError
+from torchroof.serving import SequenceWork, Speculative, StepTimer
+from torchroof.serving.requests import Request
+from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
+from torchroof.serving.simulate import kv_capacity, simulate
+from torchroof.serving.speculative import Acceptance, Drafter
+from torchroof.serving.step_time import _launched_eagerly
+
+
+@pytest.fixture(scope="module")
+def target():
+    return StepTimer(torchroof.prepare(small_llama(4), "decode", context=16), "h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return StepTimer(torchroof.prepare(small_llama(1), "decode", context=16), "h100-sxm")
+
+
+def test_a_rate_gives_the_closed_form_tokens_per_verification():
+    # alpha = 0.5, k = 3: positions accepted with 0.5, 0.25, 0.125; a verification yields
+    # 1 + 0.5 + 0.25 + 0.125 = 1.875 = (1 - 0.5^4) / (1 - 0.5) tokens
+    half = Acceptance.of(0.5, 3)
+    assert half.rates == (0.5, 0.25, 0.125)
+    assert half.expected_tokens() == 1.875 == (1 - 0.5**4) / (1 - 0.5)
+    assert half.expected_tokens(drafts=1) == 1.5
+    # per-position rates as an engine reports them: 1 + 0.8 + 0.6 + 0.4 = 2.8
+    assert Acceptance.of("0.8,0.6,0.4", 3).expected_tokens() == pytest.approx(2.8)
+    assert Acceptance.of([1, 1], 2).expected_tokens() == 3
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "tokens", "message"),
+    [
+        ("0.4,0.6", 2, "position 2's acceptance 0.6 is above position 1's 0.4"),
+        ("0.8,0.6", 3, "2 acceptance rates for 3 speculative tokens"),
+        (1.5, 3, "acceptance rates are in [0, 1], got 1.5 at position 1"),
+        ("fast", 3, "acceptance must be a rate or rates separated by commas"),
+        (0.5, 0, "speculative tokens must be a whole number >= 1, got 0"),
+        (float("nan"), 2, "acceptance rates must be numbers in [0, 1]"),
+    ],
+)
+def test_bad_acceptances_are_refused_in_a_line(acceptance, tokens, message):
+    with pytest.raises(OptionError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Acceptance.of(acceptance, tokens)
+
+
+def test_draws_follow_the_per_position_rates():
+    # 40,000 verifications of 3 drafts at (0.8, 0.6, 0.4): the share accepting at least i
+    # drafts is p_i, within 4 standard errors (sqrt(p (1 - p) / n) <= 0.0025)
+    rates = Acceptance.of("0.8,0.6,0.4", 3)
+    rng = np.random.default_rng(0)
+    counts = np.array([rates.draw(rng, 3) for _ in range(40_000)])
+    for i, p in enumerate(rates.rates, start=1):
+        assert abs((counts >= i).mean() - p) < 4 * math.sqrt(p * (1 - p) / 40_000)
+    # fewer drafts (the request's last tokens) cap the count
+    assert max(rates.draw(rng, 1) for _ in range(100)) == 1
+
+
+def _steps(acceptance, output_len=10):
+    """A request of 8 prompt tokens and ``output_len`` output tokens, k = 3, stepped alone:
+    per step its target work and the draft's passes, as (new tokens, context) pairs."""
+    rng = np.random.default_rng(0)
+    scheduler = Scheduler(EngineConfig(), 1000, Acceptance.of(acceptance, 3), rng)
+    state = Running(Request(0, 8, output_len, 0.0), arrival_s=0.0)
+    scheduler.submit(state)
+    steps, now = [], 0.0
+    while scheduler.busy:
+        step = scheduler.schedule(now)
+        (work,) = step.work
+        passes = [[(w.new_tokens, w.context) for w in one] for one in step.draft]
+        steps.append(((work.new_tokens, work.context, work.verifies), step.accepted, passes))
+        now += 1.0
+        scheduler.complete(step, now)
+    return steps, state
+
+
+def test_every_draft_accepted_by_hand():
+    steps, state = _steps(1.0)
+    assert steps == [
+        # the prompt (8 tokens) samples token 1; the draft processes the prompt and token 1
+        # (9 tokens over 0) and drafts 2 more over 9 and 10: min(3, 10 - 1 - 1) = 3 drafts
+        ((8, 0, False), (0,), [[(9, 0)], [(1, 9)], [(1, 10)]]),
+        # token 1 and its 3 drafts verified over 8 cached: all kept, a 4th sampled (5 in
+        # all, 12 cached); the draft never saw its third draft: it processes it and the new
+        # token (2 over 11), then drafts over 13 and 14: min(3, 10 - 5 - 1) = 3
+        ((4, 8, True), (3,), [[(2, 11)], [(1, 13)], [(1, 14)]]),
+        # 4 more: 9 sampled, 16 cached; min(3, 10 - 9 - 1) = 0 drafts: no draft pass
+        ((4, 12, True), (3,), []),
+        ((1, 16, False), (0,), []),  # the 10th token, a plain decode
+    ]
+    assert state.generated == 10 and state.finish_s == 4.0
+    assert state.gaps == [1.0, 1.0, 1.0]  # one gap per step, however many tokens it brings
+
+
+def test_every_draft_rejected_by_hand():
+    steps, state = _steps(0.0, output_len=4)
+    assert steps == [
+        ((8, 0, False), (0,), [[(9, 0)], [(1, 9)]]),  # min(3, 4 - 1 - 1) = 2 drafts
+        # 2 drafts rejected: one token (2 in all), 9 cached; the draft has the token before
+        # it, so it processes the new one (1 over 9) and drafts min(3, 4 - 2 - 1) = 1
+        ((3, 8, True), (0,), [[(1, 9)]]),
+        ((2, 9, True), (0,), []),  # 3 in all, 10 cached, no drafts left for the last
+        ((1, 10, False), (0,), []),
+    ]
+    assert state.generated == 4
+
+
+def test_a_lone_request_is_its_steps_and_the_drafts_passes(target, draft):
+    drafter = Drafter(draft, Acceptance.of(1.0, 3))
+    (record,) = simulate(target, [Request(0, 8, 10, 0.0)], concurrency=1, drafter=drafter).requests
+
+    def step(work, passes):
+        return target.time(work).time_s + sum(
+            draft.time([SequenceWork(n, c) for n, c in one]).time_s for one in passes
+        )
+
+    # the steps of test_every_draft_accepted_by_hand
+    first = step([SequenceWork(8)], [[(9, 0)], [(1, 9)], [(1, 10)]])
+    rest = (
+        step([SequenceWork(4, 8, verifies=True)], [[(2, 11)], [(1, 13)], [(1, 14)]])
+        + step([SequenceWork(4, 12, verifies=True)], [])
+        + step([SequenceWork(1, 16)], [])
+    )
+    assert record.ttft_s == pytest.approx(first, rel=1e-12)
+    assert record.e2e_s == pytest.approx(first + rest, rel=1e-12)
+    assert record.tpot_s == pytest.approx(rest / 9, rel=1e-12)
+
+
+def test_the_speed_up_matches_the_closed_form(target, draft):
+    # alpha = 0.6, k = 3: E = (1 - 0.6^4) / (1 - 0.6) = 2.176 tokens per verification. A
+    # speculative step is one verification of 4 tokens and 3 draft passes of 1 token
+    # (the first has 2 tokens where all 3 drafts were accepted, 0.216 of the time: priced
+    # at its mean below); without speculation a token costs one decode. Over 40 requests
+    # of 16 + 257 tokens, one at a time, the mean cached context is about 16 + 128: the
+    # speed-up is E x T_decode / T_step there, within 2% (attention is linear in the
+    # context, the acceptance is drawn: its mean over ~4,700 verifications is within
+    # about 0.5%)
+    requests = [Request(i, 16, 257, 0.0) for i in range(40)]
+    alpha, context = 0.6, 16 + 128
+    expected = Acceptance.of(alpha, 3).expected_tokens()
+    assert expected == pytest.approx((1 - alpha**4) / (1 - alpha))
+    plain = simulate(target, requests, concurrency=1).summary()["tpot_s"]["mean"]
+    drafter = Drafter(draft, Acceptance.of(alpha, 3))
+    fast = simulate(target, requests, concurrency=1, drafter=drafter).summary()
+    catch_up = (
+        0.216 * draft.time([SequenceWork(2, context)]).time_s
+        + 0.784 * draft.time([SequenceWork(1, context)]).time_s
+    )
+    step = (
+        target.time([SequenceWork(4, context, verifies=True)]).time_s
+        + catch_up
+        + 2 * draft.time([SequenceWork(1, context)]).time_s
+    )
+    closed_form = expected * target.time([SequenceWork(1, context)]).time_s / step
+    assert plain / fast["tpot_s"]["mean"] == pytest.approx(closed_form, rel=0.02)
+    assert fast["speculative"]["mean_acceptance_length"] == pytest.approx(expected, rel=0.02)
+
+
+def test_the_cache_holds_the_drafts_weights_and_kv(target, draft):
+    # weights: the 4-layer target 994,432 parameters (2 x 1000 x 128 embeddings and
+    # head, 4 x 184,576 per layer, 128 of the final norm) = 1,988,864 B in bf16; the
+    # 1-layer draft 440,704 = 881,408 B. Each token keeps 1,024 + 256 = 1,280 B.
+    engine = EngineConfig()
+    alone, shared = kv_capacity(target, engine), kv_capacity(target, engine, draft)
+    assert (alone.weights_bytes, shared.weights_bytes) == (1_988_864, 1_988_864 + 881_408)
+    assert (alone.bytes_per_token, shared.bytes_per_token) == (1024, 1280)
+    assert shared.activations_bytes == max(
+        target.step_activations(8192, 256), draft.step_activations(8192, 256)
+    )
+    left = shared.usable_bytes - shared.weights_bytes - shared.activations_bytes
+    assert shared.blocks == left // (1280 * 16)
+
+
+def test_uniform_verifications_replay_a_graph():
+    verify = SequenceWork(4, 100, verifies=True)
+    assert not _launched_eagerly([verify, verify])  # vLLM's uniform decode batch
+    assert not _launched_eagerly([SequenceWork(1, 5), SequenceWork(1, 9)])
+    assert _launched_eagerly([verify, SequenceWork(3, 100, verifies=True)])
+    assert _launched_eagerly([verify, SequenceWork(1, 100)])
+    assert _launched_eagerly([SequenceWork(4, 100, samples=False)])  # a prompt chunk
+
+
+def test_the_same_random_state_gives_the_same_run(target, draft):
+    requests = [Request(i, 32, 40, 0.01 * i) for i in range(20)]
+    drafter = Drafter(draft, Acceptance.of(0.7, 3))
+
+    def run(state):
+        result = simulate(target, requests, drafter=drafter, random_state=state)
+        return json.dumps(result.to_dict(), sort_keys=True)
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)  # other acceptances drawn
+
+
+def test_serve_with_a_draft_from_the_command_line(tmp_path, capsys):
+    target, small, other = tmp_path / "t.json", tmp_path / "d.json", tmp_path / "v.json"
+    small_llama(2).to_json_file(target)
+    small_llama(1).to_json_file(small)
+    mismatched = small_llama(1)
+    mismatched.vocab_size = 512
+    mismatched.to_json_file(other)
+    base = [
+        "serve",
+        str(target),
+        "--concurrency",
+        "4",
+        "--requests",
+        "40",
+        "--input-len",
+        "64",
+        "--output-len",
+        "64",
+    ]
+    main([*base, "--draft", str(small), "--acceptance", "1", "--speculative-tokens", "2"])
+    out = capsys.readouterr().out
+    # every draft accepted: after its first token a request of 64 has 63 to go; each
+    # verification of 2 drafts yields 3, so 21 verifications (the 21st starts at 61 tokens
+    # with min(2, 64 - 61 - 1) = 2 drafts) end it: 40 x 21 x 2 = 1,680 drafts, all kept,
+    # 1 + 1,680 / 840 = 3 tokens per verification
+    assert "100.0% of 1,680 drafts accepted, 3.00 tokens per verification (expected 3.00)" in out
+    for flags, message in [
+        (["--acceptance", "0.5"], "--acceptance describe a draft model: give --draft too"),
+        (["--draft", str(small)], "--draft needs --acceptance"),
+        (["--draft", str(other), "--acceptance", "0.5"], "vocabulary has 512 tokens"),
+    ]:
+        assert main([*base, *flags]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_serve_takes_a_speculative_deployment():
+    # every draft accepted, k = 2, outputs of 64: 1 + 2 = 3 tokens per verification (as
+    # on the command line); the result says which draft and how it was set
+    result = torchroof.serve(
+        small_llama(2),
+        concurrency=2,
+        requests=10,
+        input_len=32,
+        output_len=64,
+        speculative=Speculative(small_llama(1), acceptance=1.0, tokens=2),
+    )
+    summary = result.summary()["speculative"]
+    assert (summary["drafted"], summary["mean_acceptance_length"]) == (10 * 42, 3.0)
+    assert result.engine["speculative_tokens"] == 2
+    assert result.engine["acceptance_per_position"] == [1.0, 1.0]
+    with pytest.raises(OptionError, match="speculative must be a torchroof.serving.Speculative"):
+        torchroof.serve(small_llama(2), concurrency=1, requests=2, speculative=0.7)
+    with pytest.raises(OptionError, match="position 2's acceptance 0.9 is above"):
+        torchroof.serve(
+            small_llama(2),
+            concurrency=1,
+            requests=2,
+            speculative=Speculative(small_llama(1), acceptance=[0.5, 0.9], tokens=2),
+        )
