@@ -57,7 +57,8 @@ def _request_flags(srv: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--trace",
         metavar="FILE",
-        help="requests from a JSONL or CSV file (input_len, output_len, optional arrival_s)",
+        help="requests from a JSONL or CSV file (input_len, output_len, optional arrival_s, "
+        "prefix_group, prefix_len)",
     )
     load.add_argument(
         "--input-len",
@@ -66,6 +67,18 @@ def _request_flags(srv: argparse.ArgumentParser) -> None:
         "zipf:A,MAX (1024)",
     )
     load.add_argument("--output-len", default="128", help="output tokens, as --input-len (128)")
+    load.add_argument(
+        "--prefix-groups",
+        type=positive_int,
+        metavar="G",
+        help="each prompt starts with one of G shared prefixes, chosen at random",
+    )
+    load.add_argument(
+        "--prefix-len",
+        type=positive_int,
+        metavar="P",
+        help="tokens of each shared prefix, before the prompt's own --input-len tokens",
+    )
     load.add_argument(
         "--burstiness",
         type=_positive_float,
@@ -93,6 +106,11 @@ def _engine_flags(srv: argparse.ArgumentParser) -> None:
         "--no-chunked-prefill",
         action="store_true",
         help="run prompts whole, in steps of their own",
+    )
+    eng.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt whole, shared prefixes included",
     )
     eng.add_argument(
         "--gpu-memory-utilization",
@@ -125,6 +143,18 @@ def _speculative_flags(srv: argparse.ArgumentParser) -> None:
         "engine's metrics report them (0.8,0.6,0.4)",
     )
     spec.add_argument("--draft-tp", type=positive_int, help="the draft's tensor parallel size")
+
+
+def _prefixes(args: argparse.Namespace) -> Any:
+    """``--prefix-groups`` and ``--prefix-len`` as a
+    :class:`~torchroof.serving.requests.Prefixes` (both or neither)."""
+    from torchroof.serving.requests import Prefixes
+
+    if args.prefix_groups is None and args.prefix_len is None:
+        return None
+    if args.prefix_groups is None or args.prefix_len is None:
+        raise ValueError("shared prefixes need both --prefix-groups and --prefix-len")
+    return Prefixes(args.prefix_groups, args.prefix_len)
 
 
 def _speculative(args: argparse.Namespace, given: set[str]) -> Any:
@@ -173,7 +203,7 @@ def run(args: argparse.Namespace) -> None:
     given: set[str] = getattr(args, "given", set())
     if "attainment" in given and not args.sweep_rate:
         raise ValueError("--attainment is the share a --sweep-rate search asks for: give both")
-    drawn = sorted({"requests", "input_len", "output_len"} & given)
+    drawn = sorted({"requests", "input_len", "output_len", "prefix_groups", "prefix_len"} & given)
     if args.trace and drawn:
         raise ValueError(
             f"--trace gives the requests and their lengths: "
@@ -187,11 +217,13 @@ def run(args: argparse.Namespace) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=not args.no_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        prefix_caching=not args.no_prefix_caching,
     )
     deployment = {  # what serve() and highest_rate() take alike
         "requests": args.trace if args.trace else args.requests,
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "prefixes": _prefixes(args),
         "burstiness": args.burstiness,
         "random_state": args.random_state,
         "engine": engine,

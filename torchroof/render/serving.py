@@ -51,6 +51,13 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{engine['block_size']} tokens per replica (at most {summary['kv_blocks_peak_share']:.1%} "
         f"in use); {summary['preemptions']:,} preemptions"
     )
+    cache = summary.get("prefix_cache")
+    if cache is not None:
+        state = "on" if engine.get("prefix_caching", True) else "off"
+        lines.append(
+            f"prefix cache ({state}): {cache['hit_rate']:.1%} of {cache['queried_tokens']:,} "
+            f"prompt tokens found cached (shared prefixes: {engine.get('prefix_groups', 0):,})"
+        )
     spec = summary.get("speculative")
     if spec is not None:
         lines.append(

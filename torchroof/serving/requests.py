@@ -9,8 +9,14 @@ or the file's own times. Everything random draws from one ``numpy`` generator th
 starts from one random state, so the same inputs give the same requests.
 
 A file is JSONL (one object per line) or CSV (a header row) with ``input_len`` and
-``output_len`` per request and, optionally, ``arrival_s`` (seconds from the start): the
-lengths a benchmark trace such as ShareGPT's conversations reduces to.
+``output_len`` per request and, optionally, ``arrival_s`` (seconds from the start) and
+``prefix_group`` and ``prefix_len`` (the prompt's first ``prefix_len`` tokens are its
+group's): the lengths a benchmark trace such as ShareGPT's conversations reduces to.
+
+Drawn requests share prefixes by :class:`Prefixes`: each is given one of ``groups``
+prefixes at random, whose ``length`` tokens start its prompt before its own drawn
+``input_len`` tokens (as the prefix-repetition and generated-shared-prefix datasets of
+vLLM's and SGLang's serving benchmarks make them).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 from torchroof.config.errors import OptionError
 
 LENGTH_KINDS = ("uniform", "normal", "lognormal", "zipf")
+OPTIONAL_COLUMNS = ("arrival_s", "prefix_group", "prefix_len")
 LONGEST = 10_000_000
 """The longest length a distribution may name or draw (longer than any model's context)."""
 
@@ -40,6 +47,8 @@ class Request:
     input_len: int
     output_len: int
     arrival_s: float | None = None
+    prefix_group: int | None = None  # requests of a group start with the same tokens
+    prefix_len: int = 0  # the prompt's tokens that are its group's
 
     def __post_init__(self) -> None:
         for name in ("input_len", "output_len"):
@@ -48,6 +57,22 @@ class Request:
                 raise OptionError(
                     f"request {self.index}: {name} must be a whole number >= 1, got {value!r}"
                 )
+        group, shared = self.prefix_group, self.prefix_len
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
+            raise OptionError(
+                f"request {self.index}: prefix_group must be a whole number, got {group!r}"
+            )
+        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+            raise OptionError(
+                f"request {self.index}: prefix_len must be a whole number >= 0, got {shared!r}"
+            )
+        if shared > self.input_len:
+            raise OptionError(
+                f"request {self.index}: prefix_len {shared} is longer than its prompt of "
+                f"{self.input_len} tokens"
+            )
+        if shared and group is None:
+            raise OptionError(f"request {self.index}: a prefix_len needs a prefix_group")
         arrival = self.arrival_s
         if arrival is not None and not (
             isinstance(arrival, (int, float)) and math.isfinite(arrival) and arrival >= 0
@@ -180,10 +205,31 @@ class Arrivals:
         return [float(t) for t in np.cumsum(gaps)]
 
 
+@dataclass(frozen=True)
+class Prefixes:
+    """Drawn prompts that start with one of ``groups`` shared prefixes of ``length``
+    tokens, chosen at random (a system prompt or a document many questions are asked of)."""
+
+    groups: int
+    length: int
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"prefix {name} must be a whole number >= 1, got {value!r}")
+
+
 def make_requests(
-    count: int, input_len: Lengths, output_len: Lengths, arrivals: Arrivals, random_state: int
+    count: int,
+    input_len: Lengths,
+    output_len: Lengths,
+    arrivals: Arrivals,
+    random_state: int,
+    prefixes: Prefixes | None = None,
 ) -> list[Request]:
-    """``count`` requests drawn from ``random_state``: lengths first, then arrival times."""
+    """``count`` requests drawn from ``random_state``: lengths first, then arrival times,
+    then each one's prefix group (its prompt the prefix then its drawn tokens)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise OptionError(f"the number of requests must be a whole number >= 1, got {count!r}")
     if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
@@ -191,7 +237,20 @@ def make_requests(
     rng = np.random.default_rng(random_state)
     inputs, outputs = input_len.draw(rng, count), output_len.draw(rng, count)
     times = arrivals.times(rng, count)
-    return [Request(i, int(inputs[i]), int(outputs[i]), times[i]) for i in range(count)]
+    if prefixes is None:
+        return [Request(i, int(inputs[i]), int(outputs[i]), times[i]) for i in range(count)]
+    groups = rng.integers(prefixes.groups, size=count)
+    return [
+        Request(
+            i,
+            prefixes.length + int(inputs[i]),
+            int(outputs[i]),
+            times[i],
+            int(groups[i]),
+            prefixes.length,
+        )
+        for i in range(count)
+    ]
 
 
 def read_requests(path: str | Path) -> list[Request]:
@@ -234,9 +293,9 @@ def _csv_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
 def _request(index: int, line: int, row: dict[str, object], path: Path) -> Request:
     where = f"{path} line {line}"
     values: dict[str, float] = {}
-    for name in ("input_len", "output_len", "arrival_s"):
+    for name in ("input_len", "output_len", "arrival_s", "prefix_group", "prefix_len"):
         value = row.get(name)
-        if value in (None, "") and name == "arrival_s":
+        if value in (None, "") and name in OPTIONAL_COLUMNS:
             continue
         if value in (None, ""):
             raise OptionError(f"{where}: no {name}")
@@ -244,13 +303,27 @@ def _request(index: int, line: int, row: dict[str, object], path: Path) -> Reque
             values[name] = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise OptionError(f"{where}: {name} {value!r} is not a number") from None
-    for name in ("input_len", "output_len"):
-        if values[name] < 1 or values[name] != int(values[name]):
-            raise OptionError(f"{where}: {name} must be a whole number >= 1, got {row[name]!r}")
+    for name in ("input_len", "output_len", "prefix_group", "prefix_len"):
+        least = 1 if name in ("input_len", "output_len") else 0
+        if name in values and (values[name] < least or values[name] != int(values[name])):
+            raise OptionError(
+                f"{where}: {name} must be a whole number >= {least}, got {row[name]!r}"
+            )
     arrival = values.get("arrival_s")
     if arrival is not None and not (arrival >= 0 and math.isfinite(arrival)):
         raise OptionError(f"{where}: arrival_s must be 0 or more seconds, got {row['arrival_s']!r}")
-    return Request(index, int(values["input_len"]), int(values["output_len"]), arrival)
+    group = values.get("prefix_group")
+    try:
+        return Request(
+            index,
+            int(values["input_len"]),
+            int(values["output_len"]),
+            arrival,
+            None if group is None else int(group),
+            int(values.get("prefix_len", 0)),
+        )
+    except OptionError as error:  # a prefix that does not fit its prompt: the row named
+        raise OptionError(f"{where}: {str(error).split(': ', 1)[1]}") from None
 
 
 def check_lengths(requests: Sequence[Request], max_positions: int | None) -> None:

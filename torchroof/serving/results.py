@@ -37,6 +37,7 @@ class RequestRecord:
     first_token_s: float
     finish_s: float
     preemptions: int
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when first admitted
 
     @property
     def ttft_s(self) -> float:
@@ -72,6 +73,8 @@ class StepLog:
     verifications: np.ndarray  # requests whose speculative drafts the step checked
     drafted: np.ndarray  # drafts those verifications checked
     accepted: np.ndarray  # of which accepted
+    queried_tokens: np.ndarray  # prompt tokens of the requests admitted (cache lookups)
+    cached_tokens: np.ndarray  # of which found in the prefix cache
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,16 @@ class ServeResult:
         out["requests_meeting_slo"] = len(good)
         out["goodput_per_s"] = len(good) / duration if duration else None
         out["preemptions"] = int(self.steps.preempted.sum())
+        if any(r.cached_tokens for r in self.requests) or self.engine.get("prefix_groups"):
+            queried, found = (
+                int(self.steps.queried_tokens.sum()),
+                int(self.steps.cached_tokens.sum()),
+            )
+            out["prefix_cache"] = {  # vLLM's prefix cache hit rate: tokens found / looked up
+                "queried_tokens": queried,
+                "cached_tokens": found,
+                "hit_rate": found / queried if queried else 0.0,
+            }
         verifications = int(self.steps.verifications.sum())
         if verifications:  # as vLLM's speculative decoding metrics report them
             drafted, accepted = int(self.steps.drafted.sum()), int(self.steps.accepted.sum())
@@ -161,6 +174,7 @@ class ServeResult:
                     "e2e_s": r.e2e_s,
                     "queue_s": r.queue_s,
                     "preemptions": r.preemptions,
+                    "cached_tokens": r.cached_tokens,
                 }
                 for r in self.requests
             ],

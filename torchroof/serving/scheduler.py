@@ -23,6 +23,10 @@ With speculative decoding (:mod:`torchroof.serving.speculative`) a decoding requ
 also verifies the drafts proposed for it in the step before (they count against the token
 budget and take KV slots, as vLLM's V1 scheduler counts them), and produces the accepted
 drafts and one token more.
+
+With prefix caching (on by default, as in vLLM's V1 engine) a request admitted from the
+queue starts with the blocks of its group's prefix that are cached
+(:mod:`torchroof.serving.prefix_cache`) and computes the rest of its prompt.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from torchroof.config.errors import OptionError
 from torchroof.serving.composition import SequenceWork
+from torchroof.serving.prefix_cache import BlockKey, PrefixCache
 from torchroof.serving.requests import Request
 from torchroof.serving.speculative import Acceptance, Proposal, draft_passes
 
@@ -51,6 +56,7 @@ class EngineConfig:
     chunked_prefill: bool = True
     gpu_memory_utilization: float = 0.9  # the share of HBM the engine takes
     num_gpu_blocks_override: int | None = None  # KV blocks, whatever memory is left
+    prefix_caching: bool = True  # cached prompt prefixes found again (vLLM V1's default)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -86,6 +92,9 @@ class Running:
     admitted_s: float | None = None  # first scheduled
     preemptions: int = 0
     drafts: int = 0  # tokens the draft model proposed for its next step
+    shared: list[BlockKey] = field(default_factory=list)  # cached prefix blocks it uses
+    prefix_blocks: int = 0  # blocks of its prefix it has found or filled
+    cached_tokens: int = 0  # prompt tokens found cached when first admitted
     gaps: list[float] = field(default_factory=list)  # between successive tokens
 
     @property
@@ -97,6 +106,11 @@ class Running:
     @property
     def done(self) -> bool:
         return self.generated >= self.request.output_len
+
+    @property
+    def held(self) -> int:
+        """KV blocks it holds: its own and the cached prefix blocks it shares."""
+        return self.blocks + len(self.shared)
 
     @property
     def decoding(self) -> bool:
@@ -114,6 +128,8 @@ class ScheduledStep:
     work: tuple[SequenceWork, ...]
     preempted: int  # requests preempted to make room for this step
     blocks_used: int  # after the step's allocation
+    queried_tokens: int = 0  # prompt tokens of the requests admitted, looked up in the cache
+    cached_tokens: int = 0  # of which found cached
     accepted: tuple[int, ...] = ()  # per request: drafts accepted (0 without a verification)
     proposed: tuple[int, ...] = ()  # per request: drafts proposed for its next step
     draft: tuple[tuple[SequenceWork, ...], ...] = ()  # the draft model's passes
@@ -154,6 +170,8 @@ class Scheduler:
         self.waiting: deque[Running] = deque()
         self.running: list[Running] = []
         self.preemptions = 0
+        self.cache = PrefixCache() if config.prefix_caching else None
+        self._queried = self._found = 0  # this step's lookups
 
     def submit(self, state: Running) -> None:
         self.waiting.append(state)
@@ -166,6 +184,7 @@ class Scheduler:
         """The next step's requests and tokens (their blocks allocated)."""
         budget = self.config.max_num_batched_tokens
         preempted_before = self.preemptions
+        self._queried = self._found = 0
         if not self.config.chunked_prefill:
             prompts = self._admit(budget, now, whole=True)
             if prompts:
@@ -187,6 +206,7 @@ class Scheduler:
         ):
             state.computed += kept + 1 if work.verifies else work.new_tokens
             state.drafts = drafts
+            self._cache_prefix(state)
             if not work.samples:
                 continue
             state.generated += kept + 1
@@ -198,8 +218,7 @@ class Scheduler:
             if state.done:
                 state.finish_s = now
                 self.running.remove(state)
-                self.free_blocks += state.blocks
-                state.blocks = 0
+                self._free(state)
                 finished.append(state)
         return finished
 
@@ -212,7 +231,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             state = self.running[i]
             tokens = min(state.pending + (state.drafts if state.decoding else 0), budget)
-            need = max(0, self.blocks_for(state.computed + tokens) - state.blocks)
+            need = max(0, self.blocks_for(state.computed + tokens) - state.held)
             while need > self.free_blocks and self.running[-1] is not state:
                 self._preempt(self.running[-1])
             if need > self.free_blocks:  # the request itself is the newest: it waits
@@ -228,29 +247,79 @@ class Scheduler:
         chosen: list[tuple[Running, int]] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             state = self.waiting[0]
-            tokens = state.pending if whole else min(state.pending, budget)
+            found = self._lookup(state)
+            cached = len(found) * self.config.block_size
+            pending = state.pending - cached
+            tokens = pending if whole else min(pending, budget)
             if tokens > budget:
                 break
-            need = self.blocks_for(state.computed + tokens) - state.blocks
-            if need > self.free_blocks:
+            need = self.blocks_for(state.computed + cached + tokens) - state.held - len(found)
+            reclaimed = self.cache.reclaimed(found) if self.cache is not None else 0
+            if need + reclaimed > self.free_blocks:
                 break
             self.waiting.popleft()
             self.running.append(state)
             if state.admitted_s is None:
                 state.admitted_s = now
+                state.cached_tokens = cached
+            self._queried += state.pending
+            self._found += cached
+            if found:
+                assert self.cache is not None
+                self.cache.use(found)
+                self.free_blocks -= reclaimed
+                state.shared, state.computed = found, state.computed + cached
+                state.prefix_blocks = len(found)
             self._allocate(state, need)
             chosen.append((state, tokens))
             budget -= tokens
         return chosen
 
     def _allocate(self, state: Running, blocks: int) -> None:
+        """Give ``state`` ``blocks`` new blocks: empty ones first, then cached free
+        prefix blocks, oldest freed first."""
+        if self.cache is not None:
+            empty = self.free_blocks - len(self.cache.evictable)
+            if blocks > empty:
+                self.cache.evict(blocks - empty)
         self.free_blocks -= blocks
         state.blocks += blocks
 
+    def _free(self, state: Running) -> None:
+        """Free ``state``'s own blocks, and end its use of cached prefix blocks."""
+        self.free_blocks += state.blocks
+        if state.shared:
+            assert self.cache is not None
+            self.free_blocks += self.cache.release(state.shared)
+        state.blocks, state.shared = 0, []
+
+    def _lookup(self, state: Running) -> list[BlockKey]:
+        """The cached blocks of a queued request's prefix it can start from: whole blocks,
+        and never its whole prompt (its last token is computed for its logits)."""
+        request = state.request
+        if self.cache is None or request.prefix_group is None or state.computed:
+            return []
+        size = self.config.block_size
+        blocks = min(request.prefix_len // size, (state.pending - 1) // size)
+        return self.cache.found(request.prefix_group, blocks)
+
+    def _cache_prefix(self, state: Running) -> None:
+        """Cache the prefix blocks ``state`` has filled: each becomes shared unless another
+        request's copy is cached already."""
+        request = state.request
+        if self.cache is None or request.prefix_group is None:
+            return
+        full = min(state.computed, request.prefix_len) // self.config.block_size
+        for i in range(state.prefix_blocks, full):
+            if self.cache.add((request.prefix_group, i)):
+                state.shared.append((request.prefix_group, i))
+                state.blocks -= 1
+        state.prefix_blocks = max(state.prefix_blocks, full)
+
     def _preempt(self, state: Running) -> None:
         self.running.remove(state)
-        self.free_blocks += state.blocks
-        state.blocks = state.computed = state.drafts = 0
+        self._free(state)
+        state.computed = state.drafts = state.prefix_blocks = 0
         state.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(state)
@@ -270,6 +339,8 @@ class Scheduler:
             work,
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,
+            self._queried,
+            self._found,
         )
         return self._speculate(step) if self.acceptance is not None else step
 

@@ -20,7 +20,14 @@ from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
-from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
+from torchroof.serving.requests import (
+    Arrivals,
+    Lengths,
+    Prefixes,
+    Request,
+    make_requests,
+    read_requests,
+)
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import simulate
@@ -30,6 +37,9 @@ from torchroof.serving.step_time import StepTimer
 PREPARED_CONTEXT = 128
 """The context the decode is prepared at: only transformers' dense mask reads it (one byte
 per key and layer), every step's attention is priced over its own requests' caches."""
+
+Drawn = tuple[str | int, str | int, "Prefixes | None"]
+"""Drawn requests' input lengths, output lengths and shared prefixes."""
 
 SIZED_BY_REQUESTS = ("regime", "batch", "seq", "context", "microbatches")
 
@@ -43,6 +53,7 @@ def serve(
     requests: int | str | Path | Sequence[Request] = 1000,
     input_len: str | int = 1024,
     output_len: str | int = 128,
+    prefixes: Prefixes | None = None,
     burstiness: float = 1.0,
     random_state: int = 0,
     engine: EngineConfig | None = None,
@@ -61,14 +72,18 @@ def serve(
     gaps of shape ``burstiness``, as vLLM's serving benchmark does), or are sent by
     ``concurrency`` closed-loop clients, or arrive at a file's own ``arrival_s``. Drawn
     lengths follow ``input_len`` and ``output_len`` (``512``, ``uniform:128,2048``, ...:
-    :class:`~torchroof.serving.requests.Lengths`), drawn from ``random_state``. ``knobs`` are the
+    :class:`~torchroof.serving.requests.Lengths`), drawn from ``random_state``; with
+    ``prefixes`` (:class:`~torchroof.serving.requests.Prefixes`) each drawn prompt starts
+    with one of its groups' shared prefixes. ``knobs`` are the
     deployment's workload fields (``tp``, ``ep``, ``dtype``, ``kv_dtype``, ``quant``) and
     pricing options (``mode``, ``runtime``, ...); ``engine`` the scheduler's knobs;
     ``speculative`` a draft model decoding speculatively
     (:class:`~torchroof.serving.speculative.Speculative`), its acceptances drawn from
     ``random_state`` too.
     """
-    batch = _requests(requests, rate, concurrency, input_len, output_len, burstiness, random_state)
+    batch = _requests(
+        requests, rate, concurrency, (input_len, output_len, prefixes), burstiness, random_state
+    )
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -94,6 +109,7 @@ def highest_rate(
     requests: int | str | Path | Sequence[Request] = 500,
     input_len: str | int = 1024,
     output_len: str | int = 128,
+    prefixes: Prefixes | None = None,
     burstiness: float = 1.0,
     random_state: int = 0,
     engine: EngineConfig | None = None,
@@ -111,7 +127,7 @@ def highest_rate(
     arrival times are kept, scaled to a mean of 1 per second; each rate tried scales
     them again."""
     check_targets(ttft_s, tpot_s, attainment)  # before anything is traced
-    batch = _unit_rate(requests, input_len, output_len, burstiness, random_state)
+    batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -131,17 +147,16 @@ def highest_rate(
 
 def _unit_rate(
     requests: int | str | Path | Sequence[Request],
-    input_len: str | int,
-    output_len: str | int,
+    drawn: Drawn,
     burstiness: float,
     random_state: int,
 ) -> list[Request]:
     """The requests arriving at a mean of 1 per second: drawn so, or given with their own
     times (a file's), shifted to start at 0 and scaled; given without times, drawn so."""
     if isinstance(requests, int) and not isinstance(requests, bool):
-        return _requests(requests, 1.0, None, input_len, output_len, burstiness, random_state)
+        return _requests(requests, 1.0, None, drawn, burstiness, random_state)
     _check_burstiness(burstiness)
-    given = _given(requests)
+    given = _given(requests, drawn[2])
     times = [r.arrival_s for r in given]
     if any(t is None for t in times) or len(given) < 2:
         return _retimed(given, 1.0, burstiness, random_state)
@@ -205,12 +220,12 @@ def _requests(
     requests: int | str | Path | Sequence[Request],
     rate: float | None,
     concurrency: int | None,
-    input_len: str | int,
-    output_len: str | int,
+    drawn: Drawn,
     burstiness: float,
     random_state: int,
 ) -> list[Request]:
-    """The requests to serve, with their arrival times where the load is open."""
+    """The requests to serve, with their arrival times where the load is open; ``drawn``
+    the lengths and prefixes of requests drawn by count."""
     if rate is not None and concurrency is not None:
         raise OptionError("give a request rate or a concurrency, not both")
     if concurrency is not None and (
@@ -218,11 +233,16 @@ def _requests(
     ):
         raise OptionError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
     _check_burstiness(burstiness)
+    input_len, output_len, prefixes = drawn
     if isinstance(requests, int) and not isinstance(requests, bool):
         inputs, outputs = (
             Lengths.parse(input_len, "input_len"),
             Lengths.parse(output_len, "output_len"),
         )
+        if prefixes is not None and not isinstance(prefixes, Prefixes):
+            raise OptionError(
+                f"prefixes must be a torchroof.serving.requests.Prefixes, got {prefixes!r}"
+            )
         if rate is None and concurrency is None:
             raise OptionError("give a request rate (per second) or a concurrency")
         arrivals = (
@@ -230,8 +250,8 @@ def _requests(
             if concurrency is not None
             else _open(rate, burstiness)
         )
-        return make_requests(requests, inputs, outputs, arrivals, random_state)
-    given = _given(requests)
+        return make_requests(requests, inputs, outputs, arrivals, random_state, prefixes)
+    given = _given(requests, prefixes)
     if rate is not None:  # new arrival times at the rate, the lengths as given
         return _retimed(given, rate, burstiness, random_state)
     if concurrency is None and any(r.arrival_s is None for r in given):
@@ -246,8 +266,13 @@ def _check_burstiness(burstiness: float) -> None:
         raise OptionError(f"burstiness must be above 0 (1 is Poisson), got {burstiness}")
 
 
-def _given(requests: object) -> list[Request]:
+def _given(requests: object, prefixes: Prefixes | None = None) -> list[Request]:
     """The requests of a JSONL/CSV file or a sequence of :class:`Request` objects."""
+    if prefixes is not None:
+        raise OptionError(
+            "prefixes are drawn with the requests: given requests carry their own "
+            "prefix_group and prefix_len"
+        )
     if isinstance(requests, (str, Path)):
         return read_requests(requests)
     if isinstance(requests, Sequence):
@@ -263,9 +288,7 @@ def _retimed(
 ) -> list[Request]:
     """``given``'s lengths with new arrival times drawn at ``rate``."""
     times = _open(rate, burstiness).times(_rng(random_state), len(given))
-    return [
-        Request(r.index, r.input_len, r.output_len, t) for r, t in zip(given, times, strict=True)
-    ]
+    return [replace(r, arrival_s=t) for r, t in zip(given, times, strict=True)]
 
 
 def _open(rate: float | None, burstiness: float) -> Arrivals:

@@ -180,6 +180,8 @@ class _Run:
                 sum(work.verifies for work in step.work),
                 step.drafted,
                 sum(step.accepted),
+                step.queried_tokens,
+                step.cached_tokens,
             )
         )
 
@@ -197,6 +199,7 @@ class _Run:
                 first_token_s=state.first_token_s,
                 finish_s=state.finish_s,
                 preemptions=state.preemptions,
+                cached_tokens=state.cached_tokens,
             )
         )
         self.gaps.append(state.gaps)
@@ -252,7 +255,8 @@ def simulate(
     report = run.report
     with report.stage(f"serving {len(requests):,} requests", len(requests), "requests"):
         run.env.run(until=simpy.AllOf(run.env, list(run.done.values())))
-    return _result(run, engine, capacity, replicas, router, concurrency)
+    groups = len({r.prefix_group for r in requests if r.prefix_group is not None})
+    return _result(run, engine, capacity, replicas, router, concurrency, groups)
 
 
 def _check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity) -> None:
@@ -294,6 +298,7 @@ def _result(
     replicas: int,
     router: str,
     concurrency: int | None,
+    prefix_groups: int,
 ) -> ServeResult:
     records = tuple(sorted(run.records, key=lambda r: r.index))
     names = list(StepLog.__dataclass_fields__)
@@ -313,6 +318,7 @@ def _result(
         "replicas": replicas,
         "router": router,
         "concurrency": concurrency,
+        "prefix_groups": prefix_groups,
         **run.timer.describe(),
         **(run.drafter.describe() if run.drafter is not None else {}),
     }
