@@ -12,6 +12,8 @@ import math
 import numpy as np
 import pytest
 from conftest import small_llama
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchroof
 from torchroof.cli.main import main
@@ -235,9 +237,12 @@ def test_serve_with_a_draft_from_the_command_line(tmp_path, capsys):
     # verification of 2 drafts yields 3, so 21 verifications (the 21st starts at 61 tokens
     # with min(2, 64 - 61 - 1) = 2 drafts) end it: 40 x 21 x 2 = 1,680 drafts, all kept,
     # 1 + 1,680 / 840 = 3 tokens per verification
-    assert "100.0% of 1,680 drafts accepted, 3.00 tokens per verification (expected 3.00)" in out
+    assert (
+        "100.0% of 1,680 drafts accepted, 3.00 tokens per verification (the rates give "
+        "3.00 for the drafts checked, 3.00 for 2)"
+    ) in out
     for flags, message in [
-        (["--acceptance", "0.5"], "--acceptance describe a draft model: give --draft too"),
+        (["--acceptance", "0.5"], "--acceptance describes a draft model: give --draft too"),
         (["--draft", str(small)], "--draft needs --acceptance"),
         (["--draft", str(other), "--acceptance", "0.5"], "vocabulary has 512 tokens"),
     ]:
@@ -269,3 +274,82 @@ def test_serve_takes_a_speculative_deployment():
             requests=2,
             speculative=Speculative(small_llama(1), acceptance=[0.5, 0.9], tokens=2),
         )
+
+
+def test_the_rates_give_the_drafts_a_verification_had(target, draft):
+    # 8 + 4 tokens, k = 3, every draft accepted: after its first token the request has 3
+    # to make, so its one verification checks min(3, 4 - 1 - 1) = 2 drafts and yields 3:
+    # the rates give 1 + 1 + 1 = 3 for it, though 1 + 3 = 4 for k drafts
+    drafter = Drafter(draft, Acceptance.of(1.0, 3))
+    result = simulate(target, [Request(0, 8, 4, 0.0)], concurrency=1, drafter=drafter)
+    spec = result.summary()["speculative"]
+    assert (spec["verifications"], spec["drafted"]) == (1, 2)
+    assert (spec["mean_acceptance_length"], spec["expected_acceptance_length"]) == (3.0, 3.0)
+    assert result.engine["expected_tokens_per_verification"] == 4.0
+
+
+def test_bad_speculative_settings_are_refused_before_the_draft_is_traced(target):
+    for acceptance in ([0.5, None, 0.2], [True, True, True], []):
+        with pytest.raises(OptionError, match="acceptance must be a rate or a list of rates"):
+            Acceptance.of(acceptance, 3)
+    assert Acceptance.of(np.array([0.5, 0.25]), 2).rates == (0.5, 0.25)
+    with pytest.raises(OptionError, match=r"the draft's tp is 1 or the served model's \(1\)"):
+        torchroof.serve(
+            small_llama(2),
+            "dgx-h100",
+            concurrency=1,
+            requests=2,
+            speculative=Speculative(small_llama(1), acceptance=0.5, tp=2),
+        )
+    with pytest.raises(OptionError, match="random_state must be a whole number >= 0, got -1"):
+        simulate(target, [Request(0, 8, 4, 0.0)], concurrency=1, random_state=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(
+        st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 2)), min_size=1, max_size=8
+    ),
+    budget=st.integers(1, 64),
+    block_size=st.sampled_from([1, 4, 16]),
+    spare=st.integers(0, 12),
+    tokens=st.integers(1, 4),
+    rate=st.floats(0, 1),
+    chunked=st.booleans(),
+)
+def test_the_scheduler_keeps_its_books_under_drafts_prefixes_and_preemption(
+    lengths, budget, block_size, spare, tokens, rate, chunked
+):
+    # any mix of prompts (sharing a 24-token prefix by group), drafts and a cache just
+    # big enough for the longest request plus its lookahead slots: every request ends
+    # with its tokens, no step passes the budget or the cache, every scheduled request
+    # holds blocks for what it computes (and, running, its k draft slots), and every
+    # block is free again at the end
+    if not chunked:
+        budget = max(budget, max(i + o for i, o, _ in lengths) + tokens)
+    requests = [
+        Request(i, prompt, output, 0.0, group if prompt >= 24 else None, 24 if prompt >= 24 else 0)
+        for i, (prompt, output, group) in enumerate(lengths)
+    ]
+    longest = max(r.input_len + r.output_len - 1 + tokens for r in requests)
+    blocks = -(-longest // block_size) + spare
+    engine = EngineConfig(block_size, 4, budget, chunked)
+    scheduler = Scheduler(engine, blocks, Acceptance.of(rate, tokens), np.random.default_rng(0))
+    states = [Running(r, 0.0) for r in requests]
+    for state in states:
+        scheduler.submit(state)
+    for now in range(10_000):
+        if not scheduler.busy:
+            break
+        step = scheduler.schedule(float(now))
+        assert step.work, "stuck"
+        assert sum(w.new_tokens for w in step.work) <= budget
+        assert 0 <= scheduler.free_blocks and step.blocks_used <= blocks
+        for state, work in zip(step.requests, step.work, strict=True):
+            slots = work.context + work.new_tokens + (scheduler.lookahead if state.decoding else 0)
+            assert state.held * block_size >= slots
+        scheduler.complete(step, float(now + 1))
+        users = sum(scheduler.cache.users.values())
+        assert users == sum(len(s.shared) for s in scheduler.running)
+    assert all(s.generated == s.request.output_len and s.finish_s is not None for s in states)
+    assert scheduler.free_blocks == blocks

@@ -164,10 +164,9 @@ def _speculative(args: argparse.Namespace, given: set[str]) -> Any:
     if args.draft is None:
         extra = sorted({"speculative_tokens", "acceptance", "draft_tp"} & given)
         if extra:
-            raise ValueError(
-                f"{', '.join('--' + e.replace('_', '-') for e in extra)} describe a draft "
-                "model: give --draft too"
-            )
+            named = ", ".join("--" + e.replace("_", "-") for e in extra)
+            verb = "describes" if len(extra) == 1 else "describe"
+            raise ValueError(f"{named} {verb} a draft model: give --draft too")
         return None
     if args.acceptance is None:
         raise ValueError(

@@ -64,8 +64,9 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
             f"speculative decoding: {engine['draft_model']} drafts "
             f"{engine['speculative_tokens']} tokens per step; {spec['acceptance_rate']:.1%} "
             f"of {spec['drafted']:,} drafts accepted, {spec['mean_acceptance_length']:.2f} "
-            f"tokens per verification (expected "
-            f"{engine['expected_tokens_per_verification']:.2f})"
+            f"tokens per verification (the rates give {spec['expected_acceptance_length']:.2f} "
+            f"for the drafts checked, {engine['expected_tokens_per_verification']:.2f} for "
+            f"{engine['speculative_tokens']})"
         )
     return lines
 

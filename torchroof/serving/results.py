@@ -73,6 +73,7 @@ class StepLog:
     verifications: np.ndarray  # requests whose speculative drafts the step checked
     drafted: np.ndarray  # drafts those verifications checked
     accepted: np.ndarray  # of which accepted
+    expected_accepted: np.ndarray  # their expected number accepted, from the rates
     queried_tokens: np.ndarray  # prompt tokens of the requests admitted (cache lookups)
     cached_tokens: np.ndarray  # of which found in the prefix cache
 
@@ -145,6 +146,10 @@ class ServeResult:
                 "accepted": accepted,
                 "acceptance_rate": accepted / drafted,
                 "mean_acceptance_length": 1 + accepted / verifications,
+                # what the rates give for the drafts each verification had (fewer than k
+                # at a request's end or where the token budget cut them)
+                "expected_acceptance_length": 1
+                + float(self.steps.expected_accepted.sum()) / verifications,
             }
         out["steps"] = len(self.steps.start_s)
         out["kv_blocks_peak_share"] = (

@@ -131,6 +131,7 @@ class ScheduledStep:
     queried_tokens: int = 0  # prompt tokens of the requests admitted, looked up in the cache
     cached_tokens: int = 0  # of which found cached
     accepted: tuple[int, ...] = ()  # per request: drafts accepted (0 without a verification)
+    expected_accepted: float = 0.0  # the mean of the drafts accepted, from the rates
     proposed: tuple[int, ...] = ()  # per request: drafts proposed for its next step
     draft: tuple[tuple[SequenceWork, ...], ...] = ()  # the draft model's passes
 
@@ -165,6 +166,9 @@ class Scheduler:
         self.config = config
         self.acceptance = acceptance
         self.rng = rng
+        # slots a running request keeps for the drafts the draft model writes (vLLM's
+        # num_lookahead_tokens: k with a draft model)
+        self.lookahead = acceptance.tokens if acceptance is not None else 0
         self.kv_blocks = kv_blocks
         self.free_blocks = kv_blocks
         self.waiting: deque[Running] = deque()
@@ -231,7 +235,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             state = self.running[i]
             tokens = min(state.pending + (state.drafts if state.decoding else 0), budget)
-            need = max(0, self.blocks_for(state.computed + tokens) - state.held)
+            need = max(0, self.blocks_for(state.computed + tokens + self.lookahead) - state.held)
             while need > self.free_blocks and self.running[-1] is not state:
                 self._preempt(self.running[-1])
             if need > self.free_blocks:  # the request itself is the newest: it waits
@@ -348,9 +352,11 @@ class Scheduler:
         """``step`` with its verifications' acceptances drawn, and the draft model's
         proposals for the next step (:mod:`torchroof.serving.speculative`)."""
         assert self.acceptance is not None and self.rng is not None
-        accepted, proposals = [], []
+        accepted, proposals, expected = [], [], 0.0
         for state, work in zip(step.requests, step.work, strict=True):
             kept = self.acceptance.draw(self.rng, work.new_tokens - 1) if work.verifies else 0
+            if work.verifies:
+                expected += self.acceptance.expected_tokens(work.new_tokens - 1) - 1
             accepted.append(kept)
             produced = kept + 1 if work.samples else 0
             left = state.request.output_len - state.generated - produced
@@ -367,6 +373,7 @@ class Scheduler:
         return replace(
             step,
             accepted=tuple(accepted),
+            expected_accepted=expected,
             proposed=tuple(p.drafts for p in proposals),
             draft=draft_passes([p for p in proposals if p.new_tokens]),
         )

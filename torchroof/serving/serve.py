@@ -31,7 +31,7 @@ from torchroof.serving.requests import (
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import simulate
-from torchroof.serving.speculative import Drafter, Speculative, check_draft
+from torchroof.serving.speculative import Acceptance, Drafter, Speculative, check_draft
 from torchroof.serving.step_time import StepTimer
 
 PREPARED_CONTEXT = 128
@@ -84,6 +84,7 @@ def serve(
     batch = _requests(
         requests, rate, concurrency, (input_len, output_len, prefixes), burstiness, random_state
     )
+    _check_speculative(speculative)  # before anything is traced
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -127,6 +128,7 @@ def highest_rate(
     arrival times are kept, scaled to a mean of 1 per second; each rate tried scales
     them again."""
     check_targets(ttft_s, tpot_s, attainment)  # before anything is traced
+    _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
@@ -197,12 +199,15 @@ def _drafter(
     priced on the target's hardware with the target's pricing."""
     if speculative is None:
         return None
-    if not isinstance(speculative, Speculative):
-        raise OptionError(
-            f"speculative must be a torchroof.serving.Speculative, got {speculative!r}"
-        )
-    acceptance = speculative.rates()  # a bad rate fails before the draft is traced
+    acceptance = _check_speculative(speculative)
+    assert acceptance is not None
     workload, _ = split_knobs(knobs)
+    target_tp = target.describe()["tp"]
+    if speculative.tp is not None and speculative.tp not in (1, target_tp):
+        raise OptionError(
+            f"the draft's tp is 1 or the served model's ({target_tp}), got {speculative.tp}: "
+            "the draft runs on the engine's own GPUs (vLLM refuses other sizes likewise)"
+        )
     if speculative.tp is not None:
         workload["tp"] = speculative.tp
     workload.pop("ep", None)  # a draft model is dense
@@ -214,6 +219,17 @@ def _drafter(
     )
     check_draft(target, timer)
     return Drafter(timer, acceptance)
+
+
+def _check_speculative(speculative: object) -> Acceptance | None:
+    """The acceptance rates of ``speculative``, refused in a line where they are bad."""
+    if speculative is None:
+        return None
+    if not isinstance(speculative, Speculative):
+        raise OptionError(
+            f"speculative must be a torchroof.serving.Speculative, got {speculative!r}"
+        )
+    return speculative.rates()
 
 
 def _requests(

@@ -34,6 +34,7 @@ from torchroof.serving.speculative import Drafter
 from torchroof.serving.step_time import StepTimer
 
 ROUTERS = ("round-robin", "least-loaded")
+FLOAT_COLUMNS = ("start_s", "time_s", "expected_accepted")
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,11 @@ class _Run:
         self.env = simpy.Environment()
         self.timer = timer
         self.drafter = drafter
+        # with a draft model the engine's full CUDA graphs are for k + 1 tokens a request
+        self.graphed = drafter.tokens + 1 if drafter is not None else None
         acceptance = drafter.acceptance if drafter is not None else None
-        rngs = np.random.default_rng(random_state).spawn(replicas)
+        streams = np.random.SeedSequence(random_state).spawn(replicas)
+        rngs = [np.random.default_rng(stream) for stream in streams]
         self.replicas = [
             _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i]), self.env)
             for i in range(replicas)
@@ -144,7 +148,7 @@ class _Run:
             if not step.work:
                 raise OptionError(_stuck(scheduler))
             start = self.env.now
-            seconds = self.timer.time(step.work).time_s
+            seconds = self.timer.time(step.work, self.graphed).time_s
             if self.drafter is not None:
                 seconds += self.drafter.time_s(step.draft)
             yield self.env.timeout(seconds)
@@ -180,6 +184,7 @@ class _Run:
                 sum(work.verifies for work in step.work),
                 step.drafted,
                 sum(step.accepted),
+                step.expected_accepted,
                 step.queried_tokens,
                 step.cached_tokens,
             )
@@ -233,13 +238,15 @@ def simulate(
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
     ):
         raise OptionError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+    if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
+        raise OptionError(f"random_state must be a whole number >= 0, got {random_state!r}")
     if concurrency is None and any(r.arrival_s is None for r in requests):
         raise OptionError("requests without arrival times need a concurrency (closed loop)")
     timer.check_lengths(requests)
     if drafter is not None:
         drafter.timer.check_lengths(requests)
     capacity = kv_capacity(timer, engine, drafter.timer if drafter is not None else None)
-    _check_fits(requests, engine, capacity)
+    _check_fits(requests, engine, capacity, drafter.tokens if drafter is not None else 0)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")
     run = _Run(timer, engine, capacity.blocks, replicas, router, requests, drafter, random_state)
@@ -259,21 +266,24 @@ def simulate(
     return _result(run, engine, capacity, replicas, router, concurrency, groups)
 
 
-def _check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity) -> None:
-    """Refuse requests no engine can ever finish: one whose KV outgrows the whole cache,
-    or, without chunked prefill, one whose prompt (and, recomputed after a preemption,
-    its output) exceeds the step's token budget."""
+def _check_fits(
+    requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity, lookahead: int = 0
+) -> None:
+    """Refuse requests no engine can ever finish: one whose KV outgrows the whole cache
+    (with the ``lookahead`` slots a draft model writes its drafts to), or, without chunked
+    prefill, one whose prompt (and, recomputed after a preemption, its output) exceeds
+    the step's token budget."""
     longest = max(requests, key=lambda r: r.input_len + r.output_len)
     tokens = longest.input_len + longest.output_len - 1  # the last token's K/V is not kept
-    need = math.ceil(tokens / engine.block_size)
+    need = math.ceil((tokens + lookahead) / engine.block_size)
     if need > kv.blocks:
         raise OptionError(
             f"the KV cache holds {kv.blocks:,} blocks of {engine.block_size} tokens "
             f"({kv.blocks * engine.block_size:,} tokens: {kv.usable_bytes / 2**30:.1f} GiB usable, "
             f"weights {kv.weights_bytes / 2**30:.1f} GiB, activations "
             f"{kv.activations_bytes / 2**30:.1f} GiB, {kv.bytes_per_token:,} B per token), "
-            f"below request {longest.index}'s {tokens:,} tokens: use more GPUs, a narrower "
-            "KV dtype, fewer tokens per step (max_num_batched_tokens), or shorter requests"
+            f"below request {longest.index}'s {tokens + lookahead:,} tokens: use more GPUs, a "
+            "narrower KV dtype, fewer tokens per step (max_num_batched_tokens), or shorter requests"
         )
     if not engine.chunked_prefill and tokens > engine.max_num_batched_tokens:
         raise OptionError(
@@ -303,7 +313,7 @@ def _result(
     records = tuple(sorted(run.records, key=lambda r: r.index))
     names = list(StepLog.__dataclass_fields__)
     columns = list(zip(*run.steps, strict=True)) if run.steps else [()] * len(names)
-    kinds = [float, float] + [int] * (len(names) - 2)
+    kinds = [float if name in FLOAT_COLUMNS else int for name in names]
     log = StepLog(
         **{
             name: np.array(col, dtype=kind)

@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from torchroof.config.errors import OptionError
 from torchroof.serving.composition import SequenceWork
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from torchroof.serving.step_time import StepTimer
 
 
@@ -57,7 +57,7 @@ class Acceptance:
             raise OptionError(f"speculative tokens must be a whole number >= 1, got {tokens!r}")
         values = _numbers(acceptance)
         if len(values) == 1:
-            rates = tuple(values[0] ** (i + 1) for i in range(tokens))
+            rates = tuple(round(values[0] ** (i + 1), 12) for i in range(tokens))
         elif len(values) == tokens:
             rates = tuple(values)
         else:
@@ -99,6 +99,12 @@ class Acceptance:
         return accepted
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 def _numbers(acceptance: float | str | Sequence[float]) -> list[float]:
     if isinstance(acceptance, str):
         try:
@@ -107,14 +113,10 @@ def _numbers(acceptance: float | str | Sequence[float]) -> list[float]:
             raise OptionError(
                 f"acceptance must be a rate or rates separated by commas, got {acceptance!r}"
             ) from None
-    if isinstance(acceptance, bool):
-        raise OptionError(f"acceptance must be a rate in [0, 1], got {acceptance!r}")
-    if isinstance(acceptance, (int, float)):
-        values = [float(acceptance)]
-    elif isinstance(acceptance, Sequence) and acceptance:
-        values = [float(v) for v in acceptance]
-    else:
+    given = list(acceptance) if isinstance(acceptance, (Sequence, np.ndarray)) else [acceptance]
+    if not given or not all(_is_number(v) for v in given):
         raise OptionError(f"acceptance must be a rate or a list of rates, got {acceptance!r}")
+    values = [float(v) for v in given]  # type: ignore[arg-type]  # numbers, checked
     if not all(math.isfinite(v) for v in values):
         raise OptionError(f"acceptance rates must be numbers in [0, 1], got {acceptance!r}")
     return values
@@ -135,6 +137,11 @@ class Speculative:
     tp: int | None = None
 
     def rates(self) -> Acceptance:
+        """The acceptance rates per position (a bad rate refused in a line)."""
+        if self.tp is not None and (
+            isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1
+        ):
+            raise OptionError(f"the draft's tp must be a whole number >= 1, got {self.tp!r}")
         return Acceptance.of(self.acceptance, self.tokens)
 
 

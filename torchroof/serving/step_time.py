@@ -140,8 +140,10 @@ class StepTimer:
         self.context, self._head, self._layers = self._read_trace()
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
-    def time(self, step: Sequence[SequenceWork]) -> StepTime:
-        """The time of one engine step processing ``step``'s sequences."""
+    def time(self, step: Sequence[SequenceWork], graphed: int | None = None) -> StepTime:
+        """The time of one engine step processing ``step``'s sequences. ``graphed``: the
+        new tokens per request of the only batches that replay a CUDA graph (k + 1 under
+        speculative decoding); by default decodes of 1 token and verifications alike."""
         if isinstance(step, SequenceWork):
             raise OptionError("a step is a list of SequenceWork: wrap the one sequence in [ ]")
         step = tuple(step)
@@ -152,7 +154,7 @@ class StepTimer:
             self._checked_length = longest
         tokens = sum(work.new_tokens for work in step)
         rows = sum(work.logit_rows for work in step)
-        eager = _launched_eagerly(step)
+        eager = _launched_eagerly(step, graphed)
         body = self._between(tokens, "body_s", eager)
         head = self._between(rows, "head_s", eager) if rows else 0.0
         attention = self.attention_s(step, tokens, eager)
@@ -312,12 +314,12 @@ class StepTimer:
         return context, head_module(trace), layers
 
 
-def _launched_eagerly(step: Sequence[SequenceWork]) -> bool:
+def _launched_eagerly(step: Sequence[SequenceWork], graphed: int | None = None) -> bool:
     """Whether a step runs without a CUDA graph: one with a prompt chunk, or with requests
-    of different numbers of new tokens (vLLM's V1 engine replays a full graph only for a
-    uniform decode batch: every request 1 token, or every one verifying the same number
-    of drafts: docs.vllm.ai, design "CUDA Graphs")."""
-    first = step[0].new_tokens
+    of different numbers of new tokens, or, where ``graphed`` is given, of another number
+    than it. vLLM's V1 engine replays a full graph only for a uniform decode batch: every
+    request 1 token, or 1 + k with k speculative tokens (docs.vllm.ai, "CUDA Graphs")."""
+    first = step[0].new_tokens if graphed is None else graphed
     return any(
         (work.new_tokens > 1 and not work.verifies) or work.new_tokens != first for work in step
     )
