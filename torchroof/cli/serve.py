@@ -108,6 +108,18 @@ def _engine_flags(srv: argparse.ArgumentParser) -> None:
         help="run prompts whole, in steps of their own",
     )
     eng.add_argument(
+        "--preemption-mode",
+        default="recompute",
+        help="recompute a preempted request, or swap its KV to host memory (recompute)",
+    )
+    eng.add_argument(
+        "--swap-space",
+        type=float,
+        default=4.0,
+        metavar="GIB",
+        help="host memory per GPU for swapped KV, with --preemption-mode swap (4)",
+    )
+    eng.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="compute every prompt whole, shared prefixes included",
@@ -200,6 +212,8 @@ def run(args: argparse.Namespace) -> None:
 
     writable(args.json, args.csv)
     given: set[str] = getattr(args, "given", set())
+    if "swap_space" in given and args.preemption_mode != "swap":
+        raise ValueError("--swap-space is the host memory of --preemption-mode swap: give both")
     if "attainment" in given and not args.sweep_rate:
         raise ValueError("--attainment is the share a --sweep-rate search asks for: give both")
     drawn = sorted({"requests", "input_len", "output_len", "prefix_groups", "prefix_len"} & given)
@@ -217,6 +231,8 @@ def run(args: argparse.Namespace) -> None:
         chunked_prefill=not args.no_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization,
         prefix_caching=not args.no_prefix_caching,
+        preemption=args.preemption_mode,
+        swap_space_gib=args.swap_space,
     )
     deployment = {  # what serve() and highest_rate() take alike
         "requests": args.trace if args.trace else args.requests,

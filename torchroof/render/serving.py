@@ -51,6 +51,14 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{engine['block_size']} tokens per replica (at most {summary['kv_blocks_peak_share']:.1%} "
         f"in use); {summary['preemptions']:,} preemptions"
     )
+    swap = summary.get("swap")
+    if swap is not None:
+        lines.append(
+            f"swap preemption: {swap['swapped_out']:,} requests swapped to host memory, "
+            f"{swap['swapped_in']:,} back; {swap['blocks_copied']:,} blocks copied in "
+            f"{swap['copy_time_s'] * 1e3:.2f} ms of the steps; the other "
+            f"{summary['preemptions'] - swap['swapped_out']:,} preemptions recomputed"
+        )
     cache = summary.get("prefix_cache")
     if cache is not None:
         state = "on" if engine.get("prefix_caching", True) else "off"

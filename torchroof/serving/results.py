@@ -76,6 +76,9 @@ class StepLog:
     expected_accepted: np.ndarray  # their expected number accepted, from the rates
     queried_tokens: np.ndarray  # prompt tokens of the requests admitted (cache lookups)
     cached_tokens: np.ndarray  # of which found in the prefix cache
+    swapped_out: np.ndarray  # requests whose KV the step copied to host memory
+    swapped_in: np.ndarray  # requests whose KV it copied back
+    swap_blocks: np.ndarray  # KV blocks those copies moved
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,14 @@ class ServeResult:
                 "queried_tokens": queried,
                 "cached_tokens": found,
                 "hit_rate": found / queried if queried else 0.0,
+            }
+        if self.engine.get("preemption") == "swap":
+            blocks = int(self.steps.swap_blocks.sum())
+            out["swap"] = {  # swap preemption's copies, and their time in the steps
+                "swapped_out": int(self.steps.swapped_out.sum()),
+                "swapped_in": int(self.steps.swapped_in.sum()),
+                "blocks_copied": blocks,
+                "copy_time_s": blocks * self.engine["host_swap_s_per_block"],
             }
         verifications = int(self.steps.verifications.sum())
         if verifications:  # as vLLM's speculative decoding metrics report them

@@ -24,6 +24,12 @@ also verifies the drafts proposed for it in the step before (they count against 
 budget and take KV slots, as vLLM's V1 scheduler counts them), and produces the accepted
 drafts and one token more.
 
+With swap preemption (vLLM's earlier engine, ``preemption_mode="swap"``) a preempted
+request's KV blocks are copied to host memory instead (while ``swap_space`` holds them;
+else it is recomputed) and copied back before it runs again: swapped requests resume
+before any waiting request is admitted, and the copies cost their bytes over the GPU's
+host link in the step that makes them.
+
 With prefix caching (on by default, as in vLLM's V1 engine) a request admitted from the
 queue starts with the blocks of its group's prefix that are cached
 (:mod:`torchroof.serving.prefix_cache`) and computes the rest of its prompt.
@@ -46,6 +52,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+PREEMPTION_MODES = ("recompute", "swap")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The scheduler's knobs, with vLLM's defaults (docs.vllm.ai, "Engine Arguments")."""
@@ -57,6 +66,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # the share of HBM the engine takes
     num_gpu_blocks_override: int | None = None  # KV blocks, whatever memory is left
     prefix_caching: bool = True  # cached prompt prefixes found again (vLLM V1's default)
+    preemption: str = "recompute"  # or "swap" (vLLM's earlier preemption_mode)
+    swap_space_gib: float = 4.0  # host memory per GPU for swapped KV (vLLM's swap_space)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -70,6 +81,13 @@ class EngineConfig:
             raise OptionError(
                 f"num_gpu_blocks_override must be a whole number >= 1, got {blocks!r}"
             )
+        if self.preemption not in PREEMPTION_MODES:
+            raise OptionError(
+                f"unknown preemption mode {self.preemption!r} (known: "
+                f"{', '.join(PREEMPTION_MODES)})"
+            )
+        if not (self.swap_space_gib >= 0 and math.isfinite(self.swap_space_gib)):
+            raise OptionError(f"swap_space_gib must be 0 or more GiB, got {self.swap_space_gib}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise OptionError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -94,6 +112,7 @@ class Running:
     drafts: int = 0  # tokens the draft model proposed for its next step
     shared: list[BlockKey] = field(default_factory=list)  # cached prefix blocks it uses
     prefix_blocks: int = 0  # blocks of its prefix it has found or filled
+    swapped_blocks: int = 0  # its KV blocks in host memory while swapped out
     cached_tokens: int = 0  # prompt tokens found cached when first admitted
     gaps: list[float] = field(default_factory=list)  # between successive tokens
 
@@ -130,6 +149,9 @@ class ScheduledStep:
     blocks_used: int  # after the step's allocation
     queried_tokens: int = 0  # prompt tokens of the requests admitted, looked up in the cache
     cached_tokens: int = 0  # of which found cached
+    swapped_out: int = 0  # requests whose KV went to host memory to make room for it
+    swapped_in: int = 0  # requests whose KV came back from host memory for it
+    swap_blocks: int = 0  # KV blocks those copies move, either way
     accepted: tuple[int, ...] = ()  # per request: drafts accepted (0 without a verification)
     expected_accepted: float = 0.0  # the mean of the drafts accepted, from the rates
     proposed: tuple[int, ...] = ()  # per request: drafts proposed for its next step
@@ -160,6 +182,7 @@ class Scheduler:
         kv_blocks: int,
         acceptance: Acceptance | None = None,
         rng: np.random.Generator | None = None,
+        host_blocks: int = 0,
     ) -> None:
         if acceptance is not None and rng is None:
             raise OptionError("speculative decoding draws its acceptances: give an rng")
@@ -176,27 +199,33 @@ class Scheduler:
         self.preemptions = 0
         self.cache = PrefixCache() if config.prefix_caching else None
         self._queried = self._found = 0  # this step's lookups
+        self.swapped: deque[Running] = deque()
+        self.host_free = host_blocks  # host memory for swapped KV, in blocks
+        self._swaps = [0, 0, 0]  # this step's swapped out, swapped in, blocks copied
 
     def submit(self, state: Running) -> None:
         self.waiting.append(state)
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self, now: float) -> ScheduledStep:
         """The next step's requests and tokens (their blocks allocated)."""
         budget = self.config.max_num_batched_tokens
         preempted_before = self.preemptions
         self._queried = self._found = 0
-        if not self.config.chunked_prefill:
+        self._swaps = [0, 0, 0]
+        if not self.config.chunked_prefill and not self.swapped:
             prompts = self._admit(budget, now, whole=True)
             if prompts:
                 return self._step(prompts, preempted_before)
         chosen = self._running(budget)
+        if self.preemptions == preempted_before:  # swapped requests first, then new ones
+            chosen += self._swap_in(budget - sum(n for _, n in chosen))
         if self.config.chunked_prefill and self.preemptions == preempted_before:
             left = budget - sum(n for _, n in chosen)
-            chosen += self._admit(left, now, whole=False)
+            chosen += self._admit(left, now, whole=False) if not self.swapped else []
         return self._step(chosen, preempted_before)
 
     def complete(self, step: ScheduledStep, now: float) -> list[Running]:
@@ -322,11 +351,41 @@ class Scheduler:
 
     def _preempt(self, state: Running) -> None:
         self.running.remove(state)
-        self._free(state)
-        state.computed = state.drafts = state.prefix_blocks = 0
         state.preemptions += 1
         self.preemptions += 1
+        held = state.held
+        if self.config.preemption == "swap" and state.computed and held <= self.host_free:
+            self._free(state)  # its blocks, copied to host memory
+            self.host_free -= held
+            state.swapped_blocks = held
+            self._swaps[0] += 1
+            self._swaps[2] += held
+            self.swapped.append(state)
+            return
+        self._free(state)
+        state.computed = state.drafts = state.prefix_blocks = 0
         self.waiting.appendleft(state)
+
+    def _swap_in(self, budget: int) -> list[tuple[Running, int]]:
+        """Swapped requests back, oldest swapped first, while the budget, ``max_num_seqs``
+        and the free blocks allow: their blocks copied back and their next tokens."""
+        chosen: list[tuple[Running, int]] = []
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            state = self.swapped[0]
+            tokens = min(state.pending + (state.drafts if state.decoding else 0), budget)
+            need = self.blocks_for(state.computed + tokens + self.lookahead)
+            if need > self.free_blocks:
+                break
+            self.swapped.popleft()
+            self.running.append(state)
+            self.host_free += state.swapped_blocks
+            self._swaps[1] += 1
+            self._swaps[2] += state.swapped_blocks
+            state.swapped_blocks = 0
+            self._allocate(state, need)
+            chosen.append((state, tokens))
+            budget -= tokens
+        return chosen
 
     def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
         work = tuple(
@@ -343,8 +402,11 @@ class Scheduler:
             work,
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,
-            self._queried,
-            self._found,
+            queried_tokens=self._queried,
+            cached_tokens=self._found,
+            swapped_out=self._swaps[0],
+            swapped_in=self._swaps[1],
+            swap_blocks=self._swaps[2],
         )
         return self._speculate(step) if self.acceptance is not None else step
 

@@ -26,6 +26,8 @@ import numpy as np
 import simpy
 
 from torchroof.config.errors import OptionError
+from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.price import host_link
 from torchroof.progress import current
 from torchroof.serving.requests import Request
 from torchroof.serving.results import RequestRecord, ServeResult, StepLog
@@ -77,6 +79,33 @@ def kv_capacity(
     return KvCapacity(blocks, per_token, usable, weights, activations)
 
 
+@dataclass(frozen=True)
+class HostSwap:
+    """Host memory for swapped KV blocks, per GPU, and the time a block takes to cross the
+    GPU's host link one way."""
+
+    blocks: int
+    seconds_per_block: float
+
+
+def host_swap(timer: StepTimer, engine: EngineConfig, kv: KvCapacity) -> HostSwap:
+    """What ``swap_space_gib`` of host memory holds of one GPU's KV blocks, and a block's
+    copy over the host link (the cluster's, else the accelerator's PCIe figure, one way);
+    none without swap preemption."""
+    if engine.preemption != "swap":
+        return HostSwap(0, 0.0)
+    block_bytes = engine.block_size * kv.bytes_per_token
+    spec, cluster = resolve_hardware(timer.hardware)
+    try:
+        _, bandwidth = host_link(spec, cluster)
+    except OptionError:
+        raise OptionError(
+            f"swap preemption copies KV blocks over the GPU's host link: {spec.name} gives "
+            "no pcie figure (interconnect_bytes_per_s.pcie in its hardware file)"
+        ) from None
+    return HostSwap(int(engine.swap_space_gib * 2**30) // block_bytes, block_bytes / bandwidth)
+
+
 class _Replica:
     """One engine in the simulation: its scheduler and its process's wake-up event."""
 
@@ -109,8 +138,10 @@ class _Run:
         requests: Sequence[Request],
         drafter: Drafter | None = None,
         random_state: int = 0,
+        swap: HostSwap | None = None,
     ) -> None:
         self.env = simpy.Environment()
+        swap = swap or HostSwap(0, 0.0)
         self.timer = timer
         self.drafter = drafter
         # with a draft model the engine's full CUDA graphs are for k + 1 tokens a request
@@ -119,9 +150,10 @@ class _Run:
         streams = np.random.SeedSequence(random_state).spawn(replicas)
         rngs = [np.random.default_rng(stream) for stream in streams]
         self.replicas = [
-            _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i]), self.env)
+            _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i], swap.blocks), self.env)
             for i in range(replicas)
         ]
+        self.swap = swap
         self.router = router
         self._turn = itertools.count()
         self.records: list[RequestRecord] = []
@@ -151,6 +183,7 @@ class _Run:
             seconds = self.timer.time(step.work, self.graphed).time_s
             if self.drafter is not None:
                 seconds += self.drafter.time_s(step.draft)
+            seconds += step.swap_blocks * self.swap.seconds_per_block
             yield self.env.timeout(seconds)
             self._log(replica.index, start, seconds, step)
             for state in scheduler.complete(step, self.env.now):
@@ -187,6 +220,9 @@ class _Run:
                 step.expected_accepted,
                 step.queried_tokens,
                 step.cached_tokens,
+                step.swapped_out,
+                step.swapped_in,
+                step.swap_blocks,
             )
         )
 
@@ -249,7 +285,10 @@ def simulate(
     _check_fits(requests, engine, capacity, drafter.tokens if drafter is not None else 0)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")
-    run = _Run(timer, engine, capacity.blocks, replicas, router, requests, drafter, random_state)
+    swap = host_swap(timer, engine, capacity)
+    run = _Run(
+        timer, engine, capacity.blocks, replicas, router, requests, drafter, random_state, swap
+    )
     for replica in run.replicas:
         run.env.process(run.engine(replica))
     if concurrency is None:
@@ -329,6 +368,8 @@ def _result(
         "router": router,
         "concurrency": concurrency,
         "prefix_groups": prefix_groups,
+        "host_swap_blocks": run.swap.blocks,
+        "host_swap_s_per_block": run.swap.seconds_per_block,
         **run.timer.describe(),
         **(run.drafter.describe() if run.drafter is not None else {}),
     }

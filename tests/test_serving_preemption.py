@@ -1,0 +1,92 @@
+"""Swap preemption in the serving simulation: a preempted request's KV blocks go to host
+memory and come back, instead of being computed again, each copy priced over the GPU's
+host link (the H100 SXM's PCIe Gen5, 64 GB/s each way). The case is
+tests/test_serving_simulation.py's: four requests of 32 + 33 tokens in 15 blocks of 16
+tokens, on tests/conftest.py's small Llama (2 layers, 512 B of K and V per token)."""
+
+import pytest
+from conftest import small_llama
+
+import torchroof
+from torchroof.cli.main import main
+from torchroof.config.errors import OptionError
+from torchroof.serving import SequenceWork, StepTimer
+from torchroof.serving.requests import Request
+from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
+from torchroof.serving.simulate import simulate
+
+BLOCK_S = 16 * 512 / 64e9  # one block of 16 tokens x 512 B over 64 GB/s
+
+
+def _run(mode, host_blocks=100):
+    scheduler = Scheduler(EngineConfig(preemption=mode), kv_blocks=15, host_blocks=host_blocks)
+    states = [Running(Request(i, 32, 33, 0.0), arrival_s=0.0) for i in range(4)]
+    for state in states:
+        scheduler.submit(state)
+    steps, now = [], 0.0
+    while scheduler.busy:
+        step = scheduler.schedule(now)
+        steps.append(([(w.new_tokens, w.context) for w in step.work], step.swapped_out,
+                      step.swapped_in, step.swap_blocks))  # fmt: skip
+        now += 1.0
+        scheduler.complete(step, now)
+    return steps, states
+
+
+def test_a_swapped_request_resumes_where_it_stopped():
+    steps, states = _run("swap")
+    # at step 18 the four hold 3 blocks each (48 tokens) and each needs a fourth: the
+    # newest is swapped out, its 3 blocks copied to host memory
+    assert steps[17] == ([(1, 48)] * 3, 1, 0, 3)
+    # the others end at step 33; at step 34 its 3 blocks come back and it decodes its 18th
+    # token over its 48 cached, where recompute preemption computes 49 tokens again
+    assert steps[33] == ([(1, 48)], 0, 1, 3)
+    recomputed, _ = _run("recompute")
+    assert recomputed[33] == ([(49, 0)], 0, 0, 0)
+    assert len(steps) == len(recomputed) == 49
+    assert [s.finish_s for s in states] == [33.0, 33.0, 33.0, 49.0]
+
+
+def test_a_full_host_memory_falls_back_to_recompute():
+    steps, states = _run("swap", host_blocks=2)  # 2 blocks cannot hold its 3
+    assert steps[17] == ([(1, 48)] * 3, 0, 0, 0)
+    assert steps[33] == ([(49, 0)], 0, 0, 0)
+    assert states[3].preemptions == 1
+
+
+def test_the_copies_are_priced_in_their_steps():
+    timer = StepTimer(torchroof.prepare(small_llama(2), "decode", context=16), "h100-sxm")
+    requests = [Request(i, 32, 33, 0.0) for i in range(4)]
+
+    def serve(mode):
+        engine = EngineConfig(num_gpu_blocks_override=15, preemption=mode)
+        return simulate(timer, requests, engine=engine)
+
+    swapped, recomputed = serve("swap"), serve("recompute")
+    # the step that swaps out: 3 decodes over 48, plus 3 blocks to host memory; the step
+    # that swaps back: 1 decode over 48, plus 3 blocks back (each 3 x 8,192 B / 64 GB/s)
+    out = timer.time([SequenceWork(1, 48)] * 3).time_s + 3 * BLOCK_S
+    back = timer.time([SequenceWork(1, 48)]).time_s + 3 * BLOCK_S
+    assert swapped.steps.time_s[17] == pytest.approx(out, rel=1e-12)
+    assert swapped.steps.time_s[33] == pytest.approx(back, rel=1e-12)
+    assert recomputed.steps.time_s[33] == pytest.approx(
+        timer.time([SequenceWork(49)]).time_s, rel=1e-12
+    )
+    swap = swapped.summary()["swap"]
+    assert swap == {
+        "swapped_out": 1,
+        "swapped_in": 1,
+        "blocks_copied": 6,
+        "copy_time_s": pytest.approx(6 * BLOCK_S, rel=1e-12),
+    }
+    # 4 GiB of host memory holds 4 x 2^30 / 8,192 = 524,288 blocks
+    assert swapped.engine["host_swap_blocks"] == 524_288
+
+
+def test_bad_preemption_settings_are_refused_in_a_line(capsys):
+    with pytest.raises(OptionError, match="unknown preemption mode 'spill'"):
+        EngineConfig(preemption="spill")
+    with pytest.raises(OptionError, match="swap_space_gib must be 0 or more GiB, got -1"):
+        EngineConfig(preemption="swap", swap_space_gib=-1)
+    assert main(["serve", "gpt2", "--rate", "1", "--swap-space", "8"]) == 2
+    assert "--swap-space is the host memory of --preemption-mode swap" in capsys.readouterr().err
