@@ -9,6 +9,8 @@ on the rows that sample a token.
 """
 
 from torchroof.serving.composition import SequenceWork, decodes, prompt
+from torchroof.serving.disaggregated import simulate_disaggregated
+from torchroof.serving.disaggregated_result import DisaggregatedResult
 from torchroof.serving.rate_search import RateSearch, search_rate
 from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
@@ -18,6 +20,7 @@ from torchroof.serving.simulate import simulate
 from torchroof.serving.step_time import StepTime, StepTimer
 
 __all__ = [
+    "DisaggregatedResult",
     "EngineConfig",
     "RateSearch",
     "Request",
@@ -31,4 +34,5 @@ __all__ = [
     "search_rate",
     "serve",
     "simulate",
+    "simulate_disaggregated",
 ]

@@ -205,7 +205,7 @@ def simulate(
         raise OptionError("requests without arrival times need a concurrency (closed loop)")
     timer.check_lengths(requests)
     capacity = kv_capacity(timer, engine)
-    _check_fits(requests, engine, capacity)
+    check_fits(requests, engine, capacity)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")
     run = _Run(timer, engine, capacity.blocks, replicas, router, requests)
@@ -224,7 +224,7 @@ def simulate(
     return _result(run, engine, capacity, replicas, router, concurrency)
 
 
-def _check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity) -> None:
+def check_fits(requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity) -> None:
     """Refuse requests no engine can ever finish: one whose KV outgrows the whole cache,
     or, without chunked prefill, one whose prompt (and, recomputed after a preemption,
     its output) exceeds the step's token budget."""
