@@ -16,8 +16,8 @@ NixlConnector, docs.vllm.ai):
 3. Its cache is sent over the link between the two instances
    (:class:`~torchroof.serving.disaggregation.KvTransfers`); the transfers out of one
    prefill instance take its link one at a time, in the order their blocks were reserved.
-   The prefill instance keeps the request's blocks until its transfer ends (vLLM's design
-   notes, "NIXL KV Cache Lease Renewal": the prefill instance holds them until the decode
+   The prefill instance keeps the request's blocks until its transfer ends (vLLM's docs,
+   "NIXL KV Cache Lease Renewal": the prefill instance holds them until the decode
    instance has read them), so a slow decode side fills the prefill side's cache.
 4. The decode instance then runs it as a request whose prompt is cached and whose first
    token is sampled: one token a step until it ends (preempted, it computes its prompt
@@ -62,7 +62,7 @@ class _Instance:
     and the event it waits on when it can schedule nothing until blocks it lent come
     back."""
 
-    side = "an engine's"
+    side = "engine"
 
     def __init__(
         self, index: int, scheduler: Scheduler, env: simpy.Environment, timer: StepTimer
