@@ -20,6 +20,8 @@ from torchroof.cli.common import (
 )
 from torchroof.render.serving import rate_search_lines, serving_lines
 
+SIDES = ("prefill", "decode")
+
 
 def _positive_float(text: str) -> float:
     value = float(text)
@@ -40,6 +42,7 @@ def add_parser(commands: Subparsers) -> None:
     _request_flags(srv)
     _engine_flags(srv)
     _speculative_flags(srv)
+    _disaggregate_flags(srv)
     _target_flags(srv)
     out = srv.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
@@ -188,6 +191,38 @@ def _speculative(args: argparse.Namespace, given: set[str]) -> Any:
     return Speculative(args.draft, args.acceptance, args.speculative_tokens, args.draft_tp)
 
 
+def _disaggregate_flags(srv: argparse.ArgumentParser) -> None:
+    pd = srv.add_argument_group("disaggregated prefill and decode")
+    pd.add_argument(
+        "--disaggregate",
+        metavar="xPyD",
+        help="x prefill and y decode instances of the cluster (1P2D), each request's KV "
+        "cache sent from its prefill instance to its decode instance",
+    )
+    for side in SIDES:
+        for knob, what in (("tp", "tensor"), ("ep", "expert")):
+            pd.add_argument(
+                f"--{side}-{knob}",
+                type=positive_int,
+                help=f"{what}-parallel ranks of each {side} instance (default --{knob})",
+            )
+
+
+def _sides(args: argparse.Namespace) -> dict[str, Any]:
+    """serve()'s disaggregate, prefill and decode from the flags (none without them)."""
+    knobs = {
+        side: {
+            k: getattr(args, f"{side}_{k}") for k in ("tp", "ep") if getattr(args, f"{side}_{k}")
+        }
+        for side in SIDES
+    }
+    if args.disaggregate is None:
+        if any(knobs.values()):
+            raise ValueError("--prefill-* and --decode-* set the sides of --disaggregate: give it")
+        return {}
+    return {"disaggregate": args.disaggregate, **knobs}
+
+
 def _target_flags(srv: argparse.ArgumentParser) -> None:
     slo = srv.add_argument_group("service-level objectives")
     slo.add_argument("--ttft-ms", type=_positive_float, help="time-to-first-token target")
@@ -248,12 +283,17 @@ def run(args: argparse.Namespace) -> None:
         "exact_up_to": args.interpolate_above,
         **settings,
     }
+    sides = _sides(args)
     ttft = args.ttft_ms / 1e3 if args.ttft_ms else None
     tpot = args.tpot_ms / 1e3 if args.tpot_ms else None
     if args.sweep_rate:
+        if sides:
+            raise ValueError("--sweep-rate does not search a --disaggregate deployment yet")
         _sweep(args, deployment, hardware, ttft, tpot)
         return
-    result = serve(args.model, hardware, rate=args.rate, concurrency=args.concurrency, **deployment)
+    result = serve(
+        args.model, hardware, rate=args.rate, concurrency=args.concurrency, **deployment, **sides
+    )
     print("\n".join(serving_lines(result.summary(ttft, tpot), result.engine)))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(ttft, tpot), indent=1) + "\n")

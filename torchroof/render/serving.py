@@ -8,6 +8,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.render.disaggregated import disaggregated_lines, disaggregated_plan
+
 LATENCY_ROWS = (
     ("ttft_s", "time to first token"),
     ("tpot_s", "time per output token"),
@@ -51,6 +53,8 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{engine['block_size']} tokens per replica (at most {summary['kv_blocks_peak_share']:.1%} "
         f"in use); {summary['preemptions']:,} preemptions"
     )
+    if "disaggregate" in engine:  # each side's own cache, and the transfers
+        lines[-1:] = disaggregated_lines(summary, engine)
     swap = summary.get("swap")
     if swap is not None:
         lines.append(
@@ -124,6 +128,8 @@ def _plan(engine: Mapping[str, Any]) -> str:
     replicas = engine["replicas"]
     parts = [f"{replicas} replica{'s' if replicas != 1 else ''}"]
     parts += [f"{k} {engine[k]}" for k in ("tp", "ep") if engine.get(k, 1) != 1]
+    if "disaggregate" in engine:
+        parts = [disaggregated_plan(engine)]
     load = (
         f"{engine['concurrency']} concurrent clients"
         if engine.get("concurrency")

@@ -9,6 +9,8 @@ on the rows that sample a token.
 """
 
 from torchroof.serving.composition import SequenceWork, decodes, prompt
+from torchroof.serving.disaggregated import simulate_disaggregated
+from torchroof.serving.disaggregated_result import DisaggregatedResult
 from torchroof.serving.rate_search import RateSearch, search_rate
 from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
@@ -19,6 +21,7 @@ from torchroof.serving.speculative import Speculative
 from torchroof.serving.step_time import StepTime, StepTimer
 
 __all__ = [
+    "DisaggregatedResult",
     "EngineConfig",
     "RateSearch",
     "Request",
@@ -33,4 +36,5 @@ __all__ = [
     "search_rate",
     "serve",
     "simulate",
+    "simulate_disaggregated",
 ]

@@ -8,7 +8,7 @@ simulation sizes every step from its requests), draws or reads the requests, and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -19,6 +19,8 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
+from torchroof.serving.disaggregated import simulate_disaggregated
+from torchroof.serving.disaggregation import Layout, Side, sides
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import (
     Arrivals,
@@ -63,6 +65,9 @@ def serve(
     exact_up_to: int | None = None,
     pricing: PricingOptions | None = None,
     progress: bool = False,
+    disaggregate: str | None = None,
+    prefill: Mapping[str, Any] | None = None,
+    decode: Mapping[str, Any] | None = None,
     **knobs: Any,
 ) -> ServeResult:
     """Simulate serving ``requests`` (a count to draw, a JSONL/CSV file, or
@@ -80,11 +85,34 @@ def serve(
     ``speculative`` a draft model decoding speculatively
     (:class:`~torchroof.serving.speculative.Speculative`), its acceptances drawn from
     ``random_state`` too.
+
+    ``disaggregate="xPyD"`` serves on x prefill and y decode instances of a cluster instead
+    of replicas (:mod:`torchroof.serving.disaggregated`); ``prefill`` and ``decode`` give
+    each side's own workload and engine knobs (``{"tp": 4}``, ``{"max_num_seqs": 128}``).
     """
     batch = _requests(
         requests, rate, concurrency, (input_len, output_len, prefixes), burstiness, random_state
     )
     _check_speculative(speculative)  # before anything is traced
+    if disaggregate is not None or prefill is not None or decode is not None:
+        if speculative is not None:
+            raise OptionError(
+                "speculative decoding on disaggregated prefill and decode is not simulated "
+                "yet: serve one or the other"
+            )
+        split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
+        timers = tuple(
+            _timer(model, hardware, side.knobs, pricing, exact_up_to, progress) for side in split
+        )
+        with reporting(progress):
+            return simulate_disaggregated(
+                (timers[0], timers[1]),
+                batch,
+                layout=str(disaggregate),
+                engines=(split[0].engine, split[1].engine),
+                concurrency=concurrency,
+                router=router,
+            )
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -145,6 +173,27 @@ def highest_rate(
             drafter=drafter,
             random_state=random_state,
         )
+
+
+def _sides(
+    disaggregate: str | None,
+    prefill: Mapping[str, Any] | None,
+    decode: Mapping[str, Any] | None,
+    engine: EngineConfig | None,
+    replicas: int,
+    knobs: dict[str, Any],
+) -> tuple[Side, Side]:
+    """Each side's knobs for ``disaggregate`` (checked before anything is traced)."""
+    if disaggregate is None:
+        raise OptionError(
+            "prefill and decode knobs are for disaggregated serving: give disaggregate='xPyD'"
+        )
+    Layout.parse(disaggregate)
+    if replicas != 1:
+        raise OptionError(
+            f"disaggregate={disaggregate!r} sets the instances: replicas={replicas!r} is not taken"
+        )
+    return sides(knobs, engine or EngineConfig(), prefill, decode)
 
 
 def _unit_rate(

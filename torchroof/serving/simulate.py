@@ -202,29 +202,7 @@ class _Run:
             yield self.done[request.index]
 
     def _log(self, replica: int, start: float, seconds: float, step: ScheduledStep) -> None:
-        prefill = step.prefill_tokens
-        tokens = sum(w.new_tokens for w in step.work)
-        self.steps.append(
-            (
-                start,
-                seconds,
-                replica,
-                len(step.work),
-                tokens,
-                prefill,
-                step.blocks_used,
-                step.preempted,
-                sum(work.verifies for work in step.work),
-                step.drafted,
-                sum(step.accepted),
-                step.expected_accepted,
-                step.queried_tokens,
-                step.cached_tokens,
-                step.swapped_out,
-                step.swapped_in,
-                step.swap_blocks,
-            )
-        )
+        self.steps.append(step_row(replica, start, seconds, step))
 
     def _finish(self, replica: int, state: Running) -> None:
         assert state.first_token_s is not None and state.finish_s is not None
@@ -282,7 +260,7 @@ def simulate(
     if drafter is not None:
         drafter.timer.check_lengths(requests)
     capacity = kv_capacity(timer, engine, drafter.timer if drafter is not None else None)
-    _check_fits(requests, engine, capacity, drafter.tokens if drafter is not None else 0)
+    check_fits(requests, engine, capacity, drafter.tokens if drafter is not None else 0)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")
     swap = host_swap(timer, engine, capacity)
@@ -305,7 +283,7 @@ def simulate(
     return _result(run, engine, capacity, replicas, router, concurrency, groups)
 
 
-def _check_fits(
+def check_fits(
     requests: Sequence[Request], engine: EngineConfig, kv: KvCapacity, lookahead: int = 0
 ) -> None:
     """Refuse requests no engine can ever finish: one whose KV outgrows the whole cache
@@ -340,6 +318,42 @@ def _stuck(scheduler: Scheduler) -> str:
     )
 
 
+def step_row(replica: int, start: float, seconds: float, step: ScheduledStep) -> tuple[float, ...]:
+    """One step as the :class:`StepLog`'s columns hold it, in their order."""
+    return (
+        start,
+        seconds,
+        replica,
+        len(step.work),
+        sum(w.new_tokens for w in step.work),
+        step.prefill_tokens,
+        step.blocks_used,
+        step.preempted,
+        sum(work.verifies for work in step.work),
+        step.drafted,
+        sum(step.accepted),
+        step.expected_accepted,
+        step.queried_tokens,
+        step.cached_tokens,
+        step.swapped_out,
+        step.swapped_in,
+        step.swap_blocks,
+    )
+
+
+def step_log(rows: Sequence[tuple[float, ...]]) -> StepLog:
+    """The :class:`StepLog` of rows made by :func:`step_row`."""
+    names = list(StepLog.__dataclass_fields__)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
+    kinds = [float if name in FLOAT_COLUMNS else int for name in names]
+    return StepLog(
+        **{
+            name: np.array(col, dtype=kind)
+            for name, col, kind in zip(names, columns, kinds, strict=True)
+        }
+    )
+
+
 def _result(
     run: _Run,
     engine: EngineConfig,
@@ -350,15 +364,7 @@ def _result(
     prefix_groups: int,
 ) -> ServeResult:
     records = tuple(sorted(run.records, key=lambda r: r.index))
-    names = list(StepLog.__dataclass_fields__)
-    columns = list(zip(*run.steps, strict=True)) if run.steps else [()] * len(names)
-    kinds = [float if name in FLOAT_COLUMNS else int for name in names]
-    log = StepLog(
-        **{
-            name: np.array(col, dtype=kind)
-            for name, col, kind in zip(names, columns, kinds, strict=True)
-        }
-    )
+    log = step_log(run.steps)
     itl = np.array([gap for gaps in run.gaps for gap in gaps], dtype=float)
     described: dict[str, Any] = {
         **asdict(engine),
