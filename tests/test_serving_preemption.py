@@ -90,3 +90,18 @@ def test_bad_preemption_settings_are_refused_in_a_line(capsys):
         EngineConfig(preemption="swap", swap_space_gib=-1)
     assert main(["serve", "gpt2", "--rate", "1", "--swap-space", "8"]) == 2
     assert "--swap-space is the host memory of --preemption-mode swap" in capsys.readouterr().err
+
+
+def test_disaggregated_serving_refuses_what_it_does_not_simulate():
+    for options, message in [
+        ({"engine": EngineConfig(preemption="swap")}, "swap preemption on disaggregated"),
+        (
+            {"speculative": torchroof.serving.Speculative(small_llama(1), acceptance=0.5)},
+            "speculative decoding on disaggregated prefill and decode is not simulated",
+        ),
+    ]:
+        with pytest.raises(OptionError, match=message):
+            torchroof.serve(
+                small_llama(2), "dgx-h100", concurrency=1, requests=2, disaggregate="1P1D",
+                **options,
+            )  # fmt: skip
