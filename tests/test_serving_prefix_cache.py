@@ -153,6 +153,12 @@ def test_prefixes_in_a_file_and_bad_ones_named(tmp_path):
     bad.write_text("input_len,output_len,prefix_group,prefix_len\n90,4,1,64\n30,4,1,64\n")
     with pytest.raises(OptionError, match=r"bad.csv line 3: prefix_len 64 is longer than its"):
         read_requests(bad)
+    endless = tmp_path / "endless.csv"
+    endless.write_text("input_len,output_len,prefix_group,prefix_len\n90,4,inf,64\n")
+    with pytest.raises(OptionError, match=r"endless.csv line 2: prefix_group 'inf' is not a fin"):
+        read_requests(endless)
+    with pytest.raises(OptionError, match="prefix_group must be a whole number >= 0, got -1"):
+        Request(0, 90, 4, prefix_group=-1)
     with pytest.raises(OptionError, match="a prefix_len needs a prefix_group"):
         Request(0, 90, 4, prefix_len=10)
     with pytest.raises(OptionError, match="prefix groups must be a whole number >= 1"):
@@ -174,3 +180,30 @@ def test_shared_prefixes_from_the_command_line(tmp_path, capsys):
     ]:
         assert main([*base, *flags]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_freed_blocks_of_any_request_queue_before_a_prefix_is_kept():
+    scheduler = Scheduler(EngineConfig(), kv_blocks=10)
+    # group 0's request ends: its own block, then its prefix's 3, 2, 1, 0 join the free
+    # queue behind the 5 never used
+    _serve(scheduler, [_state(0, 80, 1, 0, 64)])
+    # a 96-token request takes the 5 never used and the first freed (its own block), and
+    # frees its 6 behind the prefix; the next takes the queue's first 6: the prefix's 4
+    # and 2 of those. Group 0 then finds nothing cached, as in vLLM's one free queue
+    _serve(scheduler, [_state(1, 96, 1, None, 0)])
+    _serve(scheduler, [_state(2, 96, 1, None, 0)])
+    again = _state(3, 80, 1, 0, 64)
+    steps = _serve(scheduler, [again])
+    assert steps[0][:3] == ([(80, 0)], 0, 80) and again.cached_tokens == 0
+
+
+def test_a_preempted_request_is_not_looked_up_again_in_the_hit_rate():
+    # two requests of 64 tokens (48 of them a group's prefix) and 60 outputs in 9 blocks:
+    # they run out of blocks and the newest is preempted and computes its prompt again;
+    # only the first lookups (64 + 64 prompt tokens, none cached) count, as vLLM's
+    scheduler = Scheduler(EngineConfig(), kv_blocks=9)
+    states = [_state(0, 64, 60, 0, 48), _state(1, 64, 60, 0, 48)]
+    steps = _serve(scheduler, states)
+    assert scheduler.preemptions >= 1
+    assert (sum(s[2] for s in steps), sum(s[1] for s in steps)) == (128, 0)
+    assert [s.cached_tokens for s in states] == [0, 0]

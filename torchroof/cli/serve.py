@@ -125,7 +125,7 @@ def _engine_flags(srv: argparse.ArgumentParser) -> None:
     eng.add_argument(
         "--no-prefix-caching",
         action="store_true",
-        help="compute every prompt whole, shared prefixes included",
+        help="never reuse the cached KV blocks of shared prompt prefixes",
     )
     eng.add_argument(
         "--gpu-memory-utilization",

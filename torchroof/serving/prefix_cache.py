@@ -1,7 +1,7 @@
 """Prefix caching: KV blocks of prompt prefixes that requests share, kept after their
 requests end until the space is needed.
 
-vLLM's automatic prefix caching (docs.vllm.ai, design "Automatic Prefix Caching"):
+vLLM's automatic prefix caching (docs.vllm.ai, "Automatic Prefix Caching"):
 
 - a full block of a prompt is known by its tokens and every token before it (a chain of
   hashes), so a later prompt that starts with the same tokens finds the same blocks, from
@@ -10,31 +10,42 @@ vLLM's automatic prefix caching (docs.vllm.ai, design "Automatic Prefix Caching"
   least its last token (its logits are needed), so at most ``(prompt - 1) // block``
   blocks are found;
 - a cached block in use by running requests is shared, not copied; when the last of them
-  ends it stays cached but free: a request that needs a new block takes an empty one, and
-  when none is left evicts the cached block freed longest ago (its requests' blocks are
-  freed last block first, so a prefix's tail goes before its head).
+  ends it stays cached but free;
+- free blocks wait in one queue: those never used first, then every block freed, in the
+  order freed, cached or not (a request's blocks are freed last block first, so its own
+  blocks go before its prefix's, and a prefix's tail before its head); a request that
+  needs a block takes the queue's first, evicting it from the cache if it was cached.
 
 Requests here share prefixes by group (:class:`~torchroof.serving.requests.Request`'s
 ``prefix_group`` and ``prefix_len``): the first ``prefix_len`` tokens of every prompt of a
 group are the same tokens, so block i of a group's prefix is one block whichever request
 computed it. Blocks of a prompt past its group's prefix are its own and are never found
-again (freed blocks that held them are the empty ones here).
+again: freed, they wait in the queue under a number of their own.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 BlockKey = tuple[int, int]  # (prefix group, block index within the prefix)
 
 
 class PrefixCache:
-    """An engine's cached prefix blocks: those in use (with their number of users) and
-    those free but cached, oldest freed first."""
+    """An engine's cached prefix blocks, those in use with their number of users, and its
+    free blocks as one queue: ``never_used`` of them first, then ``queue``, oldest freed
+    first (a :data:`BlockKey` for a cached block, a number for any other)."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: int) -> None:
         self.users: dict[BlockKey, int] = {}
-        self.evictable: OrderedDict[BlockKey, None] = OrderedDict()
+        self.never_used = blocks
+        self.queue: OrderedDict[BlockKey | int, None] = OrderedDict()
+        self._own = itertools.count()
+
+    @property
+    def evictable(self) -> list[BlockKey]:
+        """The cached blocks free, oldest freed first."""
+        return [key for key in self.queue if isinstance(key, tuple)]
 
     def found(self, group: int, blocks: int) -> list[BlockKey]:
         """The group's cached prefix blocks from the first on, at most ``blocks``."""
@@ -53,7 +64,7 @@ class PrefixCache:
         """A request starts using cached ``keys``."""
         for key in keys:
             if self.users[key] == 0:
-                del self.evictable[key]
+                del self.queue[key]
             self.users[key] += 1
 
     def release(self, keys: list[BlockKey]) -> int:
@@ -63,9 +74,14 @@ class PrefixCache:
         for key in reversed(keys):
             self.users[key] -= 1
             if self.users[key] == 0:
-                self.evictable[key] = None
+                self.queue[key] = None
                 freed += 1
         return freed
+
+    def free_own(self, blocks: int) -> None:
+        """A request's own ``blocks`` (none of them a cached prefix's) join the queue."""
+        for _ in range(blocks):
+            self.queue[next(self._own)] = None
 
     def add(self, key: BlockKey) -> bool:
         """A request filled ``key`` with its prompt: cached (in use by it) unless another
@@ -75,8 +91,12 @@ class PrefixCache:
         self.users[key] = 1
         return True
 
-    def evict(self, count: int) -> None:
-        """Drop the ``count`` cached free blocks freed longest ago."""
-        for _ in range(count):
-            key, _ = self.evictable.popitem(last=False)
-            del self.users[key]
+    def take(self, count: int) -> None:
+        """``count`` free blocks for a request: never used ones first, then the queue's
+        first, a cached one evicted from the cache."""
+        fresh = min(count, self.never_used)
+        self.never_used -= fresh
+        for _ in range(count - fresh):
+            key, _ = self.queue.popitem(last=False)
+            if isinstance(key, tuple):
+                del self.users[key]

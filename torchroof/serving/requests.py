@@ -15,8 +15,9 @@ group's): the lengths a benchmark trace such as ShareGPT's conversations reduces
 
 Drawn requests share prefixes by :class:`Prefixes`: each is given one of ``groups``
 prefixes at random, whose ``length`` tokens start its prompt before its own drawn
-``input_len`` tokens (as the prefix-repetition and generated-shared-prefix datasets of
-vLLM's and SGLang's serving benchmarks make them).
+``input_len`` tokens (like the prefix-repetition and generated-shared-prefix datasets of
+vLLM's and SGLang's serving benchmarks, which give each prefix an equal number of prompts
+instead).
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ class Request:
                     f"request {self.index}: {name} must be a whole number >= 1, got {value!r}"
                 )
         group, shared = self.prefix_group, self.prefix_len
-        if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
+        if group is not None and (
+            isinstance(group, bool) or not isinstance(group, int) or group < 0
+        ):
             raise OptionError(
-                f"request {self.index}: prefix_group must be a whole number, got {group!r}"
+                f"request {self.index}: prefix_group must be a whole number >= 0, got {group!r}"
             )
         if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
             raise OptionError(
@@ -234,6 +237,8 @@ def make_requests(
         raise OptionError(f"the number of requests must be a whole number >= 1, got {count!r}")
     if isinstance(random_state, bool) or not isinstance(random_state, int) or random_state < 0:
         raise OptionError(f"random_state must be a whole number >= 0, got {random_state!r}")
+    if prefixes is not None and not isinstance(prefixes, Prefixes):
+        raise OptionError(f"prefixes must be a Prefixes(groups, length), got {prefixes!r}")
     rng = np.random.default_rng(random_state)
     inputs, outputs = input_len.draw(rng, count), output_len.draw(rng, count)
     times = arrivals.times(rng, count)
@@ -303,6 +308,8 @@ def _request(index: int, line: int, row: dict[str, object], path: Path) -> Reque
             values[name] = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise OptionError(f"{where}: {name} {value!r} is not a number") from None
+        if not math.isfinite(values[name]):
+            raise OptionError(f"{where}: {name} {value!r} is not a finite number")
     for name in ("input_len", "output_len", "prefix_group", "prefix_len"):
         least = 1 if name in ("input_len", "output_len") else 0
         if name in values and (values[name] < least or values[name] != int(values[name])):

@@ -197,7 +197,7 @@ class Scheduler:
         self.waiting: deque[Running] = deque()
         self.running: list[Running] = []
         self.preemptions = 0
-        self.cache = PrefixCache() if config.prefix_caching else None
+        self.cache = PrefixCache(kv_blocks) if config.prefix_caching else None
         self._queried = self._found = 0  # this step's lookups
         self.swapped: deque[Running] = deque()
         self.host_free = host_blocks  # host memory for swapped KV, in blocks
@@ -294,9 +294,10 @@ class Scheduler:
             self.running.append(state)
             if state.admitted_s is None:
                 state.admitted_s = now
+            if not state.preemptions:  # as vLLM counts queries: new requests' prompts
                 state.cached_tokens = cached
-            self._queried += state.pending
-            self._found += cached
+                self._queried += state.request.input_len
+                self._found += cached
             if found:
                 assert self.cache is not None
                 self.cache.use(found)
@@ -309,18 +310,17 @@ class Scheduler:
         return chosen
 
     def _allocate(self, state: Running, blocks: int) -> None:
-        """Give ``state`` ``blocks`` new blocks: empty ones first, then cached free
-        prefix blocks, oldest freed first."""
+        """Give ``state`` ``blocks`` new blocks, from the free queue's head."""
         if self.cache is not None:
-            empty = self.free_blocks - len(self.cache.evictable)
-            if blocks > empty:
-                self.cache.evict(blocks - empty)
+            self.cache.take(blocks)
         self.free_blocks -= blocks
         state.blocks += blocks
 
     def _free(self, state: Running) -> None:
-        """Free ``state``'s own blocks, and end its use of cached prefix blocks."""
+        """Free ``state``'s own blocks, then end its use of cached prefix blocks."""
         self.free_blocks += state.blocks
+        if self.cache is not None:
+            self.cache.free_own(state.blocks)
         if state.shared:
             assert self.cache is not None
             self.free_blocks += self.cache.release(state.shared)

@@ -279,7 +279,7 @@ def simulate(
     report = run.report
     with report.stage(f"serving {len(requests):,} requests", len(requests), "requests"):
         run.env.run(until=simpy.AllOf(run.env, list(run.done.values())))
-    groups = len({r.prefix_group for r in requests if r.prefix_group is not None})
+    groups = len({r.prefix_group for r in requests if r.prefix_len})
     return _result(run, engine, capacity, replicas, router, concurrency, groups)
 
 
