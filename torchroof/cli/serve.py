@@ -18,6 +18,13 @@ from torchroof.cli.common import (
     writable,
     wrote,
 )
+from torchroof.cli.serve_reports import (
+    add_report_flags,
+    check_reports,
+    run_rates,
+    search_reports,
+    write_run_reports,
+)
 from torchroof.render.serving import rate_search_lines, serving_lines
 
 
@@ -43,6 +50,7 @@ def add_parser(commands: Subparsers) -> None:
     out = srv.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
     out.add_argument("--csv", metavar="PATH", help="one row per request")
+    add_report_flags(srv, out)
     add_quiet(srv)
 
 
@@ -131,7 +139,8 @@ def run(args: argparse.Namespace) -> None:
     from torchroof.serving.scheduler import EngineConfig
     from torchroof.serving.serve import serve
 
-    writable(args.json, args.csv)
+    writable(args.json, args.csv, args.plot, args.html)
+    check_reports(args)
     given: set[str] = getattr(args, "given", set())
     if "attainment" in given and not args.sweep_rate:
         raise ValueError("--attainment is the share a --sweep-rate search asks for: give both")
@@ -167,6 +176,9 @@ def run(args: argparse.Namespace) -> None:
     if args.sweep_rate:
         _sweep(args, deployment, hardware, ttft, tpot)
         return
+    if args.rates is not None:
+        run_rates(args, deployment, hardware, ttft, tpot)
+        return
     result = serve(args.model, hardware, rate=args.rate, concurrency=args.concurrency, **deployment)
     print("\n".join(serving_lines(result.summary(ttft, tpot), result.engine)))
     if args.json:
@@ -179,6 +191,7 @@ def run(args: argparse.Namespace) -> None:
             writer.writeheader()
             writer.writerows(rows)
         wrote("one row per request", args.csv)
+    write_run_reports(args, result, ttft, tpot)
 
 
 def _sweep(
@@ -207,6 +220,7 @@ def _sweep(
     )
     data = found.to_dict()
     print("\n".join(rate_search_lines(data)))
+    search_reports(args, found, data)
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         wrote("the search", args.json)

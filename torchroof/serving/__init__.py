@@ -9,16 +9,19 @@ on the rows that sample a token.
 """
 
 from torchroof.serving.composition import SequenceWork, decodes, prompt
+from torchroof.serving.load_curve import Knee, LoadCurve, find_knee
 from torchroof.serving.rate_search import RateSearch, search_rate
 from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
-from torchroof.serving.serve import highest_rate, serve
+from torchroof.serving.serve import highest_rate, serve, serve_rates
 from torchroof.serving.simulate import simulate
 from torchroof.serving.step_time import StepTime, StepTimer
 
 __all__ = [
     "EngineConfig",
+    "Knee",
+    "LoadCurve",
     "RateSearch",
     "Request",
     "SequenceWork",
@@ -26,9 +29,11 @@ __all__ = [
     "StepTime",
     "StepTimer",
     "decodes",
+    "find_knee",
     "highest_rate",
     "prompt",
     "search_rate",
     "serve",
+    "serve_rates",
     "simulate",
 ]

@@ -19,6 +19,7 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
+from torchroof.serving.load_curve import LoadCurve, check_rates, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.results import ServeResult
@@ -111,6 +112,46 @@ def highest_rate(
             ttft_s=ttft_s,
             tpot_s=tpot_s,
             attainment=attainment,
+            engine=engine,
+            replicas=replicas,
+            router=router,
+        )
+
+
+def serve_rates(
+    model: Any = DEFAULT_MODEL,
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+    *,
+    rates: Sequence[float],
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    requests: int | str | Path | Sequence[Request] = 500,
+    input_len: str | int = 1024,
+    output_len: str | int = 128,
+    burstiness: float = 1.0,
+    random_state: int = 0,
+    engine: EngineConfig | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
+    exact_up_to: int | None = None,
+    pricing: PricingOptions | None = None,
+    progress: bool = False,
+    **knobs: Any,
+) -> LoadCurve:
+    """The same requests served one at a time, then at each of ``rates`` per second
+    (:func:`~torchroof.serving.load_curve.load_curve`): latency and throughput against the
+    offered rate, and its knee. The requests arrive as :func:`highest_rate` sends them,
+    the other arguments as :func:`serve` takes them."""
+    check_rates(rates)  # before anything is traced
+    batch = _unit_rate(requests, input_len, output_len, burstiness, random_state)
+    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    with reporting(progress):
+        return load_curve(
+            timer,
+            batch,
+            rates,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
             engine=engine,
             replicas=replicas,
             router=router,
