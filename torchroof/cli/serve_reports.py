@@ -44,6 +44,7 @@ def add_report_flags(srv: argparse.ArgumentParser, out: Any) -> None:
     load.add_argument(
         "--knee-factor",
         type=float,
+        metavar="K",
         default=3.0,
         help="the knee is the last rate before the P99 TTFT passes this many times its value "
         "one at a time (3), with --rates or --sweep-rate",

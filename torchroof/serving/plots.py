@@ -192,7 +192,10 @@ def rate_figure(curve: LoadCurve, factor: float = KNEE_FACTOR) -> Any:
     P99) dash-dotted."""
     rows = curve.rows()
     if not rows:
-        raise OptionError("no rate was served at open arrivals: nothing to draw against the rate")
+        raise OptionError(
+            "no rate was served at open arrivals: nothing to draw against the rate (serve a "
+            "list of rates: --rates, torchroof.serving.serve_rates)"
+        )
     knee = curve.knee(factor)
     rates = [row["rate"] for row in rows]
     plt = pyplot()
