@@ -262,6 +262,8 @@ def test_bad_report_options_are_answered_in_one_line(preempted, tmp_path, capsys
         assert main(["serve", "gpt2", "--requests", "4", "--quiet", *flags]) == 2, flags
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (flags, err)
+    with pytest.raises(OptionError, match="the ttft target must be above 0 seconds"):
+        torchroof.serving.serve_rates("gpt2", rates=[1.0], ttft_s=-1.0)  # before any tracing
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as without the plot extra
     assert main(["serve", "gpt2", "--rate", "1", "--plot", str(tmp_path / "a.png")]) == 2
     assert "plots need matplotlib: pip install 'torchroof[plot]'" in capsys.readouterr().err

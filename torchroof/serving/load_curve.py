@@ -178,6 +178,15 @@ def check_rates(rates: Sequence[float]) -> list[float]:
     return ordered
 
 
+def check_load(rates: Sequence[float], ttft_s: float | None, tpot_s: float | None) -> list[float]:
+    """The rates in increasing order (:func:`check_rates`); refuses a target given that is
+    not a positive time."""
+    ordered = check_rates(rates)
+    if ttft_s is not None or tpot_s is not None:
+        check_targets(ttft_s, tpot_s, 1.0)
+    return ordered
+
+
 def load_curve(
     timer: StepTimer,
     requests: Sequence[Request],
@@ -191,9 +200,7 @@ def load_curve(
 ) -> LoadCurve:
     """Serve ``requests`` (arriving at 1 per second in their own times, which are scaled)
     one at a time on each replica, then at each of ``rates``."""
-    ordered = check_rates(rates)
-    if ttft_s is not None or tpot_s is not None:
-        check_targets(ttft_s, tpot_s, 1.0)
+    ordered = check_load(rates, ttft_s, tpot_s)
     if any(r.arrival_s is None for r in requests):
         raise OptionError(
             "serving at a list of rates scales the requests' arrival times: give them"

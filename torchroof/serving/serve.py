@@ -19,7 +19,7 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
-from torchroof.serving.load_curve import LoadCurve, check_rates, load_curve
+from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.results import ServeResult
@@ -142,7 +142,7 @@ def serve_rates(
     (:func:`~torchroof.serving.load_curve.load_curve`): latency and throughput against the
     offered rate, and its knee. The requests arrive as :func:`highest_rate` sends them,
     the other arguments as :func:`serve` takes them."""
-    check_rates(rates)  # before anything is traced
+    check_load(rates, ttft_s, tpot_s)  # before anything is traced
     batch = _unit_rate(requests, input_len, output_len, burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
     with reporting(progress):
