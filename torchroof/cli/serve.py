@@ -18,6 +18,13 @@ from torchroof.cli.common import (
     writable,
     wrote,
 )
+from torchroof.cli.serve_reports import (
+    add_report_flags,
+    check_reports,
+    run_rates,
+    search_reports,
+    write_run_reports,
+)
 from torchroof.render.serving import rate_search_lines, serving_lines
 
 SIDES = ("prefill", "decode")
@@ -47,6 +54,7 @@ def add_parser(commands: Subparsers) -> None:
     out = srv.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="summary, engine, every request and step")
     out.add_argument("--csv", metavar="PATH", help="one row per request")
+    add_report_flags(srv, out)
     add_quiet(srv)
 
 
@@ -245,7 +253,8 @@ def run(args: argparse.Namespace) -> None:
     from torchroof.serving.scheduler import EngineConfig
     from torchroof.serving.serve import serve
 
-    writable(args.json, args.csv)
+    writable(args.json, args.csv, args.plot, args.html)
+    check_reports(args)
     given: set[str] = getattr(args, "given", set())
     if "swap_space" in given and args.preemption_mode != "swap":
         raise ValueError("--swap-space is the host memory of --preemption-mode swap: give both")
@@ -291,6 +300,11 @@ def run(args: argparse.Namespace) -> None:
             raise ValueError("--sweep-rate does not search a --disaggregate deployment yet")
         _sweep(args, deployment, hardware, ttft, tpot)
         return
+    if args.rates is not None:
+        if sides:
+            raise ValueError("--rates does not serve a --disaggregate deployment yet")
+        run_rates(args, deployment, hardware, ttft, tpot)
+        return
     result = serve(
         args.model, hardware, rate=args.rate, concurrency=args.concurrency, **deployment, **sides
     )
@@ -305,6 +319,7 @@ def run(args: argparse.Namespace) -> None:
             writer.writeheader()
             writer.writerows(rows)
         wrote("one row per request", args.csv)
+    write_run_reports(args, result, ttft, tpot)
 
 
 def _sweep(
@@ -333,6 +348,7 @@ def _sweep(
     )
     data = found.to_dict()
     print("\n".join(rate_search_lines(data)))
+    search_reports(args, found, data)
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         wrote("the search", args.json)

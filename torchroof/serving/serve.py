@@ -21,6 +21,7 @@ from torchroof.prepared import prepare
 from torchroof.progress import reporting
 from torchroof.serving.disaggregated import simulate_disaggregated
 from torchroof.serving.disaggregation import Layout, Side, sides
+from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import (
     Arrivals,
@@ -194,6 +195,52 @@ def _sides(
             f"disaggregate={disaggregate!r} sets the instances: replicas={replicas!r} is not taken"
         )
     return sides(knobs, engine or EngineConfig(), prefill, decode)
+
+
+def serve_rates(
+    model: Any = DEFAULT_MODEL,
+    hardware: str | Path | HardwareSpec | ClusterSpec = "h100-sxm",
+    *,
+    rates: Sequence[float],
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    requests: int | str | Path | Sequence[Request] = 500,
+    input_len: str | int = 1024,
+    output_len: str | int = 128,
+    prefixes: Prefixes | None = None,
+    burstiness: float = 1.0,
+    random_state: int = 0,
+    engine: EngineConfig | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
+    speculative: Speculative | None = None,
+    exact_up_to: int | None = None,
+    pricing: PricingOptions | None = None,
+    progress: bool = False,
+    **knobs: Any,
+) -> LoadCurve:
+    """The same requests served one at a time, then at each of ``rates`` per second
+    (:func:`~torchroof.serving.load_curve.load_curve`): latency and throughput against the
+    offered rate, and its knee. The requests arrive as :func:`highest_rate` sends them,
+    the other arguments as :func:`serve` takes them."""
+    check_load(rates, ttft_s, tpot_s)  # before anything is traced
+    _check_speculative(speculative)
+    batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
+    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    drafter = _drafter(speculative, timer, knobs, progress)
+    with reporting(progress):
+        return load_curve(
+            timer,
+            batch,
+            rates,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            engine=engine,
+            replicas=replicas,
+            router=router,
+            drafter=drafter,
+            random_state=random_state,
+        )
 
 
 def _unit_rate(
