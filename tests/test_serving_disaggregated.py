@@ -8,12 +8,16 @@ The links, from hardware/clusters/dgx-h100.toml: NVLink 4 within a node, alpha 2
 beta 450 GB/s x 0.8222 = 369.99 GB/s; InfiniBand NDR between nodes, alpha 47 us, beta
 50 GB/s x 0.94 = 47 GB/s."""
 
+import functools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import small_llama
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from torchroof.hardware import get_cluster
 
 import torchroof
@@ -226,3 +230,93 @@ def test_bad_disaggregated_input_is_answered_in_one_line(one_gpu, capsys):
     sweep = ["serve", "gpt2", "--disaggregate", "1P1D", "--sweep-rate", "--ttft-ms", "1"]
     assert main(sweep) == 2
     assert "does not search a --disaggregate deployment" in capsys.readouterr().err
+
+
+def test_an_instance_that_fits_a_node_is_not_split_over_two():
+    from torchroof.serving.disaggregation import Layout, place
+
+    # 3P1D on a DGX H100 (8 GPUs a node), prefill at TP 2 and decode at TP 4: the prefill
+    # instances take GPUs 0-5; the decode instance would take 6-9 across the two nodes, so
+    # it starts on the next node, at GPU 8
+    placed = place(Layout.parse("3P1D"), 2, 4, get_cluster("dgx-h100"))
+    assert placed.prefill == ((0, 1), (2, 3), (4, 5))
+    assert placed.decode == ((8, 9, 10, 11),)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    spec=st.lists(
+        st.tuples(st.integers(20, 80), st.integers(2, 60), st.integers(0, 200)),
+        min_size=2,
+        max_size=14,
+    ),
+    spare=st.integers(0, 4),
+)
+@example(  # a run that stalled when a preempted request was queued ahead of a landed one
+    spec=[(29, 50, 61), (46, 18, 29), (36, 38, 100), (50, 54, 58), (62, 47, 164), (62, 35, 29),
+          (77, 8, 185), (43, 55, 113), (80, 50, 29), (38, 48, 119), (58, 9, 33), (50, 48, 191),
+          (44, 9, 26), (61, 5, 122)],
+    spare=0,
+)  # fmt: skip
+def test_a_tight_decode_cache_preempts_but_never_stalls(spec, spare):
+    # requests landing on a decode side whose cache holds little more than the longest
+    # one: running requests get preempted and landed ones wait, but every request ends
+    # with all its tokens (a landed request holding its blocks is never queued behind a
+    # preempted one that needs more than are free)
+    timer = _tight_timer()
+    requests = [Request(i, a, b, arrival_s=us * 1e-6) for i, (a, b, us) in enumerate(spec)]
+    longest = max(-(-(a + b - 1) // 16) for a, b, _ in spec)
+    engines = (EngineConfig(), EngineConfig(num_gpu_blocks_override=longest + spare))
+    result = simulate_disaggregated((timer, timer), requests, layout="1P1D", engines=engines)
+    assert sorted(r.index for r in result.requests) == list(range(len(spec)))
+    assert all(r.finish_s >= r.first_token_s >= r.arrival_s for r in result.requests)
+
+
+@functools.cache
+def _tight_timer():
+    return StepTimer(torchroof.prepare(small_llama(2), "decode", context=16), "dgx-h100")
+
+
+def test_each_sides_steps_are_drawn_against_its_own_cache(one_gpu):
+    from torchroof.serving.series import batches_shown, replica_name, step_series
+
+    # prefill instance 0 holds 20 blocks and decode instance 1 holds 10: a step's share
+    # of the cache is its blocks in use over its own side's
+    engines = (EngineConfig(num_gpu_blocks_override=20), EngineConfig(num_gpu_blocks_override=10))
+    requests = [Request(i, 40, 6, arrival_s=0.001 * i) for i in range(4)]
+    result = simulate_disaggregated((one_gpu, one_gpu), requests, layout="1P1D", engines=engines)
+    series = step_series(result)
+    order = np.lexsort((result.steps.replica, result.steps.start_s))
+    used = result.steps.blocks_used[order]
+    expected = np.where(series.replica == 0, used / 20, used / 10)
+    assert np.array_equal(series.kv_share, expected)
+    assert [replica_name(result.engine, r) for r in (0, 1)] == ["prefill 0", "decode 1"]
+    shown, title = batches_shown(result.engine, series)
+    assert set(series.replica[shown]) == {1} and "first decode instance" in title
+
+
+def test_what_disaggregated_serving_does_not_simulate_is_refused_before_tracing():
+    from torchroof.serving import highest_rate, serve_rates
+
+    model = "no/such/model/ever.json"  # never traced: every refusal comes first
+    shared = [Request(0, 80, 4, 0.0, prefix_group=0, prefix_len=64)]
+    for call, message in [
+        (
+            lambda: torchroof.serve(model, "dgx-h100", requests=shared, disaggregate="1P1D"),
+            "prefix caching on disaggregated prefill and decode is not simulated yet",
+        ),
+        (
+            lambda: torchroof.serve(model, "h100-sxm", rate=1, requests=2, disaggregate="1P1D"),
+            "price it on a cluster",
+        ),
+        (
+            lambda: highest_rate(model, "dgx-h100", ttft_s=1.0, disaggregate="1P1D"),
+            "a rate search does not take a disaggregated deployment yet (disaggregate given)",
+        ),
+        (
+            lambda: serve_rates(model, "dgx-h100", rates=[1.0], decode={"tp": 2}),
+            "serving a list of rates does not take a disaggregated deployment yet",
+        ),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(message)):
+            call()

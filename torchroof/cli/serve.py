@@ -348,7 +348,9 @@ def _sweep(
     )
     data = found.to_dict()
     print("\n".join(rate_search_lines(data)))
-    search_reports(args, found, data)
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-        wrote("the search", args.json)
+    try:
+        search_reports(args, found, data)  # the knee into data, then the plot and page
+    finally:  # the search's JSON whatever a picture does
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+            wrote("the search", args.json)

@@ -107,11 +107,16 @@ def write_run_reports(
 def _curve_reports(
     args: argparse.Namespace, curve: LoadCurve, shown: ServeResult, about: str
 ) -> None:
-    if args.plot:
+    if args.plot and curve.rows():
         from torchroof.serving.plots import rate_plot
 
         rate_plot(curve, args.plot, args.knee_factor)
         wrote("the curves against the rate", args.plot)
+    elif args.plot:  # no open-arrival rate to draw a curve through: the run shown
+        from torchroof.serving.plots import serving_plot
+
+        serving_plot(shown, args.plot, curve.ttft_s, curve.tpot_s)
+        wrote("the shown run's plots (no rate served at open arrivals to draw curves)", args.plot)
     if args.html:
         from torchroof.serving.report import serving_html
 
@@ -142,7 +147,12 @@ def run_rates(
         wrote("the rates", args.json)
     knee = data["knee"]["rate"]
     point = next((p for p in curve.points if p.rate == knee), curve.points[0])
-    what = "the knee" if knee is not None else "the lowest rate served"
+    if knee is None:
+        what = "the lowest rate served (the knee is below it)"
+    elif data["knee"]["first_past"] is None:
+        what = "the highest rate served (no rate passed the knee's threshold)"
+    else:
+        what = "the knee"
     _curve_reports(
         args, curve, point.result, f"The run shown: {point.rate:,.4g} requests/s, {what}."
     )

@@ -217,6 +217,8 @@ class _Run:
                 yield instance.idle
                 instance.idle = None
             step = scheduler.schedule(env.now)
+            if not step.work and step.preempted:  # it made room: schedule again at once
+                continue
             if not step.work:
                 returned = instance.blocked()
                 if returned is None:
@@ -336,6 +338,23 @@ class _Run:
         self.report.advance()
 
 
+def check_disaggregated(requests: Sequence[Request], engines: Sequence[EngineConfig]) -> None:
+    """Refuse what disaggregated serving does not simulate yet: swap preemption, and shared
+    prompt prefixes (a prefill instance lends a finished prompt's blocks to its transfer,
+    and prefix blocks shared with other requests are not modelled there)."""
+    if any(engine.preemption == "swap" for engine in engines):
+        raise OptionError(
+            "swap preemption on disaggregated prefill and decode is not simulated yet: "
+            "use recompute preemption there"
+        )
+    shared = next((r for r in requests if r.prefix_len), None)
+    if shared is not None:
+        raise OptionError(
+            f"prefix caching on disaggregated prefill and decode is not simulated yet: "
+            f"request {shared.index} shares a prefix (serve requests without prefix groups)"
+        )
+
+
 def simulate_disaggregated(
     timers: tuple[StepTimer, StepTimer],
     requests: Sequence[Request],
@@ -351,11 +370,7 @@ def simulate_disaggregated(
     ``concurrency`` closed-loop clients."""
     layout = layout if isinstance(layout, Layout) else Layout.parse(layout)
     engines = engines or (EngineConfig(), EngineConfig())
-    if any(engine.preemption == "swap" for engine in engines):
-        raise OptionError(
-            "swap preemption on disaggregated prefill and decode is not simulated yet: "
-            "use recompute preemption there"
-        )
+    check_disaggregated(requests, engines)
     # a prefill instance lends a finished prompt's blocks to its transfer: prefix blocks
     # shared with other requests are not modelled there, so neither side caches prefixes
     engines = (
@@ -370,10 +385,11 @@ def simulate_disaggregated(
             "a cluster (dgx-h100, ...; `torchroof hardware` lists them)"
         )
     plans = [timer.prepared.workload_for() for timer in timers]
-    if plans[0].kv_dtype != plans[1].kv_dtype:
+    cached = [sorted({layer.kv_dtype for layer in timer.layers()}) for timer in timers]
+    if cached[0] != cached[1]:
         raise OptionError(
-            f"the prefill side caches K and V in {plans[0].kv_dtype} and the decode side in "
-            f"{plans[1].kv_dtype}: give both one kv_dtype"
+            f"the prefill side caches K and V in {', '.join(cached[0])} and the decode side "
+            f"in {', '.join(cached[1])}: give both one dtype or kv_dtype"
         )
     for timer in timers:
         timer.check_lengths(requests)

@@ -8,9 +8,9 @@ another instance, each with its own parallel plan, and send the prompt's KV cach
 them. Here:
 
 - ``xPyD`` (``1P2D``) is x prefill instances and y decode instances. Instances take the
-  cluster's GPUs in order, prefill first: prefill instance i holds GPUs i·w_p to
-  (i + 1)·w_p - 1, decode instance j holds x·w_p + j·w_d onwards (w: an instance's GPUs,
-  its tensor-parallel ranks), so an instance sits within a node when it fits one.
+  cluster's GPUs in order, prefill first, each its w GPUs (its tensor-parallel ranks) in a
+  row; one that fits in a node but would span two starts at the next node instead, so an
+  instance sits within a node when it fits one.
 - A request of n prompt tokens sends n x the K and V bytes one token adds over every layer
   and every head: each of the decode instance's tp_d ranks receives its own heads' share
   (n x the bytes per token one decode GPU caches), which the prefill instance's tp_p ranks
@@ -127,25 +127,25 @@ def cluster_gpus(cluster: ClusterSpec) -> int | None:
 
 
 def place(layout: Layout, prefill_gpus: int, decode_gpus: int, cluster: ClusterSpec) -> Placement:
-    """Each instance's GPUs in order, prefill instances first; refused where the cluster
-    has fewer GPUs than the instances take."""
-    need = layout.prefill * prefill_gpus + layout.decode * decode_gpus
+    """Each instance's GPUs in order, prefill instances first, an instance that fits in a
+    node moved to the next node's first GPU rather than span two (its steps are priced on
+    one node's links); refused where the cluster has fewer GPUs than the instances take."""
+    node = cluster.gpus_per_node
+    sizes = [prefill_gpus] * layout.prefill + [decode_gpus] * layout.decode
+    instances, at = [], 0
+    for size in sizes:
+        if size <= node and at % node + size > node:
+            at += node - at % node
+        instances.append(tuple(range(at, at + size)))
+        at += size
     have = cluster_gpus(cluster)
-    if have is not None and need > have:
+    if have is not None and at > have:
         raise OptionError(
-            f"{layout} takes {need} GPUs ({layout.prefill} x {prefill_gpus} for prefill, "
-            f"{layout.decode} x {decode_gpus} for decode), more than {cluster.name}'s {have}"
+            f"{layout} takes {at} GPUs ({layout.prefill} x {prefill_gpus} for prefill, "
+            f"{layout.decode} x {decode_gpus} for decode, each within a node of {node}), "
+            f"more than {cluster.name}'s {have}"
         )
-    first = layout.prefill * prefill_gpus
-    return Placement(
-        tuple(
-            tuple(range(i * prefill_gpus, (i + 1) * prefill_gpus)) for i in range(layout.prefill)
-        ),
-        tuple(
-            tuple(range(first + j * decode_gpus, first + (j + 1) * decode_gpus))
-            for j in range(layout.decode)
-        ),
-    )
+    return Placement(tuple(instances[: layout.prefill]), tuple(instances[layout.prefill :]))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,16 @@ from torchroof.config.errors import OptionError
 from torchroof.render.plots import check_plot_path, pyplot
 from torchroof.serving.load_curve import KNEE_FACTOR, LoadCurve
 from torchroof.serving.results import ServeResult
-from torchroof.serving.series import CDF_LATENCIES, CDF_LOG_SPAN, ecdf, log_scale, step_series
+from torchroof.serving.series import (
+    CDF_LATENCIES,
+    CDF_LOG_SPAN,
+    batches_shown,
+    ecdf,
+    kv_title,
+    log_scale,
+    replica_name,
+    step_series,
+)
 
 PANELS = ("latency", "kv_cache", "batch")
 
@@ -85,16 +94,15 @@ def draw_kv_cache(fig: Any, result: ServeResult) -> None:
         mine = series.replica == replica
         ax.step(
             series.start_s[mine], series.kv_share[mine] * 100, where="post", lw=1,
-            label=f"replica {replica}",
+            label=replica_name(result.engine, int(replica)),
         )  # fmt: skip
     ax.set_xlabel("time (s)")
     ax.set_ylabel("KV blocks in use (%)")
     twin = ax.twinx()
     twin.step(series.start_s, series.preemptions, where="post", color="tab:red", lw=1)
     twin.set_ylabel("preemptions so far", color="tab:red")
-    blocks = result.engine["kv_blocks"]
     preempted = int(series.preemptions[-1]) if len(series) else 0
-    ax.set_title(f"KV cache: {blocks:,} blocks per replica, {preempted:,} preemptions", fontsize=10)
+    ax.set_title(kv_title(result.engine, preempted), fontsize=10)
     if len(np.unique(series.replica)) > 1:
         ax.legend(fontsize=8, loc="upper left")
 
@@ -103,7 +111,7 @@ def draw_batches(fig: Any, result: ServeResult) -> None:
     """The first replica's steps: prompt and decode tokens (stacked) and sequences per
     step."""
     series = step_series(result)
-    first = series.replica == (series.replica.min() if len(series) else 0)
+    first, which = batches_shown(result.engine, series)
     start = series.start_s[first]
     ax = fig.subplots()
     ax.stackplot(
@@ -120,8 +128,7 @@ def draw_batches(fig: Any, result: ServeResult) -> None:
     twin = ax.twinx()
     twin.step(start, series.sequences[first], where="post", color="black", lw=0.8)
     twin.set_ylabel("sequences per step")
-    many = result.engine.get("replicas", 1) > 1
-    ax.set_title("batches" + (" (the first replica's steps)" if many else ""), fontsize=10)
+    ax.set_title("batches" + which, fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
 
 

@@ -26,8 +26,10 @@ from torchroof.serving.results import ServeResult
 from torchroof.serving.series import (
     CDF_LATENCIES,
     CDF_LOG_SPAN,
+    batches_shown,
     ecdf,
     log_scale,
+    replica_name,
     step_series,
 )
 
@@ -85,6 +87,14 @@ def latency_figure(
     return fig
 
 
+def _notes(lines: list[str]) -> list[str]:
+    """What the page says beside its tables: the pricing, and every line the text prints
+    after its latency table (throughput, engine, prefix cache, swaps, speculation, the
+    disaggregated sides)."""
+    after = lines.index("") + 1 if "" in lines else len(lines)
+    return [lines[1], *lines[after:]]
+
+
 def _stride(steps: int) -> int:
     return max(1, math.ceil(steps / PAGE_STEPS))
 
@@ -100,7 +110,8 @@ def kv_figure(result: ServeResult) -> Any:
         fig.add_trace(
             go.Scatter(
                 x=series.start_s[mine], y=series.kv_share[mine] * 100, mode="lines",
-                line_shape="hv", name=f"replica {replica}: KV blocks in use (%)",
+                line_shape="hv",
+                name=f"{replica_name(result.engine, int(replica))}: KV blocks in use (%)",
             ),
             secondary_y=False,
         )  # fmt: skip
@@ -122,7 +133,7 @@ def batch_figure(result: ServeResult) -> Any:
     """The first replica's steps: prompt and decode tokens (stacked), sequences per step."""
     series = step_series(result)
     series = series.every(_stride(len(series)))
-    first = series.replica == (series.replica.min() if len(series) else 0)
+    first, _ = batches_shown(result.engine, series)
     fig = _subplots(specs=[[{"secondary_y": True}]])
     go = _go()
     x = series.start_s[first]
@@ -244,7 +255,7 @@ def serving_html(
     title = title or lines[0]
     parts = [
         f"<h1>{html.escape(title)}</h1>",
-        f'<p class="note">{html.escape(lines[1])}<br>{html.escape(lines[-1])}</p>',
+        f'<p class="note">{"<br>".join(html.escape(line) for line in _notes(lines))}</p>',
         f"<p>{html.escape(about)}</p>" if about else "",
         "<h2>Summary</h2>",
         summary_tables(result, ttft_slo_s, tpot_slo_s),
@@ -257,7 +268,7 @@ def serving_html(
     ]
     stride = _stride(len(result.steps.start_s))
     if stride > 1:
-        parts.append(f'<p class="note">The time series show every {stride}th step.</p>')
+        parts.append(f'<p class="note">The time series show one step in every {stride}.</p>')
     if curve is not None:
         data = curve.to_dict(factor)
         parts += [

@@ -364,7 +364,10 @@ class Scheduler:
             return
         self._free(state)
         state.computed = state.drafts = state.prefix_blocks = 0
-        self.waiting.appendleft(state)
+        # first in the queue, after any request that holds its blocks already (one whose
+        # prompt a disaggregated prefill instance sent): those need none to start
+        at = next((i for i, s in enumerate(self.waiting) if not s.held), len(self.waiting))
+        self.waiting.insert(at, state)
 
     def _swap_in(self, budget: int) -> list[tuple[Running, int]]:
         """Swapped requests back, oldest swapped first, while the budget, ``max_num_seqs``

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,17 +81,60 @@ class StepSeries:
         )
 
 
+def replica_blocks(engine: dict[str, Any], replicas: np.ndarray) -> np.ndarray:
+    """Each replica's KV blocks: the engine's, or with disaggregated prefill and decode
+    its side's (prefill instances first)."""
+    if "disaggregate" not in engine:
+        return np.full(len(replicas), engine["kv_blocks"], dtype=float)
+    first_decode = engine["decode"]["first_replica"]
+    return np.where(
+        replicas < first_decode, engine["prefill"]["kv_blocks"], engine["decode"]["kv_blocks"]
+    ).astype(float)
+
+
+def replica_name(engine: dict[str, Any], replica: int) -> str:
+    """``replica 1``, or with disaggregated prefill and decode ``prefill 0``/``decode 1``."""
+    if "disaggregate" not in engine:
+        return f"replica {replica}"
+    return f"{'prefill' if replica < engine['decode']['first_replica'] else 'decode'} {replica}"
+
+
+def batches_shown(engine: dict[str, Any], series: StepSeries) -> tuple[np.ndarray, str]:
+    """The steps a batch panel draws (the first replica's; the first decode instance's
+    with disaggregated prefill and decode, where decodes and landed prompts meet) and
+    what its title says of them."""
+    if "disaggregate" in engine:
+        first = engine["decode"]["first_replica"]
+        return series.replica == first, " (the first decode instance's steps)"
+    first = series.replica.min() if len(series) else 0
+    many = engine.get("replicas", 1) > 1
+    return series.replica == first, " (the first replica's steps)" if many else ""
+
+
+def kv_title(engine: dict[str, Any], preempted: int) -> str:
+    """The KV panel's title: the blocks per replica (per side's instance) and the
+    preemptions."""
+    if "disaggregate" in engine:
+        blocks = (
+            f"{engine['prefill']['kv_blocks']:,} blocks per prefill instance, "
+            f"{engine['decode']['kv_blocks']:,} per decode instance"
+        )
+    else:
+        blocks = f"{engine['kv_blocks']:,} blocks per replica"
+    return f"KV cache: {blocks}, {preempted:,} preemptions"
+
+
 def step_series(result: ServeResult) -> StepSeries:
     """``result``'s steps in order of start (each replica's own steps stay in their order),
     with the KV share, the prompt and decode tokens, and the preemptions so far."""
     steps = result.steps
     order = np.lexsort((steps.replica, steps.start_s))
-    blocks = result.engine["kv_blocks"]
     used = steps.blocks_used[order].astype(float)
+    blocks = replica_blocks(result.engine, steps.replica[order])
     return StepSeries(
         start_s=steps.start_s[order],
         replica=steps.replica[order],
-        kv_share=used / blocks if blocks else np.zeros_like(used),
+        kv_share=np.divide(used, blocks, out=np.zeros_like(used), where=blocks > 0),
         prefill_tokens=steps.prefill_tokens[order],
         decode_tokens=steps.tokens[order] - steps.prefill_tokens[order],
         sequences=steps.sequences[order],

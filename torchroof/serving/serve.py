@@ -18,8 +18,9 @@ from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
+from torchroof.pricing.hardware import resolve_hardware
 from torchroof.progress import reporting
-from torchroof.serving.disaggregated import simulate_disaggregated
+from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
 from torchroof.serving.disaggregation import Layout, Side, sides
 from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
@@ -102,6 +103,12 @@ def serve(
                 "yet: serve one or the other"
             )
         split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
+        check_disaggregated(batch, (split[0].engine, split[1].engine))  # before any trace
+        if resolve_hardware(hardware)[1] is None:
+            raise OptionError(
+                "disaggregated serving sends each request's KV cache between GPUs: price it "
+                "on a cluster (dgx-h100, ...; `torchroof hardware` lists them)"
+            )
         timers = tuple(
             _timer(model, hardware, side.knobs, pricing, exact_up_to, progress) for side in split
         )
@@ -157,6 +164,7 @@ def highest_rate(
     arrival times are kept, scaled to a mean of 1 per second; each rate tried scales
     them again."""
     check_targets(ttft_s, tpot_s, attainment)  # before anything is traced
+    _refuse_sides(knobs, "a rate search")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
@@ -173,6 +181,16 @@ def highest_rate(
             router=router,
             drafter=drafter,
             random_state=random_state,
+        )
+
+
+def _refuse_sides(knobs: dict[str, Any], what: str) -> None:
+    """Disaggregated serving's keywords given where they are not taken, refused in a line."""
+    given = sorted({"disaggregate", "prefill", "decode"} & set(knobs))
+    if given:
+        raise OptionError(
+            f"{what} does not take a disaggregated deployment yet ({', '.join(given)} "
+            "given): serve it at one rate with torchroof.serve(disaggregate=...)"
         )
 
 
@@ -224,6 +242,7 @@ def serve_rates(
     offered rate, and its knee. The requests arrive as :func:`highest_rate` sends them,
     the other arguments as :func:`serve` takes them."""
     check_load(rates, ttft_s, tpot_s)  # before anything is traced
+    _refuse_sides(knobs, "serving a list of rates")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
     timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)

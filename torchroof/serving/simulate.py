@@ -122,7 +122,8 @@ class _Replica:
 
     @property
     def load(self) -> int:
-        return len(self.scheduler.waiting) + len(self.scheduler.running)
+        scheduler = self.scheduler
+        return len(scheduler.waiting) + len(scheduler.running) + len(scheduler.swapped)
 
 
 class _Run:
@@ -177,6 +178,8 @@ class _Run:
                 yield replica.idle
                 replica.idle = None
             step = scheduler.schedule(self.env.now)
+            if not step.work and step.preempted:  # it made room: schedule again at once
+                continue
             if not step.work:
                 raise OptionError(_stuck(scheduler))
             start = self.env.now
