@@ -94,7 +94,8 @@ def test_which_steps_are_traced_on_symbols():
     assert symbolic_axes(DECODE) == ("batch", "context")
     assert symbolic_axes(PREFILL) == ("batch", "seq")
     assert "train" in symbolic_axes(Workload(regime="train"))
-    assert "GPUs" in symbolic_axes(replace(DECODE, tp=2))
+    assert symbolic_axes(replace(DECODE, tp=2)) == ("batch", "context")  # test_symbolic_parallel
+    assert "pipeline stages" in symbolic_axes(replace(DECODE, pp=2))
     assert "full_trace" in symbolic_axes(replace(DECODE, full_trace=True))
     with pytest.raises(NotSymbolic, match="train step is traced at each size"):
         trace_symbolic(CONFIG, Workload(regime="train"))

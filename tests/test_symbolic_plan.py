@@ -112,13 +112,6 @@ def test_a_plan_held_to_a_second_point_refuses_what_differs(traces, monkeypatch)
         plan_symbolic(traces["decode"], PricingOptions())
 
 
-def test_a_step_with_collectives_is_priced_whole():
-    op = OpRecord(0, "_c10d_functional.all_reduce.default", (), (), {}, "", "forward")
-    symbolic = SymbolicTrace(Trace(ops=[op]), {"batch": 2}, ())
-    with pytest.raises(NotPlanned, match="collectives"):
-        plan_symbolic(symbolic, PricingOptions())
-
-
 def test_views_of_a_storage_that_differ_must_stay_apart():
     """Work on the sized trace keys a tensor by its layout: a view [b, 4] and a view [8, 4]
     of one storage are two keys there, one at b = 8, where the plan would count twice what

@@ -11,7 +11,8 @@ prices that differ only in how the step is priced (the accelerator or cluster, `
 repeated decoder layers of an inference step from one traced representative of each
 kind (:mod:`torchroof.capture.replay`), unless ``full_trace=True``.
 
-An inference step on one GPU priced at a second batch or length is traced once more with
+An inference step (on one GPU, or across tensor-parallel GPUs: not pipelined or
+context-parallel) priced at a second batch or length is traced once more with
 its sizes as symbols (:mod:`torchroof.symbolic`); every later point that keeps that
 trace's decisions has its trace by putting its numbers into it, op for op the trace a
 fresh trace records, and :meth:`~PreparedModel.metrics` prices such a point from kernels
@@ -263,7 +264,7 @@ class PreparedModel:
     ) -> dict[str, Any]:
         """:func:`~torchroof.report.compare.point_metrics` of :meth:`price` with the same
         arguments (step time, tokens/s, GPUs, MFU, traffic by role, memory, fit), equal to
-        it; an inference step on one GPU is priced from kernels planned once for every
+        it; an inference step (not pipelined) is priced from kernels planned once for every
         size where its point keeps their decisions, without making its estimate."""
         return self.figures(hardware, pricing=pricing, **knobs)[0]
 
@@ -342,7 +343,8 @@ class PreparedModel:
     def _family(self, step: tuple[Workload, bool], eager: bool) -> SymbolicTrace | None:
         """A symbolic trace whose decisions the step keeps: one held, or one traced at this
         step (from its step's second point on, or at once when ``eager``); None where the
-        step is not one (training, several GPUs, a plain module) or cannot be."""
+        step is not one (training, a pipeline, context parallel, a plain module) or cannot
+        be."""
         workload, cast = step
         if self._inputs is not None or self._loss_fn is not None:
             return None

@@ -44,8 +44,10 @@ def symbolic_axes(workload: Workload) -> tuple[str, ...] | str:
     axes = AXES.get(workload.regime)
     if axes is None:
         return f"a {workload.regime} step is traced at each size"
-    if workload.parallel_plan.world > 1 or workload.pp > 1:
-        return "a step across GPUs is traced at each size"
+    if workload.pp > 1:
+        return "a step across pipeline stages is traced at each size"
+    if workload.cp > 1:
+        return "a step across context-parallel ranks is traced at each size"
     if workload.full_trace:
         return "full_trace=True traces every point as it is"
     return axes

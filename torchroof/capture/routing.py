@@ -240,11 +240,12 @@ class Means:
         return [value for row in rows for value in _balanced(round(row * size), size)]
 
     # -- answers ------------------------------------------------------------------------------
-    def nonzero_rows(self, mask: torch.Tensor) -> int:
-        """Rows ``nonzero(mask)`` returns: ceil(numel · mean), all when the mean is unknown."""
+    def nonzero_rows(self, mask: torch.Tensor) -> Any:
+        """Rows ``nonzero(mask)`` returns: ceil(numel · mean), all when the mean is unknown
+        (the mask's size as it is: a symbolic size stays one)."""
         mean = self.mean(mask)
         if mean is None:
-            return int(mask.numel())
+            return mask.numel()
         return min(int(mask.numel()), math.ceil(mask.numel() * mean - 1e-9))
 
     def tolist(self, tensor: torch.Tensor, neutral: Any) -> tuple[Any, str, bool]:
@@ -309,10 +310,20 @@ def answer(
         rows = means.nonzero_rows(mask)
         out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
         means.mark_index(out)
-        what = f"nonzero of {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"
-        return out, what, means.mean(mask) is not None
+        return out, _mask_note("nonzero of", mask, rows, means), means.mean(mask) is not None
     masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES]
     indices, selected = means.bool_indices(list(args[1]))
     out = func(args[0], indices, *args[2:], **kwargs)
     routed = any(means.mean(m) is not None for m in masks)
+    if not routed:  # every row: said without its number, the same at every size
+        return out, "boolean mask indexing answered every row selected", routed
     return out, f"boolean mask indexing answered {selected} selected rows", routed
+
+
+def _mask_note(what: str, mask: torch.Tensor, rows: Any, means: Means) -> str:
+    """What ``nonzero`` of ``mask`` was answered: its rows where routing made them known,
+    else every row, said without sizes (a symbolic capture's note is the same at every
+    size: :func:`torchroof.symbolic.trace_symbolic`)."""
+    if means.mean(mask) is None:
+        return f"{what} a {mask.dim()}-d mask answered every row"
+    return f"{what} {tuple(mask.shape)} answered {rows} of {mask.numel()} rows"

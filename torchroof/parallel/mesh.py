@@ -30,7 +30,11 @@ def build_mesh(plan: ParallelPlan) -> DeviceMesh:
         raise ValueError(
             f"{plan} spans {plan.world} ranks, but the process group has {dist.get_world_size()}"
         )
-    with _rank_zero_groups():
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # every mode off: under a symbolic capture's fake tensor mode the mesh's rank tensor
+    # would be fake, and ``rank in ranks`` a guard on a data-dependent value
+    with _rank_zero_groups(), _disable_current_modes():
         mesh = init_device_mesh("cpu", plan.mesh_shape, mesh_dim_names=MESH_DIMS)
         if plan.cp > 1:  # FSDP shards over the fsdp and cp ranks together (torchtitan)
             mesh["fsdp", "cp"]._flatten(FSDP_CP)

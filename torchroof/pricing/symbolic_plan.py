@@ -33,6 +33,7 @@ from torchroof.config.routing import BALANCED, routing_kind
 from torchroof.counters import Cost
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.kernels.fusion import Kernel, SpillFlag
+from torchroof.pricing.planned_streams import PlannedStreams
 from torchroof.pricing.price import (
     KernelPlan,
     add_counts,
@@ -86,6 +87,9 @@ class SymbolicPlan:
         self._follows = [_symbols(self.plan.kernels[i]) for i in self.classes]
         self._timings: dict[tuple[int, int, PricingOptions, StepRuntime], Any] = {}
         self._makers: dict[int, KernelMaker] = {}
+        # a step with collectives is laid on its streams (the same tasks at every point)
+        communicates = any(k.cost.unit == "network" for k in self.plan.kernels)
+        self._streams = PlannedStreams(self.plan.kernels, self.order) if communicates else None
 
     def holds(self, numbers: Mapping[str, int]) -> bool:
         """Does the plan hold at ``numbers``: every decision as it was taken, each storage's
@@ -124,7 +128,15 @@ class SymbolicPlan:
         if routing_kind(pricing.routing) != BALANCED:
             raise NotPlanned("MoE routing other than balanced is priced from the point's trace")
         runtime = timing_of(pricing, facts.workload)
+        workload = facts.workload
+        overlapped = runtime.tp_comm_overlap and pricing.overlap_communication
+        if overlapped and workload is not None and workload.sequence_parallel:
+            # (price.tp_pairs): pairs laid side by side are found in the step's own kernels
+            raise NotPlanned("a step whose collectives run beside their GEMMs is priced whole")
         timed = self._timed_classes(numbers, spec, cluster, pricing, runtime)
+        step_time_s = None
+        if self._streams is not None:
+            step_time_s, timed = self._streams.lay(timed, pricing.overlap_communication)
         tensor_flops: dict[str, int] = defaultdict(int)
         traffic: dict[str, int] = defaultdict(int)
         for count, k in zip(self._counts, timed, strict=True):
@@ -160,7 +172,9 @@ class SymbolicPlan:
             cluster=cluster.name if cluster is not None else None,
             # the kernels' times added one by one in launch order, as Estimate.time_s adds
             # them (report.analysis.added)
-            step_time_s=functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
+            step_time_s=step_time_s
+            if step_time_s is not None
+            else functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
             counts=tuple(self._counts),
             totals=dict(traffic),
             host_overhead_s=runtime.host_overhead_s,
@@ -198,11 +212,7 @@ class SymbolicPlan:
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
             kernels = [self.maker(n)(numbers) for n in missing]
-            timed, _, collectives, _ = time_kernels(
-                kernels, self.plan.roles, spec, cluster, pricing, runtime
-            )
-            if collectives:
-                raise NotPlanned("a step with collectives is laid on its streams: priced whole")
+            timed, _, _, _ = time_kernels(kernels, self.plan.roles, spec, cluster, pricing, runtime)
             for n, estimate in zip(missing, timed, strict=True):
                 known[keys[n]] = estimate
         return [known[k] for k in keys]
@@ -265,8 +275,6 @@ def plan_symbolic(symbolic: SymbolicTrace, pricing: PricingOptions) -> SymbolicP
     """Group ``symbolic``'s ops once under ``pricing``'s kernel policy (:class:`NotPlanned`
     when the step is not one a plan can serve, or the check at a second point fails)."""
     trace = symbolic.trace
-    if any(op.name.startswith(("c10d.", "_c10d_functional")) for op in trace.ops):
-        raise NotPlanned("a step with collectives is laid on its streams: priced whole")
     clear_layout_caches()  # each comparison on a size is made, and written down, here
     with deciding() as log:
         plan = group_kernels(trace, pricing)

@@ -135,16 +135,19 @@ def communication(est: Estimate) -> Communication:
     """Communication time, exposed and hidden (torchroof.timing.streams), over the whole step."""
     time_s = exposed_s = copies_s = latency_s = 0.0
     by_link: dict[str, float] = {}
-    for k in est.kernels:
+    # an estimate listing each distinct kernel once with how many times it runs
+    # (torchroof.pricing.symbolic_plan.CountedKernels) counts each that many times
+    counts = getattr(est, "counts", None) or (1,) * len(est.kernels)
+    for k, n in zip(est.kernels, counts, strict=True):
         if not k.communication:
             continue
-        time_s += k.time_s
-        latency_s += k.latency_s
-        exposed_s += k.exposed_s
+        time_s += n * k.time_s
+        latency_s += n * k.latency_s
+        exposed_s += n * k.exposed_s
         if k.unit == "network":
-            by_link[k.link] = by_link.get(k.link, 0.0) + k.time_s
+            by_link[k.link] = by_link.get(k.link, 0.0) + n * k.time_s
         else:
-            copies_s += k.time_s
+            copies_s += n * k.time_s
     step_s = est.time_s if est.pipeline is None else kernels_span_s(est)
     return Communication(
         time_s, exposed_s, time_s - exposed_s, by_link, copies_s, step_s, latency_s

@@ -124,9 +124,13 @@ class Schedule:
     waits: tuple[tuple[int, ...], ...] = ()
 
 
-def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
+def schedule(
+    tasks: Sequence[Task], overlap: bool = True, before: Sequence[tuple[int, ...]] | None = None
+) -> Schedule:
     """Lay ``tasks`` (in issue order) on the streams under the rules of this module's
-    docstring; ``overlap=False``: each task starts when the one before it ends.
+    docstring; ``overlap=False``: each task starts when the one before it ends. ``before``:
+    :func:`waits` of the tasks, where the caller has it (it follows from their streams and
+    storages alone).
 
     Why the idle intervals are covered exactly by communication runs: the compute stream
     idles from ``a`` (its last end) only while waiting for a communication task C that ends
@@ -141,7 +145,7 @@ def schedule(tasks: Sequence[Task], overlap: bool = True) -> Schedule:
     count = len(tasks)
     start = [0.0] * count
     end = [0.0] * count
-    before = tuple(waits(tasks))
+    before = tuple(waits(tasks) if before is None else before)
     if not overlap:
         clock = 0.0
         for i, task in enumerate(tasks):
