@@ -27,6 +27,14 @@ class SequenceWork:
     verifies: bool = False
 
     def __post_init__(self) -> None:
+        if (
+            type(self.new_tokens) is int
+            and type(self.context) is int
+            and self.new_tokens >= 1
+            and self.context >= 0
+            and (self.samples or not self.verifies)
+        ):
+            return  # the engine's own steps: checked at the cost of one line
         for name in ("new_tokens", "context"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

@@ -260,17 +260,22 @@ class Scheduler:
 
     def _running(self, budget: int) -> list[tuple[Running, int]]:
         chosen: list[tuple[Running, int]] = []
+        size, lookahead = self.config.block_size, self.lookahead
         i = 0
         while i < len(self.running) and budget > 0:
             state = self.running[i]
-            tokens = min(state.pending + (state.drafts if state.decoding else 0), budget)
-            need = max(0, self.blocks_for(state.computed + tokens + self.lookahead) - state.held)
-            while need > self.free_blocks and self.running[-1] is not state:
-                self._preempt(self.running[-1])
-            if need > self.free_blocks:  # the request itself is the newest: it waits
-                self._preempt(state)
-                break
-            self._allocate(state, need)
+            pending = state.pending
+            decoding = pending == 1 and state.generated > 0
+            tokens = min(pending + state.drafts if decoding else pending, budget)
+            held = state.blocks + len(state.shared)
+            need = -(-(state.computed + tokens + lookahead) // size) - held  # ceil
+            if need > 0:
+                while need > self.free_blocks and self.running[-1] is not state:
+                    self._preempt(self.running[-1])
+                if need > self.free_blocks:  # the request itself is the newest: it waits
+                    self._preempt(state)
+                    break
+                self._allocate(state, need)
             chosen.append((state, tokens))
             budget -= tokens
             i += 1
@@ -391,18 +396,14 @@ class Scheduler:
         return chosen
 
     def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
-        work = tuple(
-            SequenceWork(
-                tokens,
-                state.computed,
-                samples=tokens >= state.pending,
-                verifies=state.decoding and tokens > 1,
-            )
-            for state, tokens in chosen
-        )
+        work = []
+        for state, tokens in chosen:
+            pending = state.pending
+            verifies = tokens > 1 and pending == 1 and state.generated > 0  # drafts checked
+            work.append(SequenceWork(tokens, state.computed, tokens >= pending, verifies))
         step = ScheduledStep(
             tuple(state for state, _ in chosen),
-            work,
+            tuple(work),
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,
             queried_tokens=self._queried,
