@@ -134,3 +134,38 @@ def test_the_fake_mode_views_as_eager_does():
         assert viewed() == (64, 64, 1)
     meta = torch.empty(3, 2, 1, 32, device="meta").transpose(1, 2)
     assert tuple(meta.reshape(3, 1, -1).stride()) == (64, 64, 1)
+
+
+def test_repeated_layers_expose_communication_as_a_fresh_estimate_adds_it():
+    """With 7 layers alike the planned kernels run several times each: every launch's own
+    exposed time is added in launch order, as a fresh estimate adds them, so the figures
+    are equal to the last bit (the mean per kernel times its count was 1 ulp off)."""
+    config = small_llama(7)
+    prepared = torchroof.prepare(config, "decode", context=16, tp=2)
+    for batch in (2, 3):
+        fresh = torchroof.estimate(
+            config, "decode", hardware="dgx-h100", batch=batch, context=16, tp=2
+        )
+        assert max(prepared.kernel_times("dgx-h100", batch=batch).counts) > 1
+        assert prepared.metrics("dgx-h100", batch=batch) == point_metrics(fresh)
+
+
+def test_what_still_traces_at_each_size_and_a_step_with_no_cluster():
+    from torchroof.pricing.collectives import ClusterRequiredError
+
+    assert "expert-parallel" in symbolic_axes(replace(DECODE, tp=1, dp=2, ep=2))
+    # on one H100 (no cluster) the planned step gives the fresh estimate's refusal: 2
+    # all-reduces a layer for 8 layers, one for the embedding, one gather of the logits
+    prepared = torchroof.prepare(small_llama(8), "decode", context=16, tp=2)
+    with pytest.raises(ClusterRequiredError, match="this step has 18 collectives"):
+        prepared.kernel_times("h100-sxm", batch=3)
+
+
+def test_an_empty_view_has_eager_s_strides():
+    # computeStride keeps an empty tensor's strides where the shape stays, and otherwise
+    # gives it contiguous strides with each size counted at least 1
+    assert eager_view_strides((2, 0), (1, 2), (2, 0)) == (1, 2)
+    assert eager_view_strides((2, 0, 3), (1, 6, 2), (2, 0, 3)) == (1, 6, 2)
+    assert eager_view_strides((2, 0), (1, 2), (0, 4)) == (4, 1)  # max(4, 1) x 1
+    base = torch.empty(16, device="meta").as_strided([2, 0], [1, 2])
+    assert tuple(base.view(0, 4).stride()) == (4, 1)

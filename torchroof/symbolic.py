@@ -48,6 +48,8 @@ def symbolic_axes(workload: Workload) -> tuple[str, ...] | str:
         return "a step across pipeline stages is traced at each size"
     if workload.cp > 1:
         return "a step across context-parallel ranks is traced at each size"
+    if workload.ep > 1:  # its expert mesh and token routing decide on the sizes
+        return "a step across expert-parallel ranks is traced at each size"
     if workload.full_trace:
         return "full_trace=True traces every point as it is"
     return axes

@@ -48,8 +48,15 @@ def eager_view_strides(
     numel = 1
     for size in shape:
         numel = numel * size
+    if isinstance(numel, int) and numel == 0:  # eager's rule for an empty tensor
+        if list(shape) == list(new_shape):
+            return tuple(stride)
+        empty: list[Any] = [1] * len(new_shape)
+        for view_d in range(len(new_shape) - 2, -1, -1):
+            empty[view_d] = max(new_shape[view_d + 1], 1) * empty[view_d + 1]
+        return tuple(empty)
     if numel == 0:
-        return None  # eager has its own rule for empty tensors: left to the fake mode
+        return None  # a symbolic empty size: left to the fake mode
     new_stride: list[Any] = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride = stride[-1]
@@ -108,7 +115,8 @@ def eager_collective_results() -> Iterator[None]:
     def maybe_wrap(tensor: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or functional.get_proxy_mode() is not None:
             return real(tensor)
-        return functional._wrap_tensor_autograd(tensor)
+        wrap = getattr(functional, "_wrap_tensor_autograd", None)  # newer torch
+        return wrap(tensor) if wrap is not None else functional.AsyncCollectiveTensor(tensor)
 
     functional._maybe_wrap_tensor = maybe_wrap  # type: ignore[assignment]
     try:

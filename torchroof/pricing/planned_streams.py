@@ -42,10 +42,11 @@ class PlannedStreams:
 
     def lay(
         self, timed: Sequence[KernelEstimate], overlap: bool
-    ) -> tuple[float, list[KernelEstimate]]:
+    ) -> tuple[float, list[KernelEstimate], tuple[float, ...]]:
         """(the step time, the timed kernels with each communication kernel's exposed
-        time: the mean of its copies', so that it times its count is theirs in all) at a
-        point whose distinct kernels are ``timed``."""
+        time: the mean of its copies', and each launch's own exposed time, in launch
+        order: what a fresh estimate adds up) at a point whose distinct kernels are
+        ``timed``."""
         tasks, before = self._tasks(timed)
         durations = [timed[place].time_s for place in self._order]
         laid = schedule(
@@ -66,4 +67,8 @@ class PlannedStreams:
             replace(k, stream=COMMUNICATION, exposed_s=exposed[n] / copies[n]) if copies[n] else k
             for n, k in enumerate(timed)
         ]
-        return laid.step_time_s, out
+        each = tuple(
+            charged if task.stream == COMMUNICATION else 0.0
+            for task, charged in zip(tasks, laid.exposed_s, strict=True)
+        )
+        return laid.step_time_s, out, each

@@ -127,6 +127,11 @@ class SymbolicPlan:
         check_step(facts.workload, spec, cluster, pricing)
         if routing_kind(pricing.routing) != BALANCED:
             raise NotPlanned("MoE routing other than balanced is priced from the point's trace")
+        if pricing.routing_imbalance != 1.0:
+            raise NotPlanned("a routing imbalance is priced from the point's trace")
+        if cluster is None and self._streams is not None:
+            # the point's own estimate says how many collectives need a cluster
+            raise NotPlanned("a step with collectives on no cluster is priced whole")
         runtime = timing_of(pricing, facts.workload)
         workload = facts.workload
         overlapped = runtime.tp_comm_overlap and pricing.overlap_communication
@@ -134,9 +139,12 @@ class SymbolicPlan:
             # (price.tp_pairs): pairs laid side by side are found in the step's own kernels
             raise NotPlanned("a step whose collectives run beside their GEMMs is priced whole")
         timed = self._timed_classes(numbers, spec, cluster, pricing, runtime)
-        step_time_s = None
+        step_time_s: float | None = None
+        copies_exposed: tuple[float, ...] = ()
         if self._streams is not None:
-            step_time_s, timed = self._streams.lay(timed, pricing.overlap_communication)
+            step_time_s, timed, copies_exposed = self._streams.lay(
+                timed, pricing.overlap_communication
+            )
         tensor_flops: dict[str, int] = defaultdict(int)
         traffic: dict[str, int] = defaultdict(int)
         for count, k in zip(self._counts, timed, strict=True):
@@ -176,6 +184,8 @@ class SymbolicPlan:
             if step_time_s is not None
             else functools.reduce(operator.add, [times[place] for place in self.order], 0.0),
             counts=tuple(self._counts),
+            order=tuple(self.order),
+            copies_exposed_s=copies_exposed,
             totals=dict(traffic),
             host_overhead_s=runtime.host_overhead_s,
         )
@@ -232,6 +242,8 @@ class CountedKernels(Estimate):
 
     counts: tuple[int, ...] = ()
     totals: dict[str, int] | None = None
+    order: tuple[int, ...] = ()  # the distinct kernel each launch is, in launch order
+    copies_exposed_s: tuple[float, ...] = ()  # each launch's exposed communication time
 
     @property
     def flops(self) -> int:

@@ -135,19 +135,22 @@ def communication(est: Estimate) -> Communication:
     """Communication time, exposed and hidden (torchroof.timing.streams), over the whole step."""
     time_s = exposed_s = copies_s = latency_s = 0.0
     by_link: dict[str, float] = {}
-    # an estimate listing each distinct kernel once with how many times it runs
-    # (torchroof.pricing.symbolic_plan.CountedKernels) counts each that many times
-    counts = getattr(est, "counts", None) or (1,) * len(est.kernels)
-    for k, n in zip(est.kernels, counts, strict=True):
+    # an estimate listing each distinct kernel once with the launches it makes
+    # (torchroof.pricing.symbolic_plan.CountedKernels) is read launch by launch, in
+    # launch order, each with its own exposed time: the sums a fresh estimate makes
+    order = getattr(est, "order", None) or range(len(est.kernels))
+    exposed = getattr(est, "copies_exposed_s", None) or [est.kernels[p].exposed_s for p in order]
+    for place, k_exposed in zip(order, exposed, strict=True):
+        k = est.kernels[place]
         if not k.communication:
             continue
-        time_s += n * k.time_s
-        latency_s += n * k.latency_s
-        exposed_s += n * k.exposed_s
+        time_s += k.time_s
+        latency_s += k.latency_s
+        exposed_s += k_exposed
         if k.unit == "network":
-            by_link[k.link] = by_link.get(k.link, 0.0) + n * k.time_s
+            by_link[k.link] = by_link.get(k.link, 0.0) + k.time_s
         else:
-            copies_s += n * k.time_s
+            copies_s += k.time_s
     step_s = est.time_s if est.pipeline is None else kernels_span_s(est)
     return Communication(
         time_s, exposed_s, time_s - exposed_s, by_link, copies_s, step_s, latency_s
