@@ -46,6 +46,7 @@ import numpy as np
 import simpy
 
 from torchroof.config.errors import OptionError
+from torchroof.hardware import ClusterSpec
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.progress import current
 from torchroof.serving.disaggregated_result import DisaggregatedResult, TransferLog
@@ -58,6 +59,7 @@ from torchroof.serving.simulate import (
     KvCapacity,
     check_fits,
     kv_capacity,
+    request_record,
     step_log,
     step_row,
 )
@@ -312,36 +314,30 @@ class _Run:
             self._finish(decode, state)
             self._reserve(decode)
             return
-        waiting = scheduler.waiting
-        at = next((i for i, s in enumerate(waiting) if not s.blocks), len(waiting))
-        waiting.insert(at, state)
+        scheduler.queue_after_holders(state)
         decode.wake()
 
     def _finish(self, decode: _Decode, state: Running) -> None:
-        assert state.first_token_s is not None and state.finish_s is not None
-        request = state.request
-        self.records.append(
-            RequestRecord(
-                index=request.index,
-                replica=decode.index,
-                input_len=request.input_len,
-                output_len=request.output_len,
-                arrival_s=state.arrival_s,
-                admitted_s=state.admitted_s if state.admitted_s is not None else state.arrival_s,
-                first_token_s=state.first_token_s,
-                finish_s=state.finish_s,
-                preemptions=state.preemptions,
-            )
-        )
+        self.records.append(request_record(state, decode.index))
         self.gaps.append(state.gaps)
-        self.done[request.index].succeed()
+        self.done[state.request.index].succeed()
         self.report.advance()
 
 
-def check_disaggregated(requests: Sequence[Request], engines: Sequence[EngineConfig]) -> None:
-    """Refuse what disaggregated serving does not simulate yet: swap preemption, and shared
-    prompt prefixes (a prefill instance lends a finished prompt's blocks to its transfer,
-    and prefix blocks shared with other requests are not modelled there)."""
+def check_disaggregated(
+    requests: Sequence[Request], engines: Sequence[EngineConfig], hardware: Any
+) -> ClusterSpec:
+    """The cluster ``hardware`` names (a lone accelerator refused: the KV caches cross its
+    links); and refused, what disaggregated serving does not simulate yet: swap
+    preemption, and shared prompt prefixes (a prefill instance lends a finished prompt's
+    blocks to its transfer, and prefix blocks shared with other requests are not
+    modelled there)."""
+    cluster = resolve_hardware(hardware)[1]
+    if cluster is None:
+        raise OptionError(
+            "disaggregated serving sends each request's KV cache between GPUs: price it on "
+            "a cluster (dgx-h100, ...; `torchroof hardware` lists them)"
+        )
     if any(engine.preemption == "swap" for engine in engines):
         raise OptionError(
             "swap preemption on disaggregated prefill and decode is not simulated yet: "
@@ -353,6 +349,7 @@ def check_disaggregated(requests: Sequence[Request], engines: Sequence[EngineCon
             f"prefix caching on disaggregated prefill and decode is not simulated yet: "
             f"request {shared.index} shares a prefix (serve requests without prefix groups)"
         )
+    return cluster
 
 
 def simulate_disaggregated(
@@ -370,20 +367,14 @@ def simulate_disaggregated(
     ``concurrency`` closed-loop clients."""
     layout = layout if isinstance(layout, Layout) else Layout.parse(layout)
     engines = engines or (EngineConfig(), EngineConfig())
-    check_disaggregated(requests, engines)
+    _check_load(requests, concurrency, router)
+    cluster = check_disaggregated(requests, engines, timers[1].hardware)
     # a prefill instance lends a finished prompt's blocks to its transfer: prefix blocks
     # shared with other requests are not modelled there, so neither side caches prefixes
     engines = (
         replace(engines[0], prefix_caching=False),
         replace(engines[1], prefix_caching=False),
     )
-    _check_load(requests, concurrency, router)
-    cluster = resolve_hardware(timers[1].hardware)[1]
-    if cluster is None:
-        raise OptionError(
-            "disaggregated serving sends each request's KV cache between GPUs: price it on "
-            "a cluster (dgx-h100, ...; `torchroof hardware` lists them)"
-        )
     plans = [timer.prepared.workload_for() for timer in timers]
     cached = [sorted({layer.kv_dtype for layer in timer.layers()}) for timer in timers]
     if cached[0] != cached[1]:

@@ -265,10 +265,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             state = self.running[i]
             pending = state.pending
-            decoding = pending == 1 and state.generated > 0
-            tokens = min(pending + state.drafts if decoding else pending, budget)
-            held = state.blocks + len(state.shared)
-            need = -(-(state.computed + tokens + lookahead) // size) - held  # ceil
+            tokens = min(pending + state.drafts if state.decoding else pending, budget)
+            need = -(-(state.computed + tokens + lookahead) // size) - state.held  # ceil
             if need > 0:
                 while need > self.free_blocks and self.running[-1] is not state:
                     self._preempt(self.running[-1])
@@ -369,8 +367,12 @@ class Scheduler:
             return
         self._free(state)
         state.computed = state.drafts = state.prefix_blocks = 0
-        # first in the queue, after any request that holds its blocks already (one whose
-        # prompt a disaggregated prefill instance sent): those need none to start
+        self.queue_after_holders(state)
+
+    def queue_after_holders(self, state: Running) -> None:
+        """``state`` first in the queue, after any request that holds its blocks already
+        (one whose prompt a disaggregated prefill instance sent): those need none to
+        start."""
         at = next((i for i, s in enumerate(self.waiting) if not s.held), len(self.waiting))
         self.waiting.insert(at, state)
 
@@ -398,9 +400,8 @@ class Scheduler:
     def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
         work = []
         for state, tokens in chosen:
-            pending = state.pending
-            verifies = tokens > 1 and pending == 1 and state.generated > 0  # drafts checked
-            work.append(SequenceWork(tokens, state.computed, tokens >= pending, verifies))
+            verifies = tokens > 1 and state.decoding  # the drafts proposed are checked
+            work.append(SequenceWork(tokens, state.computed, tokens >= state.pending, verifies))
         step = ScheduledStep(
             tuple(state for state, _ in chosen),
             tuple(work),

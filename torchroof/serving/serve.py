@@ -18,7 +18,6 @@ from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
-from torchroof.pricing.hardware import resolve_hardware
 from torchroof.progress import reporting
 from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
 from torchroof.serving.disaggregation import Layout, Side, sides
@@ -103,12 +102,7 @@ def serve(
                 "yet: serve one or the other"
             )
         split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
-        check_disaggregated(batch, (split[0].engine, split[1].engine))  # before any trace
-        if resolve_hardware(hardware)[1] is None:
-            raise OptionError(
-                "disaggregated serving sends each request's KV cache between GPUs: price it "
-                "on a cluster (dgx-h100, ...; `torchroof hardware` lists them)"
-            )
+        check_disaggregated(batch, (split[0].engine, split[1].engine), hardware)  # untraced
         timers = tuple(
             _timer(model, hardware, side.knobs, pricing, exact_up_to, progress) for side in split
         )

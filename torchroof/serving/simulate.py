@@ -208,24 +208,9 @@ class _Run:
         self.steps.append(step_row(replica, start, seconds, step))
 
     def _finish(self, replica: int, state: Running) -> None:
-        assert state.first_token_s is not None and state.finish_s is not None
-        request = state.request
-        self.records.append(
-            RequestRecord(
-                index=request.index,
-                replica=replica,
-                input_len=request.input_len,
-                output_len=request.output_len,
-                arrival_s=state.arrival_s,
-                admitted_s=state.admitted_s if state.admitted_s is not None else state.arrival_s,
-                first_token_s=state.first_token_s,
-                finish_s=state.finish_s,
-                preemptions=state.preemptions,
-                cached_tokens=state.cached_tokens,
-            )
-        )
+        self.records.append(request_record(state, replica))
         self.gaps.append(state.gaps)
-        self.done[request.index].succeed()
+        self.done[state.request.index].succeed()
         self.report.advance()
 
 
@@ -318,6 +303,24 @@ def _stuck(scheduler: Scheduler) -> str:
     return (
         f"the engine cannot schedule a step: {len(scheduler.waiting)} requests waiting, "
         f"{scheduler.free_blocks} of {scheduler.kv_blocks} KV blocks free"
+    )
+
+
+def request_record(state: Running, replica: int) -> RequestRecord:
+    """A finished request as the result records it, served by ``replica``."""
+    assert state.first_token_s is not None and state.finish_s is not None
+    request = state.request
+    return RequestRecord(
+        index=request.index,
+        replica=replica,
+        input_len=request.input_len,
+        output_len=request.output_len,
+        arrival_s=state.arrival_s,
+        admitted_s=state.admitted_s if state.admitted_s is not None else state.arrival_s,
+        first_token_s=state.first_token_s,
+        finish_s=state.finish_s,
+        preemptions=state.preemptions,
+        cached_tokens=state.cached_tokens,
     )
 
 
