@@ -19,11 +19,11 @@ import torchroof
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError
 from torchroof.serving import SequenceWork, Speculative, StepTimer
+from torchroof.serving.composition import StepMix, items_of
 from torchroof.serving.requests import Request
 from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
 from torchroof.serving.simulate import kv_capacity, simulate
 from torchroof.serving.speculative import Acceptance, Drafter
-from torchroof.serving.step_time import _launched_eagerly
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,10 @@ def test_the_cache_holds_the_drafts_weights_and_kv(target, draft):
     assert shared.blocks == left // (1280 * 16)
 
 
+def _launched_eagerly(step, graphed=None):
+    return StepMix.of(items_of(step)).launched_eagerly(graphed)
+
+
 def test_uniform_verifications_replay_a_graph():
     verify = SequenceWork(4, 100, verifies=True)
     assert not _launched_eagerly([verify, verify])  # vLLM's uniform decode batch
@@ -198,6 +202,9 @@ def test_uniform_verifications_replay_a_graph():
     assert _launched_eagerly([verify, SequenceWork(3, 100, verifies=True)])
     assert _launched_eagerly([verify, SequenceWork(1, 100)])
     assert _launched_eagerly([SequenceWork(4, 100, samples=False)])  # a prompt chunk
+    # with 3 drafts a request, only verifications of 3 + 1 tokens replay the graph
+    assert not _launched_eagerly([verify, verify], graphed=4)
+    assert _launched_eagerly([SequenceWork(1, 5), SequenceWork(1, 9)], graphed=4)
 
 
 def test_the_same_random_state_gives_the_same_run(target, draft):

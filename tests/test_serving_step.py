@@ -25,6 +25,7 @@ from torchroof.serving.attention import (
     decode_geometry,
     decode_kernel,
 )
+from torchroof.serving.composition import StepMix, items_of
 
 H100_BETA = load_hardware("h100-sxm").hbm_bytes_per_s.value  # bytes/s, pure roofline
 SMALL_LLAMA = small_llama(2).to_dict()
@@ -110,6 +111,23 @@ def test_ragged_attention_by_hand():
     assert cost.bytes_written == 16 * 4 * 32 * 2 + 16 * 4 * 4  # o + lse = 4,352
     assert (shape.batch, shape.m, shape.n) == (4, 16, 64)
     assert shape.kept == pytest.approx(904 / (16 * 64))
+
+
+def test_a_step_mix_sums_its_sequences_by_hand(timer):
+    step = [
+        prompt(16, 48, last=False),  # 16 rows over 64 keys, 904 pairs, no logits
+        SequenceWork(4, 100, verifies=True),  # 3 drafts checked: 4 logit rows, 104 keys
+        *decodes(3, 100),  # 101 keys each
+    ]
+    mix = StepMix.of(items_of(step))
+    # 4 + 16 = 20 pairs of the verification: row i (1..4) sees 100 + i keys = 410
+    assert (mix.sequences, mix.tokens, mix.rows, mix.longest) == (5, 16 + 4 + 3, 4 + 3, 104)
+    assert (mix.decodes, mix.decode_keys) == (3, 3 * 101)
+    assert (mix.chunks, mix.chunk_rows, mix.chunk_keys) == (2, 20, 64 + 104)
+    assert mix.chunk_pairs == 904 + 410
+    assert (mix.verifications, mix.drafted, mix.width, mix.plain_chunks) == (1, 3, 0, True)
+    # the scheduler's sums price exactly as the sequences they sum
+    assert timer.time(mix) == timer.time(step)
 
 
 def test_a_mixed_step_adds_its_parts(timer):
@@ -215,6 +233,8 @@ def test_bad_steps_are_refused_in_one_line(prepared, timer):
         (lambda: timer.time([]), "needs at least one sequence"),
         (lambda: timer.time([(1, 64)]), "is a tuple, not a SequenceWork"),
         (lambda: timer.time(prompt(5)), "wrap the one sequence"),
+        (lambda: timer.time(StepMix.of([])), "needs at least one sequence"),
+        (lambda: timer.time(decodes(2, 8), graphed=0), "graphed must be a whole number"),
         (lambda: SequenceWork(0, 64), "new_tokens must be at least 1"),
         (lambda: SequenceWork(1, -1), "context must be 0 or more"),
         (lambda: SequenceWork(1.5, 3), "whole number of tokens"),

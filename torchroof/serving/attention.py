@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 
 from torchroof.config.errors import OptionError
 from torchroof.counters import Cost
-from torchroof.counters.attention import causal_fraction
 from torchroof.records.ops import OpRecord
 from torchroof.records.tensors import dtype_itemsize
-from torchroof.serving.composition import SequenceWork
+from torchroof.serving.composition import SequenceWork, causal_pairs
 from torchroof.timing.kernel_shape import KernelShape
 
 LOG_SUM_EXP_BYTES = 4  # the fused kernel's fp32 log-sum-exp, one per query row and head
@@ -96,8 +95,12 @@ def decode_kernel(
     layer: AttentionGeometry, decodes: Sequence[SequenceWork]
 ) -> tuple[Cost, KernelShape]:
     """(cost, geometry) of one ragged decode kernel over ``decodes`` (one new token each)."""
-    count = len(decodes)
-    keys = sum(work.length for work in decodes)
+    return ragged_decode(layer, len(decodes), sum(work.length for work in decodes))
+
+
+def ragged_decode(layer: AttentionGeometry, count: int, keys: int) -> tuple[Cost, KernelShape]:
+    """(cost, geometry) of one ragged decode kernel over ``count`` sequences of one new
+    token each, ``keys`` cached and new keys in all."""
     cost = _cost(layer, count, keys, keys)
     if layer.packed:
         rows, batch = layer.group, count * layer.kv_heads
@@ -122,10 +125,17 @@ def chunk_kernel(
 ) -> tuple[Cost, KernelShape]:
     """(cost, geometry) of one ragged prefill kernel over ``chunks``, each causal over its
     cached and new keys; the geometry is the chunks' mean (rows, keys) per sequence."""
-    count = len(chunks)
     rows = sum(work.new_tokens for work in chunks)
     keys = sum(work.length for work in chunks)
-    pairs = sum(kept_pairs(work) for work in chunks)
+    pairs = sum(causal_pairs(work.new_tokens, work.length) for work in chunks)
+    return ragged_prefill(layer, len(chunks), rows, keys, pairs)
+
+
+def ragged_prefill(
+    layer: AttentionGeometry, count: int, rows: int, keys: int, pairs: int
+) -> tuple[Cost, KernelShape]:
+    """(cost, geometry) of one ragged prefill kernel over ``count`` chunks of ``rows``
+    new tokens, ``keys`` cached and new keys and ``pairs`` kept (query, key) pairs in all."""
     cost = _cost(layer, rows, keys, pairs)
     m, n = max(1, round(rows / count)), max(1, round(keys / count))
     shape = KernelShape(
@@ -140,13 +150,6 @@ def chunk_kernel(
         kv_batch=count * layer.kv_heads,
     )
     return cost, shape
-
-
-def kept_pairs(work: SequenceWork) -> int:
-    """(query, key) pairs a causal kernel computes for ``work``: each new token attends to
-    every cached key and the new ones up to itself."""
-    n, keys = work.new_tokens, work.length
-    return round(causal_fraction(n, keys, aligned_to_end=True) * n * keys)
 
 
 def _cost(layer: AttentionGeometry, rows: int, keys: int, pairs: int) -> Cost:

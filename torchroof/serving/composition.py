@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchroof.config.errors import OptionError
+from torchroof.counters.attention import causal_fraction
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,99 @@ def check_step(step: Sequence[SequenceWork]) -> None:
             raise OptionError(
                 f"sequence {i} of the step is a {type(work).__name__}, not a SequenceWork"
             )
+
+
+Item = tuple[int, int, bool, bool]
+"""One sequence's share of a step as the scheduler writes it: (new tokens, context,
+samples, verifies), the fields of :class:`SequenceWork` in their order."""
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """What pricing a step reads of its sequences, summed once: the token and logit-row
+    counts, its decodes' count and keys, its multi-token chunks' count, rows, keys and
+    causal pairs, and what says whether it replays a CUDA graph
+    (:meth:`launched_eagerly`). :meth:`of` sums it from a step's sequences; the scheduler
+    sums it as it schedules them."""
+
+    sequences: int
+    tokens: int  # N: new tokens
+    rows: int  # L: logit rows
+    longest: int  # the longest sequence's cache once the step has written it
+    width: int  # every sequence's new tokens where they are all equal, else 0
+    plain_chunks: bool  # a prompt chunk of more than one token (not a verification)
+    decodes: int  # sequences of one new token
+    decode_keys: int  # their cached and new keys
+    chunks: int  # sequences of more than one new token (prompt chunks, verifications)
+    chunk_rows: int
+    chunk_keys: int
+    chunk_pairs: int  # (query, key) pairs their causal kernels keep
+    verifications: int
+    drafted: int  # drafts the verifications check
+
+    @classmethod
+    def of(cls, items: Sequence[Item]) -> StepMix:
+        """The mix of a step's sequences, each an :data:`Item`."""
+        tokens = rows = longest = decodes = decode_keys = 0
+        chunks = chunk_rows = chunk_keys = chunk_pairs = verifications = drafted = 0
+        width = items[0][0] if items else 0
+        plain = False
+        for new, context, samples, verifies in items:
+            length = context + new
+            tokens += new
+            if length > longest:
+                longest = length
+            if new != width:
+                width = 0
+            if verifies:
+                verifications += 1
+                drafted += new - 1
+                rows += new
+            else:
+                rows += samples
+            if new == 1:
+                decodes += 1
+                decode_keys += length
+                continue
+            chunks += 1
+            chunk_rows += new
+            chunk_keys += length
+            chunk_pairs += causal_pairs(new, length)
+            plain = plain or not verifies
+        return cls(
+            len(items),
+            tokens,
+            rows,
+            longest,
+            width,
+            plain,
+            decodes,
+            decode_keys,
+            chunks,
+            chunk_rows,
+            chunk_keys,
+            chunk_pairs,
+            verifications,
+            drafted,
+        )
+
+    def launched_eagerly(self, graphed: int | None = None) -> bool:
+        """Whether the step runs without a CUDA graph: one with a prompt chunk, or with
+        requests of different numbers of new tokens, or, where ``graphed`` is given, of
+        another number than it. vLLM's V1 engine replays a full graph only for a uniform
+        decode batch: every request 1 token, or 1 + k with k speculative tokens
+        (docs.vllm.ai, "CUDA Graphs")."""
+        first = self.width if graphed is None else graphed
+        return self.plain_chunks or not self.width or first != self.width
+
+
+def items_of(step: Sequence[SequenceWork]) -> list[Item]:
+    """``step``'s sequences as :data:`Item` tuples."""
+    return [(w.new_tokens, w.context, w.samples, w.verifies) for w in step]
+
+
+def causal_pairs(new: int, keys: int) -> int:
+    """(query, key) pairs a causal kernel computes for a sequence of ``new`` tokens over
+    ``keys`` keys (its cached ones and the new): each new token attends to every cached key
+    and the new ones up to itself."""
+    return round(causal_fraction(new, keys, aligned_to_end=True) * new * keys)

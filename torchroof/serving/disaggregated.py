@@ -219,16 +219,16 @@ class _Run:
                 yield instance.idle
                 instance.idle = None
             step = scheduler.schedule(env.now)
-            if not step.work and step.preempted:  # it made room: schedule again at once
+            if not step.requests and step.preempted:  # it made room: schedule again at once
                 continue
-            if not step.work:
+            if not step.requests:
                 returned = instance.blocked()
                 if returned is None:
                     raise OptionError(instance.stuck())
                 yield returned
                 continue
             start = env.now
-            seconds = instance.timer.time(step.work).time_s
+            seconds = instance.timer.time(step.mix).time_s
             yield env.timeout(seconds)
             self.steps.append(step_row(instance.index, start, seconds, step))
             for state in scheduler.complete(step, env.now):

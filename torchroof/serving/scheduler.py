@@ -37,13 +37,14 @@ queue starts with the blocks of its group's prefix that are cached
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from torchroof.config.errors import OptionError
-from torchroof.serving.composition import SequenceWork
+from torchroof.serving.composition import Item, SequenceWork, StepMix
 from torchroof.serving.prefix_cache import BlockKey, PrefixCache
 from torchroof.serving.requests import Request
 from torchroof.serving.speculative import Acceptance, Proposal, draft_passes
@@ -94,7 +95,7 @@ class EngineConfig:
             )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Running:
     """A request's state in the engine: tokens cached, tokens sampled, blocks held, and
     the times it arrived, produced its tokens and was preempted."""
@@ -139,12 +140,14 @@ class Running:
 
 @dataclass(frozen=True)
 class ScheduledStep:
-    """What one step computes: per request, its new tokens (``work`` in the same order),
-    and with speculative decoding the drafts each verification accepts, the drafts
-    proposed for the next step and the draft model's passes."""
+    """What one step computes: per request, its new tokens (``items`` in the same order,
+    summed in ``mix``), and with speculative decoding the drafts each verification
+    accepts, the drafts proposed for the next step and the draft model's passes."""
 
     requests: tuple[Running, ...]
-    work: tuple[SequenceWork, ...]
+    items: tuple[Item, ...]
+    mix: StepMix
+    prefill_tokens: int  # new tokens of prompts (first computed, or again after a preemption)
     preempted: int  # requests preempted to make room for this step
     blocks_used: int  # after the step's allocation
     queried_tokens: int = 0  # prompt tokens of the requests admitted, looked up in the cache
@@ -157,20 +160,10 @@ class ScheduledStep:
     proposed: tuple[int, ...] = ()  # per request: drafts proposed for its next step
     draft: tuple[tuple[SequenceWork, ...], ...] = ()  # the draft model's passes
 
-    @property
-    def prefill_tokens(self) -> int:
-        """New tokens of prompts (first computed, or again after a preemption); the rest
-        are decodes. Read before the step completes."""
-        return sum(
-            work.new_tokens
-            for state, work in zip(self.requests, self.work, strict=True)
-            if not state.decoding
-        )
-
-    @property
-    def drafted(self) -> int:
-        """Drafts the step's verifications check."""
-        return sum(work.new_tokens - 1 for work in self.work if work.verifies)
+    @functools.cached_property
+    def work(self) -> tuple[SequenceWork, ...]:
+        """Each request's share of the step, in ``requests``' order."""
+        return tuple(SequenceWork(*item) for item in self.items)
 
 
 class Scheduler:
@@ -220,11 +213,12 @@ class Scheduler:
             prompts = self._admit(budget, now, whole=True)
             if prompts:
                 return self._step(prompts, preempted_before)
-        chosen = self._running(budget)
+        chosen, left = self._running(budget)
         if self.preemptions == preempted_before:  # swapped requests first, then new ones
-            chosen += self._swap_in(budget - sum(n for _, n in chosen))
+            swapped_in = self._swap_in(left)
+            chosen += swapped_in
+            left -= sum(n for _, n in swapped_in)
         if self.config.chunked_prefill and self.preemptions == preempted_before:
-            left = budget - sum(n for _, n in chosen)
             chosen += self._admit(left, now, whole=False) if not self.swapped else []
         return self._step(chosen, preempted_before)
 
@@ -232,15 +226,18 @@ class Scheduler:
         """Advance ``step``'s requests by the tokens it computed at time ``now``; the
         requests it finished, their blocks freed."""
         finished = []
-        accepted = step.accepted or (0,) * len(step.work)
-        proposed = step.proposed or (0,) * len(step.work)
-        for state, work, kept, drafts in zip(
-            step.requests, step.work, accepted, proposed, strict=True
+        count = len(step.items)
+        accepted = step.accepted or (0,) * count
+        proposed = step.proposed or (0,) * count
+        prefixes = self.cache is not None
+        for state, (new, _, samples, verifies), kept, drafts in zip(
+            step.requests, step.items, accepted, proposed, strict=True
         ):
-            state.computed += kept + 1 if work.verifies else work.new_tokens
+            state.computed += kept + 1 if verifies else new
             state.drafts = drafts
-            self._cache_prefix(state)
-            if not work.samples:
+            if prefixes and state.request.prefix_group is not None:
+                self._cache_prefix(state)
+            if not samples:
                 continue
             state.generated += kept + 1
             if state.first_token_s is None:
@@ -248,7 +245,7 @@ class Scheduler:
             else:
                 state.gaps.append(now - (state.last_token_s or now))
             state.last_token_s = now
-            if state.done:
+            if state.generated >= state.request.output_len:  # done
                 state.finish_s = now
                 self.running.remove(state)
                 self._free(state)
@@ -258,15 +255,20 @@ class Scheduler:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
 
-    def _running(self, budget: int) -> list[tuple[Running, int]]:
+    def _running(self, budget: int) -> tuple[list[tuple[Running, int]], int]:
+        """The running requests' tokens, oldest first, and the budget they leave."""
         chosen: list[tuple[Running, int]] = []
         size, lookahead = self.config.block_size, self.lookahead
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            state = self.running[i]
-            pending = state.pending
-            tokens = min(pending + state.drafts if state.decoding else pending, budget)
-            need = -(-(state.computed + tokens + lookahead) // size) - state.held  # ceil
+        while i < len(running) and budget > 0:
+            state = running[i]
+            computed, generated = state.computed, state.generated
+            pending = state.request.input_len + generated - computed
+            if generated and pending == 1:  # decoding: with the drafts proposed for it
+                pending += state.drafts
+            tokens = pending if pending < budget else budget
+            need = -(-(computed + tokens + lookahead) // size) - state.blocks - len(state.shared)
             if need > 0:
                 while need > self.free_blocks and self.running[-1] is not state:
                     self._preempt(self.running[-1])
@@ -277,7 +279,7 @@ class Scheduler:
             chosen.append((state, tokens))
             budget -= tokens
             i += 1
-        return chosen
+        return chosen, budget
 
     def _admit(self, budget: int, now: float, whole: bool) -> list[tuple[Running, int]]:
         chosen: list[tuple[Running, int]] = []
@@ -398,13 +400,21 @@ class Scheduler:
         return chosen
 
     def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
-        work = []
+        items: list[Item] = []
+        prefill = 0
         for state, tokens in chosen:
-            verifies = tokens > 1 and state.decoding  # the drafts proposed are checked
-            work.append(SequenceWork(tokens, state.computed, tokens >= state.pending, verifies))
+            computed, generated = state.computed, state.generated
+            pending = state.request.input_len + generated - computed
+            if not generated or pending != 1:  # not decoding: a prompt's tokens
+                prefill += tokens
+                items.append((tokens, computed, tokens >= pending, False))
+            else:  # decoding: the drafts proposed, if any, are checked
+                items.append((tokens, computed, True, tokens > 1))
         step = ScheduledStep(
             tuple(state for state, _ in chosen),
-            tuple(work),
+            tuple(items),
+            StepMix.of(items),
+            prefill,
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,
             queried_tokens=self._queried,
@@ -420,20 +430,20 @@ class Scheduler:
         proposals for the next step (:mod:`torchroof.serving.speculative`)."""
         assert self.acceptance is not None and self.rng is not None
         accepted, proposals, expected = [], [], 0.0
-        for state, work in zip(step.requests, step.work, strict=True):
-            kept = self.acceptance.draw(self.rng, work.new_tokens - 1) if work.verifies else 0
-            if work.verifies:
-                expected += self.acceptance.expected_tokens(work.new_tokens - 1) - 1
+        for state, (new, context, samples, verifies) in zip(step.requests, step.items, strict=True):
+            kept = self.acceptance.draw(self.rng, new - 1) if verifies else 0
+            if verifies:
+                expected += self.acceptance.expected_tokens(new - 1) - 1
             accepted.append(kept)
-            produced = kept + 1 if work.samples else 0
+            produced = kept + 1 if samples else 0
             left = state.request.output_len - state.generated - produced
-            drafts = min(self.acceptance.tokens, left - 1) if work.samples else 0
+            drafts = min(self.acceptance.tokens, left - 1) if samples else 0
             drafts = max(0, drafts)
             if not state.decoding:  # a prompt chunk, and the first token where it samples
-                proposals.append(Proposal(work.new_tokens + int(drafts > 0), work.context, drafts))
+                proposals.append(Proposal(new + int(drafts > 0), context, drafts))
             elif drafts:  # the token sampled, and the last draft where all were accepted
-                cached = state.computed + (kept + 1 if work.verifies else 1)
-                unseen = 2 if work.verifies and kept == state.drafts else 1
+                cached = state.computed + (kept + 1 if verifies else 1)
+                unseen = 2 if verifies and kept == state.drafts else 1
                 proposals.append(Proposal(unseen, cached - (unseen - 1), drafts))
             else:
                 proposals.append(Proposal(0, 0, 0))

@@ -178,12 +178,12 @@ class _Run:
                 yield replica.idle
                 replica.idle = None
             step = scheduler.schedule(self.env.now)
-            if not step.work and step.preempted:  # it made room: schedule again at once
+            if not step.requests and step.preempted:  # it made room: schedule again at once
                 continue
-            if not step.work:
+            if not step.requests:
                 raise OptionError(_stuck(scheduler))
             start = self.env.now
-            seconds = self.timer.time(step.work, self.graphed).time_s
+            seconds = self.timer.time(step.mix, self.graphed).time_s
             if self.drafter is not None:
                 seconds += self.drafter.time_s(step.draft)
             seconds += step.swap_blocks * self.swap.seconds_per_block
@@ -330,13 +330,13 @@ def step_row(replica: int, start: float, seconds: float, step: ScheduledStep) ->
         start,
         seconds,
         replica,
-        len(step.work),
-        sum(w.new_tokens for w in step.work),
+        step.mix.sequences,
+        step.mix.tokens,
         step.prefill_tokens,
         step.blocks_used,
         step.preempted,
-        sum(work.verifies for work in step.work),
-        step.drafted,
+        step.mix.verifications,
+        step.mix.drafted,
         sum(step.accepted),
         step.expected_accepted,
         step.queried_tokens,

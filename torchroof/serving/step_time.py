@@ -48,11 +48,11 @@ from torchroof.records.trace import Trace
 from torchroof.report.memory import MemoryFootprint
 from torchroof.serving.attention import (
     AttentionGeometry,
-    chunk_kernel,
     decode_geometry,
-    decode_kernel,
+    ragged_decode,
+    ragged_prefill,
 )
-from torchroof.serving.composition import SequenceWork, check_step
+from torchroof.serving.composition import SequenceWork, StepMix, check_step, items_of
 from torchroof.serving.parts import (
     DecodeParts,
     grid_neighbours,
@@ -140,39 +140,54 @@ class StepTimer:
         self.context, self._head, self._layers = self._read_trace()
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
-    def time(self, step: Sequence[SequenceWork], graphed: int | None = None) -> StepTime:
-        """The time of one engine step processing ``step``'s sequences. ``graphed``: the
-        new tokens per request of the only batches that replay a CUDA graph (k + 1 under
-        speculative decoding); by default decodes of 1 token and verifications alike."""
+    def time(self, step: Sequence[SequenceWork] | StepMix, graphed: int | None = None) -> StepTime:
+        """The time of one engine step processing ``step``'s sequences (or their
+        :class:`~torchroof.serving.composition.StepMix`, as the scheduler sums it).
+        ``graphed``: the new tokens per request of the only batches that replay a CUDA
+        graph (k + 1 under speculative decoding); by default decodes of 1 token and
+        verifications alike."""
         if isinstance(step, SequenceWork):
             raise OptionError("a step is a list of SequenceWork: wrap the one sequence in [ ]")
-        step = tuple(step)
-        check_step(step)
-        longest = max(work.length for work in step)
-        if longest > self._checked_length and self._config is not None:
-            check_positions(self._config, longest, self._allow_beyond, name=self._name)
-            self._checked_length = longest
-        tokens = sum(work.new_tokens for work in step)
-        rows = sum(work.logit_rows for work in step)
-        eager = _launched_eagerly(step, graphed)
-        body = self._between(tokens, "body_s", eager)
-        head = self._between(rows, "head_s", eager) if rows else 0.0
-        attention = self.attention_s(step, tokens, eager)
-        return StepTime(body + head + attention, body, head, attention, tokens, len(step), rows)
+        if graphed is not None and (
+            isinstance(graphed, bool) or not isinstance(graphed, int) or graphed < 1
+        ):
+            raise OptionError(f"graphed must be a whole number of tokens >= 1, got {graphed!r}")
+        if not isinstance(step, StepMix):
+            step = tuple(step)
+            check_step(step)
+            step = StepMix.of(items_of(step))
+        elif step.sequences < 1:
+            raise OptionError("an engine step needs at least one sequence")
+        if step.longest > self._checked_length and self._config is not None:
+            check_positions(self._config, step.longest, self._allow_beyond, name=self._name)
+            self._checked_length = step.longest
+        eager = step.launched_eagerly(graphed)
+        body = self._between(step.tokens, "body_s", eager)
+        head = self._between(step.rows, "head_s", eager) if step.rows else 0.0
+        attention = self._attention(step, eager)
+        return StepTime(
+            body + head + attention, body, head, attention, step.tokens, step.sequences, step.rows
+        )
 
     def attention_s(self, step: Sequence[SequenceWork], tokens: int, eager: bool = False) -> float:
         """Every layer's attention for ``step``: a ragged kernel over its decodes and one
         over its prefill chunks (or speculative verifications), under the runtime a decode
         of batch ``tokens`` runs (launched eagerly where ``eager``)."""
+        mix = StepMix.of(items_of(step))
+        return self._attention(replace(mix, tokens=tokens), eager)
+
+    def _attention(self, mix: StepMix, eager: bool) -> float:
         pricing = self._eager if eager else self.pricing
-        runtime = self._runtime(tokens, eager)
-        decodes = [work for work in step if work.new_tokens == 1]
-        chunks = [work for work in step if work.new_tokens > 1]
+        runtime = self._runtime(mix.tokens, eager)
         total = 0.0
         for layer, count in self._layers.items():  # layers alike are timed once
-            kernels = ([decode_kernel(layer, decodes)] if decodes else []) + (
-                [chunk_kernel(layer, chunks)] if chunks else []
-            )
+            kernels = [ragged_decode(layer, mix.decodes, mix.decode_keys)] if mix.decodes else []
+            if mix.chunks:
+                kernels.append(
+                    ragged_prefill(
+                        layer, mix.chunks, mix.chunk_rows, mix.chunk_keys, mix.chunk_pairs
+                    )
+                )
             total += count * sum(
                 time_kernel(cost, self._spec, pricing, shape, shape.itemsize, runtime).time_s
                 for cost, shape in kernels
@@ -212,8 +227,8 @@ class StepTimer:
                 batch = max(batch, math.ceil(tokens / limit[1]))
             if self._prefill is None:
                 self._prefill = self.prepared.for_regime("prefill")
-            with silenced():
-                memory = self._prefill.kernel_times(
+            with silenced():  # the first size priced from its own trace, not on symbols
+                memory = self._prefill.price(
                     self.hardware, pricing=self.pricing, batch=batch, seq=max(1, tokens // batch)
                 ).memory
             found = self._activations[key] = memory.activations_peak_bytes if memory else 0
@@ -312,17 +327,6 @@ class StepTimer:
             )
         layers = dict(Counter(decode_geometry(op, context) for op in ops))
         return context, head_module(trace), layers
-
-
-def _launched_eagerly(step: Sequence[SequenceWork], graphed: int | None = None) -> bool:
-    """Whether a step runs without a CUDA graph: one with a prompt chunk, or with requests
-    of different numbers of new tokens, or, where ``graphed`` is given, of another number
-    than it. vLLM's V1 engine replays a full graph only for a uniform decode batch: every
-    request 1 token, or 1 + k with k speculative tokens (docs.vllm.ai, "CUDA Graphs")."""
-    first = step[0].new_tokens if graphed is None else graphed
-    return any(
-        (work.new_tokens > 1 and not work.verifies) or work.new_tokens != first for work in step
-    )
 
 
 def _check_base(base: Any) -> None:
