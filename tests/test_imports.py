@@ -8,7 +8,8 @@ import nothing of torchroof, not even under ``TYPE_CHECKING``; ``records`` reads
 and ``config``; then capture, quantisation, models, parallel programs, workloads, kernels,
 timing, the report's data, pricing, pipeline parallelism (it traces and prices whole stages,
 so it sits above pricing), rendering, the public API, the prepared model and its studies,
-serving (it prices engine steps from a prepared model), the labs and validation, and the
+serving (it prices engine steps from a prepared model), plan search (it prices layouts as
+the prepared model and the serving simulation do), the labs and validation, and the
 command line on top. The graph is read from the source: every ``import`` statement,
 including those inside functions (edges all the same once they run); ``if TYPE_CHECKING:``
 blocks are left out of the cycle check, as they never run, but not out of the layering
@@ -169,6 +170,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.prepared",),
     ("torchroof.studies",),
     ("torchroof.serving",),
+    ("torchroof.planning",),
     ("torchroof.labs", "torchroof.validation"),
     ("torchroof.cli",),
     ("torchroof", "torchroof.__main__"),  # these two modules exactly: the package's face

@@ -36,6 +36,7 @@ from torchroof.api import (
 from torchroof.capture.budget import OpBudgetExceeded, op_budget
 from torchroof.capture.mode import Capture
 from torchroof.config import PricingOptions, Workload
+from torchroof.planning import plan
 from torchroof.prepared import PreparedModel, prepare
 from torchroof.pricing.price import TracePlans
 from torchroof.records.ops import OpRecord
@@ -69,6 +70,7 @@ __all__ = [
     "Workload",
     "compare",
     "estimate",
+    "plan",
     "prepare",
     "serve",
     "estimate_trace",

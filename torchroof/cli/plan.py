@@ -1,0 +1,162 @@
+"""``torchroof plan``: the fastest training layouts of a model on N GPUs, ranked, with why
+every family left out was left out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tabulate import tabulate
+
+from torchroof.cli.common import Subparsers, add_quiet, positive_int, writable, wrote
+from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
+from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.planning.layouts import RECOMPUTE
+from torchroof.planning.search import DEFAULT_MAX_PLANS, TrainingPlans, plan_training
+
+DEFAULT_CLUSTER = "dgx-h100"
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes sizes like 1,2,4,8, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"takes sizes >= 1 like 1,2,4,8, got {text!r}")
+    return sizes
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_parser(commands: Subparsers) -> None:
+    """The ``plan`` command and its flags."""
+    cmd = commands.add_parser(
+        "plan",
+        help="search the training layouts of a model on N GPUs, fastest first",
+        usage="%(prog)s [model] --gpus N (--global-batch B | --tokens-per-step K) [options]",
+    )
+    cmd.add_argument(
+        "model", nargs="?", default=DEFAULT_MODEL, help=f"as for estimate (default {DEFAULT_MODEL})"
+    )
+    cmd.add_argument("--regime", default="train", choices=("train",), help="the step searched")
+    cmd.add_argument("--gpus", type=positive_int, required=True, help="GPUs to lay out")
+    cmd.add_argument(
+        "--hardware", default=DEFAULT_CLUSTER, help=f"cluster (default {DEFAULT_CLUSTER})"
+    )
+    cmd.add_argument("--seq", type=positive_int, default=4096, help="tokens per sequence")
+    batch = cmd.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
+    batch.add_argument("--tokens-per-step", type=positive_int, help="tokens per optimizer step")
+    for name in ("tp", "cp", "pp", "ep"):
+        cmd.add_argument(
+            f"--{name}", type=_sizes, metavar="1,2,4", help=f"{name} sizes to try (default all)"
+        )
+    cmd.add_argument(
+        "--recompute",
+        type=_names,
+        default=RECOMPUTE,
+        metavar=",".join(RECOMPUTE),
+        help="activation recomputation to try (default all three)",
+    )
+    cmd.add_argument(
+        "--schedules", type=_names, metavar="1f1b,...", help="pipeline schedules to try"
+    )
+    cmd.add_argument(
+        "--no-sequence-parallel", action="store_true", help="tensor parallel without SP only"
+    )
+    cmd.add_argument(
+        "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
+    )
+    cmd.add_argument("--max-micro-batch", type=positive_int, default=8, help="(default 8)")
+    cmd.add_argument("--precision", choices=PRECISIONS, default="mixed")
+    cmd.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    cmd.add_argument("--mode", choices=TIMING_MODES, default="roofline")
+    cmd.add_argument("--runtime", help="runtime profile (torchtitan, ...)")
+    cmd.add_argument("--top", type=positive_int, default=10, help="plans shown (default 10)")
+    cmd.add_argument(
+        "--max-plans",
+        type=positive_int,
+        default=DEFAULT_MAX_PLANS,
+        help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each is one trace)",
+    )
+    cmd.add_argument("--json", metavar="PATH", help="the ranked plans and every reason")
+    add_quiet(cmd)
+
+
+def run(args: argparse.Namespace) -> None:
+    writable(args.json)
+    space: dict[str, Any] = {
+        "recompute": args.recompute,
+        "max_micro_batch": args.max_micro_batch,
+        "hsdp": not args.no_hsdp,
+    }
+    for name in ("tp", "cp", "pp", "ep"):
+        if getattr(args, name) is not None:
+            space[name] = getattr(args, name)
+    if args.schedules is not None:
+        space["schedules"] = args.schedules
+    if args.no_sequence_parallel:
+        space["sequence_parallel"] = (False,)
+    pricing: dict[str, Any] = {"mode": args.mode}
+    if args.runtime:
+        pricing["runtime"] = args.runtime
+    plans = plan_training(
+        args.model,
+        args.gpus,
+        args.hardware,
+        seq=args.seq,
+        global_batch=args.global_batch,
+        tokens_per_step=args.tokens_per_step,
+        space=space,
+        max_plans=args.max_plans,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        **pricing,
+    )
+    if not plans.ranked:
+        raise ValueError(plans.nothing_fits())
+    print(f"torchroof plan: {args.model} training on {args.gpus} GPUs of {args.hardware}")
+    print(plans_text(plans, args.top))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(plans.to_dict(), handle, indent=2)
+        wrote("plans", args.json)
+
+
+def plans_text(plans: TrainingPlans, top: int) -> str:
+    """The ranked table, then what was left out and why."""
+    lines = []
+    if plans.ranked:
+        rows = [
+            [
+                rank,
+                plan.layout.label(),
+                f"{plan.step_time_s * 1e3:,.1f}",
+                f"{plan.metrics['tokens_per_s_per_gpu']:,.0f}",
+                f"{plan.metrics['mfu']:.1%}" if plan.metrics.get("mfu") is not None else "-",
+                f"{plan.memory_bytes / 2**30:.1f}",
+                f"{plan.metrics['exposed_communication_s'] * 1e3:,.1f}",
+            ]
+            for rank, plan in enumerate(plans.ranked[:top], 1)
+        ]
+        headers = ["#", "layout", "step ms", "tok/s/GPU", "MFU", "GiB/GPU", "exposed comm ms"]
+        lines.append(tabulate(rows, headers=headers))
+        front = ", ".join(str(plans.ranked.index(p) + 1) for p in plans.pareto())
+        lines.append(f"fastest for the memory they need (throughput vs memory front): #{front}")
+    else:
+        lines.append(plans.nothing_fits())  # what a caller of the API prints
+    lines.append(
+        f"{plans.enumerated:,} layouts run on this model; {plans.pruned:,} left out before "
+        f"pricing (their weights and optimizer state alone exceed "
+        f"{plans.capacity_bytes / 2**30:.0f} GiB); {len(plans.over_memory):,} priced over "
+        "memory"
+    )
+    for reason, count in plans.rejected.most_common():
+        lines.append(f"  refused ({count}x): {reason}")
+    for reason, count in plans.failed.most_common():
+        lines.append(f"  failed ({count}x): {reason}")
+    return "\n".join(lines)

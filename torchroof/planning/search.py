@@ -1,0 +1,219 @@
+"""The training plan search: every layout of a model on N GPUs (:mod:`.space`), those that
+cannot fit left out before pricing (:mod:`.memory_floor`), the rest priced as
+:func:`torchroof.estimate` prices them and ranked by throughput.
+
+Every layout of one global batch trains the same tokens per step, so ranking by step time,
+tokens/s and MFU agree; a layout whose priced footprint exceeds the GPU's memory is kept
+apart (it does not run). The Pareto front is the fitting plans no other plan beats on both
+throughput and memory left free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchroof.api import config_of
+from torchroof.config import PricingOptions, split_knobs
+from torchroof.config.errors import OptionError, first_line
+from torchroof.hardware import ClusterSpec, HardwareSpec
+from torchroof.planning.layouts import TrainingLayout
+from torchroof.planning.memory_floor import layer_parameters, memory_floor
+from torchroof.planning.space import TrainingSpace, enumerate_training
+from torchroof.prepared import prepare
+from torchroof.pricing.hardware import resolve_hardware
+from torchroof.progress import current, reporting, silenced
+
+DEFAULT_MAX_PLANS = 400
+"""Layouts priced at most unless raised: each is one trace of the model's training step."""
+
+
+@dataclass(frozen=True)
+class PricedPlan:
+    """A layout and its figures (:func:`~torchroof.report.compare.point_metrics`)."""
+
+    layout: TrainingLayout
+    metrics: dict[str, Any]
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.metrics["step_time_s"])
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.metrics["memory_bytes"])
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.metrics["fits"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout.label(), **vars(self.layout), **self.metrics}
+
+
+@dataclass
+class TrainingPlans:
+    """What a training search found: the fitting plans best first, those priced over the
+    GPU's memory, and every layout left out, with why."""
+
+    ranked: list[PricedPlan]
+    over_memory: list[PricedPlan]
+    rejected: Counter[str]  # a refused family's reason -> how many families
+    pruned: int  # layouts whose memory floor alone exceeds the GPU's memory
+    failed: Counter[str] = field(default_factory=Counter)  # a pricing's error -> layouts
+    enumerated: int = 0  # layouts the space held that the model can run
+    capacity_bytes: int = 0
+
+    @property
+    def best(self) -> PricedPlan:
+        if not self.ranked:
+            raise OptionError(self.nothing_fits())
+        return self.ranked[0]
+
+    def nothing_fits(self) -> str:
+        """Why no plan is ranked, in one line."""
+        if self.over_memory:
+            least = min(self.over_memory, key=lambda p: p.memory_bytes)
+            return (
+                f"no layout fits: the least memory is {least.memory_bytes / 2**30:.1f} GiB "
+                f"({least.layout.label()}), above the {self.capacity_bytes / 2**30:.1f} GiB a "
+                "GPU has: use more GPUs, recompute, or a smaller batch"
+            )
+        if self.pruned:
+            return (
+                f"no layout fits: the weights and optimizer state of all {self.pruned:,} "
+                f"exceed the {self.capacity_bytes / 2**30:.1f} GiB a GPU has"
+            )
+        reasons = "; ".join(reason for reason, _ in self.rejected.most_common(3))
+        return f"no layout to price: every one was refused ({reasons or 'none enumerated'})"
+
+    def pareto(self) -> list[PricedPlan]:
+        """The fitting plans no other beats on both throughput and memory (fastest first)."""
+        front: list[PricedPlan] = []
+        for plan in self.ranked:  # fastest first: keep one that needs less than all before
+            if all(plan.memory_bytes < kept.memory_bytes for kept in front):
+                front.append(plan)
+        return front
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        return {
+            "enumerated": self.enumerated,
+            "pruned_by_memory": self.pruned,
+            "priced": len(self.ranked) + len(self.over_memory) + sum(self.failed.values()),
+            "ranked": [plan.to_dict() for plan in self.ranked[:top]],
+            "pareto": [plan.layout.label() for plan in self.pareto()],
+            "over_memory": len(self.over_memory),
+            "rejected": dict(self.rejected),
+            "failed": dict(self.failed),
+        }
+
+
+def plan_training(
+    model: Any,
+    gpus: int,
+    hardware: str | Path | ClusterSpec | HardwareSpec = "dgx-h100",
+    *,
+    seq: int = 4096,
+    global_batch: int | None = None,
+    tokens_per_step: int | None = None,
+    space: dict[str, Any] | None = None,
+    pricing: PricingOptions | None = None,
+    max_plans: int = DEFAULT_MAX_PLANS,
+    progress: bool = False,
+    **knobs: Any,
+) -> TrainingPlans:
+    """Search every training layout of ``model`` on ``gpus`` GPUs of ``hardware`` for one
+    optimizer step of ``global_batch`` sequences of ``seq`` tokens (or ``tokens_per_step``
+    tokens). ``space`` narrows what is searched (fields of :class:`TrainingSpace`:
+    ``{"tp": (4, 8), "recompute": ("none",)}``); ``knobs`` are the step's other workload
+    fields (``precision``, ``optimizer``, ``dtype``) and pricing options (``mode``, ...)."""
+    batch = _global_batch(seq, global_batch, tokens_per_step)
+    workload_knobs, pricing_knobs = split_knobs(knobs)
+    parallel = sorted(set(workload_knobs) & set(vars(TrainingLayout())))
+    if parallel or "batch" in workload_knobs or "microbatches" in workload_knobs:
+        raise OptionError(
+            f"{', '.join(parallel or ['batch'])} is what the search chooses: narrow it with "
+            "space={...} instead"
+        )
+    settings = TrainingSpace(gpus=gpus, seq=seq, global_batch=batch, **(space or {}))
+    spec, _ = resolve_hardware(hardware)
+    if spec.hbm_capacity_bytes is None:
+        raise OptionError(f"{spec.name} states no memory capacity: no layout can be checked")
+    capacity = int(spec.hbm_capacity_bytes.value)
+    config = config_of(model)
+    name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+    with reporting(progress):
+        enumeration = enumerate_training(config, settings, name)
+        counts = layer_parameters(config)
+        precision = workload_knobs.get("precision", "mixed")
+        optimizer = workload_knobs.get("optimizer", "adamw")
+        kept = [
+            layout
+            for layout in enumeration.layouts
+            if memory_floor(layout, counts, precision, optimizer) <= capacity
+        ]
+        result = TrainingPlans(
+            [],
+            [],
+            enumeration.rejected,
+            len(enumeration.layouts) - len(kept),
+            enumerated=len(enumeration.layouts),
+            capacity_bytes=capacity,
+        )
+        if len(kept) > max_plans:
+            raise OptionError(
+                f"{len(kept):,} layouts to price (each one trace of the training step), above "
+                f"max_plans={max_plans:,}: narrow the space (tp, pp, cp, recompute, "
+                "schedules, max_micro_batch) or raise max_plans"
+            )
+        _price(model, kept, hardware, seq, (workload_knobs, pricing, pricing_knobs), result)
+    result.ranked.sort(key=lambda plan: (plan.step_time_s, plan.memory_bytes))
+    result.over_memory.sort(key=lambda plan: plan.memory_bytes)
+    return result
+
+
+def _price(
+    model: Any,
+    layouts: list[TrainingLayout],
+    hardware: Any,
+    seq: int,
+    options: tuple[dict[str, Any], PricingOptions | None, dict[str, Any]],
+    result: TrainingPlans,
+) -> None:
+    """Price each layout (its metrics from one estimate), into ``result``."""
+    workload_knobs, pricing, pricing_knobs = options
+    if not layouts:
+        return
+    report = current()
+    with report.stage(f"pricing {len(layouts):,} training plans", len(layouts), "plans"):
+        for layout in layouts:
+            try:
+                with silenced():
+                    prepared = prepare(model, "train", seq=seq, **workload_knobs, **layout.knobs())
+                    metrics = prepared.metrics(hardware, pricing=pricing, **pricing_knobs)
+            except ValueError as error:  # a refusal of this layout (WorkloadError and kin)
+                result.failed[f"{layout.label()}: {first_line(error)}"] += 1
+                report.advance()
+                continue
+            plan = PricedPlan(layout, metrics)
+            (result.ranked if plan.fits else result.over_memory).append(plan)
+            report.advance()
+
+
+def _global_batch(seq: int, global_batch: int | None, tokens_per_step: int | None) -> int:
+    """The global batch in sequences, from itself or from tokens per step."""
+    if (global_batch is None) == (tokens_per_step is None):
+        raise OptionError("give the global batch in sequences or in tokens per step (one)")
+    if tokens_per_step is not None:
+        if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int):
+            raise OptionError(f"tokens_per_step must be a whole number, got {tokens_per_step!r}")
+        if tokens_per_step < seq or tokens_per_step % seq:
+            raise OptionError(
+                f"tokens_per_step={tokens_per_step:,} is not a whole number of {seq:,}-token "
+                "sequences"
+            )
+        return tokens_per_step // seq
+    assert global_batch is not None
+    return global_batch
