@@ -169,6 +169,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.prepared",),
     ("torchroof.studies",),
     ("torchroof.serving",),
+    ("torchroof.planning",),
     ("torchroof.labs", "torchroof.validation"),
     ("torchroof.cli",),
     ("torchroof", "torchroof.__main__"),  # these two modules exactly: the package's face

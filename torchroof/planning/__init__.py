@@ -1,0 +1,1 @@
+"""Plans: the layouts a plan search picks from, and the files and commands that run one."""
