@@ -201,6 +201,31 @@ def test_the_cli_ranks_and_writes_json(tmp_path, capsys):
     assert data["ranked"][0]["step_time_s"] == min(p["step_time_s"] for p in data["ranked"])
 
 
+def test_the_cli_writes_the_best_plan_for_torchtitan(tmp_path):
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    model = tmp_path / "small"
+    small_llama(2).save_pretrained(model)
+    job = tmp_path / "job.toml"
+    argv = ["plan", str(model), "--gpus", "8", "--seq", "128", "--global-batch", "8"]
+    argv += ["--tp", "2", "--pp", "1", "--cp", "1", "--recompute", "none", "--quiet"]
+    argv += ["--no-sequence-parallel", "--max-micro-batch", "1", "--emit", "torchtitan"]
+    argv += ["--titan-model", "llama3:debugmodel", "-o", str(job)]
+    assert main(argv) == 0
+    written = tomllib.loads(job.read_text())
+    # tp 2 leaves 4 data ranks for 8 sequences: 2 a rank, one at a time (2 micro-batches);
+    # ZeRO-1/2 left out for torchtitan, so the data ranks are all replicas, all shards, or
+    # 2 x 2; whichever is fastest, they multiply to 4 and the global batch is 8
+    parallel = written["parallelism"]
+    assert parallel["tensor_parallel_degree"] == 2
+    assert parallel["data_parallel_shard_degree"] * parallel["data_parallel_replicate_degree"] == 4
+    assert written["training"]["global_batch_size"] == 8 and written["training"]["seq_len"] == 128
+    assert written["model"] == {"name": "llama3", "flavor": "debugmodel"}
+
+
 def test_bad_input_is_one_line(capsys):
     cases = [
         (lambda: plan_training(small_llama(2), 2, seq=128), "give the global batch"),
@@ -240,3 +265,8 @@ def test_bad_input_is_one_line(capsys):
     err = capsys.readouterr().err
     assert "no layout to price" in err and "tp=2 does not divide the 3 GPUs left for it" in err
     assert err.count("\n") == 1
+    # --emit names checked before anything is traced
+    assert main(["plan", "gpt2", "--gpus", "2", "--global-batch", "2", "--emit", "torchrun"]) == 2
+    assert "give --titan-model NAME:FLAVOR" in capsys.readouterr().err
+    assert main(["plan", "gpt2", "--gpus", "2", "--global-batch", "2", "--emit", "x"]) == 2
+    assert "invalid choice: 'x'" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
@@ -12,10 +13,19 @@ from tabulate import tabulate
 from torchroof.cli.common import Subparsers, add_quiet, positive_int, writable, wrote
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.planning.emit import TRAINING_EMITTERS, emit_training
 from torchroof.planning.layouts import RECOMPUTE
 from torchroof.planning.search import DEFAULT_MAX_PLANS, TrainingPlans, plan_training
+from torchroof.pricing.hardware import resolve_hardware
 
 DEFAULT_CLUSTER = "dgx-h100"
+TORCHTITAN_NAMES = {
+    "llama-3-8b": ("llama3", "8B"),
+    "llama-3-70b": ("llama3", "70B"),
+    "llama-3.1-405b": ("llama3", "405B"),
+}
+"""Shipped models torchtitan trains by its own name and flavor (pytorch/torchtitan,
+torchtitan/models/llama3/__init__.py: llama3_configs)."""
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -84,11 +94,26 @@ def add_parser(commands: Subparsers) -> None:
         help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each is one trace)",
     )
     cmd.add_argument("--json", metavar="PATH", help="the ranked plans and every reason")
+    cmd.add_argument(
+        "--emit",
+        choices=TRAINING_EMITTERS,
+        help="write the best plan as torchtitan's job TOML or the torchrun line launching it "
+        "(searches only layouts torchtitan runs: no ZeRO-1/2 over plain data parallel)",
+    )
+    cmd.add_argument("-o", "--output", metavar="PATH", help="where --emit writes (default: print)")
+    cmd.add_argument(
+        "--titan-model",
+        metavar="NAME",
+        help="with --emit: torchtitan's model name and flavor, e.g. llama3:70B (default: "
+        "known for the shipped Llama 3 configs)",
+    )
     add_quiet(cmd)
 
 
 def run(args: argparse.Namespace) -> None:
-    writable(args.json)
+    writable(args.json, args.output)
+    titan = _titan_names(args) if args.emit else None  # before any tracing
+    gpus_per_node = _gpus_per_node(args.hardware) if args.emit else 0
     space: dict[str, Any] = {
         "recompute": args.recompute,
         "max_micro_batch": args.max_micro_batch,
@@ -101,6 +126,8 @@ def run(args: argparse.Namespace) -> None:
         space["schedules"] = args.schedules
     if args.no_sequence_parallel:
         space["sequence_parallel"] = (False,)
+    if args.emit:  # torchtitan shards data ranks with FSDP2 / HSDP, no ZeRO-1/2 over DDP
+        space["zero"] = (0,)
     pricing: dict[str, Any] = {"mode": args.mode}
     if args.runtime:
         pricing["runtime"] = args.runtime
@@ -125,6 +152,47 @@ def run(args: argparse.Namespace) -> None:
         with open(args.json, "w") as handle:
             json.dump(plans.to_dict(), handle, indent=2)
         wrote("plans", args.json)
+    if args.emit:
+        assert titan is not None
+        text = emit_training(
+            args.emit,
+            plans.best.layout,
+            model=titan[0],
+            flavor=titan[1],
+            seq=args.seq,
+            gpus_per_node=gpus_per_node,
+        )
+        if args.output:
+            Path(args.output).write_text(text + "\n", encoding="utf-8")
+            wrote(f"the best plan as {args.emit}", args.output)
+        else:
+            print(text)
+
+
+def _titan_names(args: argparse.Namespace) -> tuple[str, str]:
+    """torchtitan's (model, flavor) for ``--emit``: ``--titan-model NAME:FLAVOR``, else the
+    shipped model's."""
+    if args.titan_model:
+        name, sep, flavor = args.titan_model.partition(":")
+        if not sep or not name or not flavor:
+            raise ValueError(
+                f"--titan-model takes NAME:FLAVOR (llama3:70B), got {args.titan_model!r}"
+            )
+        return name, flavor
+    known = TORCHTITAN_NAMES.get(str(args.model))
+    if known is None:
+        raise ValueError(
+            f"--emit {args.emit} needs torchtitan's name for {args.model}: give --titan-model "
+            "NAME:FLAVOR (e.g. llama3:70B)"
+        )
+    return known
+
+
+def _gpus_per_node(hardware: str) -> int:
+    _, cluster = resolve_hardware(hardware)
+    if cluster is None:
+        raise ValueError(f"--emit launches on nodes: {hardware} is one accelerator, not a cluster")
+    return cluster.gpus_per_node
 
 
 def plans_text(plans: TrainingPlans, top: int) -> str:
