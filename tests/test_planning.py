@@ -124,6 +124,26 @@ def test_the_best_plan_is_the_best_of_every_estimate(two_gpu_search):
     assert [plan.step_time_s for plan in search.ranked] == sorted(times)  # fastest first
 
 
+def test_processes_and_ray_give_the_same_plans(two_gpu_search):
+    # each worker prices a layout from its own arguments: the same floats, in the same order
+    pooled = plan_training(
+        small_llama(2), 2, "dgx-h100", seq=128, global_batch=2, space=TWO_GPUS, jobs=2
+    )
+    assert pooled.to_dict() == two_gpu_search.to_dict()
+    pytest.importorskip("ray", reason="the torchroof[ray] extra is not installed")
+    on_ray = plan_training(
+        small_llama(2),
+        2,
+        "dgx-h100",
+        seq=128,
+        global_batch=2,
+        space=TWO_GPUS,
+        jobs=2,
+        ray_address="local",
+    )
+    assert on_ray.to_dict() == two_gpu_search.to_dict()
+
+
 def test_the_front_keeps_only_plans_nothing_beats_on_both(two_gpu_search):
     front = two_gpu_search.pareto()
     assert front[0] is two_gpu_search.best
@@ -244,6 +264,7 @@ def test_bad_input_is_one_line(capsys):
             "recompute must",
         ),
         (lambda: torchroof.plan(small_llama(2), "decode"), "covers training layouts"),
+        (lambda: plan_training(small_llama(2), 2, global_batch=2, jobs=0), "jobs must be"),
         (
             lambda: plan_training(
                 small_llama(2),

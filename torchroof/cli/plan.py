@@ -93,6 +93,15 @@ def add_parser(commands: Subparsers) -> None:
         default=DEFAULT_MAX_PLANS,
         help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each is one trace)",
     )
+    cmd.add_argument(
+        "--jobs", type=positive_int, default=1, help="processes pricing layouts (default 1)"
+    )
+    cmd.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="price on the Ray cluster at ADDRESS ('local': one started here with --jobs "
+        "CPUs; needs the torchroof[ray] extra)",
+    )
     cmd.add_argument("--json", metavar="PATH", help="the ranked plans and every reason")
     cmd.add_argument(
         "--emit",
@@ -140,6 +149,8 @@ def run(args: argparse.Namespace) -> None:
         tokens_per_step=args.tokens_per_step,
         space=space,
         max_plans=args.max_plans,
+        jobs=args.jobs,
+        ray_address=args.ray,
         precision=args.precision,
         optimizer=args.optimizer,
         **pricing,

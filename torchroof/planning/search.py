@@ -17,14 +17,14 @@ from typing import Any
 
 from torchroof.api import config_of
 from torchroof.config import PricingOptions, split_knobs
-from torchroof.config.errors import OptionError, first_line
+from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
 from torchroof.planning.space import TrainingSpace, enumerate_training
-from torchroof.prepared import prepare
+from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
-from torchroof.progress import current, reporting, silenced
+from torchroof.progress import current, reporting
 
 DEFAULT_MAX_PLANS = 400
 """Layouts priced at most unless raised: each is one trace of the model's training step."""
@@ -121,6 +121,8 @@ def plan_training(
     space: dict[str, Any] | None = None,
     pricing: PricingOptions | None = None,
     max_plans: int = DEFAULT_MAX_PLANS,
+    jobs: int = 1,
+    ray_address: str | None = None,
     progress: bool = False,
     **knobs: Any,
 ) -> TrainingPlans:
@@ -128,7 +130,11 @@ def plan_training(
     optimizer step of ``global_batch`` sequences of ``seq`` tokens (or ``tokens_per_step``
     tokens). ``space`` narrows what is searched (fields of :class:`TrainingSpace`:
     ``{"tp": (4, 8), "recompute": ("none",)}``); ``knobs`` are the step's other workload
-    fields (``precision``, ``optimizer``, ``dtype``) and pricing options (``mode``, ...)."""
+    fields (``precision``, ``optimizer``, ``dtype``) and pricing options (``mode``, ...).
+    ``jobs`` processes price the layouts, or a Ray cluster at ``ray_address`` (``"local"``:
+    one started here with ``jobs`` CPUs); the result is the same either way."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise OptionError(f"jobs must be a whole number of processes >= 1, got {jobs!r}")
     batch = _global_batch(seq, global_batch, tokens_per_step)
     workload_knobs, pricing_knobs = split_knobs(knobs)
     parallel = sorted(set(workload_knobs) & set(vars(TrainingLayout())))
@@ -168,7 +174,8 @@ def plan_training(
                 f"max_plans={max_plans:,}: narrow the space (tp, pp, cp, recompute, "
                 "schedules, max_micro_batch) or raise max_plans"
             )
-        _price(model, kept, hardware, seq, (workload_knobs, pricing, pricing_knobs), result)
+        options = (workload_knobs, pricing, pricing_knobs)
+        _price(model, kept, hardware, seq, options, result, (jobs, ray_address))
     result.ranked.sort(key=lambda plan: (plan.step_time_s, plan.memory_bytes))
     result.over_memory.sort(key=lambda plan: plan.memory_bytes)
     return result
@@ -181,25 +188,26 @@ def _price(
     seq: int,
     options: tuple[dict[str, Any], PricingOptions | None, dict[str, Any]],
     result: TrainingPlans,
+    workers: tuple[int, str | None] = (1, None),
 ) -> None:
-    """Price each layout (its metrics from one estimate), into ``result``."""
+    """Price each layout (its metrics from one estimate) on ``workers`` (processes, a Ray
+    address), into ``result``."""
     workload_knobs, pricing, pricing_knobs = options
     if not layouts:
         return
+    jobs = [
+        PricingJob(model, layout, seq, hardware, workload_knobs, pricing, pricing_knobs)
+        for layout in layouts
+    ]
     report = current()
     with report.stage(f"pricing {len(layouts):,} training plans", len(layouts), "plans"):
-        for layout in layouts:
-            try:
-                with silenced():
-                    prepared = prepare(model, "train", seq=seq, **workload_knobs, **layout.knobs())
-                    metrics = prepared.metrics(hardware, pricing=pricing, **pricing_knobs)
-            except ValueError as error:  # a refusal of this layout (WorkloadError and kin)
-                result.failed[f"{layout.label()}: {first_line(error)}"] += 1
-                report.advance()
-                continue
-            plan = PricedPlan(layout, metrics)
-            (result.ranked if plan.fits else result.over_memory).append(plan)
+        for layout, priced in zip(layouts, run_jobs(jobs, *workers), strict=True):
             report.advance()
+            if isinstance(priced, str):
+                result.failed[f"{layout.label()}: {priced}"] += 1
+                continue
+            plan = PricedPlan(layout, priced)
+            (result.ranked if plan.fits else result.over_memory).append(plan)
 
 
 def _global_batch(seq: int, global_batch: int | None, tokens_per_step: int | None) -> int:

@@ -1,0 +1,117 @@
+"""What a training plan search costs, against one ``torchroof estimate`` of one plan of the
+same model measured in this run (the target: searching 1,000 plans of Llama-3-70B on 256
+H100s within 20x one estimate).
+
+Each measurement runs in its own process, imports warm:
+
+- ``estimate``: one ``torchroof.estimate`` of FSDP 32 x TP 8 (sequence parallel), 256
+  sequences of 8,192 tokens a step (1 x 8 micro-batches a data rank), on a DGX H100
+  cluster: the reference;
+- ``space``: the whole space enumerated and its memory floors taken (nothing traced);
+- ``search``: ``torchroof.plan`` over a narrowed space (``--tp``, one pipeline size,
+  selective recompute, micro-batches of 1), every layout priced.
+
+    python examples/benchmark_plan.py [--model llama-3-70b --gpus 256 --seq 8192
+        --global-batch 256] [--tp 8] [--jobs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+PLAN = {"tp": 8, "sequence_parallel": True, "fsdp": 32, "batch": 1, "microbatches": 8}
+
+
+def _child(kind: str, args: argparse.Namespace) -> None:
+    import torchroof
+    from torchroof.api import config_of
+    from torchroof.planning.memory_floor import layer_parameters, memory_floor
+    from torchroof.planning.space import TrainingSpace, enumerate_training
+    from torchroof.pricing.hardware import resolve_hardware
+
+    start = time.perf_counter()
+    if kind == "estimate":
+        torchroof.estimate(args.model, "train", hardware=args.hardware, seq=args.seq, **PLAN)
+        print(json.dumps({"seconds": time.perf_counter() - start}))
+        return
+    if kind == "space":
+        config = config_of(args.model)
+        space = TrainingSpace(gpus=args.gpus, seq=args.seq, global_batch=args.global_batch)
+        found = enumerate_training(config, space)
+        counts = layer_parameters(config)
+        spec, _ = resolve_hardware(args.hardware)
+        capacity = spec.hbm_capacity_bytes.value if spec.hbm_capacity_bytes else float("inf")
+        fits = sum(memory_floor(layout, counts) <= capacity for layout in found.layouts)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds, "layouts": len(found.layouts), "kept": fits}))
+        return
+    narrowed = {
+        "tp": tuple(args.tp),
+        "pp": (1,),
+        "cp": (1,),
+        "recompute": ("selective",),
+        "sequence_parallel": (True,),
+        "zero": (0,),
+        "max_micro_batch": 1,
+    }
+    plans = torchroof.plan(
+        args.model,
+        gpus=args.gpus,
+        hardware=args.hardware,
+        seq=args.seq,
+        global_batch=args.global_batch,
+        space=narrowed,
+        jobs=args.jobs,
+    )
+    seconds = time.perf_counter() - start
+    priced = len(plans.ranked) + len(plans.over_memory) + sum(plans.failed.values())
+    print(json.dumps({"seconds": seconds, "priced": priced, "best": plans.best.layout.label()}))
+
+
+def _run(kind: str, argv: list[str]) -> dict:
+    command = [sys.executable, __file__, "--child", kind, *argv]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama-3-70b")
+    parser.add_argument("--hardware", default="dgx-h100")
+    parser.add_argument("--gpus", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=8192)
+    parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--tp", type=int, nargs="+", default=[8])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--child", choices=["estimate", "space", "search"])
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args)
+        return
+    argv = sys.argv[1:]
+    reference = _run("estimate", argv)["seconds"]
+    space = _run("space", argv)
+    search = _run("search", argv)
+    print(f"one estimate of one plan: {reference:.2f} s (the reference)")
+    print(
+        f"the whole space: {space['layouts']:,} layouts, {space['kept']:,} past the memory "
+        f"floor, enumerated in {space['seconds']:.2f} s ({space['seconds'] / reference:.2f}x)"
+    )
+    per_plan = search["seconds"] / search["priced"]
+    print(
+        f"a narrowed search: {search['priced']} plans priced in {search['seconds']:.1f} s "
+        f"({search['seconds'] / reference:.1f}x the estimate, {per_plan / reference:.2f}x a "
+        f"plan); best {search['best']}"
+    )
+    print(
+        f"1,000 plans at that rate: about {1000 * per_plan / reference:,.0f}x the estimate "
+        "(the target is 20x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
