@@ -63,6 +63,31 @@ def test_the_enumeration_counts_by_hand():
     assert len(three.layouts) == 3 * 166
 
 
+def test_choices_are_taken_once_and_what_cannot_apply_is_said():
+    space = TrainingSpace(
+        gpus=2, seq=64, global_batch=4, tp=(1,), cp=(1,), pp=(2,), ep=(2,), zero=(0,),
+        schedules=("interleaved-1f1b",), virtual_stages=(1, 2, 2), recompute=("none", "none"),
+        sequence_parallel=(False,), max_micro_batch=1,
+    )  # fmt: skip
+    assert space.recompute == ("none",) and space.virtual_stages == (1, 2)
+    found = enumerate_training(small_llama(4), space)
+    # one layout: pp 2 interleaved with 2 stages a rank, 4 micro-batches of 1
+    assert [(layout.virtual_stages, layout.microbatches) for layout in found.layouts] == [(2, 4)]
+    assert found.rejected["ep=2: the model has no routed experts to shard"] == 1
+    assert any("at least 2 stages per rank" in reason for reason in found.rejected)
+
+
+def test_layouts_no_layout_can_price_are_said_as_failures():
+    # Muon's step is not traced on sharded parameters yet: every layout fails when priced
+    found = plan_training(
+        small_llama(2), 2, "dgx-h100", seq=64, global_batch=2, optimizer="muon",
+        space={**TWO_GPUS, "tp": (2,), "max_micro_batch": 1},
+    )  # fmt: skip
+    assert not found.ranked and sum(found.failed.values()) == 1
+    with pytest.raises(OptionError, match="no layout could be priced: 1 failed"):
+        _ = found.best
+
+
 def test_a_global_batch_that_does_not_split_is_said():
     space = TrainingSpace(gpus=4, seq=64, global_batch=2, **TWO_GPUS)
     found = enumerate_training(small_llama(2), space)
@@ -85,6 +110,9 @@ def test_the_memory_floor_by_hand():
     assert memory_floor(TrainingLayout(fsdp=2), counts) == 12 * LAYER  # sharded over 2
     assert memory_floor(TrainingLayout(dp=2, zero=1), counts) == 12 * LAYER  # ZeRO shards them
     assert memory_floor(TrainingLayout(pp=2), counts) == 12 * LAYER  # one layer a stage
+    # FSDP shards over the data and context ranks together: cp 2 holds half of each layer
+    assert memory_floor(TrainingLayout(cp=2), counts) == 12 * LAYER
+    assert memory_floor(TrainingLayout(dp=2, zero=1, cp=2), counts) == 12 * LAYER // 2
     # bf16 throughout: 2 B weights whole on each replica, moments 2 x 2 B sharded by ZeRO
     assert memory_floor(TrainingLayout(dp=2, zero=1), counts, "bf16") == 2 * 2 * LAYER + 4 * LAYER
     assert memory_floor(TrainingLayout(dp=2), counts, "mixed", "sgd") == 4 * 2 * LAYER
@@ -194,10 +222,11 @@ def test_plans_that_cannot_fit_are_pruned_or_kept_apart(tmp_path):
     box.write_text(SMALL_BOX)
     found = plan_training(small_llama(2), 2, box, seq=128, global_batch=2, space=TWO_GPUS)
     # floors at 4 MiB = 4,194,304 B: 12 B a parameter of the layers rank 0 holds
-    # - dp 2 with ZeRO 0 and cp 2 (x 2 micro-batches) hold both layers whole: 12 x 369,152
-    #   = 4,429,824 B > 4 MiB, pruned before pricing;
-    # - the 6 others shard or stage them to 2,214,912 B and are priced, over 4 MiB
-    assert found.pruned == 3 and len(found.over_memory) == 6 and not found.ranked
+    # - dp 2 with ZeRO 0 holds both layers whole: 12 x 369,152 = 4,429,824 B > 4 MiB,
+    #   pruned before pricing;
+    # - the 8 others shard (fsdp, cp, tp, ZeRO) or stage them to 2,214,912 B and are
+    #   priced, each over 4 MiB once its activations are counted
+    assert found.pruned == 1 and len(found.over_memory) == 8 and not found.ranked
     with pytest.raises(OptionError, match="no layout fits: the least memory is"):
         _ = found.best
 
@@ -232,18 +261,20 @@ def test_the_cli_writes_the_best_plan_for_torchtitan(tmp_path):
     job = tmp_path / "job.toml"
     argv = ["plan", str(model), "--gpus", "8", "--seq", "128", "--global-batch", "8"]
     argv += ["--tp", "2", "--pp", "1", "--cp", "1", "--recompute", "none", "--quiet"]
-    argv += ["--no-sequence-parallel", "--max-micro-batch", "1", "--emit", "torchtitan"]
+    argv += ["--max-micro-batch", "1", "--emit", "torchtitan"]
     argv += ["--titan-model", "llama3:debugmodel", "-o", str(job)]
     assert main(argv) == 0
     written = tomllib.loads(job.read_text())
     # tp 2 leaves 4 data ranks for 8 sequences: 2 a rank, one at a time (2 micro-batches);
-    # ZeRO-1/2 left out for torchtitan, so the data ranks are all replicas, all shards, or
-    # 2 x 2; whichever is fastest, they multiply to 4 and the global batch is 8
+    # for torchtitan, sequence parallel only and no ZeRO-1/2, so the data ranks are all
+    # replicas, all shards, or 2 x 2; whichever is fastest, they multiply to 4, the global
+    # batch is 8, and no note about sequence parallel is written
     parallel = written["parallelism"]
     assert parallel["tensor_parallel_degree"] == 2
     assert parallel["data_parallel_shard_degree"] * parallel["data_parallel_replicate_degree"] == 4
     assert written["training"]["global_batch_size"] == 8 and written["training"]["seq_len"] == 128
     assert written["model"] == {"name": "llama3", "flavor": "debugmodel"}
+    assert "sequence parallel" not in job.read_text()
 
 
 def test_bad_input_is_one_line(capsys):
@@ -264,6 +295,17 @@ def test_bad_input_is_one_line(capsys):
             "recompute must",
         ),
         (lambda: torchroof.plan(small_llama(2), "decode"), "covers training layouts"),
+        (lambda: torchroof.plan(small_llama(2), global_batch=2), "give gpus=N"),
+        (
+            lambda: plan_training(small_llama(2), 2, global_batch=2, checkpointing=True),
+            "checkpointing: the search chooses it",
+        ),
+        (lambda: plan_training(small_llama(2), 2, global_batch=2, precision="fp8"), "fp8"),
+        (lambda: plan_training(small_llama(2), 2, global_batch=2, space={"tpp": 1}), "not tpp"),
+        (
+            lambda: TrainingSpace(gpus=2, seq=1, global_batch=1, recompute="none"),
+            "recompute takes a list of choices",
+        ),
         (lambda: plan_training(small_llama(2), 2, global_batch=2, jobs=0), "jobs must be"),
         (
             lambda: plan_training(

@@ -76,7 +76,9 @@ def add_parser(commands: Subparsers) -> None:
         "--schedules", type=_names, metavar="1f1b,...", help="pipeline schedules to try"
     )
     cmd.add_argument(
-        "--no-sequence-parallel", action="store_true", help="tensor parallel without SP only"
+        "--no-sequence-parallel",
+        action="store_true",
+        help="tensor parallel without SP only (with --emit, SP only: torchtitan's way)",
     )
     cmd.add_argument(
         "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
@@ -135,8 +137,19 @@ def run(args: argparse.Namespace) -> None:
         space["schedules"] = args.schedules
     if args.no_sequence_parallel:
         space["sequence_parallel"] = (False,)
-    if args.emit:  # torchtitan shards data ranks with FSDP2 / HSDP, no ZeRO-1/2 over DDP
-        space["zero"] = (0,)
+    if args.emit and args.no_sequence_parallel:
+        raise ValueError(
+            "--emit and --no-sequence-parallel conflict: torchtitan applies sequence parallel "
+            "with every tensor-parallel degree"
+        )
+    if args.emit:  # what torchtitan runs: FSDP2 / HSDP (no ZeRO-1/2 over DDP), and
+        space["zero"] = (0,)  # sequence parallel with every tensor-parallel degree
+        space["sequence_parallel"] = (True,)
+        if args.gpus % gpus_per_node and args.gpus > gpus_per_node:
+            raise ValueError(
+                f"--emit launches whole nodes: {args.gpus} GPUs do not fill nodes of "
+                f"{gpus_per_node}"
+            )
     pricing: dict[str, Any] = {"mode": args.mode}
     if args.runtime:
         pricing["runtime"] = args.runtime
@@ -217,15 +230,18 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
                 f"{plan.step_time_s * 1e3:,.1f}",
                 f"{plan.metrics['tokens_per_s_per_gpu']:,.0f}",
                 f"{plan.metrics['mfu']:.1%}" if plan.metrics.get("mfu") is not None else "-",
-                f"{plan.memory_bytes / 2**30:.1f}",
+                f"{plan.memory_bytes / 2**30:.2f}",
                 f"{plan.metrics['exposed_communication_s'] * 1e3:,.1f}",
             ]
             for rank, plan in enumerate(plans.ranked[:top], 1)
         ]
         headers = ["#", "layout", "step ms", "tok/s/GPU", "MFU", "GiB/GPU", "exposed comm ms"]
         lines.append(tabulate(rows, headers=headers))
-        front = ", ".join(str(plans.ranked.index(p) + 1) for p in plans.pareto())
-        lines.append(f"fastest for the memory they need (throughput vs memory front): #{front}")
+        front = [plans.ranked.index(p) + 1 for p in plans.pareto()]
+        shown = ", ".join(f"#{rank}" for rank in front if rank <= top)
+        beyond = sum(rank > top for rank in front)
+        more = f" and {beyond} more below the top {top}" if beyond else ""
+        lines.append(f"throughput vs memory front (none both faster and smaller): {shown}{more}")
     else:
         lines.append(plans.nothing_fits())  # what a caller of the API prints
     lines.append(

@@ -21,6 +21,8 @@ def plan(model: Any = DEFAULT_MODEL, regime: str = "train", **options: Any) -> T
             f"plan search covers training layouts so far, not regime {regime!r}: for serving, "
             "torchroof.serving.highest_rate prices one deployment at a time"
         )
+    if "gpus" not in options:
+        raise OptionError("give gpus=N: the GPUs to lay the training step out on")
     return plan_training(model, **options)
 
 

@@ -65,7 +65,7 @@ class TrainingLayout:
             out["zero"] = self.zero
         if self.pp > 1:
             out["pp_schedule"] = self.pp_schedule
-            if self.virtual_stages > 1:
+            if self.pp_schedule not in ("gpipe", "1f1b"):  # stages a rank holds, as given
                 out["virtual_stages"] = self.virtual_stages
         if self.recompute != "none":
             out["checkpointing"] = True

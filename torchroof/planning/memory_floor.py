@@ -4,8 +4,10 @@ before it is priced.
 
 Rank 0 holds the decoder layers of its pipeline stages: under a split of L layers into
 p x v stages (the remainder to the first stages, as transformers and torchtitan split),
-at least v x floor(L / (p x v)) of them, each parameter split at most tp x fsdp ways (x ep
-for a MoE's experts, counted as if every parameter were an expert's: a bound from below).
+at least v x floor(L / (p x v)) of them, each parameter split at most tp x fsdp x cp ways
+(FSDP shards over the data and context ranks together, as torchtitan's ``dp_shard_cp``;
+x ep for a MoE's experts, counted as if every parameter were an expert's: a bound from
+below).
 Per parameter it keeps at least its weights (fp32 masters under mixed precision, else the
 precision's width; Micikevicius et al. 2018, "Mixed Precision Training") and, for Adam
 and SGD with momentum, the optimizer's moments (fp32 under mixed precision; torch.optim
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from torchroof.config.errors import OptionError
 from torchroof.models.sources import build_model
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.workloads.train import FUSED_OPTIMIZERS
@@ -65,9 +68,11 @@ def memory_floor(
         return 0
     stages = layout.pp * layout.virtual_stages
     held = layout.virtual_stages * (counts.layers // stages)
-    split = layout.tp * layout.fsdp * layout.ep
+    split = layout.tp * layout.fsdp * layout.cp * layout.ep  # FSDP shards over fsdp x cp
     parameters = counts.parameters * held // counts.layers // split
-    width = PRECISION_BYTES[precision]
+    width = PRECISION_BYTES.get(precision)
+    if width is None:
+        raise OptionError(f"unknown precision {precision!r} (known: {', '.join(PRECISION_BYTES)})")
     replicas = layout.dp if layout.zero >= 1 else 1  # ZeRO shards optimizer state over them
     # mixed precision's fp32 masters are optimizer state (ZeRO shards them); otherwise the
     # parameters themselves, whole on every replica

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchroof.api import config_of
-from torchroof.config import PricingOptions, split_knobs
+from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import TrainingLayout
@@ -25,6 +25,18 @@ from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.progress import current, reporting
+
+SEARCHED = frozenset(
+    {
+        *TrainingLayout.__dataclass_fields__,
+        "pp_schedule",
+        "checkpointing",
+        "checkpoint_policy",
+    }
+) - {"recompute"}
+"""Workload fields a layout sets: the search chooses them."""
+SET_HERE = frozenset({"gpus", "seq", "global_batch"})
+"""Space fields given as plan_training's own arguments."""
 
 DEFAULT_MAX_PLANS = 400
 """Layouts priced at most unless raised: each is one trace of the model's training step."""
@@ -86,6 +98,12 @@ class TrainingPlans:
                 f"no layout fits: the weights and optimizer state of all {self.pruned:,} "
                 f"exceed the {self.capacity_bytes / 2**30:.1f} GiB a GPU has"
             )
+        if self.failed:
+            reason, count = self.failed.most_common(1)[0]
+            return (
+                f"no layout could be priced: {sum(self.failed.values()):,} failed ({count:,}: "
+                f"{reason})"
+            )
         reasons = "; ".join(reason for reason, _ in self.rejected.most_common(3))
         return f"no layout to price: every one was refused ({reasons or 'none enumerated'})"
 
@@ -137,11 +155,18 @@ def plan_training(
         raise OptionError(f"jobs must be a whole number of processes >= 1, got {jobs!r}")
     batch = _global_batch(seq, global_batch, tokens_per_step)
     workload_knobs, pricing_knobs = split_knobs(knobs)
-    parallel = sorted(set(workload_knobs) & set(vars(TrainingLayout())))
-    if parallel or "batch" in workload_knobs or "microbatches" in workload_knobs:
+    chosen = sorted(set(workload_knobs) & SEARCHED)
+    if chosen:
         raise OptionError(
-            f"{', '.join(parallel or ['batch'])} is what the search chooses: narrow it with "
-            "space={...} instead"
+            f"{', '.join(chosen)}: the search chooses it; narrow it with space={{...}} "
+            f"({', '.join(TrainingSpace.__dataclass_fields__)}) instead"
+        )
+    Workload(regime="train", seq=seq, **workload_knobs)  # a bad precision, ... in one line
+    unknown = sorted(set(space or {}) - set(TrainingSpace.__dataclass_fields__) - SET_HERE)
+    if unknown or set(space or {}) & SET_HERE:
+        raise OptionError(
+            f"space takes {', '.join(sorted(set(TrainingSpace.__dataclass_fields__) - SET_HERE))}"
+            f", not {', '.join(unknown or sorted(set(space or {}) & SET_HERE))}"
         )
     settings = TrainingSpace(gpus=gpus, seq=seq, global_batch=batch, **(space or {}))
     spec, _ = resolve_hardware(hardware)
@@ -149,9 +174,9 @@ def plan_training(
         raise OptionError(f"{spec.name} states no memory capacity: no layout can be checked")
     capacity = int(spec.hbm_capacity_bytes.value)
     config = config_of(model)
-    name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+    name = _name(model, config)
     with reporting(progress):
-        enumeration = enumerate_training(config, settings, name)
+        enumeration = enumerate_training(config, settings, name, workload_knobs)
         counts = layer_parameters(config)
         precision = workload_knobs.get("precision", "mixed")
         optimizer = workload_knobs.get("optimizer", "adamw")
@@ -204,10 +229,17 @@ def _price(
         for layout, priced in zip(layouts, run_jobs(jobs, *workers), strict=True):
             report.advance()
             if isinstance(priced, str):
-                result.failed[f"{layout.label()}: {priced}"] += 1
+                result.failed[priced] += 1  # the same refusal of many layouts counted once
                 continue
             plan = PricedPlan(layout, priced)
             (result.ranked if plan.fits else result.over_memory).append(plan)
+
+
+def _name(model: Any, config: Any) -> str:
+    """What refusals call the model: its name or path, else its config's."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    return str(getattr(config, "name_or_path", "") or getattr(config, "model_type", "the model"))
 
 
 def _global_batch(seq: int, global_batch: int | None, tokens_per_step: int | None) -> int:

@@ -27,6 +27,19 @@ from torchroof.parallel.tensor import check_tensor_parallel
 from torchroof.planning.layouts import RECOMPUTE, TrainingLayout
 from torchroof.workloads.parallel_step import check_plan
 
+LISTED = (
+    "tp",
+    "sequence_parallel",
+    "cp",
+    "pp",
+    "schedules",
+    "virtual_stages",
+    "ep",
+    "zero",
+    "recompute",
+)
+"""The :class:`TrainingSpace` fields that list choices."""
+
 DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b")
 """The pipeline schedules searched unless others are given: torchtitan's default and its
 interleaved form (two stages a rank)."""
@@ -54,6 +67,16 @@ class TrainingSpace:
     recompute: tuple[str, ...] = RECOMPUTE
 
     def __post_init__(self) -> None:
+        for name in LISTED:  # each choice once, in the order given
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or (
+                value is not None and not isinstance(value, (tuple, list))
+            ):
+                raise OptionError(
+                    f"{name} takes a list of choices, e.g. ({value!r},), got {value!r}"
+                )
+            if value is not None:
+                object.__setattr__(self, name, tuple(dict.fromkeys(value)))
         for name in ("gpus", "seq", "global_batch", "max_micro_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -82,7 +105,8 @@ class TrainingSpace:
 @dataclass
 class Enumeration:
     """The layouts to price, and each left-out family's reason with how many times it
-    held (a family: every layout under one refused choice, counted once)."""
+    held: a size, schedule or batch split refused counts once for every layout under it;
+    a layout the workload checks refuse counts once itself."""
 
     layouts: list[TrainingLayout] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
@@ -113,9 +137,15 @@ def model_facts(config: Any) -> ModelFacts:
     return ModelFacts(layers, experts)
 
 
-def enumerate_training(config: Any, space: TrainingSpace, name: str = "the model") -> Enumeration:
+def enumerate_training(
+    config: Any,
+    space: TrainingSpace,
+    name: str = "the model",
+    workload: dict[str, Any] | None = None,
+) -> Enumeration:
     """Every layout of ``space`` that ``config``'s model can run, and the reasons for the
-    rest (:class:`Enumeration`)."""
+    rest (:class:`Enumeration`); ``workload`` holds the step's other fields (precision,
+    optimizer, ...), checked with each layout."""
     facts = model_facts(config)
     out = Enumeration()
     for tp in _sizes("tp", space.tp, space.gpus, out):
@@ -132,7 +162,7 @@ def enumerate_training(config: Any, space: TrainingSpace, name: str = "the model
                 if pp > facts.layers:
                     out.reject(f"pp={pp} exceeds the {facts.layers} decoder layers")
                     continue
-                _data_layouts(config, space, facts, (tp, cp, pp), out, name)
+                _data_layouts(config, space, facts, (tp, cp, pp), out, (name, workload or {}))
     return out
 
 
@@ -142,7 +172,7 @@ def _data_layouts(
     facts: ModelFacts,
     sizes: tuple[int, int, int],
     out: Enumeration,
-    name: str,
+    named: tuple[str, dict[str, Any]],
 ) -> None:
     """The layouts of one (tp, cp, pp): each split of the data ranks, micro-batch,
     schedule, expert-parallel size, sequence parallel and recompute."""
@@ -168,17 +198,20 @@ def _data_layouts(
                                 tp, sp, cp, pp, schedule, stages, ep, fsdp, dp, zero,
                                 micro, per_rank // micro, recompute,
                             )  # fmt: skip
-                            problem = check_layout(config, layout, space.seq, name)
+                            problem = check_layout(config, layout, space.seq, *named)
                             if problem is None:
                                 out.layouts.append(layout)
                             else:
                                 out.reject(problem)
 
 
-def check_layout(config: Any, layout: TrainingLayout, seq: int, name: str) -> str | None:
-    """Why :func:`torchroof.estimate` would refuse ``layout`` (its first line), or None."""
+def check_layout(
+    config: Any, layout: TrainingLayout, seq: int, name: str, fields: dict[str, Any]
+) -> str | None:
+    """Why :func:`torchroof.estimate` would refuse ``layout`` with the step's other
+    ``fields`` (its first line), or None."""
     try:
-        workload = Workload(regime="train", seq=seq, **layout.knobs())
+        workload = Workload(regime="train", seq=seq, **fields, **layout.knobs())
         check_plan(config, workload, name)
         if layout.pp > 1:  # torch's schedule takes these micro-batches over these stages
             pipeline_order(workload, trains=True)
@@ -208,6 +241,9 @@ def _expert_sizes(
     """Expert-parallel sizes: 1 for a dense model; for a MoE, multiples of tp dividing both
     its experts and the ``ranks`` (data x cp x tp) they borrow."""
     if not facts.experts:
+        for ep in space.ep or ():
+            if ep > 1:
+                out.reject(f"ep={ep}: the model has no routed experts to shard")
         yield 1
         return
     for ep in space.ep or _divisors(ranks):

@@ -62,6 +62,11 @@ def check_trainable(layout: TrainingLayout) -> None:
             f"{layout.label()}: torchtitan's expert parallel borrows fsdp x cp x tp ranks "
             f"({layout.fsdp * layout.cp * layout.tp}), which ep {layout.ep} does not divide"
         )
+    if layout.ep > 1 and layout.ep % (layout.cp * layout.tp):
+        raise OptionError(  # expert_tensor_parallel_degree 1: ep spans whole cp x tp groups
+            f"{layout.label()}: torchtitan asks ep {layout.ep} to be a multiple of cp x tp "
+            f"({layout.cp * layout.tp}) (torchtitan/distributed/parallel_dims.py)"
+        )
 
 
 def nodes(layout: TrainingLayout, gpus_per_node: int) -> tuple[int, int]:
