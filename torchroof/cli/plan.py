@@ -1,5 +1,6 @@
-"""``torchroof plan``: the fastest training layouts of a model on N GPUs, ranked, with why
-every family left out was left out."""
+"""``torchroof plan``: the fastest training layouts of a model on N GPUs, or with
+``--serve`` the serving layouts on up to N GPUs that meet latency targets at a load
+(:mod:`torchroof.cli.plan_serve`), ranked, with why every family left out was left out."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 from tabulate import tabulate
 
 from torchroof.cli.common import Subparsers, add_quiet, positive_int, writable, wrote
+from torchroof.cli.plan_serve import add_serving_flags, check_flags, run_serving
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
-from torchroof.planning.emit import TRAINING_EMITTERS, emit_training
+from torchroof.planning.emit import EMITTERS, emit_training
 from torchroof.planning.layouts import RECOMPUTE
 from torchroof.planning.search import DEFAULT_MAX_PLANS, TrainingPlans, plan_training
 from torchroof.pricing.hardware import resolve_hardware
@@ -46,19 +48,24 @@ def add_parser(commands: Subparsers) -> None:
     """The ``plan`` command and its flags."""
     cmd = commands.add_parser(
         "plan",
-        help="search the training layouts of a model on N GPUs, fastest first",
-        usage="%(prog)s [model] --gpus N (--global-batch B | --tokens-per-step K) [options]",
+        help="search the training layouts of a model on N GPUs, fastest first; with --serve, "
+        "the fewest GPUs serving a load within latency targets",
+        usage="%(prog)s [model] --gpus N (--global-batch B | --tokens-per-step K) [options]\n"
+        "       %(prog)s [model] --serve (--rate R | --concurrency C) [--ttft-ms X] "
+        "[--tpot-ms Y] [--gpus-max N] [options]",
     )
     cmd.add_argument(
         "model", nargs="?", default=DEFAULT_MODEL, help=f"as for estimate (default {DEFAULT_MODEL})"
     )
-    cmd.add_argument("--regime", default="train", choices=("train",), help="the step searched")
-    cmd.add_argument("--gpus", type=positive_int, required=True, help="GPUs to lay out")
+    cmd.add_argument(
+        "--regime", default="train", choices=("train", "serve"), help="serve: as --serve"
+    )
+    cmd.add_argument("--gpus", type=positive_int, help="GPUs to lay out (training)")
     cmd.add_argument(
         "--hardware", default=DEFAULT_CLUSTER, help=f"cluster (default {DEFAULT_CLUSTER})"
     )
     cmd.add_argument("--seq", type=positive_int, default=4096, help="tokens per sequence")
-    batch = cmd.add_mutually_exclusive_group(required=True)
+    batch = cmd.add_mutually_exclusive_group()
     batch.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
     batch.add_argument("--tokens-per-step", type=positive_int, help="tokens per optimizer step")
     for name in ("tp", "cp", "pp", "ep"):
@@ -107,9 +114,10 @@ def add_parser(commands: Subparsers) -> None:
     cmd.add_argument("--json", metavar="PATH", help="the ranked plans and every reason")
     cmd.add_argument(
         "--emit",
-        choices=TRAINING_EMITTERS,
+        choices=EMITTERS,
         help="write the best plan as torchtitan's job TOML or the torchrun line launching it "
-        "(searches only layouts torchtitan runs: no ZeRO-1/2 over plain data parallel)",
+        "(searches only layouts torchtitan runs: no ZeRO-1/2 over plain data parallel); "
+        "with --serve, as the vllm or sglang command",
     )
     cmd.add_argument("-o", "--output", metavar="PATH", help="where --emit writes (default: print)")
     cmd.add_argument(
@@ -118,11 +126,16 @@ def add_parser(commands: Subparsers) -> None:
         help="with --emit: torchtitan's model name and flavor, e.g. llama3:70B (default: "
         "known for the shipped Llama 3 configs)",
     )
+    add_serving_flags(cmd, _sizes, _names)
     add_quiet(cmd)
 
 
 def run(args: argparse.Namespace) -> None:
     writable(args.json, args.output)
+    check_flags(args)
+    if args.serve or args.regime == "serve":
+        run_serving(args)
+        return
     titan = _titan_names(args) if args.emit else None  # before any tracing
     gpus_per_node = _gpus_per_node(args.hardware) if args.emit else 0
     space: dict[str, Any] = {

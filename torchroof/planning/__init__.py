@@ -1,5 +1,6 @@
-"""Plan search: the layouts a model can train with on N GPUs, each priced as an estimate
-prices it, ranked, with the reason every left-out family was left out."""
+"""Plan search: the layouts a model can train with on N GPUs, or be served with on up to N
+GPUs, each priced as an estimate or a serving simulation prices it, ranked, with the reason
+every left-out family was left out."""
 
 from __future__ import annotations
 
@@ -9,30 +10,45 @@ from torchroof.config.errors import OptionError
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.planning.layouts import ServingLayout, TrainingLayout
 from torchroof.planning.search import PricedPlan, TrainingPlans, plan_training
+from torchroof.planning.serving_search import ServedPlan, ServingPlans, plan_serving
+from torchroof.planning.serving_space import ServingSpace, enumerate_serving
 from torchroof.planning.space import TrainingSpace, enumerate_training
 
+REGIMES = ("train", "serve")
 
-def plan(model: Any = DEFAULT_MODEL, regime: str = "train", **options: Any) -> TrainingPlans:
-    """The fastest layouts of ``model`` for ``regime`` (``train``): :func:`plan_training`
-    with ``options`` (``gpus``, ``hardware``, ``seq``, ``global_batch`` or
-    ``tokens_per_step``, ``space``, ...)."""
-    if regime != "train":
-        raise OptionError(
-            f"plan search covers training layouts so far, not regime {regime!r}: for serving, "
-            "torchroof.serving.highest_rate prices one deployment at a time"
-        )
-    if "gpus" not in options:
-        raise OptionError("give gpus=N: the GPUs to lay the training step out on")
-    return plan_training(model, **options)
+
+def plan(
+    model: Any = DEFAULT_MODEL, regime: str = "train", **options: Any
+) -> TrainingPlans | ServingPlans:
+    """The best layouts of ``model`` for ``regime``: ``train``, :func:`plan_training` with
+    ``options`` (``gpus``, ``hardware``, ``seq``, ``global_batch`` or ``tokens_per_step``,
+    ``space``, ...); ``serve``, :func:`plan_serving` (``hardware``, ``rate`` or
+    ``concurrency``, ``requests``, ``input_len``, ``output_len``, ``ttft_s``, ``tpot_s``,
+    ``gpus_max``, ``space``, ...)."""
+    if regime == "train":
+        if "gpus" not in options:
+            raise OptionError("give gpus=N: the GPUs to lay the training step out on")
+        return plan_training(model, **options)
+    if regime == "serve":
+        return plan_serving(model, **options)
+    raise OptionError(
+        f"plan search covers training layouts (regime 'train') and serving layouts (regime "
+        f"'serve'), not regime {regime!r}"
+    )
 
 
 __all__ = [
     "PricedPlan",
+    "ServedPlan",
     "ServingLayout",
+    "ServingPlans",
+    "ServingSpace",
     "TrainingLayout",
     "TrainingPlans",
     "TrainingSpace",
+    "enumerate_serving",
     "enumerate_training",
     "plan",
+    "plan_serving",
     "plan_training",
 ]

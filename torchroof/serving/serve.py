@@ -91,7 +91,7 @@ def serve(
     of replicas (:mod:`torchroof.serving.disaggregated`); ``prefill`` and ``decode`` give
     each side's own workload and engine knobs (``{"tp": 4}``, ``{"max_num_seqs": 128}``).
     """
-    batch = _requests(
+    batch = load_requests(
         requests, rate, concurrency, (input_len, output_len, prefixes), burstiness, random_state
     )
     _check_speculative(speculative)  # before anything is traced
@@ -104,7 +104,8 @@ def serve(
         split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
         check_disaggregated(batch, (split[0].engine, split[1].engine), hardware)  # untraced
         timers = tuple(
-            _timer(model, hardware, side.knobs, pricing, exact_up_to, progress) for side in split
+            deployment_timer(model, hardware, side.knobs, pricing, exact_up_to, progress)
+            for side in split
         )
         with reporting(progress):
             return simulate_disaggregated(
@@ -115,7 +116,7 @@ def serve(
                 concurrency=concurrency,
                 router=router,
             )
-    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
         return simulate(
@@ -161,7 +162,7 @@ def highest_rate(
     _refuse_sides(knobs, "a rate search")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
-    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
         return search_rate(
@@ -239,7 +240,7 @@ def serve_rates(
     _refuse_sides(knobs, "serving a list of rates")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
-    timer = _timer(model, hardware, knobs, pricing, exact_up_to, progress)
+    timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
         return load_curve(
@@ -265,7 +266,7 @@ def _unit_rate(
     """The requests arriving at a mean of 1 per second: drawn so, or given with their own
     times (a file's), shifted to start at 0 and scaled; given without times, drawn so."""
     if isinstance(requests, int) and not isinstance(requests, bool):
-        return _requests(requests, 1.0, None, drawn, burstiness, random_state)
+        return load_requests(requests, 1.0, None, drawn, burstiness, random_state)
     _check_burstiness(burstiness)
     given = _given(requests, drawn[2])
     times = [r.arrival_s for r in given]
@@ -280,7 +281,7 @@ def _unit_rate(
     return [replace(r, arrival_s=((r.arrival_s or 0.0) - first) / gap) for r in given]
 
 
-def _timer(
+def deployment_timer(
     model: Any,
     hardware: str | Path | HardwareSpec | ClusterSpec,
     knobs: dict[str, Any],
@@ -341,7 +342,7 @@ def _check_speculative(speculative: object) -> Acceptance | None:
     return speculative.rates()
 
 
-def _requests(
+def load_requests(
     requests: int | str | Path | Sequence[Request],
     rate: float | None,
     concurrency: int | None,
