@@ -68,29 +68,7 @@ def add_parser(commands: Subparsers) -> None:
     batch = cmd.add_mutually_exclusive_group()
     batch.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step")
     batch.add_argument("--tokens-per-step", type=positive_int, help="tokens per optimizer step")
-    for name in ("tp", "cp", "pp", "ep"):
-        cmd.add_argument(
-            f"--{name}", type=_sizes, metavar="1,2,4", help=f"{name} sizes to try (default all)"
-        )
-    cmd.add_argument(
-        "--recompute",
-        type=_names,
-        default=RECOMPUTE,
-        metavar=",".join(RECOMPUTE),
-        help="activation recomputation to try (default all three)",
-    )
-    cmd.add_argument(
-        "--schedules", type=_names, metavar="1f1b,...", help="pipeline schedules to try"
-    )
-    cmd.add_argument(
-        "--no-sequence-parallel",
-        action="store_true",
-        help="tensor parallel without SP only (with --emit, SP only: torchtitan's way)",
-    )
-    cmd.add_argument(
-        "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
-    )
-    cmd.add_argument("--max-micro-batch", type=positive_int, default=8, help="(default 8)")
+    _space_flags(cmd)
     cmd.add_argument("--precision", choices=PRECISIONS, default="mixed")
     cmd.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     cmd.add_argument("--mode", choices=TIMING_MODES, default="roofline")
@@ -128,6 +106,33 @@ def add_parser(commands: Subparsers) -> None:
     )
     add_serving_flags(cmd, _sizes, _names)
     add_quiet(cmd)
+
+
+def _space_flags(cmd: argparse.ArgumentParser) -> None:
+    """The flags that narrow the training space."""
+    for name in ("tp", "cp", "pp", "ep"):
+        cmd.add_argument(
+            f"--{name}", type=_sizes, metavar="1,2,4", help=f"{name} sizes to try (default all)"
+        )
+    cmd.add_argument(
+        "--recompute",
+        type=_names,
+        default=RECOMPUTE,
+        metavar=",".join(RECOMPUTE),
+        help="activation recomputation to try (default all three)",
+    )
+    cmd.add_argument(
+        "--schedules", type=_names, metavar="1f1b,...", help="pipeline schedules to try"
+    )
+    cmd.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="tensor parallel without SP only (with --emit, SP only: torchtitan's way)",
+    )
+    cmd.add_argument(
+        "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
+    )
+    cmd.add_argument("--max-micro-batch", type=positive_int, default=8, help="(default 8)")
 
 
 def run(args: argparse.Namespace) -> None:
