@@ -14,6 +14,7 @@ stages), so a layout listed here is one an estimate takes.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 from torchroof.config import Workload
 from torchroof.config.choices import INTERLEAVED, PIPELINE_SCHEDULES, SINGLE_STAGE
 from torchroof.config.errors import OptionError, WorkloadError
-from torchroof.parallel.pipeline.trace import pipeline_order
+from torchroof.parallel.pipeline.schedule import action_order
 from torchroof.parallel.tensor import check_tensor_parallel
 from torchroof.planning.layouts import RECOMPUTE, TrainingLayout
 from torchroof.workloads.parallel_step import check_plan
@@ -213,9 +214,22 @@ def check_layout(
     try:
         workload = Workload(regime="train", seq=seq, **fields, **layout.knobs())
         check_plan(config, workload, name)
-        if layout.pp > 1:  # torch's schedule takes these micro-batches over these stages
-            pipeline_order(workload, trains=True)
     except (WorkloadError, OptionError, ValueError) as error:
+        return str(error).splitlines()[0]
+    if layout.pp > 1:  # torch's schedule takes these micro-batches over these stages
+        return _schedule_refusal(
+            workload.pp_schedule, layout.pp, layout.microbatches, workload.virtual_stages
+        )
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule_refusal(schedule: str, pp: int, microbatches: int, stages: int) -> str | None:
+    """What torch's pipeline schedule says of ``pp`` ranks, ``microbatches`` and ``stages``
+    a rank (its refusal's first line), or None; built once per combination."""
+    try:
+        action_order(schedule, pp, microbatches, stages)
+    except ValueError as error:
         return str(error).splitlines()[0]
     return None
 
