@@ -23,7 +23,7 @@ import torchroof
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError
 from torchroof.planning import plan_serving, serving_search
-from torchroof.planning.serving_space import ServingSpace, enumerate_serving
+from torchroof.planning.serving_space import ServingSpace, enumerate_serving, serving_space
 from torchroof.serving import EngineConfig
 
 LOAD = dict(rate=10_000.0, requests=40, input_len="uniform:64,512", output_len=64)
@@ -187,6 +187,11 @@ def test_the_cli_writes_json_and_the_best_plan_as_a_vllm_command(tmp_path, capsy
     assert int(args[args.index("--max-model-len") + 1]) <= 512 + 64
 
 
+def test_each_choice_is_simulated_once():
+    space = serving_space(4, 8, {"max_num_seqs": [64, 64], "replicas": (1, 1)})
+    assert space.max_num_seqs == (64,) and space.replicas == (1,)
+
+
 def test_bad_input_is_one_line(capsys):
     model = small_llama(2)
     cases = [
@@ -205,6 +210,13 @@ def test_bad_input_is_one_line(capsys):
             "price it on a cluster",
         ),
         (lambda: torchroof.plan(model, "decode"), "not regime 'decode'"),
+        # pricing options and the router are checked before anything is traced
+        (lambda: plan_serving(model, rate=1.0, ttft_s=1.0, mode="bogus"), "bogus"),
+        (lambda: plan_serving(model, rate=1.0, ttft_s=1.0, router="random"), "unknown router"),
+        (
+            lambda: plan_serving(model, rate=1.0, ttft_s=1.0, space={"chunked_prefill": True}),
+            "chunked_prefill takes a list of choices",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(OptionError, match=message) as caught:
@@ -215,6 +227,12 @@ def test_bad_input_is_one_line(capsys):
         (["plan", "--gpus", "4", "--global-batch", "4", "--rate", "1"], "add --serve"),
         (["plan", "--serve", "--rate", "1", "--emit", "torchrun"], "--emit takes vllm or sglang"),
         (["plan", "--global-batch", "4"], "needs --gpus N (training), or --serve"),
+        (["plan", "--serve", "--rate", "1", "--ttft-ms", "9", "--jobs", "2"], "simulates here"),
+        # every layout refused (tp 8 is above gpus_max 2): said, exit 2
+        (
+            ["plan", "--serve", "--rate", "1", "--ttft-ms", "9", "--tp", "8", "--gpus-max", "2"],
+            "every one was refused",
+        ),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -95,7 +95,8 @@ def add_parser(commands: Subparsers) -> None:
         choices=EMITTERS,
         help="write the best plan as torchtitan's job TOML or the torchrun line launching it "
         "(searches only layouts torchtitan runs: no ZeRO-1/2 over plain data parallel); "
-        "with --serve, as the vllm or sglang command",
+        "with --serve, as the vllm or sglang command (vllm: a MoE model on one engine, "
+        "its expert parallel spanning tp x data-parallel ranks)",
     )
     cmd.add_argument("-o", "--output", metavar="PATH", help="where --emit writes (default: print)")
     cmd.add_argument(

@@ -10,10 +10,12 @@ from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.api import config_of
 from torchroof.cli.common import positive_int, wrote
 from torchroof.config.choices import KV_DTYPES, QUANTS
 from torchroof.planning.emit import SERVING_EMITTERS, TRAINING_EMITTERS, emit_serving
 from torchroof.planning.serving_search import ServingPlans, plan_serving
+from torchroof.planning.space import model_facts
 
 TRAINING_ONLY = (
     "gpus", "seq", "global_batch", "tokens_per_step", "cp", "pp", "ep", "recompute",
@@ -89,6 +91,13 @@ def check_flags(args: argparse.Namespace) -> None:
             f"--emit {args.emit} writes a {'training' if serving else 'serving'} plan: with"
             f"{'' if serving else 'out'} --serve, --emit takes {' or '.join(emitters)}"
         )
+    if serving and args.regime == "train" and "regime" in given:
+        raise ValueError("--regime train and --serve conflict: give one")
+    if serving and (args.jobs > 1 or args.ray):
+        raise ValueError(
+            "--jobs and --ray price training layouts in other processes; the serving search "
+            "simulates here"
+        )
     if not serving and args.gpus is None:
         raise ValueError("torchroof plan needs --gpus N (training), or --serve (serving)")
     if not serving and args.global_batch is None and args.tokens_per_step is None:
@@ -106,6 +115,9 @@ def run_serving(args: argparse.Namespace) -> None:
     pricing: dict[str, Any] = {"mode": args.mode}
     if args.runtime:
         pricing["runtime"] = args.runtime
+    if args.emit == "vllm" and model_facts(config_of(args.model)).experts:
+        # vLLM's expert parallel spans tp x its data-parallel ranks: one engine's layouts
+        space["replicas"] = (1,)
     plans = plan_serving(
         args.model,
         args.hardware,
@@ -124,6 +136,8 @@ def run_serving(args: argparse.Namespace) -> None:
         quant=args.quant,
         **pricing,
     )
+    if not plans.ranked:
+        raise ValueError(plans.answer())
     print(
         f"torchroof plan: {args.model} serving {args.requests:,} requests {plans.load} on up "
         f"to {plans.gpus_max} GPUs of {args.hardware}"
@@ -171,8 +185,13 @@ def serving_text(plans: ServingPlans, top: int) -> str:
         lines.append(tabulate(rows, headers=headers))
         lines.append("(latencies in ms)")
         for latency in ("ttft", "tpot"):
-            front = ", ".join(str(plans.ranked.index(p) + 1) for p in plans.frontier(latency))
-            lines.append(f"lowest P99 {latency.upper()} for their throughput per GPU: #{front}")
+            front = [plans.ranked.index(p) + 1 for p in plans.frontier(latency)]
+            shown = ", ".join(f"#{rank}" for rank in front if rank <= top)
+            beyond = sum(rank > top for rank in front)
+            more = f" and {beyond} more below the top {top}" if beyond else ""
+            lines.append(
+                f"lowest P99 {latency.upper()} for their throughput per GPU: {shown}{more}"
+            )
     lines.append(plans.answer())
     lines.append(f"{plans.enumerated:,} layouts enumerated; {len(plans.ranked):,} simulated")
     for reason, count in plans.rejected.most_common():

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from torchroof.api import config_of
-from torchroof.config import PricingOptions, split_knobs
+from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import ServingLayout
 from torchroof.planning.serving_space import enumerate_serving, layout_label, serving_space
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.runtime import with_knobs
 from torchroof.progress import current, reporting, silenced
 from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
 from torchroof.serving.rate_search import check_targets
@@ -38,7 +39,7 @@ from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.serve import deployment_timer, load_requests
-from torchroof.serving.simulate import check_fits, kv_capacity, simulate
+from torchroof.serving.simulate import ROUTERS, check_fits, kv_capacity, simulate
 from torchroof.serving.step_time import StepTimer
 
 DEFAULT_MAX_PLANS = 400
@@ -225,7 +226,15 @@ def plan_serving(
         raise OptionError(
             f"{', '.join(chosen)} is what the search chooses: narrow it with space={{...}}"
         )
-    split_knobs(knobs)  # an unknown knob refused before anything is drawn or traced
+    workload_knobs, pricing_knobs = split_knobs(knobs)  # an unknown knob refused here
+    with_knobs(pricing, pricing_knobs)  # a bad mode, runtime, ... before anything is traced
+    Workload(regime="decode", **workload_knobs)  # a bad dtype or quant likewise
+    if router not in ROUTERS:
+        raise OptionError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
+    if exact_up_to is not None and (
+        isinstance(exact_up_to, bool) or not isinstance(exact_up_to, int) or exact_up_to < 1
+    ):
+        raise OptionError(f"exact_up_to must be a whole number >= 1 or None, got {exact_up_to!r}")
     if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
         raise OptionError(f"max_plans must be a whole number >= 1, got {max_plans!r}")
     _, cluster = resolve_hardware(hardware)

@@ -6,8 +6,9 @@ An engine spans ``tp`` GPUs of one node: tensor parallel splits whole query and 
 check_tensor_parallel`), and its all-reduces stay on the node's NVLink (vLLM's and SGLang's
 ``--tensor-parallel-size`` / ``--tp-size`` within a node, their docs' "Distributed
 inference and serving"). ``replicas`` such engines sit behind a router, tp x replicas <=
-``gpus_max``. A MoE model's routed experts are split over the engine's own GPUs (ep = tp:
-vLLM's ``--enable-expert-parallel`` on one engine), so ep must divide the experts. Each
+``gpus_max``. A MoE model's routed experts are split over the engine's own GPUs (ep = tp,
+SGLang's ``--ep-size``; vLLM's ``--enable-expert-parallel`` spans tp x its data-parallel
+ranks, so for vLLM that is one engine), so ep must divide the experts. Each
 engine's scheduler knobs (``max_num_seqs``, ``max_num_batched_tokens``, chunked prefill) and
 its KV cache dtype are searched from short lists; a disaggregated ``xPyD`` deployment (x
 prefill and y decode instances, DistServe, Zhong et al. 2024) only where asked, each
@@ -94,9 +95,12 @@ def serving_space(gpus_max: int, gpus_per_node: int, given: dict[str, Any] | Non
         )
     for name, value in given.items():
         if isinstance(value, (list, set)):
-            given[name] = tuple(sorted(value) if isinstance(value, set) else value)
+            value = sorted(value) if isinstance(value, set) else value
         elif isinstance(value, (int, str)) and not isinstance(value, bool):
-            given[name] = (value,)
+            value = (value,)
+        if not isinstance(value, (tuple, list)):
+            raise OptionError(f"{name} takes a list of choices, got {value!r}")
+        given[name] = tuple(dict.fromkeys(value))  # each choice once, in the order given
     return ServingSpace(gpus_max=gpus_max, gpus_per_node=gpus_per_node, **given)
 
 
