@@ -250,6 +250,21 @@ def test_the_cli_ranks_and_writes_json(tmp_path, capsys):
     assert data["ranked"][0]["step_time_s"] == min(p["step_time_s"] for p in data["ranked"])
 
 
+def test_the_cli_draws_the_front_and_writes_the_best_plans_page(tmp_path):
+    model = tmp_path / "small"
+    small_llama(2).save_pretrained(model)
+    png, page = tmp_path / "front.png", tmp_path / "best.html"
+    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2"]
+    argv += ["--recompute", "none", "--schedules", "1f1b", "--no-sequence-parallel", "--quiet"]
+    argv += ["--max-micro-batch", "2", "--tp", "1", "--plot", str(png), "--html", str(page)]
+    argv += ["--json", str(tmp_path / "plans.json")]
+    assert main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the page is the best plan's own estimate: its title names the layout ranked first
+    best = json.loads((tmp_path / "plans.json").read_text())["ranked"][0]["layout"]
+    assert f"the best of the search, {best}" in page.read_text()
+
+
 def test_the_cli_writes_the_best_plan_for_torchtitan(tmp_path):
     try:
         import tomllib

@@ -17,8 +17,10 @@ from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.planning.emit import EMITTERS, emit_training
 from torchroof.planning.layouts import RECOMPUTE
+from torchroof.planning.reports import best_plan_html, check_front_plot, front_plot
 from torchroof.planning.search import DEFAULT_MAX_PLANS, TrainingPlans, plan_training
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.render.files import check_html_path
 
 DEFAULT_CLUSTER = "dgx-h100"
 TORCHTITAN_NAMES = {
@@ -100,6 +102,12 @@ def add_parser(commands: Subparsers) -> None:
     )
     cmd.add_argument("-o", "--output", metavar="PATH", help="where --emit writes (default: print)")
     cmd.add_argument(
+        "--plot", metavar="PATH", help="training: step time against memory, the front marked"
+    )
+    cmd.add_argument(
+        "--html", metavar="PATH", help="training: the best plan's report (its step traced again)"
+    )
+    cmd.add_argument(
         "--titan-model",
         metavar="NAME",
         help="with --emit: torchtitan's model name and flavor, e.g. llama3:70B (default: "
@@ -142,7 +150,12 @@ def run(args: argparse.Namespace) -> None:
     if args.serve or args.regime == "serve":
         run_serving(args)
         return
-    titan = _titan_names(args) if args.emit else None  # before any tracing
+    writable(args.plot, args.html)
+    if args.plot:
+        check_front_plot(args.plot)  # before any tracing
+    if args.html:
+        check_html_path(args.html)
+    titan = _titan_names(args) if args.emit else None
     gpus_per_node = _gpus_per_node(args.hardware) if args.emit else 0
     space: dict[str, Any] = {
         "recompute": args.recompute,
@@ -195,6 +208,12 @@ def run(args: argparse.Namespace) -> None:
         with open(args.json, "w") as handle:
             json.dump(plans.to_dict(), handle, indent=2)
         wrote("plans", args.json)
+    if args.plot:
+        wrote("the plans' step time against memory", str(front_plot(plans, args.plot)))
+    if args.html:
+        workload = {"precision": args.precision, "optimizer": args.optimizer}
+        best_plan_html(plans, args.model, args.hardware, args.seq, args.html, workload, pricing)
+        wrote("the best plan's report", args.html)
     if args.emit:
         assert titan is not None
         text = emit_training(

@@ -20,7 +20,7 @@ from torchroof.planning.space import model_facts
 TRAINING_ONLY = (
     "gpus", "seq", "global_batch", "tokens_per_step", "cp", "pp", "ep", "recompute",
     "schedules", "no_sequence_parallel", "no_hsdp", "max_micro_batch", "precision",
-    "optimizer", "titan_model",
+    "optimizer", "titan_model", "plot", "html",
 )  # fmt: skip
 SERVING_ONLY = (
     "rate", "concurrency", "requests", "input_len", "output_len", "ttft_ms", "tpot_ms",
