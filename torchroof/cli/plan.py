@@ -12,7 +12,7 @@ from typing import Any
 from tabulate import tabulate
 
 from torchroof.cli.common import Subparsers, add_quiet, positive_int, writable, wrote
-from torchroof.cli.plan_serve import add_serving_flags, check_flags, run_serving
+from torchroof.cli.plan_serve import SERVING_REGIMES, add_serving_flags, check_flags, run_serving
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.planning.emit import EMITTERS, emit_training
@@ -147,7 +147,7 @@ def _space_flags(cmd: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     writable(args.json, args.output)
     check_flags(args)
-    if args.serve or args.regime == "serve":
+    if args.serve or args.regime in SERVING_REGIMES:
         run_serving(args)
         return
     writable(args.plot, args.html)

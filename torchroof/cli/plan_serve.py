@@ -17,6 +17,8 @@ from torchroof.planning.emit import SERVING_EMITTERS, TRAINING_EMITTERS, emit_se
 from torchroof.planning.serving_search import ServingPlans, plan_serving
 from torchroof.planning.space import model_facts
 
+SERVING_REGIMES = ("serve",)
+"""What ``--regime`` names the serving search (``--serve`` does too)."""
 TRAINING_ONLY = (
     "gpus", "seq", "global_batch", "tokens_per_step", "cp", "pp", "ep", "recompute",
     "schedules", "no_sequence_parallel", "no_hsdp", "max_micro_batch", "precision",
@@ -76,7 +78,7 @@ def add_serving_flags(cmd: argparse.ArgumentParser, sizes: Any, names: Any) -> N
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse, in one line, the other search's flags and an emitter of the other kind."""
     given: set[str] = getattr(args, "given", set())
-    serving = args.serve or args.regime == "serve"
+    serving = args.serve or args.regime in SERVING_REGIMES
     wrong = [name for name in (TRAINING_ONLY if serving else SERVING_ONLY) if name in given]
     if wrong:
         flags = ", ".join("--" + name.replace("_", "-") for name in wrong)
@@ -91,7 +93,7 @@ def check_flags(args: argparse.Namespace) -> None:
             f"--emit {args.emit} writes a {'training' if serving else 'serving'} plan: with"
             f"{'' if serving else 'out'} --serve, --emit takes {' or '.join(emitters)}"
         )
-    if serving and args.regime == "train" and "regime" in given:
+    if args.serve and "regime" in given and args.regime not in SERVING_REGIMES:
         raise ValueError("--regime train and --serve conflict: give one")
     if serving and (args.jobs > 1 or args.ray):
         raise ValueError(

@@ -14,7 +14,9 @@ from torchroof.planning.serving_search import ServedPlan, ServingPlans, plan_ser
 from torchroof.planning.serving_space import ServingSpace, enumerate_serving
 from torchroof.planning.space import TrainingSpace, enumerate_training
 
-REGIMES = ("train", "serve")
+SEARCHES: dict[str, Any] = {"train": plan_training, "serve": plan_serving}
+"""Each search by the regime it lays out."""
+REGIMES = tuple(SEARCHES)
 
 
 def plan(
@@ -25,16 +27,15 @@ def plan(
     ``space``, ...); ``serve``, :func:`plan_serving` (``hardware``, ``rate`` or
     ``concurrency``, ``requests``, ``input_len``, ``output_len``, ``ttft_s``, ``tpot_s``,
     ``gpus_max``, ``space``, ...)."""
-    if regime == "train":
-        if "gpus" not in options:
-            raise OptionError("give gpus=N: the GPUs to lay the training step out on")
-        return plan_training(model, **options)
-    if regime == "serve":
-        return plan_serving(model, **options)
-    raise OptionError(
-        f"plan search covers training layouts (regime 'train') and serving layouts (regime "
-        f"'serve'), not regime {regime!r}"
-    )
+    search = SEARCHES.get(regime)
+    if search is None:
+        raise OptionError(
+            f"plan search covers training layouts (regime 'train') and serving layouts (regime "
+            f"'serve'), not regime {regime!r}"
+        )
+    if search is plan_training and "gpus" not in options:
+        raise OptionError("give gpus=N: the GPUs to lay the training step out on")
+    return search(model, **options)
 
 
 __all__ = [
