@@ -187,6 +187,18 @@ def test_the_cli_writes_json_and_the_best_plan_as_a_vllm_command(tmp_path, capsy
     assert int(args[args.index("--max-model-len") + 1]) <= 512 + 64
 
 
+def test_a_load_without_a_tpot_says_so_rather_than_zero():
+    # one output token a request: no request has a gap between tokens, so no TPOT
+    plans = plan_serving(
+        small_llama(2), "dgx-h100", rate=100.0, requests=4, input_len=16, output_len=1,
+        ttft_s=1e-9, space={"tp": (1,), "replicas": (1,), "max_num_seqs": (64,),
+                            "max_num_batched_tokens": (2048,)},
+    )  # fmt: skip
+    with pytest.raises(OptionError, match="P99 TPOT none") as caught:
+        _ = plans.best
+    assert "0 ms" not in str(caught.value).split("P99 TPOT")[1]
+
+
 def test_each_choice_is_simulated_once():
     space = serving_space(4, 8, {"max_num_seqs": [64, 64], "replicas": (1, 1)})
     assert space.max_num_seqs == (64,) and space.replicas == (1,)

@@ -137,7 +137,7 @@ class ServingPlans:
             f"no layout meets {self.targets()} for {self.attainment:.0%} of requests "
             f"{self.load} on up to {self.gpus_max} GPUs: the closest is {closest.label()} on "
             f"{closest.gpus} GPUs ({closest.attainment:.0%} within; P99 TTFT "
-            f"{_ms(closest.p99('ttft'))}, P99 TPOT {_ms(closest.p99('tpot'))})"
+            f"{_p99(closest, 'ttft')}, P99 TPOT {_p99(closest, 'tpot')})"
         )
 
     def answer(self) -> str:
@@ -147,8 +147,8 @@ class ServingPlans:
         best = self.best
         return (
             f"fewest GPUs meeting {self.targets()} for {self.attainment:.0%} of requests "
-            f"{self.load}: {best.gpus} ({best.label()}; P99 TTFT {_ms(best.p99('ttft'))}, "
-            f"P99 TPOT {_ms(best.p99('tpot'))})"
+            f"{self.load}: {best.gpus} ({best.label()}; P99 TTFT {_p99(best, 'ttft')}, "
+            f"P99 TPOT {_p99(best, 'tpot')})"
         )
 
     def frontier(self, latency: str = "tpot") -> list[ServedPlan]:
@@ -440,3 +440,10 @@ def _load(rate: float | None, concurrency: int | None) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g} ms"
+
+
+def _p99(plan: ServedPlan, latency: str) -> str:
+    """A plan's P99 ``latency`` in ms, or "none" where no request has one (a TPOT needs
+    two output tokens)."""
+    seconds = plan.figures[f"p99_{latency}_s"]
+    return "none" if seconds is None else _ms(float(seconds))
