@@ -136,7 +136,7 @@ def _space_flags(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--no-sequence-parallel",
         action="store_true",
-        help="tensor parallel without SP only (with --emit, SP only: torchtitan's way)",
+        help="tensor parallel without SP only (not with --emit: torchtitan always applies SP)",
     )
     cmd.add_argument(
         "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
