@@ -157,31 +157,7 @@ def run(args: argparse.Namespace) -> None:
         check_html_path(args.html)
     titan = _titan_names(args) if args.emit else None
     gpus_per_node = _gpus_per_node(args.hardware) if args.emit else 0
-    space: dict[str, Any] = {
-        "recompute": args.recompute,
-        "max_micro_batch": args.max_micro_batch,
-        "hsdp": not args.no_hsdp,
-    }
-    for name in ("tp", "cp", "pp", "ep"):
-        if getattr(args, name) is not None:
-            space[name] = getattr(args, name)
-    if args.schedules is not None:
-        space["schedules"] = args.schedules
-    if args.no_sequence_parallel:
-        space["sequence_parallel"] = (False,)
-    if args.emit and args.no_sequence_parallel:
-        raise ValueError(
-            "--emit and --no-sequence-parallel conflict: torchtitan applies sequence parallel "
-            "with every tensor-parallel degree"
-        )
-    if args.emit:  # what torchtitan runs: FSDP2 / HSDP (no ZeRO-1/2 over DDP), and
-        space["zero"] = (0,)  # sequence parallel with every tensor-parallel degree
-        space["sequence_parallel"] = (True,)
-        if args.gpus % gpus_per_node and args.gpus > gpus_per_node:
-            raise ValueError(
-                f"--emit launches whole nodes: {args.gpus} GPUs do not fill nodes of "
-                f"{gpus_per_node}"
-            )
+    space = _training_space(args, gpus_per_node)
     pricing: dict[str, Any] = {"mode": args.mode}
     if args.runtime:
         pricing["runtime"] = args.runtime
@@ -229,6 +205,36 @@ def run(args: argparse.Namespace) -> None:
             wrote(f"the best plan as {args.emit}", args.output)
         else:
             print(text)
+
+
+def _training_space(args: argparse.Namespace, gpus_per_node: int) -> dict[str, Any]:
+    """The training space the flags narrow; with --emit, only what torchtitan runs."""
+    space: dict[str, Any] = {
+        "recompute": args.recompute,
+        "max_micro_batch": args.max_micro_batch,
+        "hsdp": not args.no_hsdp,
+    }
+    for name in ("tp", "cp", "pp", "ep"):
+        if getattr(args, name) is not None:
+            space[name] = getattr(args, name)
+    if args.schedules is not None:
+        space["schedules"] = args.schedules
+    if args.no_sequence_parallel:
+        space["sequence_parallel"] = (False,)
+    if args.emit and args.no_sequence_parallel:
+        raise ValueError(
+            "--emit and --no-sequence-parallel conflict: torchtitan applies sequence parallel "
+            "with every tensor-parallel degree"
+        )
+    if args.emit:  # what torchtitan runs: FSDP2 / HSDP (no ZeRO-1/2 over DDP), and
+        space["zero"] = (0,)  # sequence parallel with every tensor-parallel degree
+        space["sequence_parallel"] = (True,)
+        if args.gpus % gpus_per_node and args.gpus > gpus_per_node:
+            raise ValueError(
+                f"--emit launches whole nodes: {args.gpus} GPUs do not fill nodes of "
+                f"{gpus_per_node}"
+            )
+    return space
 
 
 def _titan_names(args: argparse.Namespace) -> tuple[str, str]:
