@@ -12,7 +12,14 @@ from typing import Any
 from tabulate import tabulate
 
 from torchroof.cli.common import Subparsers, add_quiet, positive_int, writable, wrote
-from torchroof.cli.plan_serve import SERVING_REGIMES, add_serving_flags, check_flags, run_serving
+from torchroof.cli.plan_serve import (
+    SERVING_REGIMES,
+    add_serving_flags,
+    check_flags,
+    pricing_flags,
+    ranks_shown,
+    run_serving,
+)
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.planning.emit import EMITTERS, emit_training
@@ -158,9 +165,7 @@ def run(args: argparse.Namespace) -> None:
     titan = _titan_names(args) if args.emit else None
     gpus_per_node = _gpus_per_node(args.hardware) if args.emit else 0
     space = _training_space(args, gpus_per_node)
-    pricing: dict[str, Any] = {"mode": args.mode}
-    if args.runtime:
-        pricing["runtime"] = args.runtime
+    pricing = pricing_flags(args)
     plans = plan_training(
         args.model,
         args.gpus,
@@ -282,10 +287,9 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
         headers = ["#", "layout", "step ms", "tok/s/GPU", "MFU", "GiB/GPU", "exposed comm ms"]
         lines.append(tabulate(rows, headers=headers))
         front = [plans.ranked.index(p) + 1 for p in plans.pareto()]
-        shown = ", ".join(f"#{rank}" for rank in front if rank <= top)
-        beyond = sum(rank > top for rank in front)
-        more = f" and {beyond} more below the top {top}" if beyond else ""
-        lines.append(f"throughput vs memory front (none both faster and smaller): {shown}{more}")
+        lines.append(
+            "throughput vs memory front (none both faster and smaller): " + ranks_shown(front, top)
+        )
     else:
         lines.append(plans.nothing_fits())  # what a caller of the API prints
     lines.append(

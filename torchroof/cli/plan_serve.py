@@ -114,9 +114,7 @@ def run_serving(args: argparse.Namespace) -> None:
             space[name] = getattr(args, name)
     if args.disaggregate:
         space["disaggregate"] = args.disaggregate
-    pricing: dict[str, Any] = {"mode": args.mode}
-    if args.runtime:
-        pricing["runtime"] = args.runtime
+    pricing = pricing_flags(args)
     if args.emit == "vllm" and model_facts(config_of(args.model)).experts:
         # vLLM's expert parallel spans tp x its data-parallel ranks: one engine's layouts
         space["replicas"] = (1,)
@@ -188,17 +186,31 @@ def serving_text(plans: ServingPlans, top: int) -> str:
         lines.append("(latencies in ms)")
         for latency in ("ttft", "tpot"):
             front = [plans.ranked.index(p) + 1 for p in plans.frontier(latency)]
-            shown = ", ".join(f"#{rank}" for rank in front if rank <= top)
-            beyond = sum(rank > top for rank in front)
-            more = f" and {beyond} more below the top {top}" if beyond else ""
             lines.append(
-                f"lowest P99 {latency.upper()} for their throughput per GPU: {shown}{more}"
+                f"lowest P99 {latency.upper()} for their throughput per GPU: "
+                + ranks_shown(front, top)
             )
     lines.append(plans.answer())
     lines.append(f"{plans.enumerated:,} layouts enumerated; {len(plans.ranked):,} simulated")
     for reason, count in plans.rejected.most_common():
         lines.append(f"  refused ({count}x): {reason}")
     return "\n".join(lines)
+
+
+def pricing_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The pricing options both searches take from the flags: the mode, and the runtime
+    where given."""
+    pricing: dict[str, Any] = {"mode": args.mode}
+    if args.runtime:
+        pricing["runtime"] = args.runtime
+    return pricing
+
+
+def ranks_shown(ranks: list[int], top: int) -> str:
+    """A front's ranks as the table shows them (#1, #3), and how many fall below it."""
+    shown = ", ".join(f"#{rank}" for rank in ranks if rank <= top)
+    beyond = sum(rank > top for rank in ranks)
+    return shown + (f" and {beyond} more below the top {top}" if beyond else "")
 
 
 def _ms(seconds: float | None) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torchroof.serving.disaggregation import Layout
+
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation: none, torchtitan's selective per-op policy, or every decoder
 layer's whole forward again in backward (torchtitan's ``activation_checkpoint.mode``)."""
@@ -119,5 +121,5 @@ class ServingLayout:
     def gpus(self) -> int:
         if self.disaggregate is None:
             return self.tp * self.pp * self.replicas
-        prefill, decode = self.disaggregate.upper().rstrip("D").split("P")
-        return int(prefill) * self.prefill_tp + int(decode) * self.decode_tp
+        split = Layout.parse(self.disaggregate)
+        return split.prefill * self.prefill_tp + split.decode * self.decode_tp
