@@ -77,6 +77,22 @@ def test_choices_are_taken_once_and_what_cannot_apply_is_said():
     assert any("at least 2 stages per rank" in reason for reason in found.rejected)
 
 
+def test_micro_batch_sizes_given_are_the_only_ones_searched():
+    """8 GPUs at tp 1, cp 1, pp 1, no recompute, 16 sequences a step: data splits of 8
+    ranks = fsdp 8, dp 8 x zero 0/1/2, HSDP 2x4 and 4x2 = 6, each rank 2 sequences. Micro-
+    batches of 2 only: 6 layouts of 1 micro-batch; of 1 and 4: 6 of 2 micro-batches, and 4
+    is refused (it does not divide 2) once, for the one (tp, cp, pp) family."""
+    base = dict(gpus=8, seq=256, global_batch=16, tp=(1,), cp=(1,), pp=(1,), recompute=("none",))
+    two = enumerate_training(small_llama(4), TrainingSpace(**base, micro_batch=(2,)))
+    assert [(lay.batch, lay.microbatches) for lay in two.layouts] == [(2, 1)] * 6
+    mixed = enumerate_training(small_llama(4), TrainingSpace(**base, micro_batch=(1, 4)))
+    assert [(lay.batch, lay.microbatches) for lay in mixed.layouts] == [(1, 2)] * 6
+    reason = "a micro-batch of 4 sequences does not divide the 2 each data rank trains on"
+    assert mixed.rejected == Counter({reason: 1})
+    with pytest.raises(OptionError, match="micro_batch must list whole numbers >= 1"):
+        TrainingSpace(**base, micro_batch=(0,))
+
+
 def test_layouts_no_layout_can_price_are_said_as_failures():
     # Muon's step is not traced on sharded parameters yet: every layout fails when priced
     found = plan_training(
@@ -86,6 +102,19 @@ def test_layouts_no_layout_can_price_are_said_as_failures():
     assert not found.ranked and sum(found.failed.values()) == 1
     with pytest.raises(OptionError, match="no layout could be priced: 1 failed"):
         _ = found.best
+
+
+def test_checkpoint_every_narrows_the_recompute_the_search_chooses():
+    """checkpoint_every=2 (every 2nd layer recomputed) goes with recompute: on 2 GPUs at
+    tp 2 and one micro-batch, the one layout without recompute is refused with the
+    workload's own reason and the one with full recompute is priced."""
+    found = plan_training(
+        small_llama(2), 2, "dgx-h100", seq=64, global_batch=1, checkpoint_every=2,
+        space={**TWO_GPUS, "tp": (2,), "recompute": ("none", "full")},
+    )  # fmt: skip
+    assert [plan.layout.recompute for plan in found.ranked] == ["full"]
+    (reason,) = found.rejected
+    assert reason.startswith("checkpoint_every=2 chooses which layers activation checkpointing")
 
 
 def test_a_global_batch_that_does_not_split_is_said():

@@ -2,6 +2,7 @@
 runs every layer, op for op, and a layer whose call cannot be copied runs for real."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -211,11 +212,26 @@ def test_a_training_step_copies_forward_backward_and_recompute(checkpointing):
     assert a == b
 
 
-def test_training_with_micro_batches_runs_every_layer():
-    """A second micro-batch accumulates into the gradients the first left: the step is
-    traced as it runs."""
-    est = torchroof.estimate(small_llama(), "train", seq=32, microbatches=2)
-    assert est.facts.repeated_layers == ""
+def test_training_with_micro_batches_copies_layers_unless_gradients_accumulate():
+    """In fp32 a second micro-batch accumulates into the gradients the first left: the
+    step is traced as it runs. Under mixed precision each micro-batch leaves the
+    parameters' gradients empty, so its layers are copied: of 4 layers, 3 run a
+    micro-batch at most (the first of a kind, the second held to it, the last) of the
+    2 x 4 = 8 calls, so at least 2 are copies (how many kinds the calls fall in depends on
+    whether each micro-batch's transformers cache is a new object); the step is the full
+    one op for op."""
+    fp32 = torchroof.estimate(small_llama(), "train", seq=32, microbatches=2, precision="fp32")
+    assert fp32.facts.repeated_layers == ""
+    mixed = torchroof.trace_model(small_llama(), "train", seq=32, microbatches=2)
+    full = torchroof.trace_model(small_llama(), "train", seq=32, microbatches=2, full_trace=True)
+    found = re.fullmatch(
+        r"4 repeated layers \(8 calls\), \d distinct kinds?: (\d) traced, (\d) copied",
+        mixed.facts.repeated_layers,
+    )
+    assert found, mixed.facts.repeated_layers
+    traced, copied = map(int, found.groups())
+    assert traced + copied == 8 and copied >= 2
+    assert first_difference(full, mixed) == ""
 
 
 def test_first_difference_names_what_differs():

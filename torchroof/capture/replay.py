@@ -63,7 +63,10 @@ class LayerCounts:
     def describe(self, layers: int) -> str:
         """One line for the summary: ``80 decoder layers: 1 kind traced, 79 replayed``."""
         kinds = f"{self.kinds} distinct kind{'s' if self.kinds != 1 else ''}"
-        line = f"{layers} repeated layers, {kinds}: {self.traced} traced, {self.replayed} copied"
+        calls = self.traced + self.replayed
+        called = f" ({calls} calls)" if calls != layers else ""  # micro-batches each call them
+        line = f"{layers} repeated layers{called}, {kinds}: {self.traced} traced, "
+        line += f"{self.replayed} copied"
         if self.not_replayed:
             line += f" ({'; '.join(sorted(set(self.not_replayed)))})"
         return line

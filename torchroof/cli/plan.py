@@ -149,6 +149,13 @@ def _space_flags(cmd: argparse.ArgumentParser) -> None:
         "--no-hsdp", action="store_true", help="all-sharded or all-replicated data ranks only"
     )
     cmd.add_argument("--max-micro-batch", type=positive_int, default=8, help="(default 8)")
+    cmd.add_argument(
+        "--micro-batch",
+        type=_sizes,
+        metavar="1,2",
+        help="micro-batch sizes to try, in sequences (default every divisor up to "
+        "--max-micro-batch)",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -219,7 +226,7 @@ def _training_space(args: argparse.Namespace, gpus_per_node: int) -> dict[str, A
         "max_micro_batch": args.max_micro_batch,
         "hsdp": not args.no_hsdp,
     }
-    for name in ("tp", "cp", "pp", "ep"):
+    for name in ("tp", "cp", "pp", "ep", "micro_batch"):
         if getattr(args, name) is not None:
             space[name] = getattr(args, name)
     if args.schedules is not None:

@@ -197,7 +197,7 @@ class CaptureLimits:
     """How far a trace may run before capture stops it."""
 
     max_ops: int
-    full_trace: bool = False  # every repeated layer run, not one of each kind
+    full_trace: bool = False  # every repeated layer and micro-batch run, none copied
 
     def validate(self) -> None:
         positive_int("max_ops", self.max_ops, WorkloadError)

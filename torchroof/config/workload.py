@@ -140,8 +140,9 @@ class Workload:
     )
     full_trace: bool = knob(
         False,
-        "run every decoder layer on meta (default: one of each distinct kind runs and the "
-        "others are its ops under their own names; the same trace, faster)",
+        "run every decoder layer and every micro-batch on meta (default: one of each "
+        "distinct kind runs and the others are its ops under their own names; the same "
+        "trace, faster)",
     )
     tp: int = knob(
         1,

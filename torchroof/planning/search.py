@@ -161,7 +161,10 @@ def plan_training(
             f"{', '.join(chosen)}: the search chooses it; narrow it with space={{...}} "
             f"({', '.join(TrainingSpace.__dataclass_fields__)}) instead"
         )
-    Workload(regime="train", seq=seq, **workload_knobs)  # a bad precision, ... in one line
+    # a bad precision, ... in one line; checkpoint_every says which layers the recompute
+    # the search chooses covers
+    every: dict[str, Any] = {"checkpointing": True} if "checkpoint_every" in workload_knobs else {}
+    Workload(regime="train", seq=seq, **every, **workload_knobs)
     unknown = sorted(set(space or {}) - set(TrainingSpace.__dataclass_fields__) - SET_HERE)
     if unknown or set(space or {}) & SET_HERE:
         raise OptionError(
@@ -197,7 +200,7 @@ def plan_training(
             raise OptionError(
                 f"{len(kept):,} layouts to price (each one trace of the training step), above "
                 f"max_plans={max_plans:,}: narrow the space (tp, pp, cp, recompute, "
-                "schedules, max_micro_batch) or raise max_plans"
+                "schedules, micro_batch, max_micro_batch) or raise max_plans"
             )
         options = (workload_knobs, pricing, pricing_knobs)
         _price(model, kept, hardware, seq, options, result, (jobs, ray_address))

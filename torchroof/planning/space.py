@@ -38,6 +38,7 @@ LISTED = (
     "ep",
     "zero",
     "recompute",
+    "micro_batch",
 )
 """The :class:`TrainingSpace` fields that list choices."""
 
@@ -49,8 +50,9 @@ interleaved form (two stages a rank)."""
 @dataclass(frozen=True)
 class TrainingSpace:
     """What a training search may choose. ``None`` for a size: every divisor of the GPU
-    count that can shard it. Micro-batch sizes are the divisors of each data rank's
-    sequences up to ``max_micro_batch``."""
+    count that can shard it. Micro-batch sizes are those in ``micro_batch`` (sequences a
+    data rank trains on at once), else the divisors of each data rank's sequences up to
+    ``max_micro_batch``."""
 
     gpus: int
     seq: int
@@ -66,6 +68,7 @@ class TrainingSpace:
     zero: tuple[int, ...] = (0, 1, 2)  # stages searched where the data ranks replicate
     max_micro_batch: int = 8
     recompute: tuple[str, ...] = RECOMPUTE
+    micro_batch: tuple[int, ...] | None = None  # None: every divisor up to max_micro_batch
 
     def __post_init__(self) -> None:
         for name in LISTED:  # each choice once, in the order given
@@ -82,7 +85,7 @@ class TrainingSpace:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name} must be a whole number >= 1, got {value!r}")
-        for name in ("tp", "cp", "pp", "ep", "virtual_stages"):
+        for name in ("tp", "cp", "pp", "ep", "virtual_stages", "micro_batch"):
             sizes = getattr(self, name)
             if sizes is not None and (
                 not sizes
@@ -188,7 +191,7 @@ def _data_layouts(
     per_rank = space.global_batch // data
     experts = list(_expert_sizes(space, facts, tp, data * cp * tp, out))
     schedules = list(_schedules(space, pp, facts.layers, out))
-    micros = [micro for micro in _divisors(per_rank) if micro <= space.max_micro_batch]
+    micros = _micro_batches(space, per_rank, out)
     for fsdp, dp, zero in _data_splits(data, space):
         for ep in experts:
             for micro in micros:
@@ -232,6 +235,20 @@ def _schedule_refusal(schedule: str, pp: int, microbatches: int, stages: int) ->
     except ValueError as error:
         return str(error).splitlines()[0]
     return None
+
+
+def _micro_batches(space: TrainingSpace, per_rank: int, out: Enumeration) -> list[int]:
+    """The micro-batch sizes for data ranks of ``per_rank`` sequences each: the given ones
+    that divide them (the others refused), else every divisor up to ``max_micro_batch``."""
+    if space.micro_batch is None:
+        return [micro for micro in _divisors(per_rank) if micro <= space.max_micro_batch]
+    for micro in space.micro_batch:
+        if per_rank % micro:
+            out.reject(
+                f"a micro-batch of {micro} sequences does not divide the {per_rank} each "
+                "data rank trains on"
+            )
+    return [micro for micro in space.micro_batch if per_rank % micro == 0]
 
 
 def _data_splits(data: int, space: TrainingSpace) -> Iterator[tuple[int, int, int]]:

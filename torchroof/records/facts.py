@@ -80,6 +80,7 @@ class StepFacts:
     pipeline: StageFacts | None = None  # a pipeline stage's place, layers and op marks
     quant: str = ""  # which linear layers a quantisation recipe changed, and how
     repeated_layers: str = ""  # how many decoder layers ran, and how many were copies
+    repeated_microbatches: str = ""  # how many micro-batches ran, and how many were copies
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set (an empty string, dict, 0 or None is left out; the

@@ -30,7 +30,9 @@ def _legacy_kind(what: str) -> AssumptionKind:
 class CopiedSpan:
     """``count`` ops from ``first`` on are a copy of those from ``source`` on: a repeated
     layer given its representative's ops under its own module path and storages
-    (:mod:`torchroof.capture.replay`), so pricing may build its kernels once."""
+    (:mod:`torchroof.capture.replay`), so pricing may build its kernels once; or a training
+    step's micro-batch given the ops of one before it (:mod:`torchroof.workloads.
+    microbatches`), whose own ops may hold layer copies."""
 
     first: int
     count: int

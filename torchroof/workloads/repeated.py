@@ -16,6 +16,7 @@ from torchroof.capture.replay_training import ReplayFallback, TrainingReplay
 from torchroof.config.errors import WorkloadError
 from torchroof.parallel.stages import decoder_layers, owned_layers, stage_of
 from torchroof.records.trace import Trace
+from torchroof.workloads.microbatches import alike_microbatches, layers_run_whole
 
 if TYPE_CHECKING:
     from torchroof.config import Workload
@@ -51,18 +52,22 @@ def copied_or_every_layer(
     try:
         return traced()
     except ReplayFallback as why:
-        trace = every_layer(replace(workload, full_trace=True))
+        with layers_run_whole():  # its micro-batches are still copied
+            trace = every_layer(replace(workload, full_trace=True))
         trace.facts.workload = workload
         trace.facts.repeated_layers = f"every layer run: {why}"
         return trace
 
 
 def trains_copied(workload: Workload) -> bool:
-    """Whether a training step copies its repeated layers: with one micro-batch (a second
-    accumulates into the gradients the first left), on any plan; each layer call is then
+    """Whether a training step copies its repeated layers: with one micro-batch, or with
+    several that each run the same program
+    (:func:`~torchroof.workloads.microbatches.alike_microbatches`: otherwise a second
+    accumulates into the gradients the first left, or ZeRO-1/2 keeps the parameters
+    gathered until the last), on any plan; each layer call is then
     checked (:mod:`torchroof.capture.replay_training`): sequence parallel's DTensor
     activations and expert parallel's hooks inside the layer run every layer."""
-    return workload.trains and workload.microbatches == 1
+    return workload.trains and (workload.microbatches == 1 or alike_microbatches(workload))
 
 
 def repeated_layers(model: torch.nn.Module) -> list[list[torch.nn.Module]]:

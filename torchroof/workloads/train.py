@@ -29,6 +29,7 @@ from torchroof.progress import silenced
 from torchroof.records.trace import Trace
 from torchroof.workloads.hf_cache import recurrent_only_cache
 from torchroof.workloads.inputs import labels_for, patch_inputs, random_ids, seq_of, token_ids
+from torchroof.workloads.microbatches import run_microbatches
 from torchroof.workloads.parallel_step import plan_label
 from torchroof.workloads.selective import torchtitan_op_policy
 from torchroof.workloads.spec import TARGET, Regime
@@ -241,8 +242,11 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
     capture.sdpa.keep_forward_outputs = workload.checkpoint_policy == "selective"
     with capture as trace:
         _mark_state(capture, state, workload, opt)
-        for micro in range(workload.microbatches):
-            _microbatch(model, ids, capture, state, params, workload, micro)
+        copied = run_microbatches(
+            capture,
+            workload,
+            lambda micro: _microbatch(model, ids, capture, state, params, workload, micro),
+        )
         if workload.precision == "mixed":
             grads = state.grads
         else:
@@ -252,6 +256,7 @@ def trace_train(models: Mapping[str, torch.nn.Module], workload: Workload) -> Tr
             capture.mark(grads, "gradients", count_bytes=False)  # a redistributed copy
         _optimizer_step(capture, state, grads, workload, opt)
     _record_step(trace, params, workload)
+    trace.facts.repeated_microbatches = copied
     return trace
 
 

@@ -1,0 +1,148 @@
+"""Micro-batches of a training step copied (torchroof.workloads.microbatches): on one GPU and
+under FSDP2, HSDP, DDP, tensor, sequence and context parallelism, with and without
+recompute, the step whose fourth micro-batch on are copies of the second is the step that
+runs every micro-batch, op for op, and priced the same; a step whose micro-batches
+accumulate differently runs each, and a third micro-batch that differs from the second
+stops the copying."""
+
+import pytest
+import torch
+from conftest import small_llama
+
+import torchroof
+from torchroof.capture.mode import Capture
+from torchroof.capture.replay_training import ReplayFallback, TrainingReplay
+from torchroof.config import Workload
+from torchroof.records.equality import first_difference
+from torchroof.workloads.microbatches import alike_microbatches, run_microbatches
+
+
+def full_and_copied(microbatches=5, **knobs):
+    """The 4-layer small Llama's training step of ``microbatches`` micro-batches of one
+    32-token sequence, every op run (``full_trace``) and as traced by default."""
+    model = small_llama(4)
+    full = torchroof.trace_model(
+        model, "train", seq=32, microbatches=microbatches, full_trace=True, **knobs
+    )
+    copied = torchroof.trace_model(model, "train", seq=32, microbatches=microbatches, **knobs)
+    return full, copied
+
+
+def priced(trace):
+    data = torchroof.estimate_trace(trace, "dgx-h100").to_dict()
+    for note in ("repeated_layers", "repeated_microbatches"):
+        data["metadata"].pop(note, None)
+    data["metadata"]["workload"].pop("full_trace")
+    return data
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(),
+        dict(fsdp=2),
+        dict(fsdp=2, dp=2),  # HSDP
+        dict(dp=2),  # DDP
+        dict(tp=2, sequence_parallel=True, fsdp=2),
+        dict(cp=2, fsdp=2),
+        dict(fsdp=2, checkpointing=True, checkpoint_policy="selective"),
+    ],
+)
+def test_copied_microbatches_are_the_step_that_runs_them(knobs):
+    """5 micro-batches: the first three run (the first is FSDP2's first gathers, the third
+    is held to the second) and 5 - 3 = 2 are copies of the second; the trace is the full
+    one op for op (storages, roles, role bytes, assumptions) and its estimate is the same
+    in every field."""
+    full, copied = full_and_copied(**knobs)
+    assert first_difference(full, copied) == ""
+    assert copied.facts.repeated_microbatches == "5 micro-batches: 3 traced, 2 copied"
+    assert full.facts.repeated_microbatches == ""
+    assert priced(full) == priced(copied)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(dp=2, zero=1),  # parameters kept gathered from the first to the last
+        dict(fsdp=2, defer_gradient_sync=True),  # one reduction, on the last
+        dict(fsdp=2, precision="fp32"),  # the parameters' gradients accumulate
+    ],
+)
+def test_microbatches_that_accumulate_otherwise_each_run(knobs):
+    """Where one micro-batch leaves state the next one adds to, nothing is copied and the
+    trace is the one every micro-batch ran (op count and every field priced)."""
+    full, traced = full_and_copied(**knobs)
+    assert not alike_microbatches(traced.facts.workload)
+    assert traced.facts.repeated_microbatches == ""
+    assert first_difference(full, traced) == ""
+    assert priced(full) == priced(traced)
+
+
+def test_three_microbatches_are_each_traced():
+    """Three micro-batches are the three a copy needs run: none is copied, and the step is
+    the full one."""
+    full, copied = full_and_copied(microbatches=3, fsdp=2)
+    assert copied.facts.repeated_microbatches == ""
+    assert first_difference(full, copied) == ""
+
+
+def test_a_layer_that_cannot_be_copied_leaves_the_microbatches_copied(monkeypatch):
+    """Where a copied layer's backward turns out not to be copyable, the step is traced
+    again running every layer, and its micro-batches are still copied (5 - 3 = 2): the
+    step is the full one."""
+
+    def refuse(self, key):
+        raise ReplayFallback("a refusal made by this test")
+
+    monkeypatch.setattr(TrainingReplay, "backward_of", refuse)
+    full, copied = full_and_copied(fsdp=2)
+    assert copied.facts.repeated_layers == "every layer run: a refusal made by this test"
+    assert copied.facts.repeated_microbatches == "5 micro-batches: 3 traced, 2 copied"
+    assert first_difference(full, copied) == ""
+
+
+def _traced(microbatches, third_differs):
+    """(the trace, the note, the micro-batches run) of ``microbatches`` micro-batches of
+    three ops on meta: ``x`` made, ``weight * x`` (a weight made before), its sum; the
+    third micro-batch (``third_differs``) adds instead of multiplying."""
+    weight = torch.empty(8, device="meta")
+    ran = []
+
+    def run(micro):
+        ran.append(micro)
+        x = torch.empty(8, device="meta")
+        y = weight + x if third_differs and micro == 2 else weight * x
+        y.sum()
+
+    capture = Capture()
+    with capture as trace:
+        note = run_microbatches(capture, Workload(regime="train", microbatches=microbatches), run)
+    return trace, note, ran
+
+
+def test_copies_get_fresh_storages_and_keep_those_from_before():
+    """Of 6 alike micro-batches 3 run and 3 are copies of the second: 6 x 3 ops; each
+    copy's own tensors (x, the product, the sum) are new storages, the weight made before
+    the micro-batches is the same storage in every one."""
+    trace, note, ran = _traced(6, third_differs=False)
+    assert ran == [0, 1, 2]
+    assert note == "6 micro-batches: 3 traced, 3 copied"
+    made = ["aten.empty.memory_format", "aten.mul.Tensor", "aten.sum.default"]
+    assert [op.name for op in trace.ops] == made * 6
+    products = trace.ops[1::3]
+    assert len({op.inputs[0].storage for op in products}) == 1  # one weight, read by all six
+    assert len({op.inputs[1].storage for op in products}) == 6  # each micro-batch's own x
+    assert len({op.outputs[0].storage for op in products}) == 6  # and product
+    assert [op.index for op in trace.ops] == list(range(18))
+
+
+def test_a_third_microbatch_unlike_the_second_stops_the_copying():
+    """The third micro-batch adds where the second multiplied: every micro-batch runs and
+    the note says where the third differed."""
+    trace, note, ran = _traced(5, third_differs=True)
+    assert ran == [0, 1, 2, 3, 4]
+    assert len(trace.ops) == 15
+    assert note == (
+        "5 micro-batches, each traced: the third differs from the second (op 1 of the "
+        "micro-batch, aten.add.Tensor: another op, phase or module)"
+    )

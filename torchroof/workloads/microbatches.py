@@ -1,0 +1,206 @@
+"""The micro-batches of a training step traced once each kind: the first two and a third
+run, the rest copies of the second.
+
+Under gradient accumulation with mixed precision (gradients synchronised every micro-batch,
+as torchtitan's trainer leaves it; no ZeRO-1/2 holding parameters whole between them),
+every micro-batch runs the same program: forward, loss, backward, its gradients added into
+the fp32 ones the optimizer reads, the parameters' gradients dropped. Only the first
+differs: it meets and labels what the later ones reuse (the weights; FSDP2's unsharded
+parameters, allocated the first time each is gathered). So the first three run on meta;
+the third is held to the second, op for op (names, arguments, phases, modules, tensor
+layouts, and each storage either the same one as the second's or one each met first, met in
+the same places), and only then is each later micro-batch recorded as the second's ops with
+fresh storages for those it met first (:func:`torchroof.capture.replay.append_copies`): the
+trace a run of every micro-batch records, without running them. Where the third differs,
+every micro-batch runs, and the step's note says why. What the check cannot see: a tensor
+made before the step that no op touches until the second micro-batch, read by every other
+micro-batch in turn with another such (a pool of two buffers): the copies would read fresh
+storages where the step reads the pool's. No training step here does that; its weights and
+optimizer state are met before the second micro-batch begins. ``full_trace`` runs every
+micro-batch, except where it was set only to run every layer of a step whose copied layer
+could not be copied (:func:`layers_run_whole`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchroof.capture.mode import Capture
+from torchroof.capture.replay import append_copies
+from torchroof.records.ops import OpRecord
+from torchroof.records.trace import Trace
+
+if TYPE_CHECKING:
+    from torchroof.config import Workload
+
+TRACED = 3
+"""Micro-batches run before the rest are copies: the first (what later ones reuse is met
+there), the second (the one copied) and the third (held to the second)."""
+
+_LAYERS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "torchroof_full_trace_for_layers_only", default=False
+)
+
+
+@contextlib.contextmanager
+def layers_run_whole() -> Iterator[None]:
+    """Inside, a step traced with ``full_trace`` still copies its micro-batches: the flag
+    was set to run every layer (a copied layer's backward could not be copied), not to
+    run every micro-batch."""
+    token = _LAYERS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _LAYERS_ONLY.reset(token)
+
+
+def alike_microbatches(workload: Workload) -> bool:
+    """Whether every micro-batch after the first of ``workload``'s step runs the same
+    program: mixed precision (each micro-batch's gradients join the fp32 ones and the
+    parameters' are dropped: nothing accumulates on them), gradients synchronised every
+    micro-batch, and no ZeRO-1/2 (which keeps parameters gathered from the first
+    micro-batch to the last)."""
+    return (
+        workload.trains
+        and workload.precision == "mixed"
+        and not workload.defer_gradient_sync
+        and workload.zero not in (1, 2)
+    )
+
+
+@dataclass(frozen=True)
+class _Span:
+    """What one micro-batch recorded: ops ``start`` to ``end``, the storages it met first
+    (:func:`_made`), its op-budget count and the bytes it added to each role."""
+
+    start: int
+    end: int
+    own: frozenset[int]
+    op_count: int
+    role_bytes: Counter[str]
+
+
+def _made(ops: Sequence[OpRecord], first_storage: int) -> frozenset[int]:
+    """The storages of ``ops`` met no earlier than id ``first_storage``: the micro-batch's
+    own (its activations, the tensors transformers makes each forward), which a copy
+    replaces with fresh ones."""
+    return frozenset(
+        t.storage for op in ops for t in (*op.inputs, *op.outputs) if t.storage >= first_storage
+    )
+
+
+def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], None]) -> str:
+    """Every micro-batch of ``workload`` in order, micro-batch ``k`` by ``run(k)``; from
+    the fourth on, copies of the second where the step allows it
+    (:func:`alike_microbatches`) and the third matched the second. Returns the line the
+    step's facts keep ("" where each ran and none was asked to be copied)."""
+    total = workload.microbatches
+    every = workload.full_trace and not _LAYERS_ONLY.get()
+    if every or total <= TRACED or not alike_microbatches(workload):
+        for micro in range(total):
+            run(micro)
+        return ""
+    spans = [_recorded(capture, run, micro) for micro in range(TRACED)]
+    why = _difference(capture.trace, spans[1], spans[2])
+    if why:
+        for micro in range(TRACED, total):
+            run(micro)
+        return f"{total} micro-batches, each traced: the third differs from the second ({why})"
+    for _ in range(TRACED, total):
+        _copy(capture, spans[1])
+    return f"{total} micro-batches: {TRACED} traced, {total - TRACED} copied"
+
+
+def _recorded(capture: Capture, run: Callable[[int], None], micro: int) -> _Span:
+    trace, storage = capture.trace, capture.storage
+    start, first, ops_before = len(trace.ops), storage.next_id, capture.op_count
+    before = Counter(trace.role_bytes)
+    run(micro)
+    added = Counter(trace.role_bytes)
+    added.subtract(before)
+    own = _made(trace.ops[start:], first)
+    return _Span(start, len(trace.ops), own, capture.op_count - ops_before, added)
+
+
+def _difference(trace: Trace, second: _Span, third: _Span) -> str:
+    """Why the third micro-batch is not the second's ops on storages of its own ("" when
+    it is): the first op or storage that differs, or the roles, bytes or assumptions."""
+    if third.end - third.start != second.end - second.start:
+        return f"{third.end - third.start:,} ops, not {second.end - second.start:,}"
+    if +third.role_bytes != +second.role_bytes:
+        return "it holds other bytes"
+    mapping: dict[int, int] = {}
+    for i in range(second.end - second.start):
+        was, now = trace.ops[second.start + i], trace.ops[third.start + i]
+        why = _op_difference(was, now, second, third, mapping)
+        if why:
+            return f"op {i} of the micro-batch, {now.name}: {why}"
+    if len(set(mapping.values())) != len(mapping):
+        return "two of its storages are one in the second"
+    for old, new in mapping.items():
+        if trace.roles.get(old) != trace.roles.get(new):
+            return "a storage holds another role"
+        if trace.parameters.get(old) != trace.parameters.get(new):
+            return "a storage is another parameter"
+    if _assumptions(trace, second) != _assumptions(trace, third):
+        return "capture assumed other answers"
+    return ""
+
+
+def _op_difference(
+    was: OpRecord, now: OpRecord, second: _Span, third: _Span, mapping: dict[int, int]
+) -> str:
+    """How ``now`` (the third's) differs from ``was`` (the second's) as a copy would
+    record it ("" when alike), its storages' correspondence added to ``mapping``."""
+    if (now.name, now.phase, now.module, now.synthetic) != (
+        was.name,
+        was.phase,
+        was.module,
+        was.synthetic,
+    ):
+        return "another op, phase or module"
+    if now.args != was.args or len(now.inputs) != len(was.inputs):
+        return "other arguments"
+    if len(now.outputs) != len(was.outputs):
+        return "other outputs"
+    for x, y in zip((*now.inputs, *now.outputs), (*was.inputs, *was.outputs), strict=True):
+        if (x.shape, x.stride, x.dtype, x.offset) != (y.shape, y.stride, y.dtype, y.offset):
+            return "a tensor of another layout"
+        if y.storage not in second.own:  # held from before: the same one
+            if x.storage != y.storage:
+                return "it reads another storage from before"
+        elif x.storage not in third.own or mapping.setdefault(y.storage, x.storage) != (x.storage):
+            return "a storage met in other places"
+    return ""
+
+
+def _assumptions(trace: Trace, span: _Span) -> list[tuple[int, str, str, str]]:
+    return [
+        (a.op_index - span.start, a.module, a.what, a.kind)
+        for a in trace.assumptions
+        if span.start <= a.op_index < span.end
+    ]
+
+
+def _copy(capture: Capture, span: _Span) -> None:
+    """The ops of ``span`` recorded again, each storage it made given a fresh one (with
+    its role and parameter name), the bytes it added to each role added again."""
+    trace = capture.trace
+    ops = trace.ops[span.start : span.end]
+    mapping = {sid: capture.storage.fresh_id() for sid in sorted(span.own)}
+    assumptions = [a for a in trace.assumptions if span.start <= a.op_index < span.end]
+    shifted = [a.__class__(a.op_index - span.start, a.module, a.what, a.kind) for a in assumptions]
+    append_copies(capture, ops, shifted, mapping, "", "", span.op_count)
+    for old, new in mapping.items():
+        if old in trace.roles:
+            trace.roles[new] = trace.roles[old]
+        if old in trace.parameters:
+            trace.parameters[new] = trace.parameters[old]
+    for role, size in span.role_bytes.items():
+        if size:
+            trace.role_bytes[role] = trace.role_bytes.get(role, 0) + size
