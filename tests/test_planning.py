@@ -117,6 +117,27 @@ def test_checkpoint_every_narrows_the_recompute_the_search_chooses():
     assert reason.startswith("checkpoint_every=2 chooses which layers activation checkpointing")
 
 
+def test_knobs_only_some_layouts_take_are_searched_and_bad_ones_refused():
+    """reduce_dtype needs ranks to reduce gradients over: on 2 GPUs the tp 2 and the pp 2
+    layouts have none and are refused with the workload's reason; fsdp 2, dp 2 and cp 2
+    (FSDP over the cp ranks) are priced. A precision no layout takes is refused before
+    anything is searched."""
+    found = plan_training(
+        small_llama(2), 2, "dgx-h100", seq=64, global_batch=2, reduce_dtype="bf16",
+        space={**TWO_GPUS, "tp": (1, 2), "zero": (0,), "max_micro_batch": 1},
+    )  # fmt: skip
+    assert sorted(plan.layout.label() for plan in found.ranked) == [
+        "cp 2, batch 1 x 2 micro-batches",
+        "dp 2, batch 1 x 1 micro-batches",
+        "fsdp 2, batch 1 x 1 micro-batches",
+    ]
+    (reason,) = found.rejected
+    assert reason.startswith("reduce_dtype=bf16 chooses what gradients are reduced")
+    assert found.rejected[reason] == 2
+    with pytest.raises(OptionError, match="precision"):
+        plan_training(small_llama(2), 2, "dgx-h100", seq=64, global_batch=2, precision="fp7")
+
+
 def test_a_global_batch_that_does_not_split_is_said():
     space = TrainingSpace(gpus=4, seq=64, global_batch=2, **TWO_GPUS)
     found = enumerate_training(small_llama(2), space)

@@ -17,7 +17,7 @@ from typing import Any
 
 from torchroof.api import config_of
 from torchroof.config import PricingOptions, Workload, split_knobs
-from torchroof.config.errors import OptionError
+from torchroof.config.errors import OptionError, WorkloadError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
@@ -161,10 +161,7 @@ def plan_training(
             f"{', '.join(chosen)}: the search chooses it; narrow it with space={{...}} "
             f"({', '.join(TrainingSpace.__dataclass_fields__)}) instead"
         )
-    # a bad precision, ... in one line; checkpoint_every says which layers the recompute
-    # the search chooses covers
-    every: dict[str, Any] = {"checkpointing": True} if "checkpoint_every" in workload_knobs else {}
-    Workload(regime="train", seq=seq, **every, **workload_knobs)
+    _check_knobs(seq, gpus, workload_knobs)
     unknown = sorted(set(space or {}) - set(TrainingSpace.__dataclass_fields__) - SET_HERE)
     if unknown or set(space or {}) & SET_HERE:
         raise OptionError(
@@ -236,6 +233,24 @@ def _price(
                 continue
             plan = PricedPlan(layout, priced)
             (result.ranked if plan.fits else result.over_memory).append(plan)
+
+
+def _check_knobs(seq: int, gpus: int, knobs: dict[str, Any]) -> None:
+    """Refuse in one line, before anything is enumerated, a workload field no layout could
+    take (a bad precision, ...): checked on a step of one GPU, and where that refuses it,
+    on one with what the space may add (recompute, which ``checkpoint_every`` narrows; two
+    data ranks and micro-batches, which ``reduce_dtype`` and ``defer_gradient_sync`` need);
+    the first refusal is the one said."""
+    try:
+        Workload(regime="train", seq=seq, **knobs)
+    except (WorkloadError, OptionError, ValueError):
+        added: dict[str, Any] = {"checkpointing": True, "microbatches": 2}
+        if gpus > 1:
+            added["dp"] = 2
+        try:
+            Workload(regime="train", seq=seq, **added, **knobs)
+        except (WorkloadError, OptionError, ValueError):
+            Workload(regime="train", seq=seq, **knobs)  # says the first refusal
 
 
 def _name(model: Any, config: Any) -> str:
