@@ -17,12 +17,17 @@ part for both tools) and is repeated; medians are printed with ratios:
 - a decode grid of ``--batches`` x ``--contexts`` points (``torchroof.studies.sweep_grid``;
   1,000 points are ``--batches 40 --contexts 25``);
 - a training estimate on 8 GPUs with FSDP (``fsdp=8``, seq ``--seq``, AdamW), every layer
-  run against the layers copied.
+  run against the layers copied;
+- a training estimate of 8 micro-batches of one 8,192-token sequence on 256 GPUs (FSDP 32
+  x TP 8 with sequence parallel, DGX H100), every micro-batch run (``full_trace=True``)
+  against micro-batches copied after the third.
 
 ``--kinds`` measures some of these only (comma-separated names from ``KINDS``).
 
     python examples/benchmark_price_many.py [--batches 40 --contexts 25] [--repeats 3]
     python examples/benchmark_price_many.py --kinds fsdp-train-full,fsdp-train-copied
+    python examples/benchmark_price_many.py --kinds microbatches-full,microbatches-copied \
+        --repeats 1
 """
 
 from __future__ import annotations
@@ -75,6 +80,11 @@ def _child(kind: str, seq: int, batches: int, contexts: int) -> None:
             MODEL, "train", hardware="dgx-h100", batch=1, seq=seq, fsdp=8,
             full_trace=kind.endswith("full"),
         )  # fmt: skip
+    elif kind in ("microbatches-full", "microbatches-copied"):
+        torchroof.estimate(
+            MODEL, "train", hardware="dgx-h100", batch=1, seq=8192, fsdp=32, tp=8,
+            sequence_parallel=True, microbatches=8, full_trace=kind.endswith("full"),
+        )  # fmt: skip
     elif kind in ("prefill-full", "prefill-copied"):
         torchroof.estimate(MODEL, "prefill", seq=seq, full_trace=kind.endswith("full"))
     elif kind in ("decode-full", "decode-copied"):
@@ -123,6 +133,8 @@ KINDS = (
     "grid",
     "fsdp-train-full",
     "fsdp-train-copied",
+    "microbatches-full",
+    "microbatches-copied",
 )
 
 
@@ -172,16 +184,17 @@ def main() -> None:
             f"FlopCounterMode's forward+backward {train_ref:.2f} s: "
             f"{median['train'] / train_ref:.2f}x (target <= 0.5x)"
         )
-    for step, label in (
-        ("prefill", "prefill"),
-        ("decode", "decode"),
-        ("fsdp-train", "training on 8 GPUs, fsdp=8"),
+    for step, label, what in (
+        ("prefill", "prefill", "layer"),
+        ("decode", "decode", "layer"),
+        ("fsdp-train", "training on 8 GPUs, fsdp=8", "layer"),
+        ("microbatches", "8 micro-batches on 256 GPUs (fsdp 32 x tp 8)", "micro-batch"),
     ):
         if f"{step}-full" in median and f"{step}-copied" in median:
             full, copied = median[f"{step}-full"], median[f"{step}-copied"]
             print(
-                f"  {label} with copied layers / every layer run: {copied:.2f} s / {full:.2f} s"
-                f" = {copied / full:.2f}"
+                f"  {label} with copied {what}s / every {what} run: {copied:.2f} s / "
+                f"{full:.2f} s = {copied / full:.2f}"
             )
     if "grid" in runs:
         grid = runs["grid"][0]

@@ -6,15 +6,16 @@ recompute, precision and other choices: :data:`multi_gpu_validation.CHOICES`), t
 (:func:`torchroof.planning.plan_training`) runs on the same model, GPU count, global batch
 and sequence, over the published layout's neighbourhood: tensor parallel 1, 2, 4 or 8
 (sequence parallel as the run has it; torchtitan's with tp > 1 where the run has no tp),
-the data ranks all sharded (FSDP) or all replicated (DDP) and the run's own split, and the
-run's context and pipeline sizes, schedule, micro-batch size and recompute. The published
-layout is one of the plans; its rank is among the plans that fit the GPU's memory, by step
-time (every plan trains the same tokens a step). Runs the search cannot take (a layout
-knob the search chooses set otherwise, a model with no shipped config) are listed with why.
+the data ranks all sharded (FSDP) or all replicated (DDP) and, where the run is HSDP,
+every shard x replicate split, and the run's context and pipeline sizes, schedule,
+micro-batch size and recompute. The published layout is one of the plans; its rank is
+among the plans that fit the GPU's memory, by step time (every plan trains the same tokens
+a step): one more than the fitting plans strictly faster. Runs the search cannot take (a
+layout torchroof refuses, micro-batches that would each be traced) are listed with why.
 
     python examples/plan_against_practice.py            # the table, from the checked-in file
-    python examples/plan_against_practice.py --write    # search again (about an hour on
-                                                        # 2 cores), refresh the file
+    python examples/plan_against_practice.py --write --jobs 2   # search again (about 35
+                                                        # minutes on 2 cores), refresh it
     python examples/plan_against_practice.py --run ID   # search one run again, print it
                                                         # (with --write: into the file)
 """
@@ -37,15 +38,17 @@ if str(HERE) not in sys.path:  # the validation script beside this one
 
 import multi_gpu_validation as mgv  # noqa: E402  (after the path above)
 
-from torchroof.config import Workload  # noqa: E402
+from torchroof.config import DEFAULT_VIRTUAL_STAGES, Workload  # noqa: E402
+from torchroof.config.choices import INTERLEAVED, SINGLE_STAGE  # noqa: E402
 from torchroof.config.errors import OptionError  # noqa: E402
 from torchroof.planning import TrainingLayout, plan_training  # noqa: E402
-from torchroof.planning.search import SEARCHED  # noqa: E402
+from torchroof.planning.space import check_layout  # noqa: E402
 from torchroof.workloads.microbatches import alike_microbatches  # noqa: E402
 
 MAX_TRACED = 8
 """Micro-batches a plan may trace one by one: a run whose micro-batches cannot be copied
 and has more is not searched (each plan would take tens of minutes here)."""
+DESCRIPTION = "Where each published multi-GPU training layout ranks in torchroof's plan search"
 SIZE_ORDER = {"llama-3-8b": 0, "llama-3-70b": 1, "llama-3.1-405b": 2, "deepseek-v3": 3}
 """Runs searched smallest model first (the cheapest searches)."""
 TP_SIZES = (1, 2, 4, 8)
@@ -63,8 +66,9 @@ HEADERS = [
 
 
 def published(workload: dict[str, Any]) -> tuple[TrainingLayout, dict[str, Any]]:
-    """The run's layout in the search's terms, and the step's other workload fields; a
-    field the search chooses but the layout cannot say is refused."""
+    """The run's layout in the search's terms, as the search enumerates it (sequence
+    parallel only with tp > 1; the stages a pipeline rank holds as its schedule runs
+    them), and the step's other workload fields."""
     fields = {name: value for name, value in workload.items() if value is not None}
     if fields.pop("checkpointing", False):
         recompute = fields.pop("checkpoint_policy", "full")
@@ -72,14 +76,15 @@ def published(workload: dict[str, Any]) -> tuple[TrainingLayout, dict[str, Any]]
         recompute = "none"
         fields.pop("checkpoint_policy", None)
     names = set(TrainingLayout.__dataclass_fields__) - {"recompute"}
-    layout = TrainingLayout(
-        **{name: fields.pop(name) for name in list(fields) if name in names},
-        recompute=recompute,
-    )
-    chosen = sorted(set(fields) & SEARCHED)
-    if chosen:
-        raise OptionError(f"the run sets {', '.join(chosen)}, which a layout does not say")
-    return layout, fields
+    sizes = {name: fields.pop(name) for name in list(fields) if name in names}
+    sizes["sequence_parallel"] = sizes.get("sequence_parallel", False) and sizes.get("tp", 1) > 1
+    if sizes.get("pp", 1) > 1:
+        schedule = sizes.get("pp_schedule") or TrainingLayout.pp_schedule
+        stages = sizes.get("virtual_stages", DEFAULT_VIRTUAL_STAGES)
+        sizes["virtual_stages"] = (
+            1 if schedule in SINGLE_STAGE else (stages if schedule in INTERLEAVED else 2)
+        )
+    return TrainingLayout(**sizes, recompute=recompute), fields
 
 
 def neighbourhood(layout: TrainingLayout, gpus: int, llama: bool) -> dict[str, Any]:
@@ -120,6 +125,9 @@ def search(run: dict[str, Any], choice: Any, jobs: int = 1) -> dict[str, Any]:
             "each run the same program: ZeRO-1/2, deferred gradient sync or a precision but "
             "mixed), for every plan"
         )
+    problem = check_layout(model, layout, seq, phase.model, fields)
+    if problem:
+        raise OptionError(f"torchroof refuses the published layout: {problem}")
     space = neighbourhood(layout, gpus, model.model_type == "llama")
     start = time.perf_counter()
     plans = plan_training(
@@ -151,14 +159,15 @@ def search(run: dict[str, Any], choice: Any, jobs: int = 1) -> dict[str, Any]:
         "search_s": round(seconds, 1),
     }
     found = [p for p in (*plans.ranked, *plans.over_memory) if p.layout == layout]
-    if not found:
-        row["published_status"] = "not priced: " + _why_not(layout, plans)
+    if not found:  # taken by the checks: pruned by its memory floor, or failed
+        why = "; ".join(plans.failed) or "its weights and optimizer state exceed the memory"
+        row["published_status"] = f"not priced: {why}"
     else:
         mine = found[0]
         row["published_step_s"] = mine.step_time_s
         row["published_memory_gib"] = round(mine.memory_bytes / 2**30, 1)
-        if mine.fits:
-            row["rank"] = plans.ranked.index(mine) + 1
+        if mine.fits:  # ties share a rank
+            row["rank"] = 1 + sum(p.step_time_s < mine.step_time_s for p in plans.ranked)
         else:
             row["published_status"] = "over the GPU's memory as torchroof prices it"
     if plans.ranked:
@@ -169,14 +178,6 @@ def search(run: dict[str, Any], choice: Any, jobs: int = 1) -> dict[str, Any]:
         if "rank" in row:  # a gain over a plan that fits
             row["gain"] = row["published_step_s"] / best.step_time_s - 1
     return row
-
-
-def _why_not(layout: TrainingLayout, plans: Any) -> str:
-    if plans.failed:
-        return "; ".join(plans.failed)
-    if plans.pruned:
-        return "its weights and optimizer state alone exceed the GPU's memory"
-    return "refused: " + "; ".join(plans.rejected)
 
 
 def table_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
@@ -195,7 +196,7 @@ def table_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
                 row["published"],
                 _seconds(row.get("published_step_s")),
                 rank,
-                row.get("best", "none fits"),
+                row.get("best", "-" if row["published"] == "-" else "none fits"),
                 _seconds(row.get("best_step_s")),
                 gain,
             ]
@@ -223,7 +224,7 @@ def training_runs() -> list[tuple[dict[str, Any], Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=DESCRIPTION)
     parser.add_argument("--write", action="store_true", help=f"refresh {RESULTS_JSON.name}")
     parser.add_argument("--run", action="append", default=[], help="only this run id (repeat)")
     parser.add_argument("--jobs", type=int, default=1, help="processes pricing the plans")
@@ -265,7 +266,7 @@ def _write(results: list[dict[str, Any]], order: list[str]) -> None:
         rows = {row["id"]: row for row in json.loads(RESULTS_JSON.read_text())["runs"]}
     rows.update({row["id"]: row for row in results})
     out = {
-        "description": __doc__.splitlines()[0],
+        "description": DESCRIPTION,
         "runs": [rows[rid] for rid in order if rid in rows],
     }
     RESULTS_JSON.write_text(json.dumps(out, indent=1) + "\n")

@@ -236,15 +236,16 @@ def _price(
 
 
 def _check_knobs(seq: int, gpus: int, knobs: dict[str, Any]) -> None:
-    """Refuse in one line, before anything is enumerated, a workload field no layout could
-    take (a bad precision, ...): checked on a step of one GPU, and where that refuses it,
-    on one with what the space may add (recompute, which ``checkpoint_every`` narrows; two
-    data ranks and micro-batches, which ``reduce_dtype`` and ``defer_gradient_sync`` need);
-    the first refusal is the one said."""
+    """Refuse in one line, before anything is enumerated, a workload field no layout of
+    the default space could take (a bad precision, ...): checked on a step of one GPU, and
+    where that refuses it, on one with what the space may add (recompute, which
+    ``checkpoint_every`` narrows; two data ranks, which ``reduce_dtype`` needs); the first
+    refusal is the one said. A field only the layouts of a narrowed space refuse is
+    refused with each of them (``TrainingPlans.rejected``)."""
     try:
         Workload(regime="train", seq=seq, **knobs)
     except (WorkloadError, OptionError, ValueError):
-        added: dict[str, Any] = {"checkpointing": True, "microbatches": 2}
+        added: dict[str, Any] = {"checkpointing": True}
         if gpus > 1:
             added["dp"] = 2
         try:
