@@ -185,15 +185,19 @@ def main() -> None:
             f"{median['train'] / train_ref:.2f}x (target <= 0.5x)"
         )
     for step, label, what in (
-        ("prefill", "prefill", "layer"),
-        ("decode", "decode", "layer"),
-        ("fsdp-train", "training on 8 GPUs, fsdp=8", "layer"),
-        ("microbatches", "8 micro-batches on 256 GPUs (fsdp 32 x tp 8)", "micro-batch"),
+        ("prefill", "prefill", ("layers", "layer")),
+        ("decode", "decode", ("layers", "layer")),
+        ("fsdp-train", "training on 8 GPUs, fsdp=8", ("layers", "layer")),
+        (
+            "microbatches",
+            "8 micro-batches of 8,192 tokens on 256 GPUs (fsdp 32 x tp 8)",
+            ("micro-batches", "micro-batch"),
+        ),
     ):
         if f"{step}-full" in median and f"{step}-copied" in median:
             full, copied = median[f"{step}-full"], median[f"{step}-copied"]
             print(
-                f"  {label} with copied {what}s / every {what} run: {copied:.2f} s / "
+                f"  {label} with copied {what[0]} / every {what[1]} run: {copied:.2f} s / "
                 f"{full:.2f} s = {copied / full:.2f}"
             )
     if "grid" in runs:
