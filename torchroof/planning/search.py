@@ -244,14 +244,14 @@ def _check_knobs(seq: int, gpus: int, knobs: dict[str, Any]) -> None:
     refused with each of them (``TrainingPlans.rejected``)."""
     try:
         Workload(regime="train", seq=seq, **knobs)
-    except (WorkloadError, OptionError, ValueError):
+    except (WorkloadError, OptionError, ValueError) as first:
         added: dict[str, Any] = {"checkpointing": True}
         if gpus > 1:
             added["dp"] = 2
         try:
             Workload(regime="train", seq=seq, **added, **knobs)
         except (WorkloadError, OptionError, ValueError):
-            Workload(regime="train", seq=seq, **knobs)  # says the first refusal
+            raise first from None
 
 
 def _name(model: Any, config: Any) -> str:

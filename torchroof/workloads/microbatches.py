@@ -27,11 +27,12 @@ import contextlib
 import contextvars
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from torchroof.capture.mode import Capture
 from torchroof.capture.replay import append_copies
+from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
 from torchroof.records.trace import Trace
 
@@ -179,9 +180,10 @@ def _op_difference(
     return ""
 
 
-def _assumptions(trace: Trace, span: _Span) -> list[tuple[int, str, str, str]]:
+def _assumptions(trace: Trace, span: _Span) -> list[Assumption]:
+    """What capture assumed in ``span``, each counted from the span's first op."""
     return [
-        (a.op_index - span.start, a.module, a.what, a.kind)
+        replace(a, op_index=a.op_index - span.start)
         for a in trace.assumptions
         if span.start <= a.op_index < span.end
     ]
@@ -193,9 +195,7 @@ def _copy(capture: Capture, span: _Span) -> None:
     trace = capture.trace
     ops = trace.ops[span.start : span.end]
     mapping = {sid: capture.storage.fresh_id() for sid in sorted(span.own)}
-    assumptions = [a for a in trace.assumptions if span.start <= a.op_index < span.end]
-    shifted = [a.__class__(a.op_index - span.start, a.module, a.what, a.kind) for a in assumptions]
-    append_copies(capture, ops, shifted, mapping, "", "", span.op_count)
+    append_copies(capture, ops, _assumptions(trace, span), mapping, "", "", span.op_count)
     for old, new in mapping.items():
         if old in trace.roles:
             trace.roles[new] = trace.roles[old]
