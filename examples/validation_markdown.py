@@ -190,12 +190,19 @@ def serving_tables() -> dict[str, str]:
     return tables
 
 
+def expected_range_tables() -> dict[str, str]:
+    import expected_ranges
+
+    return expected_ranges.tables(expected_ranges.shipped_file())
+
+
 PAGES: dict[str, tuple[str, Callable[[], dict[str, str]]]] = {
     "single-gpu.md": ("single_gpu_validation.py", single_gpu_tables),
     "multi-gpu.md": ("multi_gpu_validation.py", multi_gpu_tables),
     "quantised.md": ("quant_validation.py", quant_tables),
     "runtimes.md": ("runtime_validation.py", runtime_tables),
     "serving.md": ("serving_validation.py", serving_tables),
+    "expected-ranges.md": ("expected_ranges.py", expected_range_tables),
 }
 """Each validation page under docs/validation/: the script that writes it and its tables."""
 

@@ -6,7 +6,8 @@ The order is the order data flows (the developer guide's layout page): the leave
 import nothing of torchroof, not even under ``TYPE_CHECKING``; ``records`` reads only
 ``config`` (a step's facts hold the Workload it ran); ``counters`` reads only ``records``
 and ``config``; then capture, quantisation, models, parallel programs, workloads, kernels,
-timing, the report's data, pricing, pipeline parallelism (it traces and prices whole stages,
+timing, the report's data, the measured runs and the expected ranges fitted on them,
+pricing, pipeline parallelism (it traces and prices whole stages,
 so it sits above pricing), rendering, the public API, the prepared model and its studies,
 serving (it prices engine steps from a prepared model), plan search (it prices layouts as
 the prepared model and the serving simulation do), the labs and validation, and the
@@ -162,6 +163,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.kernels",),
     ("torchroof.timing",),
     ("torchroof.report",),
+    ("torchroof.accuracy",),
     ("torchroof.pricing",),
     ("torchroof.parallel.pipeline",),
     ("torchroof.render",),

@@ -205,6 +205,7 @@ def test_summary_adds_the_decode_lines_after_throughput_and_memory():
     assert [line.split(":")[0] for line in prefill] == [
         "hardware",
         "step time",
+        "expected",
         "timing",
         "work",
         "MFU",
@@ -266,11 +267,12 @@ def test_a_cluster_estimate_by_hand():
     assert layer1.hidden_communication_s == pytest.approx(1.5e-4)
     lines = text.summary(est).splitlines()
     assert lines[0].startswith("hardware: Test GPU (test) in cluster dgx-h100 (one rank priced)")
-    assert lines[2] == (
+    assert lines[2].startswith("expected: ")  # torchroof.accuracy: tests/test_expected_ranges.py
+    assert lines[3] == (
         "communication: 0.200 ms on the communication stream, 0.050 ms exposed (9.1% of the "
         "step), hidden behind compute: 0.150 ms; links: nvlink 0.200 ms"
     )
-    assert lines[3] == (
+    assert lines[4] == (
         "network intensity (step FLOPs per byte a rank sends): nvlink 4,000 FLOP/B vs ridge "
         "2,222 (above: at peak the math outlasts the link's bytes, if they overlap)"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchroof.cli.common import Subparsers, add_quiet, positive_int
-from torchroof.config import REGIMES, PricingOptions
+from torchroof.config import KERNEL_TIMING_MODES, REGIMES
 from torchroof.models.sources import DEFAULT_MODEL
 
 
@@ -22,7 +22,7 @@ def add_parser(commands: Subparsers) -> None:
     )
     val.add_argument(
         "--mode",
-        choices=PricingOptions.__dataclass_fields__["mode"].metadata["choices"],
+        choices=KERNEL_TIMING_MODES,
         default="roofline",
         help="prediction for the kernel table and diagnosis (both modes' ratios are printed)",
     )

@@ -23,6 +23,7 @@ from torchroof.config.choices import (
     DEFAULT_PP_SCHEDULE,
     DEFAULT_SEQ,
     DEFAULT_VIRTUAL_STAGES,
+    KERNEL_TIMING_MODES,
     REGIMES,
     TIMING_MODES,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_VIRTUAL_STAGES",
     "PRICING_KNOBS",
     "REGIMES",
+    "KERNEL_TIMING_MODES",
     "TIMING_MODES",
     "WORKLOAD_KNOBS",
     "OptionError",

@@ -130,4 +130,9 @@ TRAINING_SIZES = ("fsdp", "microbatches")
 FUSION_POLICIES = ("eager", "fused")
 LOSS_POLICIES = ("materialized", "chunked")
 ATTENTION_POLICIES = ("flash", "math")
-TIMING_MODES = ("roofline", "realistic")
+KERNEL_TIMING_MODES = ("roofline", "realistic")
+"""The modes that time each kernel (validate compares both with what it measures)."""
+TIMING_MODES = (*KERNEL_TIMING_MODES, "calibrated")
+"""How kernels are timed: the pure roofline (the floor), the realistic mode, and the
+realistic mode times the median measured / realistic of the published runs like the step
+(torchroof.accuracy)."""

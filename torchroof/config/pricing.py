@@ -158,7 +158,9 @@ class PricingOptions:
     mode: str = knob(
         "roofline",
         "roofline: the pure lower bound T = max(W/pi, Q/beta); realistic: adds the on-chip "
-        "roofs, waves, the latency shelf, achievable fractions and launches (each switchable)",
+        "roofs, waves, the latency shelf, achievable fractions and launches (each switchable); "
+        "calibrated: realistic times the median measured / realistic of the published runs "
+        "of the step's kind",
         choices=TIMING_MODES,
         group="timing",
     )
@@ -213,6 +215,11 @@ class PricingOptions:
         "GEMM threadblock tile TmxTn (e.g. 256x128), or auto (chosen per GEMM)",
         group="timing",
     )
+
+    @property
+    def realistic(self) -> bool:
+        """Kernels are timed by the realistic mode (realistic, or calibrated on top of it)."""
+        return self.mode in ("realistic", "calibrated")
 
     def __post_init__(self) -> None:
         finite_numbers(self)

@@ -56,7 +56,7 @@ def busiest_rank(
     compute_s = t.compute_s * imbalance
     memory_s = scaled_bytes / t.bandwidth_bytes_per_s
     terms = {"compute": compute_s, "hbm": memory_s}
-    if pricing.mode == "realistic" and pricing.on_chip:
+    if pricing.realistic and pricing.on_chip:
         # balanced weights: the imbalance alone, as before a reach was priced
         level_scale = imbalance * (scaled_bytes / (weights + imbalance * (kernel.bytes - weights)))
         for level, rate in level_rates(spec).items():

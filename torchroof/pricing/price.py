@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from torchroof import progress
+from torchroof.accuracy.expected import calibration_lines, correction
 from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError
 from torchroof.config.routing import parse_routing
@@ -331,6 +332,20 @@ def runtime_saves(
     return RuntimeSaves(kernels, sources, residency, regathers, notes)
 
 
+def cached_plan(trace: Trace, pricing: PricingOptions, plans: PlanCache | None) -> KernelPlan:
+    """The trace's kernels under ``pricing``'s kernel policy: from ``plans`` where it holds
+    them, else planned (and kept there, the oldest dropped past MAX_PLANS_PER_TRACE)."""
+    policy = (registry_version(), *pricing.kernel_policy())
+    plan = plans.get(policy) if plans is not None else None
+    if plan is None:
+        plan = plan_kernels(trace, pricing)
+        if plans is not None:
+            if len(plans) >= MAX_PLANS_PER_TRACE:
+                del plans[next(iter(plans))]
+            plans[policy] = plan
+    return plan
+
+
 def price_trace(
     trace: Trace,
     hardware: str | Path | HardwareSpec | ClusterSpec,
@@ -344,14 +359,8 @@ def price_trace(
     pricing the same trace again under it times the kernels only."""
     spec, cluster = resolve_hardware(hardware)
     check_step(trace.facts.workload, spec, cluster, pricing)
-    policy = (registry_version(), *pricing.kernel_policy())
-    plan = plans.get(policy) if plans is not None else None
-    if plan is None:
-        plan = plan_kernels(trace, pricing)
-        if plans is not None:
-            if len(plans) >= MAX_PLANS_PER_TRACE:
-                del plans[next(iter(plans))]
-            plans[policy] = plan
+    factor = correction(pricing.mode, trace.facts.workload)  # refused before any work
+    plan = cached_plan(trace, pricing, plans)
     step, roles, kernels = plan.step, plan.roles, plan.kernels
     workload = trace.facts.workload
     runtime = timing_of(pricing, workload)
@@ -411,6 +420,7 @@ def price_trace(
             *plan.memory_notes,
             *([pipelined_line(pipelined.pairs, kernels)] if pipelined.pairs else []),
             *(lanes_line(collective_lanes(timed)) if pricing.overlap_communication else []),
+            *calibration_lines(pricing.mode, workload),
         ],
         options=pricing,
         facts=replace(trace.facts),
@@ -418,6 +428,7 @@ def price_trace(
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
+        correction=factor,
         host_overhead_s=runtime.host_overhead_s,
         offload_exposed_s=offload.exposed_s if offload else 0.0,
         fp16_accumulate=fp16_acc,

@@ -152,7 +152,7 @@ def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime
     regime = workload.regime if workload is not None else "prefill"
     batch = workload.batch if workload is not None else 1
     return step_runtime(
-        profile, regime, batch, pricing.mode == "realistic", graphs_on=pricing.cuda_graphs
+        profile, regime, batch, pricing.realistic, graphs_on=pricing.cuda_graphs
     )
 
 
@@ -179,7 +179,7 @@ def runtime_lines(
     each."""
     trains = workload is None or workload.trains
     profile = runtime_profile(pricing)
-    realistic = pricing.mode == "realistic"
+    realistic = pricing.realistic
     if profile is None:
         launch = (
             "the accelerator file's launch per kernel"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from torchroof.accuracy.expected import correction
 from torchroof.collector import paused_gc
 from torchroof.config import PricingOptions
 from torchroof.config.routing import BALANCED, routing_kind
@@ -188,6 +189,7 @@ class SymbolicPlan:
             copies_exposed_s=copies_exposed,
             totals=dict(traffic),
             host_overhead_s=runtime.host_overhead_s,
+            correction=correction(pricing.mode, facts.workload),
         )
 
     def maker(self, n: int) -> KernelMaker:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchroof.accuracy.expected import expected_range
 from torchroof.render.chrome_trace import write_chrome_trace
 from torchroof.render.plots import (
     PLOT_SUFFIXES,
@@ -61,8 +62,11 @@ CSV_COLUMNS = (
 
 
 def estimate_json(est: Estimate, path: str | Path | None = None) -> str:
-    """The estimate as JSON text (``Estimate.to_dict``); also written to ``path`` if given."""
-    text = json.dumps(est.to_dict(), indent=1)
+    """The estimate as JSON text (``Estimate.to_dict``, its totals with the expected range:
+    ``torchroof.accuracy.expected``); also written to ``path`` if given."""
+    data = est.to_dict()
+    data["totals"]["expected"] = expected_range(est).to_dict()
+    text = json.dumps(data, indent=1)
     if path is not None:
         Path(path).write_text(text)
     return text

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchroof.accuracy.expected import NoRange, expected_range
 from torchroof.config.routing import HISTOGRAM, routing_kind
 from torchroof.hardware import (
     HardwareSpec,
@@ -300,6 +301,7 @@ def estimate_data(
         "hbm_bytes_per_s": est.hbm_bytes_per_s,
         "capacity_bytes": est.memory.capacity_bytes if est.memory else None,
         "time_s": est.time_s,
+        "expected": _expected(est),
         "scheduled": est.step_time_s is not None and est.pipeline is None,
         "communicates": est.step_time_s is not None and any(k.communication for k in est.kernels),
         "pipelined": est.pipeline is not None,
@@ -319,6 +321,20 @@ def estimate_data(
         "rows": _rows_with_kernels(est, depth, collapse),
         "stacks": _stacks(est, depth),
         "kernels": _kernels(est, keys),
+    }
+
+
+def _expected(est: Estimate) -> dict[str, Any]:
+    """The expected range as factors on the step time (the page scales them with a step it
+    re-prices), with what it is the middle 80% of; or why there is none."""
+    found = expected_range(est)
+    if isinstance(found, NoRange):
+        return {"none": found.reason}
+    return {
+        "low": found.low_s / est.time_s if est.time_s else 0.0,
+        "high": found.high_s / est.time_s if est.time_s else 0.0,
+        "of": f"middle 80% of {found.runs} similar measured runs ({found.group})",
+        "nearest": found.nearest.text(found.mode) if found.nearest else "",
     }
 
 

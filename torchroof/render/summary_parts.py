@@ -27,7 +27,7 @@ def timing_lines(est: Estimate) -> list[str]:
     """Which mode made the numbers, and the step's time by the boundary that binds each
     kernel (the hierarchical roofline, Yang, Kurth & Williams 2020)."""
     options = est.options
-    if options.mode == "realistic":
+    if options.realistic:
         effects = [e for e in REALISTIC_EFFECTS if getattr(options, e)]
         off = [e for e in REALISTIC_EFFECTS if not getattr(options, e)]
         line = "timing: realistic mode (" + (", ".join(effects) or "no effects") + ")"
@@ -49,7 +49,7 @@ def timing_lines(est: Estimate) -> list[str]:
             counts[k.boundary] = counts.get(k.boundary, 0) + 1
     lines = [line]
     ranked = sorted(by_boundary, key=lambda name: -by_boundary[name])
-    if ranked and options.mode == "realistic":
+    if ranked and options.realistic:
         lines.append(
             "kernel time by the term that binds it: "
             + ", ".join(f"{name} {ms(by_boundary[name])} ms" for name in ranked)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from torchroof.accuracy.expected import expected_range
 from torchroof.records.ops import PHASES, TOP_LEVEL, layer_key
 from torchroof.records.units import GIB
 from torchroof.render.summary_parts import (
@@ -210,7 +211,7 @@ def kernel_module(kernel: KernelEstimate) -> str:
 
 def realistic(est: Estimate) -> bool:
     """Did the realistic mode time the estimate (else the pure roofline)?"""
-    return est.options.mode == "realistic"
+    return est.options.realistic
 
 
 def mode_name(est: Estimate) -> str:
@@ -350,6 +351,15 @@ def coverage_line(est: Estimate) -> str:
     )
 
 
+def calibrated(est: Estimate) -> str:
+    """What the calibrated mode multiplied (empty in the other modes)."""
+    if est.correction == 1.0:
+        return ""
+    return (
+        f" (calibrated: the realistic {ms(est.time_s / est.correction)} ms x {est.correction:.2f})"
+    )
+
+
 def summary(est: Estimate) -> str:
     """The step in a few lines: hardware (and cluster), time (by phase), communication
     (exposed, hidden, by link, network intensity) when the step has collectives, work and
@@ -360,7 +370,8 @@ def summary(est: Estimate) -> str:
         f"hardware: {est.hardware_display} ({est.hardware}){cluster}, "
         f"HBM {est.hbm_bytes_per_s / 1e12:.2f} TB/s, "
         f"{est.reference_dtype} peak {est.reference_peak_flops_per_s / 1e12:.0f} TFLOP/s",
-        f"step time: {ms(est.time_s)} ms over {len(est.kernels)} kernels",
+        f"step time: {ms(est.time_s)} ms over {len(est.kernels)} kernels{calibrated(est)}",
+        expected_range(est).line(),
     ]
     if est.facts.defaults:  # a default the model changed: "seq: 1024, the model's maximum ..."
         lines.append(est.facts.defaults)

@@ -119,8 +119,12 @@ def estimate_problems(data: Any, kernel_class: type) -> list[str]:
     if not _number(offload) or offload < 0:
         problems.append(f'"offload_exposed_s" is {offload!r}: a number of seconds >= 0')
         offload = 0.0
+    correction = data.get("correction", 1.0)
+    if not _number(correction) or not math.isfinite(correction) or correction <= 0:
+        problems.append(f'"correction" is {correction!r}: a factor > 0')
+        correction = 1.0
     if isinstance(totals, dict):
-        time_s = (step if step is not None else summed) + host + offload
+        time_s = ((step if step is not None else summed) + host + offload) * correction
         if _number(totals.get("time_s")) and not math.isclose(
             totals["time_s"], time_s, rel_tol=_REL, abs_tol=1e-12
         ):

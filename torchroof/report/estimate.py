@@ -332,17 +332,21 @@ class Estimate:
     # lists a faster rate for that (a GeForce card) times them there; the HTML report's
     # ceilings follow, on whichever part it re-prices the step
     fp16_accumulate: bool = False
+    # the calibrated mode's factor on the realistic time: the median measured / realistic of
+    # the published runs like the step (torchroof.accuracy.expected.correction); 1 otherwise
+    correction: float = 1.0
 
     # -- totals ---------------------------------------------------------------------------
     @property
     def time_s(self) -> float:
         """The step time: the schedule's last end when the step has collectives
         (torchroof.timing.streams), else the kernels' times summed (they run back to back);
-        plus the runtime's host time per step and the exposed time of activation offload."""
+        plus the runtime's host time per step and the exposed time of activation offload; in
+        the calibrated mode, times its correction."""
         added = self.host_overhead_s + self.offload_exposed_s
         if self.step_time_s is not None:
-            return self.step_time_s + added
-        return analysis.added(k.time_s for k in self.kernels) + added
+            return (self.step_time_s + added) * self.correction
+        return (analysis.added(k.time_s for k in self.kernels) + added) * self.correction
 
     @property
     def flops(self) -> int:
@@ -448,6 +452,7 @@ class Estimate:
             "host_overhead_s": self.host_overhead_s,
             "offload_exposed_s": self.offload_exposed_s,
             **({"fp16_accumulate": True} if self.fp16_accumulate else {}),
+            **({"correction": self.correction} if self.correction != 1.0 else {}),
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "totals": {
                 "time_s": self.time_s,
@@ -501,6 +506,7 @@ class Estimate:
             host_overhead_s=data.get("host_overhead_s", 0.0),
             offload_exposed_s=data.get("offload_exposed_s", 0.0),
             fp16_accumulate=data.get("fp16_accumulate") is True,
+            correction=data.get("correction", 1.0),
             pipeline=PipelineStep.from_dict(data["pipeline"]) if data.get("pipeline") else None,
         )
 

@@ -133,7 +133,7 @@ def measured_attention_share(
     ``runtime`` runs at, forward or ``backward``: in realistic mode with ``achievable`` under
     a flash policy (a "math" policy writes its scores and runs no such kernel), where the
     accelerator file lists one; else None."""
-    if options.mode != "realistic" or not options.achievable or options.attention != "flash":
+    if not options.realistic or not options.achievable or options.attention != "flash":
         return None
     return hardware.attention_share(runtime.attention_kernel, backward)
 
@@ -159,7 +159,7 @@ def _ceilings(
     peak *= options.compute_efficiency
     bandwidth = hardware.hbm_bytes_per_s.value * options.bandwidth_efficiency
     measured = None
-    if options.mode != "realistic" or not options.achievable:
+    if not options.realistic or not options.achievable:
         return peak, bandwidth, measured
     bandwidth *= _fraction(hardware.achievable_hbm_fraction)
     if shape is not None and shape.kind == "attention":
@@ -185,7 +185,7 @@ def time_kernel(
     realistic mode, the switched-on effects on top (module docstring), with the launch, the
     attention kernel and the GEMM library's share of peak of the ``runtime`` running the
     step where its profile gives them."""
-    realistic = options.mode == "realistic"
+    realistic = options.realistic
     peak, bandwidth, measured = _ceilings(cost, hardware, options, shape, runtime)
     attention = shape is not None and shape.kind == "attention"
     levels = kernel_levels(shape, cost, hardware, options, peak, bandwidth, out_itemsize)

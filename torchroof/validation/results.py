@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchroof.config import TIMING_MODES
+from torchroof.config import KERNEL_TIMING_MODES
 from torchroof.records.ops import layer_key
 from torchroof.validation.calibrate import Calibration
 from torchroof.validation.diagnosis import LABELS, QUESTIONS, Diagnosis
@@ -196,7 +196,7 @@ class Validation:
             f"  measured   {self.measured_total_s * 1e3:.3f} ms "
             f"({self.measured().low * 1e3:.3f}..{self.measured().high * 1e3:.3f})",
         ]
-        for mode in TIMING_MODES:
+        for mode in KERNEL_TIMING_MODES:
             lines.append(
                 f"  {mode:<10} predicted {self.predicted(mode).median * 1e3:.3f} ms, "
                 f"predicted/measured {self.ratio(mode)}"
@@ -239,12 +239,12 @@ class Validation:
             "predicted_total_s": self.predicted_total_s,
             "measured_total_s": self.measured_total_s,
             "total_ratio": self.total_ratio,
-            "ratios": {mode: self.ratio(mode).to_dict() for mode in TIMING_MODES},
+            "ratios": {mode: self.ratio(mode).to_dict() for mode in KERNEL_TIMING_MODES},
             "repeats": [
                 {
                     "measured_s": r.measured_s,
                     "predicted_s": r.predicted_s,
-                    "ratio": {mode: r.ratio(mode) for mode in TIMING_MODES},
+                    "ratio": {mode: r.ratio(mode) for mode in KERNEL_TIMING_MODES},
                     "calibration": r.calibration.to_dict() if r.calibration else None,
                 }
                 for r in self.repeats

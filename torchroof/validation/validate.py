@@ -28,7 +28,7 @@ import torch
 
 from torchroof import progress
 from torchroof.api import estimate_trace, trace
-from torchroof.config import TIMING_MODES, Workload
+from torchroof.config import KERNEL_TIMING_MODES, Workload
 from torchroof.hardware import Figure, HardwareSpec, get
 from torchroof.hardware.spec import parse as parse_spec
 from torchroof.hardware.toml_checks import HardwareSpecError, read_toml
@@ -236,8 +236,8 @@ def _validate(
     """validate()'s body, under the threads it chose."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device is available here; use --device cpu")
-    if mode not in TIMING_MODES:
-        raise ValueError(f"mode is one of {', '.join(TIMING_MODES)}, got {mode!r}")
+    if mode not in KERNEL_TIMING_MODES:
+        raise ValueError(f"mode is one of {', '.join(KERNEL_TIMING_MODES)}, got {mode!r}")
     if repeats < 1 or iterations < 1:
         raise ValueError(f"repeats and iterations are at least 1, got {repeats}, {iterations}")
     fixed = get(hardware) if hardware is not None else None
@@ -255,7 +255,7 @@ def _validate(
     name = f"{device.replace(':', '-')}-measured"
     machines, estimates = _predict(runs, recorded, fixed, name, launch_overhead_s, repeats)
     done = [
-        Repeat(wall, {m: est[m].time_s for m in TIMING_MODES}, calibration)
+        Repeat(wall, {m: est[m].time_s for m in KERNEL_TIMING_MODES}, calibration)
         for (calibration, (wall, _, _)), est in zip(runs, estimates, strict=True)
     ]
     per_kernel, unmatched = _measured_per_kernel(estimates[0][mode].kernels, runs, device)
@@ -377,7 +377,7 @@ def _predict(
             estimates.append(
                 {
                     m: estimate_trace(recorded, machine.spec, fusion="eager", mode=m)
-                    for m in TIMING_MODES
+                    for m in KERNEL_TIMING_MODES
                 }
             )
     return machines, estimates

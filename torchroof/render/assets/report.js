@@ -416,6 +416,9 @@
     const add = (label, value, id) => box.append(el("div", { class: "figure" }, el("div", { class: "label", text: label }), el("div", { class: "value", id: id || "", text: value })));
     add("accelerator", f.display + (est.cluster ? ` in ${est.cluster}` : ""), "summary-accelerator");
     add("step time", `${ms(f.step)} ms`, "step-time");
+    const expected = est.expected;
+    if (expected.none) add("expected", `no range: ${expected.none}`, "expected-range");
+    else add(`expected (${expected.of})`, `${ms(f.step * expected.low)}–${ms(f.step * expected.high)} ms`, "expected-range");
     const phases = PHASES.filter((p) => f.byPhase[p] > 0);
     let byPhase = est.pipelined ? "the kernels listed (one micro-batch each), by phase" : "by phase";
     if (est.communicates) byPhase += ", on the compute stream";
