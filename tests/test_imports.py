@@ -170,7 +170,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torchroof.api",),
     ("torchroof.symbolic",),
     ("torchroof.prepared",),
-    ("torchroof.studies",),
+    ("torchroof.studies", "torchroof.sensitivity"),
     ("torchroof.serving",),
     ("torchroof.planning",),
     ("torchroof.labs", "torchroof.validation"),

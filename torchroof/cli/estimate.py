@@ -81,6 +81,12 @@ def add_parser(commands: Subparsers) -> None:
     shown.add_argument("--plot-layers", metavar="PATH", help="per-layer time (.png/.svg/.pdf)")
     shown.add_argument("--timeline", metavar="PATH", help="Chrome/Perfetto trace JSON")
     shown.add_argument("--html", metavar="PATH", help="the interactive report, one offline file")
+    shown.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also price the step with each hardware figure and uncertain assumption 10%% "
+        "lower and higher, one at a time, and list what moves the step time most",
+    )
     add_quiet(est)
 
 
@@ -192,6 +198,12 @@ def run(args: argparse.Namespace) -> None:
     if args.kernels > 0:
         print()
         print(kernel_table(est, top=args.kernels))
+    if args.sensitivity:
+        from torchroof.sensitivity import sensitivity
+
+        print()
+        chosen = PricingOptions(**{**pricing, "fusion": policies[-1]})
+        print("\n".join(sensitivity(trace, args.hardware, chosen).lines()))
     for kind, path in outputs:
         if kind == "html" and len(estimates) == 2:  # both policies, side by side
             from torchroof.render.html import comparison_html
