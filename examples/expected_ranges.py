@@ -48,13 +48,19 @@ FAMILIES = {  # a GPU spec name's first word -> its architecture
 }
 
 
+NEMO_DOCS = "https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/"
+SAME_DOCUMENT = {  # a document published under two addresses -> the one source it is
+    NEMO_DOCS + "performance_summary.html": "NVIDIA/NeMo",  # its docs/source/performance/...
+}
+
+
 def source_of(run: Mapping[str, Any]) -> str:
     """The publication or repository a run came from: a repository's owner/name, else the
-    document's address."""
+    document's address (one document published twice counts once: SAME_DOCUMENT)."""
     source = run["source"]
-    if isinstance(source, str):
-        return source
-    return str(source.get("repo") or source.get("url") or source["title"])
+    found = source if isinstance(source, str) else source.get("repo") or source.get("url")
+    found = str(found or source["title"])
+    return SAME_DOCUMENT.get(found, found)
 
 
 def quant_of(run: Mapping[str, Any]) -> str:
@@ -141,17 +147,18 @@ def evaluation_table(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for kind, e in evaluation.items():
         if not e["ranged"]:
-            rows.append([KIND_NAMES[kind], e["runs"], e["sources"], 0] + ["-"] * 6)
+            rows.append([KIND_NAMES[kind], e["runs"], e["sources"], "none"] + ["-"] * 6)
             continue
         q1, q3 = e["calibrated_quartiles"]
+        compared = ", ".join(f"{group} ({n})" for group, n in e["compared"].items())
         rows.append(
-            [KIND_NAMES[kind], e["runs"], e["sources"], e["ranged"]]
+            [KIND_NAMES[kind], e["runs"], e["sources"], compared]
             + [_pct(e["inside"][m]) for m in MODES]
             + [f"{e['width'][m]:.2f}" for m in MODES]
             + [f"{e['calibrated_median']:.2f}", f"{q1:.2f}-{q3:.2f}"]
         )
     headers = [
-        "kind", "runs", "sources", "with a range", "inside (pure)", "inside (realistic)",
+        "kind", "runs", "sources", "compared with (runs)", "inside (pure)", "inside (realistic)",
         "width (pure)", "width (realistic)", "calibrated: median", "middle half",
     ]  # fmt: skip
     return tabulate(rows, headers, tablefmt="github", disable_numparse=True)

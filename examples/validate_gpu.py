@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 import torchroof
-from torchroof.config import TIMING_MODES
+from torchroof.config import KERNEL_TIMING_MODES
 from torchroof.validation.calibrate import calibrate, time_op
 from torchroof.validation.validate import TINY_OVERRIDES, validate
 
@@ -79,7 +79,7 @@ def _predict(step: Callable[[], Any], spec: Any) -> dict[str, float]:
         step()
     return {
         mode: torchroof.estimate_trace(recorded, spec, fusion="eager", mode=mode).time_s
-        for mode in TIMING_MODES
+        for mode in KERNEL_TIMING_MODES
     }
 
 
@@ -88,8 +88,8 @@ def _row(case: str, hardware: str, measured_s: float, predicted: dict[str, float
         case,
         hardware,
         f"{measured_s * 1e6:.1f}",
-        *(f"{predicted[mode] * 1e6:.1f}" for mode in TIMING_MODES),
-        *(f"{predicted[mode] / measured_s:.2f}" for mode in TIMING_MODES),
+        *(f"{predicted[mode] * 1e6:.1f}" for mode in KERNEL_TIMING_MODES),
+        *(f"{predicted[mode] / measured_s:.2f}" for mode in KERNEL_TIMING_MODES),
     ]
 
 
@@ -169,8 +169,8 @@ def main() -> None:
                     label,
                     label_hw,
                     f"{result.measured_total_s * 1e6:.1f}",
-                    *(f"{result.predicted(mode).median * 1e6:.1f}" for mode in TIMING_MODES),
-                    *(f"{result.ratio(mode).median:.2f}" for mode in TIMING_MODES),
+                    *(f"{result.predicted(mode).median * 1e6:.1f}" for mode in KERNEL_TIMING_MODES),
+                    *(f"{result.ratio(mode).median:.2f}" for mode in KERNEL_TIMING_MODES),
                 ]
             )
     print(
@@ -180,8 +180,8 @@ def main() -> None:
                 "case",
                 "ceilings",
                 "measured us",
-                *(f"{mode} us" for mode in TIMING_MODES),
-                *(f"pred/meas {mode}" for mode in TIMING_MODES),
+                *(f"{mode} us" for mode in KERNEL_TIMING_MODES),
+                *(f"pred/meas {mode}" for mode in KERNEL_TIMING_MODES),
             ],
             disable_numparse=True,
         )

@@ -30,6 +30,8 @@ from torchroof.render.files import estimate_json
 from torchroof.render.html import estimate_data
 from torchroof.render.text import summary
 from torchroof.report.estimate import Estimate
+from torchroof.serving.composition import SequenceWork
+from torchroof.serving.step_time import StepTimer
 
 er = load_example("expected_ranges")
 
@@ -82,28 +84,32 @@ def test_the_bounds_hold_eighty_percent_and_leave_at_most_a_tenth_each_side(valu
 # -- groups ---------------------------------------------------------------------------------
 
 
-def test_a_kind_with_nine_runs_from_two_sources_is_its_own_group():
-    """Nine training runs, corrections 1.0 ... 1.8 (measured / realistic), from sources a
-    and b: the middle 80% is 1.0-1.8, the median 1.4; the pure roofline predicted half the
-    realistic time, so its corrections are doubled: 2.0-3.6, median 2.8."""
-    runs = [run(f"t{i}", "a" if i < 5 else "b", measured=1 + i / 10) for i in range(9)]
+def test_a_kind_with_nine_runs_from_three_sources_is_its_own_group():
+    """Nine training runs, corrections 1.0 ... 1.8 (measured / realistic), three from each of
+    sources a, b and c: the middle 80% is 1.0-1.8, the median 1.4; the pure roofline
+    predicted half the realistic time, so its corrections are doubled: 2.0-3.6, median
+    2.8."""
+    runs = [run(f"t{i}", "abc"[i % 3], measured=1 + i / 10) for i in range(9)]
     group = fit.similar("train", runs)
     assert group is not None and group.name == "training steps"
     assert group.spread["realistic"] == fit.Spread(1.0, 1.4, 1.8)
     assert group.spread["roofline"] == fit.Spread(2.0, 2.8, 3.6)
 
 
-def test_a_kind_from_one_source_falls_back_to_every_model_step_and_kernels_do_not():
-    """Nine decode runs from one source are no group of their own; with three training
-    runs from another they make twelve model steps from two sources. Nine kernel runs from
-    one source have nowhere to fall back to."""
-    decode = [run(f"d{i}", "a", kind="decode") for i in range(9)]
-    train = [run(f"t{i}", "b") for i in range(3)]
-    group = fit.similar("decode", decode + train)
-    assert group is not None and group.name == fit.STEPS and len(group.runs) == 12
+def test_a_group_mostly_from_one_source_falls_back_to_every_model_step():
+    """Ten decode runs from a and nine from b: a holds 10 of 19, more than half, so decode
+    steps are no group, nor are the same 19 as model steps. Nine training runs from c make
+    28 model steps, none over half (10 of 28): the decode step is compared with those.
+    Kernel benchmarks never fall back to model steps."""
+    decode = [run(f"d{i}", "a" if i < 10 else "b", kind="decode") for i in range(19)]
     assert fit.similar("decode", decode) is None
+    train = [run(f"t{i}", "c") for i in range(9)]
+    group = fit.similar("decode", decode + train)
+    assert group is not None and group.name == fit.STEPS and len(group.runs) == 28
+    trained = fit.similar("train", decode + train)  # training steps: all nine from c
+    assert trained is not None and trained.name == fit.STEPS
     kernels = [run(f"k{i}", "a", kind="kernel") for i in range(9)]
-    assert fit.similar("kernel", kernels + train * 3) is None
+    assert fit.similar("kernel", kernels + train + decode) is None
 
 
 def test_leaving_a_source_out_checks_its_runs_against_the_others():
@@ -165,16 +171,18 @@ def decode_trace():
 
 
 def test_an_estimate_states_its_range_from_its_kind_in_its_mode(decode_trace):
-    """A decode step's range is its own time times the shipped decode group's middle 80%,
-    the pure roofline's in that mode and the realistic mode's in the other two."""
-    for mode in ("roofline", "realistic"):
+    """A decode step's range is its own time (before calibration) times the shipped decode
+    group's middle 80%: the pure roofline's in that mode, the realistic mode's in the other
+    two."""
+    for mode in ("roofline", "realistic", "calibrated"):
         est = decode_trace.estimate("h100-sxm", mode=mode)
         found = expected_range(est)
         group = similar_group("decode", mode)
         assert isinstance(found, ExpectedRange) and group is not None
         assert group.name == "decode steps" and found.runs == group.runs == 68
-        assert found.low_s == pytest.approx(est.time_s * group.low)
-        assert found.high_s == pytest.approx(est.time_s * group.high)
+        base = est.time_s / est.correction
+        assert found.low_s == pytest.approx(base * group.low)
+        assert found.high_s == pytest.approx(base * group.high)
         assert found.line() in summary(est).splitlines()
 
 
@@ -194,6 +202,43 @@ def test_the_calibrated_mode_is_the_realistic_time_times_the_median(decode_trace
     assert f"x {median:.2f})" in summary(calibrated).splitlines()[1]
 
 
+def test_calibration_scales_every_time_so_every_share_is_the_realistic_modes():
+    """FSDP over 4 GPUs of a DGX H100 with collectives on their own stream: the calibrated
+    step is the realistic one times the factor, kernel by kernel and on the schedule, so the
+    memory-bound share, the exposed communication's share and each phase's share are the
+    realistic mode's."""
+    trace = torchroof.trace_model(small_llama(2), "train", batch=2, seq=512, fsdp=4)
+    realistic = trace.estimate("dgx-h100", mode="realistic")
+    calibrated = trace.estimate("dgx-h100", mode="calibrated")
+    factor = similar_group("train", "calibrated").median
+    assert calibrated.correction == factor
+    assert calibrated.time_s == pytest.approx(realistic.time_s * factor)
+    for mine, theirs in zip(calibrated.kernels, realistic.kernels, strict=True):
+        assert mine.time_s == pytest.approx(theirs.time_s * factor)
+    assert calibrated.memory_bound_share == pytest.approx(realistic.memory_bound_share)
+    ours, base = calibrated.communication(), realistic.communication()
+    assert base.exposed_s > 0 and ours.exposed_share == pytest.approx(base.exposed_share)
+    for phase in ("forward", "backward", "optimizer"):
+        share = realistic.phase_time_s(phase) / realistic.time_s
+        assert calibrated.phase_time_s(phase) / calibrated.time_s == pytest.approx(share)
+
+
+def test_a_calibrated_pipeline_and_engine_step_take_the_factor_whole():
+    """A two-stage pipeline's sends and a serving engine step's attention (timed apart from
+    the priced decode step) take the factor as the kernels do."""
+    trace = torchroof.trace_model(small_llama(4), "train", batch=2, seq=256, pp=2, microbatches=2)
+    realistic = torchroof.estimate_trace(trace, "dgx-h100", mode="realistic")
+    calibrated = torchroof.estimate_trace(trace, "dgx-h100", mode="calibrated")
+    factor = similar_group("train", "calibrated").median
+    assert calibrated.time_s == pytest.approx(realistic.time_s * factor)
+    prepared = torchroof.prepare(small_llama(2), "decode", batch=1, seq=512)
+    timers = [StepTimer(prepared, "h100-sxm", mode=m) for m in ("realistic", "calibrated")]
+    decode = similar_group("decode", "calibrated").median
+    for step in ([SequenceWork(1, 64)] * 8, [SequenceWork(1, 500)] * 32, [SequenceWork(400)]):
+        plain, scaled = (t.time(step).time_s for t in timers)
+        assert scaled == pytest.approx(plain * decode)
+
+
 def test_a_calibrated_estimate_round_trips_and_its_json_carries_the_range(decode_trace):
     est = decode_trace.estimate("h100-sxm", mode="calibrated")
     data = json.loads(estimate_json(est))
@@ -202,8 +247,8 @@ def test_a_calibrated_estimate_round_trips_and_its_json_carries_the_range(decode
     expected = data["totals"]["expected"]
     assert expected["low_s"] == pytest.approx(expected_range(est).low_s)
     assert expected["group"] == "decode steps" and expected["mode"] == "realistic"
-    data["correction"] = 2.0  # the totals no longer follow from the kernels
-    with pytest.raises(ValueError, match="totals"):
+    data["correction"] = -1.0
+    with pytest.raises(ValueError, match="a factor > 0"):
         Estimate.from_dict(data)
 
 
@@ -222,7 +267,7 @@ def test_a_step_traced_by_hand_has_no_range_and_is_not_calibrated():
         net(torch.randn(8, 64, device="meta"))
     found = expected_range(t.estimate("h100-sxm"))
     assert isinstance(found, NoRange) and "traced by hand" in found.line()
-    with pytest.raises(NotCalibratedError, match="use --mode realistic"):
+    with pytest.raises(NotCalibratedError, match="price it in the realistic mode"):
         t.estimate("h100-sxm", mode="calibrated")
 
 

@@ -61,7 +61,8 @@ def _calibrated(mode: str, workload: Workload | None) -> Similar | None:
     if found is None:
         what = f"a {workload.regime} step" if workload else "a step traced by hand"
         raise NotCalibratedError(
-            f"calibrated mode: no measured runs are like {what}; use --mode realistic"
+            f"calibrated mode: no measured runs are like {what}; price it in the realistic mode "
+            "(--mode realistic)"
         )
     return found
 
@@ -164,7 +165,7 @@ def expected_range(est: Estimate) -> ExpectedRange | NoRange:
     found = similar_group(workload.regime, mode)
     if found is None:
         name = KIND_NAMES.get(workload.regime, workload.regime)
-        return NoRange(f"fewer than 9 measured {name} from two sources")
+        return NoRange(f"fewer than 9 measured {name}, none from a source holding most of them")
     base = est.time_s / est.correction  # the estimate's own mode, before any calibration
     members = [r for r in shipped_runs() if _rung_holds(found.name, workload.regime, r)]
     return ExpectedRange(

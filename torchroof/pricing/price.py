@@ -399,7 +399,7 @@ def price_trace(
         )
         freed = offload.bytes - offload.held_bytes
         memory = replace(memory, activations_peak_bytes=memory.activations_peak_bytes - freed)
-    return Estimate(
+    estimate = Estimate(
         hardware=spec.name,
         hardware_display=spec.display_name,
         hbm_bytes_per_s=spec.hbm_bytes_per_s.value,
@@ -428,11 +428,11 @@ def price_trace(
         cluster=cluster.name if cluster is not None else None,
         link_ridges=link_ridges(cluster, reference_flops),
         step_time_s=step_time_s,
-        correction=factor,
         host_overhead_s=runtime.host_overhead_s,
         offload_exposed_s=offload.exposed_s if offload else 0.0,
         fp16_accumulate=fp16_acc,
     )
+    return estimate.calibrated(factor)
 
 
 def host_link(spec: HardwareSpec, cluster: ClusterSpec | None) -> tuple[str, float]:

@@ -151,9 +151,7 @@ def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime
     profile = runtime_profile(pricing)
     regime = workload.regime if workload is not None else "prefill"
     batch = workload.batch if workload is not None else 1
-    return step_runtime(
-        profile, regime, batch, pricing.realistic, graphs_on=pricing.cuda_graphs
-    )
+    return step_runtime(profile, regime, batch, pricing.realistic, graphs_on=pricing.cuda_graphs)
 
 
 def fp16_accumulated(step: StepRuntime, tensor_flops: Mapping[str, int]) -> bool:

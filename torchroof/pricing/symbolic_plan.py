@@ -22,7 +22,7 @@ import functools
 import operator
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -189,8 +189,7 @@ class SymbolicPlan:
             copies_exposed_s=copies_exposed,
             totals=dict(traffic),
             host_overhead_s=runtime.host_overhead_s,
-            correction=correction(pricing.mode, facts.workload),
-        )
+        ).calibrated(correction(pricing.mode, facts.workload))
 
     def maker(self, n: int) -> KernelMaker:
         """How the ``n``-th timed kernel is made at a point (made once, when first needed)."""
@@ -257,6 +256,12 @@ class CountedKernels(Estimate):
 
     def traffic(self) -> dict[str, int]:
         return dict(self.totals or {})
+
+    def calibrated(self, factor: float) -> CountedKernels:
+        """As :meth:`Estimate.calibrated`, each launch's exposed communication time too."""
+        scaled = super().calibrated(factor)
+        assert isinstance(scaled, CountedKernels)
+        return replace(scaled, copies_exposed_s=tuple(t * factor for t in self.copies_exposed_s))
 
 
 def _symbols(kernel: Kernel) -> tuple[str, ...]:

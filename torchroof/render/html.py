@@ -137,7 +137,8 @@ def why_not_repriced(est: Estimate) -> str:
     if est.options.mode != "roofline":
         return (
             "realistic mode's tiles, waves and latency shelves are priced in Python: run "
-            "torchroof estimate --mode realistic --hardware NAME for another accelerator"
+            f"torchroof estimate --mode {est.options.mode} --hardware NAME for another "
+            "accelerator"
         )
     if est.options.offload_activations:
         return (

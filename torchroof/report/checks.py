@@ -122,9 +122,8 @@ def estimate_problems(data: Any, kernel_class: type) -> list[str]:
     correction = data.get("correction", 1.0)
     if not _number(correction) or not math.isfinite(correction) or correction <= 0:
         problems.append(f'"correction" is {correction!r}: a factor > 0')
-        correction = 1.0
     if isinstance(totals, dict):
-        time_s = ((step if step is not None else summed) + host + offload) * correction
+        time_s = (step if step is not None else summed) + host + offload
         if _number(totals.get("time_s")) and not math.isclose(
             totals["time_s"], time_s, rel_tol=_REL, abs_tol=1e-12
         ):

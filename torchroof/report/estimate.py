@@ -11,7 +11,7 @@ rows sum as if kernels ran back to back.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -332,8 +332,9 @@ class Estimate:
     # lists a faster rate for that (a GeForce card) times them there; the HTML report's
     # ceilings follow, on whichever part it re-prices the step
     fp16_accumulate: bool = False
-    # the calibrated mode's factor on the realistic time: the median measured / realistic of
-    # the published runs like the step (torchroof.accuracy.expected.correction); 1 otherwise
+    # the calibrated mode's factor on the realistic times: the median measured / realistic of
+    # the published runs like the step (torchroof.accuracy.expected.correction), already in
+    # every time of the step (:meth:`calibrated`); 1 otherwise
     correction: float = 1.0
 
     # -- totals ---------------------------------------------------------------------------
@@ -341,12 +342,41 @@ class Estimate:
     def time_s(self) -> float:
         """The step time: the schedule's last end when the step has collectives
         (torchroof.timing.streams), else the kernels' times summed (they run back to back);
-        plus the runtime's host time per step and the exposed time of activation offload; in
-        the calibrated mode, times its correction."""
+        plus the runtime's host time per step and the exposed time of activation offload."""
         added = self.host_overhead_s + self.offload_exposed_s
         if self.step_time_s is not None:
-            return (self.step_time_s + added) * self.correction
-        return (analysis.added(k.time_s for k in self.kernels) + added) * self.correction
+            return self.step_time_s + added
+        return analysis.added(k.time_s for k in self.kernels) + added
+
+    def calibrated(self, factor: float) -> Estimate:
+        """The step with every time of its schedule times ``factor`` (the calibrated mode):
+        each kernel's time, start and exposed time, the schedule's end, the host and offload
+        time; a uniform factor keeps the schedule's order, so every share (by phase, layer,
+        memory-bound, exposed communication) is the realistic mode's. The kernels' roofline
+        terms (compute, memory, network, launch) stay as the realistic mode timed them."""
+        if factor == 1.0:
+            return self
+
+        def scaled(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        kernels = [
+            replace(
+                k,
+                time_s=k.time_s * factor,
+                start_s=scaled(k.start_s),
+                exposed_s=k.exposed_s * factor,
+            )
+            for k in self.kernels
+        ]
+        return replace(
+            self,
+            kernels=kernels,
+            step_time_s=scaled(self.step_time_s),
+            host_overhead_s=self.host_overhead_s * factor,
+            offload_exposed_s=self.offload_exposed_s * factor,
+            correction=self.correction * factor,
+        )
 
     @property
     def flops(self) -> int:

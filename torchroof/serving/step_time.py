@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchroof.accuracy.expected import correction
 from torchroof.api import config_of
 from torchroof.config import PricingOptions, split_knobs
 from torchroof.config.choices import REGIME_FACTS
@@ -128,6 +129,9 @@ class StepTimer:
         self.hardware = hardware
         self.pricing = with_knobs(pricing, pricing_only)
         self._eager = replace(self.pricing, cuda_graphs=False)
+        # the calibrated mode's factor: the decode probes carry it, the attention timed here
+        # takes it too, so every engine step is the realistic one times the decode steps'
+        self._correction = correction(self.pricing.mode, base)
         self._config = config_of(prepared.model)
         refuse_windows(self._config)
         self._name = str(prepared.model) if isinstance(prepared.model, (str, Path)) else None
@@ -192,7 +196,7 @@ class StepTimer:
                 time_kernel(cost, self._spec, pricing, shape, shape.itemsize, runtime).time_s
                 for cost, shape in kernels
             )
-        return total
+        return total * self._correction
 
     @property
     def config(self) -> Any:

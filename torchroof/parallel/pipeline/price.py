@@ -211,6 +211,8 @@ def price(
         t.facts.pipeline.activation_bytes if t.facts.pipeline else 0 for t in trace.traces.values()
     )
     edges = _transfers(activation, host, trace.ranks_per_stage, trace.pp, cluster)
+    factor = next(iter(priced.values())).correction  # the calibrated mode's, as the stages'
+    edges = {pair: (seconds * factor, link) for pair, (seconds, link) in edges.items()}
     transfer_s, link = max(edges.values()) if edges else (0.0, "none")
 
     def duration(action: Action) -> float:
