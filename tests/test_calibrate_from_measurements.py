@@ -6,20 +6,29 @@ CSV), and a profile of a real step run on this CPU making a file that predicts i
 from __future__ import annotations
 
 import json
+import statistics
+import sys
+from dataclasses import replace
 
 import pytest
-import tomllib
 import torch
 from conftest import small_llama
 from torchroof.hardware import get
 from torchroof.hardware.cluster import get_cluster
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+from torchroof.hardware.toml_checks import Figure
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import torchroof
 from torchroof.cli.main import main as cli_main
+from torchroof.timing.network import collective_time
 from torchroof.validation.calibrated_files import Fitted, rewrite
-from torchroof.validation.nccl_tests import NcclTestsError, fit, link_bytes, parse
-from torchroof.validation.profile_fit import fit_profile, profiled_ops
+from torchroof.validation.nccl_tests import NcclTestsError, fit, parse
+from torchroof.validation.profile_fit import fit_profile, kernel_timer, profiled_ops
 from torchroof.validation.profiling import align, normalise
 
 # -- files ----------------------------------------------------------------------------------
@@ -54,151 +63,204 @@ def test_a_file_is_rewritten_figure_by_figure():
 # -- nccl-tests -----------------------------------------------------------------------------
 
 
-def nccl_log(collective, hosts, alpha_s, beta, sizes=None):
-    """An nccl-tests log as nccl-tests prints it, each row's out-of-place time alpha +
-    bytes-on-the-link / beta (torchroof's model), the in-place one 1% slower."""
-    ranks = len(hosts)
-    lines = [
-        "# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 4(factor) warmup iters: 5 "
-        "iters: 20 agg iters: 1 validation: 1 graph: 0",
-        "#",
-        "# Using devices",
-    ]
+def cluster_with(name, slot, fraction, alpha):
+    """A shipped cluster with one link's achieved fraction and latency set."""
+    cluster = get_cluster(name)
+    link = getattr(cluster, slot)
+    link = replace(
+        link, achieved_fraction=Figure(fraction, "test"), latency_s=Figure(alpha, "test")
+    )
+    return replace(cluster, **{slot: link})
+
+
+def nccl_log(collective, hosts, cluster, sizes=None, extra=""):
+    """An nccl-tests log as nccl-tests prints it, each row's out-of-place time torchroof's
+    own price of the collective on ``cluster`` (the in-place one 1% slower); ``extra``
+    appends columns to the header and every row (a run with more columns)."""
+    per_node = len(hosts) // len(set(hosts))
+    ranks = [n * cluster.gpus_per_node + j for n in range(len(set(hosts))) for j in range(per_node)]
+    kind = "all_to_all" if collective == "alltoall" else collective
+    lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 2147483648 step: 4(factor) warmup iters: 5",
+             "#", "# Using devices"]  # fmt: skip
     for rank, host in enumerate(hosts):
-        lines.append(
-            f"#  Rank {rank:2d} Group  0 Pid {1000 + rank} on {host} device {rank % 8} "
-            "[0x1b] NVIDIA H100 80GB HBM3"
-        )
+        lines.append(f"#  Rank {rank:2d} Group  0 Pid {1000 + rank} on {host} device "
+                     f"{rank % 8} [0x1b] NVIDIA H100 80GB HBM3")  # fmt: skip
     lines += [
-        "#                                                              out-of-place       "
-        "                in-place",
+        "#                                                    out-of-place          in-place",
         "#       size         count      type   redop    root     time   algbw   busbw #wrong"
-        "     time   algbw   busbw #wrong",
+        "     time   algbw   busbw #wrong" + (" " + extra if extra else ""),
         "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)      "
         "      (us)  (GB/s)  (GB/s)",
     ]
-    nodes = len(set(hosts))
     for size in sizes or [8 * 4**i for i in range(15)]:  # 8 B ... 2 GiB
-        t = alpha_s + link_bytes(collective, size, ranks, nodes) / beta
-        us = t * 1e6
-        algbw = size / t / 1e9
+        us = collective_time(kind, size, ranks, cluster).time_s * 1e6
+        algbw = size / us / 1e3
         lines.append(
             f"{size:12d} {size // 4:13d}     float     sum      -1 {us:8.2f} {algbw:7.2f} "
-            f"{algbw:7.2f}      0 {us * 1.01:8.2f} {algbw:7.2f} {algbw:7.2f}      0"
+            f"{algbw:7.2f}    N/A {us * 1.01:8.2f} {algbw:7.2f} {algbw:7.2f}    N/A"
+            + (" 2026-12-06 10:00:00" if extra else "")
         )
-    lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 1.0", "#",
-              f"# Collective test concluded: {collective}_perf"]  # fmt: skip
+    lines += ["# Out of bounds values : 0 OK", f"# Collective test concluded: {collective}_perf"]
     return "\n".join(lines) + "\n"
 
 
-def test_an_all_gather_inside_a_node_gives_back_its_alpha_and_bus_bandwidth():
-    """8 GPUs on one host, all_gather: bytes per rank 7/8 S; alpha 20 us, beta 370 GB/s
-    (nccl-tests' figure for a DGX H100's NVLink outside NVLS). The times are printed to
-    0.01 us, so the fit recovers both within 0.1%."""
-    log = parse(nccl_log("all_gather", ["node1"] * 8, 20e-6, 370e9))
-    assert log.collective == "all_gather" and log.ranks == 8 and log.nodes == 1
-    found = fit(log, get_cluster("dgx-h100"))
+def test_the_made_log_is_torchroofs_model_by_hand():
+    """8 GPUs of a DGX H100, all_gather of S = 1 GiB at fraction 0.8 and alpha 20 us: every
+    rank sends 7/8 S over NVLink at 0.8 x 450 GB/s, 20 us + 939,524,096 / 360e9 = 2,629.8 us."""
+    log = nccl_log("all_gather", ["h"] * 8, cluster_with("dgx-h100", "intra_node", 0.8, 20e-6),
+                   sizes=[8, 1 << 30])  # fmt: skip
+    assert parse(log).rows[1].time_s == pytest.approx(20e-6 + 7 / 8 * 2**30 / 360e9, abs=1e-8)
+
+
+def test_an_all_gather_inside_a_node_gives_back_its_alpha_and_fraction():
+    """Times printed to 0.01 us: the fit recovers alpha and the fraction within 0.1%."""
+    made = cluster_with("dgx-h100", "intra_node", 0.8, 20e-6)
+    found = fit(parse(nccl_log("all_gather", ["node1"] * 8, made)), get_cluster("dgx-h100"))
     assert found.link == "intra_node" and found.figure == "achieved_fraction"
     assert found.alpha_s == pytest.approx(20e-6, rel=1e-3)
-    assert found.beta_bytes_per_s == pytest.approx(370e9, rel=1e-3)
+    assert found.value == pytest.approx(0.8, rel=1e-3)
+    assert found.beta_bytes_per_s == pytest.approx(360e9, rel=1e-3)
     assert found.worst_error < 1e-3
 
 
-def test_an_all_reduce_over_two_nodes_fits_the_network(tmp_path, capsys):
-    """2 hosts x 8 GPUs, all_reduce: the network carries 2 (2 - 1) / 2 x S / 8 = S / 8 per
-    GPU (the hierarchical algorithm's middle phase); alpha 50 us, beta 45 GB/s. The cluster
-    file written has them as the network's latency and 45 / 50 = 0.9 of its line rate, and
-    the intra-node figures as they were."""
-    hosts = ["a"] * 8 + ["b"] * 8
-    assert link_bytes("all_reduce", 1 << 20, 16, 2) == (1 << 20) / 8
+def test_half_of_a_full_mesh_node_fits_the_links_own_fraction():
+    """4 of the 8 MI300X of an ND MI300X v5 node use 3 of each GPU's 7 xGMI links: the log
+    runs at 3/7 of the node's bus bandwidth, and the fit gives back the link's 0.75."""
+    made = cluster_with("nd-mi300x-v5", "intra_node", 0.75, 30e-6)
+    found = fit(parse(nccl_log("all_gather", ["h"] * 4, made)), get_cluster("nd-mi300x-v5"))
+    assert found.value == pytest.approx(0.75, rel=1e-3)
+
+
+def test_a_run_over_nodes_fits_the_network_where_it_is_the_slower_phase(tmp_path, capsys):
+    """2 hosts x 8 GPUs, all_reduce, a network at 0.5 of 50 GB/s and 50 us: the network phase
+    carries 2 (2 - 1) / 2 x S / 8 per GPU at 25 GB/s, slower than NVLink's 2 x 7/8 x S at
+    370 GB/s, so the log measures it. The file written has its latency and fraction, the
+    intra-node figures as they were, and names the accelerator by its shipped name."""
+    made = cluster_with("dgx-h100", "network", 0.5, 50e-6)
     path = tmp_path / "ar.log"
-    path.write_text(nccl_log("all_reduce", hosts, 50e-6, 45e9))
+    path.write_text(nccl_log("all_reduce", ["a"] * 8 + ["b"] * 8, made))
     out = tmp_path / "cluster.toml"
     code = cli_main(["calibrate", "--from-nccl-tests", str(path), "--hardware", "dgx-h100",
                      "-o", str(out), "--quiet"])  # fmt: skip
     assert code == 0
     assert "all_reduce_perf on 16 GPUs over 2 nodes" in capsys.readouterr().out
-    cluster = get_cluster(str(out))
-    shipped = get_cluster("dgx-h100")
-    assert cluster.name == "dgx-h100-calibrated"
+    cluster, shipped = get_cluster(str(out)), get_cluster("dgx-h100")
+    assert cluster.name == "dgx-h100-calibrated" and cluster.accelerator.name == "h100-sxm"
     assert cluster.network.latency_s.value == pytest.approx(50e-6, rel=1e-3)
-    assert cluster.network.achieved_fraction.value == pytest.approx(0.9, rel=1e-3)
+    assert cluster.network.achieved_fraction.value == pytest.approx(0.5, rel=1e-3)
     assert cluster.intra_node == shipped.intra_node
-    # an estimate on the calibrated cluster: HSDP over the two nodes
+    # HSDP over the two nodes: the replicas (ranks 0 and 8) all-reduce over the network
     trace = torchroof.trace_model(small_llama(2), "train", batch=2, seq=256, fsdp=8, dp=2)
     slow = torchroof.estimate_trace(trace, out).communication().by_link_s
     fast = torchroof.estimate_trace(trace, "dgx-h100").communication().by_link_s
-    # the replicas (ranks 0 and 8) all-reduce over the network: 0.9 x 50 GB/s and 50 us,
-    # not 0.94 x 50 GB/s and 47 us
     assert slow["network"] > fast["network"] > 0
 
 
+def test_the_written_cluster_names_the_accelerator_asked_for(tmp_path):
+    """--accelerator by a shipped name stays a name; by a file, its absolute path (so the
+    cluster loads from wherever it is written)."""
+    made = cluster_with("dgx-h100", "intra_node", 0.8, 20e-6)
+    log = tmp_path / "ag.log"
+    log.write_text(nccl_log("all_gather", ["h"] * 8, made))
+    out = tmp_path / "named.toml"
+    args = ["calibrate", "--from-nccl-tests", str(log), "--hardware", "dgx-h100", "--quiet"]
+    assert cli_main([*args, "--accelerator", "h200-sxm", "-o", str(out)]) == 0
+    assert get_cluster(str(out)).accelerator.name == "h200-sxm"
+    assert 'accelerator = "h200-sxm"' in out.read_text()
+
+
+def test_a_run_over_nodes_bound_by_nvlink_cannot_measure_the_network():
+    """The shipped DGX H100: per GPU the network carries S / 8 at 47 GB/s (1.33 ps per
+    byte of S), NVLink 7/4 S at 370 GB/s (4.73 ps): NVLink binds at every size."""
+    log = parse(nccl_log("all_reduce", ["a"] * 8 + ["b"] * 8, get_cluster("dgx-h100")))
+    with pytest.raises(NcclTestsError, match="cannot measure the network"):
+        fit(log, get_cluster("dgx-h100"))
+
+
+def test_extra_columns_leave_the_time_column_where_the_header_says():
+    made = cluster_with("dgx-h100", "intra_node", 0.8, 20e-6)
+    text = nccl_log("all_gather", ["h"] * 8, made, extra="timestamp")
+    assert fit(parse(text), get_cluster("dgx-h100")).value == pytest.approx(0.8, rel=1e-3)
+
+
 def test_an_in_node_all_reduce_fits_nvlink_sharp_where_the_cluster_lists_it():
-    log = parse(nccl_log("all_reduce", ["h"] * 8, 25e-6, 480e9))
-    found = fit(log, get_cluster("dgx-h100"))
+    shipped = get_cluster("dgx-h100")
+    made = replace(shipped, intra_node=replace(
+        shipped.intra_node, nvls_all_reduce_bus_bytes_per_s=Figure(450e9, "test")))  # fmt: skip
+    found = fit(parse(nccl_log("all_reduce", ["h"] * 8, made)), shipped)
     assert found.figure == "nvls_all_reduce_bus_bytes_per_s"
-    assert found.beta_bytes_per_s == pytest.approx(480e9, rel=1e-3)
+    assert found.beta_bytes_per_s == pytest.approx(450e9, rel=1e-3)
+    too_fast = parse(nccl_log("all_reduce", ["h"] * 8, shipped))  # NVLS's 480 GB/s
     with pytest.raises(NcclTestsError, match="exceeds .* line rate"):
-        fit(log, get_cluster("dgx-a100"))  # 480 GB/s over NVLink 3's 300: no NVLS there
+        fit(too_fast, get_cluster("dgx-a100"))  # over NVLink 3's 300 GB/s: no NVLS there
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("edit", "message"),
     [
-        ("nothing here\n", "does not name its test"),
-        (nccl_log("all_gather", ["h"] * 8, 1e-5, 1e11).replace("#  Rank", "# Dev"), "no '#  Rank"),
-        (nccl_log("all_gather", ["h"] * 8, 1e-5, 1e11).replace("all_gather_perf", "sendrecv_perf"),
-         "torchroof fits"),
-        (nccl_log("all_gather", ["h"] * 8, 1e-5, 1e11, sizes=[8]), "at least 2 sizes"),
+        (lambda t: "nothing here\n", "does not name its test"),
+        (lambda t: t.replace("#  Rank", "# Dev"), "no '#  Rank"),
+        (lambda t: t.replace("all_gather_perf", "sendrecv_perf"), "torchroof fits"),
+        (lambda t: t.replace("size         count", "bytes   elements"), "no column header"),
     ],
-)  # fmt: skip
-def test_a_log_that_cannot_be_fitted_says_why(text, message):
+)
+def test_a_log_that_cannot_be_fitted_says_why(edit, message):
+    made = cluster_with("dgx-h100", "intra_node", 0.8, 20e-6)
     with pytest.raises(NcclTestsError, match=message):
-        parse(text)
+        parse(edit(nccl_log("all_gather", ["h"] * 8, made)))
 
 
 def test_ranks_spread_unevenly_are_refused():
-    log = parse(nccl_log("all_gather", ["a"] * 8 + ["b"] * 4, 1e-5, 1e11))
+    made = cluster_with("dgx-h100", "intra_node", 0.8, 20e-6)
+    log = parse(nccl_log("all_gather", ["a"] * 8 + ["b"] * 8, made).replace(" on b ", " on a ", 4))
     with pytest.raises(NcclTestsError, match="unevenly"):
         fit(log, get_cluster("dgx-h100"))
 
 
 # -- profiles -------------------------------------------------------------------------------
 
-LAUNCH_S, HBM, TENSOR = 4e-6, 0.7, 0.6
-
 
 @pytest.fixture(scope="module")
-def predicted():
+def timer():
+    """A two-layer Llama's eager prefill in fp32 on an H100 SXM: its kernels, planned once,
+    and the function that times them with other figures."""
     trace = torchroof.trace_model(small_llama(2), "prefill", batch=2, seq=256, dtype="fp32")
-    return torchroof.estimate_trace(trace, "h100-sxm", fusion="eager")
-
-
-def made_times(estimate):
-    """Each kernel's time as a part with launch 4 us, 0.7 of the HBM bandwidth and 0.6 of
-    the tensor rate would take it (the fit's model); other kernels their roofline time
-    plus the launch."""
-    out = []
-    for k in estimate.kernels:
-        if k.unit == "tensor" and k.bound == "compute":
-            out.append(LAUNCH_S + k.compute_s / TENSOR)
-        elif k.bound == "memory":
-            out.append(LAUNCH_S + k.memory_s / HBM)
-        else:
-            out.append(LAUNCH_S + k.time_s)
-    return out
+    return kernel_timer(trace, get("h100-sxm"))
 
 
 def op_name(kernel):
     return "aten::" + kernel.name.removeprefix("aten.").split(".")[0]
 
 
-def test_a_cpu_chrome_trace_gives_back_the_launch_and_fractions(predicted, tmp_path):
+def test_the_h100s_own_times_give_back_its_own_figures(timer):
+    """The profile is torchroof's realistic price of every kernel on the shipped H100 SXM
+    file (launch 2 us, 0.85 of the HBM bandwidth, 0.80 of the tensor peak): the fit gives
+    those three back."""
+    kernels, times = timer
+    spec = get("h100-sxm")
+    made = times(2e-6, 0.85, 0.80)
+    assert made == [k.time_s for k in torchroof.estimate_trace(
+        torchroof.trace_model(small_llama(2), "prefill", batch=2, seq=256, dtype="fp32"),
+        spec, fusion="eager", mode="realistic").kernels]  # fmt: skip
+    profile = [(normalise(k.name), t) for k, t in zip(kernels, made, strict=True)]
+    fitted = fit_profile(kernels, profile, times, spec)
+    assert fitted.launch_s == pytest.approx(2e-6, rel=0.01)
+    assert fitted.hbm_fraction == pytest.approx(0.85, rel=0.01)
+    assert fitted.tensor_fraction == pytest.approx(0.80, rel=0.01)
+    assert fitted.memory_kernels > 3 and fitted.tensor_kernels > 3
+
+
+LAUNCH_S, HBM, TENSOR = 4e-6, 0.3, 0.2
+
+
+def test_a_cpu_chrome_trace_gives_back_the_launch_and_fractions(timer, tmp_path):
     """Ops one after another on one thread, each with a priced op inside it (aten::mul, as
     a composite op calls others: the top-most op is the kernel), times in microseconds as
-    the profiler writes them."""
+    the profiler writes them, from a part with launch 4 us, 0.3 of the HBM bandwidth and
+    0.2 of the tensor peak."""
+    kernels, times = timer
     events, clock = [], 0.0
-    for k, t in zip(predicted.kernels, made_times(predicted), strict=True):
+    for k, t in zip(kernels, times(LAUNCH_S, HBM, TENSOR), strict=True):
         dur = t * 1e6
         events.append({"ph": "X", "cat": "cpu_op", "name": op_name(k), "pid": 1, "tid": 1,
                        "ts": clock, "dur": dur})  # fmt: skip
@@ -207,20 +269,20 @@ def test_a_cpu_chrome_trace_gives_back_the_launch_and_fractions(predicted, tmp_p
         clock += dur + 1.0
     path = tmp_path / "step.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    names = {normalise(k.name) for k in predicted.kernels}
-    fitted = fit_profile(predicted, profiled_ops(path, names), get("h100-sxm"))
-    assert fitted.matched == len(predicted.kernels)
-    assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=1e-6)
-    assert fitted.hbm_fraction == pytest.approx(HBM, rel=1e-6)
-    assert fitted.tensor_fraction == pytest.approx(TENSOR, rel=1e-6)
-    assert fitted.memory_kernels > 3 and fitted.tensor_kernels > 3
+    names = {normalise(k.name) for k in kernels}
+    fitted = fit_profile(kernels, profiled_ops(path, names), times, get("h100-sxm"))
+    assert fitted.matched == len(kernels)
+    assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=0.01)
+    assert fitted.hbm_fraction == pytest.approx(HBM, rel=0.01)
+    assert fitted.tensor_fraction == pytest.approx(TENSOR, rel=0.01)
 
 
-def test_a_gpu_trace_takes_the_device_time_of_each_ops_kernels(predicted, tmp_path):
+def test_a_gpu_trace_takes_the_device_time_of_each_ops_kernels(timer, tmp_path):
     """On a GPU trace an op's CPU time is only its launch: its time is the sum of the device
     kernels that carry its External id (here split into two kernels each)."""
+    kernels, times = timer
     events, clock = [], 0.0
-    for n, (k, t) in enumerate(zip(predicted.kernels, made_times(predicted), strict=True)):
+    for n, (k, t) in enumerate(zip(kernels, times(LAUNCH_S, HBM, TENSOR), strict=True)):
         events.append({"ph": "X", "cat": "cpu_op", "name": op_name(k), "pid": 1, "tid": 1,
                        "ts": clock, "dur": 3.0, "args": {"External id": n}})  # fmt: skip
         for half in range(2):
@@ -230,26 +292,36 @@ def test_a_gpu_trace_takes_the_device_time_of_each_ops_kernels(predicted, tmp_pa
         clock += 10.0
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    names = {normalise(k.name) for k in predicted.kernels}
-    fitted = fit_profile(predicted, profiled_ops(path, names), get("h100-sxm"))
-    assert fitted.hbm_fraction == pytest.approx(HBM, rel=1e-6)
-    assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=1e-6)
+    names = {normalise(k.name) for k in kernels}
+    fitted = fit_profile(kernels, profiled_ops(path, names), times, get("h100-sxm"))
+    assert fitted.hbm_fraction == pytest.approx(HBM, rel=0.01)
+    assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=0.01)
 
 
-def test_a_csv_of_op_timings_fits_the_same(predicted, tmp_path):
+def test_a_csv_of_op_timings_fits_the_same(timer, tmp_path):
+    kernels, times = timer
     path = tmp_path / "ops.csv"
     rows = [f"{op_name(k)},{t * 1e3!r}" for k, t in
-            zip(predicted.kernels, made_times(predicted), strict=True)]  # fmt: skip
+            zip(kernels, times(LAUNCH_S, HBM, TENSOR), strict=True)]  # fmt: skip
     path.write_text("name,time_ms\n" + "\n".join(rows) + "\n")
-    names = {normalise(k.name) for k in predicted.kernels}
-    fitted = fit_profile(predicted, profiled_ops(path, names), get("h100-sxm"))
-    assert fitted.tensor_fraction == pytest.approx(TENSOR, rel=1e-6)
+    names = {normalise(k.name) for k in kernels}
+    fitted = fit_profile(kernels, profiled_ops(path, names), times, get("h100-sxm"))
+    assert fitted.tensor_fraction == pytest.approx(TENSOR, rel=0.01)
+
+
+def test_a_profile_of_several_steps_says_only_the_first_matched(timer):
+    kernels, times = timer
+    step = [(normalise(k.name), t) for k, t in zip(kernels, times(2e-6, 0.85, 0.8), strict=True)]
+    fitted = fit_profile(kernels, step * 3, times, get("h100-sxm"))
+    assert any("profile one step" in note for note in fitted.notes)
 
 
 def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_path, capsys):
     """A two-layer Llama's prefill run here in fp32 under torch.profiler, exported as Chrome
-    JSON. The H100's own file predicts the matched kernels hundreds of times faster than
-    this CPU ran them; the file fitted to the profile predicts them within a factor of 2."""
+    JSON. The H100's own file predicts the matched kernels' time hundreds of times faster
+    than this CPU ran them (the median kernel over 5x faster); the file fitted to the profile
+    puts the median kernel within 1.5x of its measured time and the matched kernels' total
+    within 4x (a CPU is not a GPU: the realistic mode's GPU effects fit it loosely)."""
     config = LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=2000,
                          max_position_embeddings=512)  # fmt: skip
@@ -274,15 +346,19 @@ def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_
     assert "matched" in capsys.readouterr().out
     trace = torchroof.trace_model(model_path, "prefill", batch=2, seq=128, dtype="fp32")
 
-    def matched_ratio(hardware):
+    def ratios(hardware):
+        """(predicted / measured over the matched kernels' total, the median kernel's)."""
         est = torchroof.estimate_trace(trace, hardware, fusion="eager", mode="realistic")
         names = {normalise(k.name) for k in est.kernels}
         times, _ = align(est.kernels, profiled_ops(trace_path, names))
         pairs = [(k.time_s, t) for k, t in zip(est.kernels, times, strict=True) if t]
-        return sum(p for p, _ in pairs) / sum(m for _, m in pairs)
+        total = sum(p for p, _ in pairs) / sum(m for _, m in pairs)
+        return total, statistics.median(p / m for p, m in pairs)
 
-    assert matched_ratio("h100-sxm") < 0.05
-    assert 0.5 < matched_ratio(str(out)) < 2.0
+    shipped, fitted = ratios("h100-sxm"), ratios(str(out))
+    assert shipped[0] < 0.05 and shipped[1] < 0.2
+    assert 0.67 < fitted[1] < 1.5
+    assert 0.25 < fitted[0] < 4.0
 
 
 @pytest.mark.parametrize(
@@ -295,6 +371,11 @@ def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_
         (["--from-nccl-tests", "x.log", "--hardware", "h100"], "give a cluster"),
         (["--from-profile", "a", "--from-nccl-tests", "b", "--hardware", "h100"], "one"),
         (["--batch", "4"], "--batch describe the profiled step"),
+        (["--hardware", "dgx-h100"], "--hardware is read only by"),
+        (["--from-nccl-tests", "x.log", "--hardware", "dgx-h100", "--model", "gpt2"],
+         "--model is read only by --from-profile"),
+        (["--from-profile", "x.json", "--model", "gpt2", "--hardware", "h100", "--device",
+          "cuda"], "--device is read only by"),
     ],
 )  # fmt: skip
 def test_bad_calibrate_flags_get_one_line(args, message, capsys):

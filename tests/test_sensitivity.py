@@ -95,6 +95,15 @@ def test_a_cluster_step_lists_its_links_and_their_latency_moves_it():
     assert "MoE routing imbalance" not in names
 
 
+def test_nvlink_bandwidth_moves_a_tensor_parallel_step_through_nvlink_sharp():
+    """A TP 2 prefill on a DGX H100 all-reduces inside the node on NVLink SHARP (its own bus
+    bandwidth, 480 GB/s): the link's bandwidth knob moves that rate with the line rate."""
+    trace = torchroof.trace_model(small_llama(2), "prefill", batch=4, seq=1024, tp=2)
+    result = sensitivity(trace, "dgx-h100")
+    nvlink = by_name(result)["nvlink bandwidth"]
+    assert nvlink.lower_s > result.base_s > nvlink.higher_s
+
+
 def test_sharded_experts_get_the_routing_imbalance_raised_only():
     config = MixtralConfig(
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,

@@ -67,8 +67,8 @@ class Sensitivity:
 
     def table(self) -> str:
         def cell(t: float | None) -> str:
-            if t is None:
-                return "-"
+            if t is None or self.base_s <= 0:
+                return "-" if t is None else f"{ms(t)} ms"
             return f"{ms(t)} ms ({100 * (t / self.base_s - 1):+.1f}%)"
 
         pct = f"{100 * self.step:.0f}%"
@@ -78,7 +78,7 @@ class Sensitivity:
 
     def lines(self) -> list[str]:
         """The table under a line naming the figure the step rests on most."""
-        top = self.changes[0] if self.changes else None
+        top = self.changes[0] if self.changes and self.base_s > 0 else None
         head = f"sensitivity: the step time ({ms(self.base_s)} ms) with each figure moved "
         head += f"{100 * self.step:.0f}% either way, one at a time"
         if top is not None and top.moves(self.base_s) > 0:
@@ -153,25 +153,33 @@ def _with_accelerator(cluster: ClusterSpec | None, spec: HardwareSpec) -> Cluste
     return replace(cluster, accelerator=spec) if cluster is not None else None
 
 
+LINK_FIGURES = {  # a link's knob -> the figures it moves together
+    "bandwidth": ("line_bytes_per_s", "nvls_all_reduce_bus_bytes_per_s"),
+    "latency (alpha)": ("latency_s",),
+}
+
+
 def _link_knobs(spec: HardwareSpec, cluster: ClusterSpec) -> Iterator[_Knob]:
+    """Each link's bandwidth (its line rate, so its achieved bus bandwidth, and its NVLink
+    SHARP rate with it) and its per-collective latency."""
     links: list[tuple[str, Link]] = [("intra_node", cluster.intra_node)]
     if cluster.network is not None:
         links.append(("network", cluster.network))
     for slot, link in links:
         label = "network" if slot == "network" else link.kind
-        for field, what, show in (
-            ("line_bytes_per_s", "bandwidth", _gb_s),
-            ("latency_s", "latency (alpha)", _us),
-        ):
-            figure = getattr(link, field)
+        for what, names in LINK_FIGURES.items():
+            figure = getattr(link, names[0])
             if figure is None:
                 continue
 
-            def scale(factor: float, slot: str = slot, link: Link = link, field: str = field):
-                new = replace(link, **{field: _scaled(getattr(link, field), factor)[0]})
-                return (spec, replace(cluster, **{slot: new})), False
+            def scale(
+                factor: float, slot: str = slot, link: Link = link, names: tuple[str, ...] = names
+            ) -> tuple[Where, bool]:
+                moved = {n: _scaled(getattr(link, n), factor)[0] for n in names if getattr(link, n)}
+                return (spec, replace(cluster, **{slot: replace(link, **moved)})), False
 
-            yield _Knob(f"{label} {what}", show(figure.value), scale)
+            shown = _us(figure.value) if what.startswith("latency") else _gb_s(figure.value)
+            yield _Knob(f"{label} {what}", shown, scale)
 
 
 def _tb_s(value: float) -> str:
@@ -215,6 +223,18 @@ def figure_knobs(spec: HardwareSpec, cluster: ClusterSpec | None) -> list[_Knob]
     if cluster is not None:
         out += _link_knobs(spec, cluster)
     return out
+
+
+RUNTIME_SETS = ("launch overhead per kernel",)
+"""Figures a runtime profile may set in the accelerator's place (its launch per kernel)."""
+
+
+def _runtime_note(change: Change) -> Change:
+    """A figure a runtime profile may replace says so where moving it moved nothing."""
+    unmoved = change.lower_s == change.higher_s
+    if change.name in RUNTIME_SETS and unmoved:
+        return replace(change, note="the runtime's own figure applies")
+    return change
 
 
 def _shards_routed_experts(trace: Trace | PipelineTrace) -> bool:
@@ -273,5 +293,7 @@ def sensitivity(
         note = "balanced is its floor: raised only"
         changes.append(Change("MoE routing imbalance", f"{imbalance:g}", None, higher, note))
     progress.end()
+    if pricing.runtime and pricing.realistic:
+        changes = [_runtime_note(c) for c in changes]
     ordered = sorted(changes, key=lambda c: -c.moves(base_s) if base_s else 0.0)
     return Sensitivity(base_s, tuple(ordered), step)

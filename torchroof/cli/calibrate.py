@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from torchroof.cli.common import Subparsers, add_quiet, workload_settings
 from torchroof.config import Workload, add_flags
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> None:
         raise OptionError(
             f"{', '.join(workload_flags)} describe the profiled step: give them with --from-profile"
         )
+    _refuse_unused(args)
     if args.from_profile or args.from_nccl_tests:
         if not args.hardware:
             raise OptionError("give --hardware: the accelerator or cluster file to fit")
@@ -86,13 +88,32 @@ def run(args: argparse.Namespace) -> None:
         print(text)
 
 
+PROFILE, NCCL, DEVICE = "--from-profile", "--from-nccl-tests", "measuring this device"
+OWN_FLAGS = {  # each flag that only some ways of calibrating read, and those ways
+    "hardware": ("--hardware", (PROFILE, NCCL)),
+    "model": ("--model", (PROFILE,)),
+    "collective": ("--collective", (NCCL,)),
+    "accelerator": ("--accelerator", (NCCL,)),
+    "device": ("--device", (DEVICE,)),
+}
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """A flag the chosen way of calibrating would not read is refused, not ignored."""
+    way = PROFILE if args.from_profile else NCCL if args.from_nccl_tests else DEVICE
+    for dest, (flag, readers) in OWN_FLAGS.items():
+        if dest in args.given and way not in readers:
+            raise OptionError(f"{flag} is read only by {' or '.join(readers)}, not by {way}")
+
+
 def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
-    from torchroof.api import estimate_trace, trace_workload
+    from torchroof.api import trace_workload
     from torchroof.pricing.hardware import resolve_hardware
     from torchroof.records.trace import Trace
     from torchroof.validation.profile_fit import (
         calibrated_accelerator,
         fit_profile,
+        kernel_timer,
         profiled_ops,
     )
     from torchroof.validation.profiling import normalise
@@ -112,12 +133,35 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
         )
     trace = trace_workload(args.model, workload)
     assert isinstance(trace, Trace)  # pp = 1: one trace
-    predicted = estimate_trace(trace, spec, fusion="eager")
-    names = {normalise(k.name) for k in predicted.kernels}
-    fitted = fit_profile(predicted, profiled_ops(args.from_profile, names), spec)
+    kernels, times = kernel_timer(trace, spec)  # the eager kernels, planned once
+    names = {normalise(k.name) for k in kernels}
+    fitted = fit_profile(kernels, profiled_ops(args.from_profile, names), times, spec)
     name = args.name or f"{spec.name}-calibrated"
     source = f"torchroof calibrate --from-profile {Path(args.from_profile).name}"
     return calibrated_accelerator(spec, fitted, name, source), fitted.lines(), name
+
+
+def _accelerator_ref(given: str | None, cluster: Any) -> str:
+    """What the written cluster names as its accelerator: ``given`` (a file, by its absolute
+    path; a shipped name, as it is), else the cluster's own (a shipped name, or the
+    absolute path of the file it named), so the file loads from wherever it is written."""
+    from torchroof.hardware import get
+    from torchroof.hardware.spec import UnknownHardwareError
+
+    if given:
+        if Path(given).is_file():
+            return str(Path(given).resolve())
+        try:
+            return get(given).name
+        except UnknownHardwareError:
+            raise OptionError(f"--accelerator: no such accelerator or file: {given}") from None
+    spec = cluster.accelerator
+    try:
+        if Path(get(spec.name).path).resolve() == Path(spec.path).resolve():
+            return str(spec.name)
+    except UnknownHardwareError:
+        pass
+    return str(Path(spec.path).resolve())
 
 
 def _nccl_tests(args: argparse.Namespace) -> tuple[str, list[str], str]:
@@ -134,11 +178,13 @@ def _nccl_tests(args: argparse.Namespace) -> tuple[str, list[str], str]:
         except OSError as error:
             raise OptionError(f"--from-nccl-tests: cannot read {log}: {error.strerror}") from None
         fits.append(fit(parse(text, args.collective), cluster))
-    links = [f.link for f in fits]
-    if len(set(links)) < len(links):
-        raise OptionError("--from-nccl-tests: two logs measure the same link; give one each")
+    figures = [(f.link, f.figure) for f in fits]
+    if len(set(figures)) < len(figures):
+        raise OptionError(
+            "--from-nccl-tests: two logs fit the same figure of the same link; give one each"
+        )
     name = args.name or f"{cluster.name}-calibrated"
     source = "torchroof calibrate --from-nccl-tests"
-    accelerator = str(Path(args.accelerator).resolve()) if args.accelerator else ""
+    accelerator = _accelerator_ref(args.accelerator, cluster)
     text = calibrated_cluster(cluster, fits, name, source, accelerator)
     return text, [line for f in fits for line in f.lines()], name

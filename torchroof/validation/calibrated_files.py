@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,29 @@ def rewrite(
     return "\n".join(out) + "\n"
 
 
-def write(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` and return it."""
-    out = Path(path)
-    out.write_text(text)
-    return out
+class CalibratedFileError(ValueError):
+    """A rewritten file that would not load, or lost a fitted figure; the message says why."""
+
+
+def checked(
+    text: str, figures: Mapping[tuple[str, str], Fitted], beside: str | Path, cluster: bool
+) -> str:
+    """``text`` once it loads as a hardware (or ``cluster``) file, relative paths read
+    ``beside`` the file it was made from, and holds every fitted figure: a file the line
+    edits could not rewrite (a value spread over several lines) is refused here."""
+    from torchroof.hardware.cluster import parse_cluster
+    from torchroof.hardware.spec import parse
+
+    try:
+        data = tomllib.loads(text)  # the loaders' TOML reader (tomli before Python 3.11)
+        parse_cluster(data, beside) if cluster else parse(data, beside)
+    except ValueError as error:  # TOMLDecodeError and the loaders' errors are ValueErrors
+        raise CalibratedFileError(f"the fitted file would not load: {error}") from None
+    for (table, key), fitted in figures.items():
+        held = (data.get(table, {}) if table else data).get(key)
+        if not isinstance(held, dict) or held.get("value") != float(f"{fitted.value:.6g}"):
+            raise CalibratedFileError(
+                f"could not write {key} into {Path(beside).name} line by line (a value "
+                "spread over several lines?): edit the figures by hand"
+            )
+    return text

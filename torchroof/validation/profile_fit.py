@@ -10,29 +10,48 @@ matches them (:func:`torchroof.validation.profiling.align`). On a GPU trace an o
 is the device time of the kernels it launched (linked by the profiler's ``External id``);
 on a CPU trace, the op's own time.
 
-Each matched kernel that the pure roofline finds memory-bound takes ``L + Q / (f_hbm x
-beta)``, each tensor kernel bound by its FLOPs ``L + W / (f_tensor x pi)``: two straight
-lines through (bytes, time) and (FLOPs, time). Least squares on the relative error (so
-small kernels weigh as much as large ones) gives the launch time ``L`` (the memory line's
-intercept, where most small kernels are) and the two achievable fractions from the slopes:
-the three figures the realistic mode reads for every kernel
-(``launch_overhead_s``, ``achievable_hbm_fraction``, ``achievable_tensor_fraction``).
+The fit sets the three figures the realistic mode reads for every kernel: the launch time
+per kernel (``launch_overhead_s``) and the shares of the HBM bandwidth and of the tensor
+peak the kernels reach (``achievable_hbm_fraction``, ``achievable_tensor_fraction``). The
+step's kernels are planned once and timed in the realistic mode with candidate figures, and
+the figures kept are those whose times best match the profiled ones: the least sum of
+``|log(predicted / measured)|`` (Huber's loss, squared below 5%: P. J. Huber, "Robust
+estimation of a location parameter", Ann. Math. Statist. 35, 1964) (a ratio's error, so
+small kernels weigh as much as large ones and a kernel predicted 3x too slow as much as one
+3x too fast; a sum of absolute values, so a few kernels the figures cannot explain do not
+drag the rest), by coordinate descent on the figures' logarithms (a coarse grid, then
+golden-section search). The first guess is two straight lines: each kernel bound by HBM
+taken to run in ``L + t0 / f_hbm`` and each bound by the tensor units in ``L + t0 /
+f_tensor``, with ``t0`` its realistic time at both fractions 1 and no launch. A fraction
+with too few kernels bound by it keeps the file's value. Fused attention counts in the
+match but not as a tensor-bound kernel: the realistic mode times it at its own measured
+share of the peak where the file lists one. A runtime profile's launch time, where an
+estimate names one (``--runtime``), replaces the file's.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from torchroof.config import PricingOptions
 from torchroof.hardware import HardwareSpec
-from torchroof.report.estimate import Estimate, KernelEstimate
-from torchroof.validation.calibrated_files import Fitted, rewrite
+from torchroof.hardware.toml_checks import Figure
+from torchroof.pricing.price import plan_kernels, time_kernels
+from torchroof.records.trace import Trace
+from torchroof.report.estimate import KernelEstimate
+from torchroof.validation.calibrated_files import Fitted, checked, rewrite
 from torchroof.validation.profiling import align, normalise
+
+HUBER = 0.05
+"""Below this log ratio (about 5%) a kernel's error counts squared, above it linearly."""
 
 MIN_KERNELS = 3
 """The fewest matched kernels of a class that a fraction is fitted from."""
@@ -167,12 +186,13 @@ class ProfileFit:
     matched: int
     profiled: int
     predicted: int
-    memory_kernels: int  # matched kernels the pure roofline finds memory-bound
-    tensor_kernels: int  # ... and bound by the tensor units
+    memory_kernels: int  # matched kernels bound by HBM
+    tensor_kernels: int  # ... and by the tensor units
     launch_s: float | None
     hbm_fraction: float | None
     tensor_fraction: float | None
     notes: tuple[str, ...]
+    middle: tuple[float, float] = (1.0, 1.0)  # fitted / measured: its quartiles over the kernels
 
     def lines(self) -> list[str]:
         def show(value: float | None, text: str) -> str:
@@ -185,65 +205,197 @@ class ProfileFit:
             f"launch per kernel: {show(self.launch_s and self.launch_s * 1e6, '{:.2f} us')}",
             f"achievable HBM fraction: {show(self.hbm_fraction, '{:.3f}')}",
             f"achievable tensor fraction: {show(self.tensor_fraction, '{:.3f}')}",
+            f"fitted / measured kernel time: middle half {self.middle[0]:.2f}-{self.middle[1]:.2f}",
             *(f"note: {n}" for n in self.notes),
         ]
 
 
+def unit_spec(spec: HardwareSpec) -> HardwareSpec:
+    """``spec`` with both achievable fractions at 1 (the first guess's reference times;
+    priced with ``launch=False``)."""
+    one = Figure(1.0, "the fit's reference")
+    return replace(spec, achievable_hbm_fraction=one, achievable_tensor_fraction=one)
+
+
+def with_figures(spec: HardwareSpec, launch_s: float, hbm: float, tensor: float) -> HardwareSpec:
+    """``spec`` with the three figures the fit sets."""
+    return replace(
+        spec,
+        launch_overhead_s=Figure(launch_s, "fitted"),
+        achievable_hbm_fraction=Figure(hbm, "fitted"),
+        achievable_tensor_fraction=Figure(tensor, "fitted"),
+    )
+
+
+KernelTimes = Callable[[float, float, float], list[float]]
+"""Every kernel's realistic time with the launch, HBM fraction and tensor fraction given."""
+
+
+def kernel_timer(trace: Trace, spec: HardwareSpec) -> tuple[list[KernelEstimate], KernelTimes]:
+    """The step's eager kernels timed on :func:`unit_spec` without launches (the first
+    guess's reference), and a function that times them all again with other figures (the
+    kernels are planned once; only their times are made again)."""
+    pricing = PricingOptions(mode="realistic", fusion="eager")
+    plan = plan_kernels(trace, pricing)
+    unit, *_ = time_kernels(
+        plan.kernels, plan.roles, unit_spec(spec), None, replace(pricing, launch=False)
+    )
+
+    def times(launch_s: float, hbm: float, tensor: float) -> list[float]:
+        changed = with_figures(spec, launch_s, hbm, tensor)
+        timed, *_ = time_kernels(plan.kernels, plan.roles, changed, None, pricing)
+        return [k.time_s for k in timed]
+
+    return unit, times
+
+
 def _tensor_bound(kernel: KernelEstimate) -> bool:
-    return kernel.unit == "tensor" and kernel.bound == "compute"
+    attention = normalise(kernel.name).startswith("sdpa")
+    return kernel.unit == "tensor" and kernel.bound == "compute" and not attention
+
+
+def _first_guess(
+    kernels: list[KernelEstimate], times: list[float | None]
+) -> tuple[Line | None, Line | None]:
+    """Lines through (t0, measured) for the HBM-bound and the tensor-bound kernels."""
+    memory: tuple[list[float], list[float]] = ([], [])
+    tensor: tuple[list[float], list[float]] = ([], [])
+    for kernel, t in zip(kernels, times, strict=True):
+        if t is None or t <= 0 or kernel.communication:
+            continue
+        chosen = tensor if _tensor_bound(kernel) else memory if kernel.bound == "memory" else None
+        if chosen is not None:
+            chosen[0].append(kernel.time_s)
+            chosen[1].append(t)
+    return fit_line(*memory), fit_line(*tensor)
+
+
+def _golden(f: Callable[[float], float], low: float, high: float, grid: int = 16) -> float:
+    """The minimum of ``f`` on [low, high]: a coarse grid, then golden-section search between
+    the grid's best point's neighbours."""
+    points = np.linspace(low, high, grid)
+    best = int(np.argmin([f(x) for x in points]))
+    a, b = points[max(best - 1, 0)], points[min(best + 1, grid - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(36):  # the bracket shrinks to 0.618^36 = 3e-8 of itself
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        a, b = (a, d) if f(c) < f(d) else (c, b)
+    return float((a + b) / 2)
+
+
+def _huber(off: np.ndarray) -> float:
+    """Huber's loss of the log ratios: squared below :data:`HUBER`, linear above."""
+    off = np.abs(off)
+    return float(np.sum(np.where(off < HUBER, off**2 / (2 * HUBER), off - HUBER / 2)))
+
+
+def _refined(
+    start: list[float],
+    free: list[bool],
+    times: Callable[[float, float], np.ndarray],
+    measured: np.ndarray,
+    rounds: int = 6,
+) -> list[float]:
+    """(launch, HBM fraction, tensor fraction) of least loss. The launch adds to every
+    kernel's time, so for each pair of fractions (``times`` at no launch) the best launch is
+    a one-dimensional search; the free fractions are searched in turn on their logarithms."""
+
+    def best_launch(base: np.ndarray) -> tuple[float, float]:
+        def loss(log_launch: float) -> float:
+            return _huber(np.log((base + math.exp(log_launch)) / measured))
+
+        # the range a hardware file's launch may take: 10 ns to 1 ms
+        launch = math.exp(_golden(loss, math.log(1e-8), math.log(1e-3)))
+        return launch, loss(math.log(launch))
+
+    fractions = list(start[1:])
+    for _ in range(rounds if any(free[1:]) else 0):
+        before = list(fractions)
+        for i in (0, 1):
+            if not free[i + 1]:
+                continue
+
+            def loss(log_value: float, i: int = i) -> float:
+                trial = list(fractions)
+                trial[i] = math.exp(log_value)
+                return best_launch(times(*trial))[1]
+
+            fractions[i] = math.exp(_golden(loss, math.log(1e-5), 0.0))
+        if all(abs(f / b - 1) < 1e-5 for f, b in zip(fractions, before, strict=True)):
+            break  # settled
+    launch, _ = best_launch(times(*fractions))
+    return [launch, *fractions]
 
 
 def fit_profile(
-    predicted: Estimate, measured: list[tuple[str, float]], spec: HardwareSpec
+    kernels: list[KernelEstimate],
+    measured: list[tuple[str, float]],
+    times: KernelTimes,
+    spec: HardwareSpec,
 ) -> ProfileFit:
-    """The launch time and achievable fractions of ``spec`` that best explain ``measured``
-    (the profiled ops) against ``predicted`` (the pure roofline estimate of the same step on
-    ``spec``, eager kernels)."""
-    times, _ = align(predicted.kernels, measured)
-    memory_sizes, memory_times, tensor_sizes, tensor_times = [], [], [], []
-    for kernel, t in zip(predicted.kernels, times, strict=True):
-        if t is None or t <= 0 or kernel.communication:
-            continue
-        if _tensor_bound(kernel):
-            tensor_sizes.append(kernel.compute_s)  # W / pi: its time at the tensor peak
-            tensor_times.append(t)
-        elif kernel.bound == "memory":
-            memory_sizes.append(kernel.memory_s)  # Q / beta: its time at the HBM peak
-            memory_times.append(t)
-    matched = sum(t is not None for t in times)
-    if not matched:
+    """The launch time and achievable fractions of ``spec`` whose realistic kernel times
+    (``times``) best match ``measured`` (the profiled ops), in log ratio, over the
+    kernels matched to them in order; ``kernels`` are the first guess's references
+    (:func:`kernel_timer`). A fraction with fewer than :data:`MIN_KERNELS` kernels bound by
+    it keeps the file's value."""
+    matched_times, _ = align(kernels, measured)
+    pairs = [(i, t) for i, t in enumerate(matched_times) if t is not None and t > 0]
+    if not pairs:
         raise ProfileError(
             "no profiled op matched a predicted kernel: profile the same step (model, regime, "
             "batch and length) that is traced here, run eagerly"
         )
     notes = []
-    memory, tensor = fit_line(memory_sizes, memory_times), fit_line(tensor_sizes, tensor_times)
-    launch = memory.intercept_s if memory else (tensor.intercept_s if tensor else None)
-    fractions: list[float | None] = []
-    for line, what in ((memory, "HBM"), (tensor, "tensor")):
-        if line is None:
+    if len(measured) > 1.5 * len(kernels):
+        notes.append(
+            f"the profile holds {len(measured)} ops for the {len(kernels)} kernels of one "
+            "step: only those matching in order were used (profile one step)"
+        )
+    memory, tensor = _first_guess(kernels, matched_times)
+    counts = [0, 0]
+    for i, _ in pairs:
+        if _tensor_bound(kernels[i]):
+            counts[1] += 1
+        elif kernels[i].bound == "memory":
+            counts[0] += 1
+    kept = [
+        spec.launch_overhead_s.value if spec.launch_overhead_s else 1e-6,
+        spec.achievable_hbm_fraction.value if spec.achievable_hbm_fraction else 1.0,
+        spec.achievable_tensor_fraction.value if spec.achievable_tensor_fraction else 1.0,
+    ]
+    start = [
+        max(memory.intercept_s if memory else kept[0], 1e-9),
+        min(1.0 / memory.slope, 1.0) if memory else kept[1],
+        min(1.0 / tensor.slope, 1.0) if tensor else kept[2],
+    ]
+    free = [True, counts[0] >= MIN_KERNELS, counts[1] >= MIN_KERNELS]
+    for is_free, what in zip(free[1:], ("HBM", "tensor"), strict=True):
+        if not is_free:
             notes.append(
                 f"fewer than {MIN_KERNELS} {what}-bound kernels matched: its fraction is kept"
             )
-            fractions.append(None)
-            continue
-        fraction = 1.0 / line.slope  # seconds at peak / seconds taken
-        if fraction > 1:
-            notes.append(
-                f"the {what}-bound kernels ran faster than the file's peak "
-                f"({fraction:.2f}x): capped at 1"
-            )
-        fractions.append(min(fraction, 1.0))
+    index, measured_s = [i for i, _ in pairs], np.array([t for _, t in pairs])
+
+    def unlaunched(hbm: float, tensor: float) -> np.ndarray:
+        return np.array(times(0.0, hbm, tensor))[index]
+
+    launch, hbm, tensor_fraction = _refined(start, free, unlaunched, measured_s)
+    for value, what in ((hbm, "HBM"), (tensor_fraction, "tensor")):
+        if value >= 0.999:
+            notes.append(f"the {what}-bound kernels reach the file's whole peak: capped at 1")
+    ratios = np.array(times(launch, hbm, tensor_fraction))[index] / measured_s
+    q1, q3 = np.percentile(ratios, [25, 75])
     return ProfileFit(
-        matched,
+        len(pairs),
         len(measured),
-        len(predicted.kernels),
-        len(memory_times),
-        len(tensor_times),
+        len(kernels),
+        counts[0],
+        counts[1],
         launch,
-        fractions[0],
-        fractions[1],
+        hbm if free[1] else None,
+        tensor_fraction if free[2] else None,
         tuple(notes),
+        (float(q1), float(q3)),
     )
 
 
@@ -261,5 +413,5 @@ def calibrated_accelerator(spec: HardwareSpec, fitted: ProfileFit, name: str, so
         figures[("", "achievable_tensor_fraction")] = Fitted(
             fitted.tensor_fraction, f"{how}, W/pi slope"
         )
-    text = Path(spec.path).read_text()
-    return rewrite(text, name, f"{spec.display_name} (calibrated)", figures)
+    text = rewrite(Path(spec.path).read_text(), name, f"{spec.display_name} (calibrated)", figures)
+    return checked(text, figures, spec.path, cluster=False)
