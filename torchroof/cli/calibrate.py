@@ -166,18 +166,22 @@ def _accelerator_ref(given: str | None, cluster: Any) -> str:
 
 def _nccl_tests(args: argparse.Namespace) -> tuple[str, list[str], str]:
     from torchroof.pricing.hardware import resolve_hardware
-    from torchroof.validation.nccl_tests import calibrated_cluster, fit, parse
+    from torchroof.validation.nccl_tests import applied, calibrated_cluster, fit, parse
 
     _, cluster = resolve_hardware(args.hardware)
     if cluster is None:
         raise OptionError("--from-nccl-tests fits a cluster's links: give a cluster as --hardware")
-    fits = []
-    for log in args.from_nccl_tests:
+    logs = []
+    for path in args.from_nccl_tests:
         try:
-            text = Path(log).read_text()
+            logs.append(parse(Path(path).read_text(), args.collective))
         except OSError as error:
-            raise OptionError(f"--from-nccl-tests: cannot read {log}: {error.strerror}") from None
-        fits.append(fit(parse(text, args.collective), cluster))
+            raise OptionError(f"--from-nccl-tests: cannot read {path}: {error.strerror}") from None
+    fits, fitted = [], cluster
+    # the in-node logs first: a run over nodes is then priced with the in-node figures fitted
+    for log in sorted(logs, key=lambda log: log.nodes > 1):
+        fits.append(fit(log, fitted))
+        fitted = applied(fitted, fits[-1])
     figures = [(f.link, f.figure) for f in fits]
     if len(set(figures)) < len(figures):
         raise OptionError(

@@ -148,12 +148,28 @@ class LinkFit:
 
     def lines(self) -> list[str]:
         where = "inside one node" if self.link == "intra_node" else f"over {self.log.nodes} nodes"
-        return [
+        out = [
             f"{self.log.collective}_perf on {self.log.ranks} GPUs {where}, "
             f"{len(self.log.rows)} sizes: alpha {self.alpha_s * 1e6:.2f} us, "
             f"bus bandwidth {self.beta_bytes_per_s / 1e9:.1f} GB/s "
             f"(fitted times within {100 * self.worst_error:.0f}% of the measured ones)"
         ]
+        if self.figure != "achieved_fraction":
+            out.append(
+                "note: its alpha is not written: the link's one alpha is its ring "
+                "collectives' (fit it from all_gather_perf or reduce_scatter_perf)"
+            )
+        return out
+
+
+def applied(cluster: ClusterSpec, fitted: LinkFit) -> ClusterSpec:
+    """The cluster with the fitted figures (for the fits that follow, over more nodes)."""
+    alpha = fitted.alpha_s if fitted.figure == "achieved_fraction" else None
+    link = getattr(cluster, fitted.link)
+    kept = link.latency_s.value if link.latency_s else 0.0
+    return _with(
+        cluster, fitted.link, fitted.figure, fitted.value, kept if alpha is None else alpha
+    )
 
 
 def _ranks(log: NcclLog, cluster: ClusterSpec) -> list[int]:
@@ -245,7 +261,7 @@ def calibrated_cluster(
     """The cluster's TOML with each fitted link's alpha and beta, naming ``accelerator`` (a
     shipped name or an absolute path)."""
     figures: dict[tuple[str, str], Fitted] = {}
-    for f in sorted(fits, key=lambda f: f.figure != "achieved_fraction"):  # the ring's alpha first
+    for f in fits:
         how = f"{source}: {f.log.collective}_perf on {f.log.ranks} GPUs, {len(f.log.rows)} sizes"
         beta = f"{f.beta_bytes_per_s / 1e9:.1f} GB/s"
         if f.figure == "achieved_fraction":
@@ -253,7 +269,8 @@ def calibrated_cluster(
         else:
             text = f"{how}, least-squares bus bandwidth {beta}"
         figures[(f.link, f.figure)] = Fitted(f.value, text)
-        figures.setdefault((f.link, "latency_s"), Fitted(f.alpha_s, f"{how}, least-squares alpha"))
+        if f.figure == "achieved_fraction":  # a link has one alpha: its ring collectives'
+            figures[(f.link, "latency_s")] = Fitted(f.alpha_s, f"{how}, least-squares alpha")
     text = Path(cluster.path).read_text()
     display = f"{cluster.display_name} (calibrated)"
     text = rewrite(text, name, display, figures, {"accelerator": accelerator})

@@ -380,9 +380,15 @@ def fit_profile(
         return np.array(times(0.0, hbm, tensor))[index]
 
     launch, hbm, tensor_fraction = _refined(start, free, unlaunched, measured_s)
-    for value, what in ((hbm, "HBM"), (tensor_fraction, "tensor")):
-        if value >= 0.999:
+    for value, what, is_free in ((hbm, "HBM", free[1]), (tensor_fraction, "tensor", free[2])):
+        if is_free and value >= 0.999:
             notes.append(f"the {what}-bound kernels reach the file's whole peak: capped at 1")
+        elif is_free and value <= 1.001e-5:
+            notes.append(f"the {what} fraction reached the search's floor (1e-5): check the match")
+    if not 1.001e-8 < launch < 0.999e-3:
+        notes.append(
+            f"the launch time reached the search's limit ({launch:.0e} s): check the match"
+        )
     ratios = np.array(times(launch, hbm, tensor_fraction))[index] / measured_s
     q1, q3 = np.percentile(ratios, [25, 75])
     return ProfileFit(
@@ -402,16 +408,16 @@ def fit_profile(
 def calibrated_accelerator(spec: HardwareSpec, fitted: ProfileFit, name: str, source: str) -> str:
     """The accelerator's TOML with the fitted figures (those not fitted keep their line)."""
     figures: dict[tuple[str, str], Fitted] = {}
-    how = f"{source}: {fitted.matched} profiled kernels matched, least squares"
-    if fitted.launch_s is not None:
-        figures[("", "launch_overhead_s")] = Fitted(fitted.launch_s, f"{how}, intercept")
-    if fitted.hbm_fraction is not None:
-        figures[("", "achievable_hbm_fraction")] = Fitted(
-            fitted.hbm_fraction, f"{how}, Q/beta slope"
-        )
-    if fitted.tensor_fraction is not None:
-        figures[("", "achievable_tensor_fraction")] = Fitted(
-            fitted.tensor_fraction, f"{how}, W/pi slope"
-        )
+    how = (
+        f"{source}: the realistic mode's times of {fitted.matched} matched kernels fitted to "
+        "the profile (least Huber loss of log predicted / measured)"
+    )
+    for key, value in (
+        ("launch_overhead_s", fitted.launch_s),
+        ("achievable_hbm_fraction", fitted.hbm_fraction),
+        ("achievable_tensor_fraction", fitted.tensor_fraction),
+    ):
+        if value is not None:
+            figures[("", key)] = Fitted(value, how)
     text = rewrite(Path(spec.path).read_text(), name, f"{spec.display_name} (calibrated)", figures)
     return checked(text, figures, spec.path, cluster=False)
