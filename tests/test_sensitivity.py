@@ -4,6 +4,7 @@ fractions, the routing imbalance of sharded experts, and the command line."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,7 @@ from transformers import MixtralConfig
 
 import torchroof
 from torchroof.cli.main import main as cli_main
+from torchroof.report.estimate import Estimate
 from torchroof.sensitivity import sensitivity
 
 
@@ -122,10 +124,16 @@ def test_a_step_outside_zero_and_one_is_refused(streaming):
             sensitivity(streaming, "h100-sxm", step=step)
 
 
-def test_the_command_line_prints_the_table(capsys):
-    code = cli_main(["estimate", "gpt2", "--regime", "decode", "--batch", "2", "--seq", "64",
-                     "--kernels", "0", "--sensitivity", "--quiet"])  # fmt: skip
+def test_the_command_line_prints_the_table_and_the_json_holds_it(capsys, tmp_path):
+    path = tmp_path / "est.json"
+    step = ["gpt2", "--regime", "decode", "--batch", "2", "--seq", "64", "--kernels", "0"]
+    code = cli_main(["estimate", *step, "--sensitivity", "--json", str(path), "--quiet"])
     assert code == 0
     out = capsys.readouterr().out
     assert "sensitivity: the step time" in out and "it rests most on" in out
     assert "HBM bandwidth" in out and "10% lower: step" in out
+    data = json.loads(path.read_text())
+    est = Estimate.from_json(path)  # the estimate still reads back, the table beside it
+    assert data["sensitivity"]["base_s"] == pytest.approx(est.time_s)
+    hbm = next(c for c in data["sensitivity"]["changes"] if c["name"] == "HBM bandwidth")
+    assert hbm["lower_s"] > est.time_s > hbm["higher_s"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from torchroof.api import (
     PipelineTrace,
@@ -85,7 +87,8 @@ def add_parser(commands: Subparsers) -> None:
         "--sensitivity",
         action="store_true",
         help="also price the step with each hardware figure and uncertain assumption 10%% "
-        "lower and higher, one at a time, and list what moves the step time most",
+        "lower and higher, one at a time, and list what moves the step time most (--json "
+        "holds the table under 'sensitivity')",
     )
     add_quiet(est)
 
@@ -198,12 +201,14 @@ def run(args: argparse.Namespace) -> None:
     if args.kernels > 0:
         print()
         print(kernel_table(est, top=args.kernels))
+    moved = None
     if args.sensitivity:
         from torchroof.sensitivity import sensitivity
 
         print()
         chosen = PricingOptions(**{**pricing, "fusion": policies[-1]})
-        print("\n".join(sensitivity(trace, args.hardware, chosen).lines()))
+        moved = sensitivity(trace, args.hardware, chosen)
+        print("\n".join(moved.lines()))
     for kind, path in outputs:
         if kind == "html" and len(estimates) == 2:  # both policies, side by side
             from torchroof.render.html import comparison_html
@@ -220,4 +225,7 @@ def run(args: argparse.Namespace) -> None:
             estimate_html(est, path, depth=args.depth, collapse=not args.all_layers)
         else:
             write(est, path, kind, depth=args.depth)
+        if kind == "estimate" and moved is not None:  # the table beside the estimate's fields
+            data = json.loads(Path(path).read_text())
+            Path(path).write_text(json.dumps({**data, "sensitivity": moved.to_dict()}, indent=1))
         wrote(output_format(path, kind).description, path)
