@@ -11,10 +11,11 @@ GPU count and step length.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchroof.accuracy.fit import ladder
+from torchroof.accuracy.fit import MIN_RUNS, ladder
 from torchroof.accuracy.measured import KIND_NAMES, MeasuredRun, shipped_data, shipped_runs
 from torchroof.config import Workload
 from torchroof.report import analysis
@@ -33,6 +34,7 @@ class Similar:
     low: float
     median: float
     high: float
+    holds: Callable[[MeasuredRun], bool]  # who belongs to it (its rung of the ladder)
 
 
 def similar_group(kind: str, mode: str) -> Similar | None:
@@ -44,7 +46,8 @@ def similar_group(kind: str, mode: str) -> Similar | None:
         if rung.name in groups:
             g = groups[rung.name]
             s = g[spread_mode]
-            return Similar(rung.name, g["runs"], g["sources"], s["low"], s["median"], s["high"])
+            spread = (s["low"], s["median"], s["high"])
+            return Similar(rung.name, g["runs"], g["sources"], *spread, rung.holds)
     return None
 
 
@@ -165,9 +168,11 @@ def expected_range(est: Estimate) -> ExpectedRange | NoRange:
     found = similar_group(workload.regime, mode)
     if found is None:
         name = KIND_NAMES.get(workload.regime, workload.regime)
-        return NoRange(f"fewer than 9 measured {name}, none from a source holding most of them")
+        return NoRange(
+            f"fewer than {MIN_RUNS} measured {name}, none from a source holding most of them"
+        )
     base = est.time_s / est.correction  # the estimate's own mode, before any calibration
-    members = [r for r in shipped_runs() if _rung_holds(found.name, workload.regime, r)]
+    members = [r for r in shipped_runs() if found.holds(r)]
     return ExpectedRange(
         mode,
         base * found.low,
@@ -177,10 +182,6 @@ def expected_range(est: Estimate) -> ExpectedRange | NoRange:
         found.sources,
         nearest_run(est, members, mode, base),
     )
-
-
-def _rung_holds(name: str, kind: str, run: MeasuredRun) -> bool:
-    return any(rung.holds(run) for rung in ladder(kind) if rung.name == name)
 
 
 def nearest_run(

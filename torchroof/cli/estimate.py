@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from torchroof.api import (
     PipelineTrace,
@@ -28,7 +26,7 @@ from torchroof.config.errors import OptionError
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.parallel.pipeline.price import NOT_SAVED
 from torchroof.records.trace import Trace as RecordedTrace
-from torchroof.render.files import output_format, write
+from torchroof.render.files import estimate_json, output_format, write
 from torchroof.render.text import comparison_table, kernel_table, layer_table, summary
 from torchroof.workloads import regime
 
@@ -223,9 +221,8 @@ def run(args: argparse.Namespace) -> None:
             from torchroof.render.html import estimate_html
 
             estimate_html(est, path, depth=args.depth, collapse=not args.all_layers)
+        elif kind == "estimate" and moved is not None:  # the table beside the estimate's fields
+            estimate_json(est, path, {"sensitivity": moved.to_dict()})
         else:
             write(est, path, kind, depth=args.depth)
-        if kind == "estimate" and moved is not None:  # the table beside the estimate's fields
-            data = json.loads(Path(path).read_text())
-            Path(path).write_text(json.dumps({**data, "sensitivity": moved.to_dict()}, indent=1))
         wrote(output_format(path, kind).description, path)

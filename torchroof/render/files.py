@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchroof.accuracy.expected import expected_range
 from torchroof.render.chrome_trace import write_chrome_trace
@@ -61,10 +61,13 @@ CSV_COLUMNS = (
 )
 
 
-def estimate_json(est: Estimate, path: str | Path | None = None) -> str:
+def estimate_json(
+    est: Estimate, path: str | Path | None = None, beside: dict[str, Any] | None = None
+) -> str:
     """The estimate as JSON text (``Estimate.to_dict``, its totals with the expected range:
-    ``torchroof.accuracy.expected``); also written to ``path`` if given."""
-    data = est.to_dict()
+    ``torchroof.accuracy.expected``), with ``beside``'s fields at the top level (the CLI's
+    sensitivity table); also written to ``path`` if given."""
+    data = {**est.to_dict(), **(beside or {})}
     data["totals"]["expected"] = expected_range(est).to_dict()
     text = json.dumps(data, indent=1)
     if path is not None:

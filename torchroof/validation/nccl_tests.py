@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from torchroof.hardware import ClusterSpec
 from torchroof.hardware.toml_checks import Figure
 from torchroof.timing.network import collective_time
 from torchroof.validation.calibrated_files import Fitted, checked, rewrite
+from torchroof.validation.search import minimum
 
 KINDS = {
     "all_reduce": "all_reduce",
@@ -189,19 +189,6 @@ def _with(cluster: ClusterSpec, slot: str, figure: str, value: float, alpha: flo
     return replace(cluster, **{slot: replace(link, **fitted)})
 
 
-def _golden(f: Callable[[float], float], low: float, high: float, steps: int = 80) -> float:
-    """The minimum of a unimodal ``f`` on [low, high] by golden-section search."""
-    ratio = (math.sqrt(5) - 1) / 2
-    a, b = low, high
-    for _ in range(steps):
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if f(c) < f(d):
-            b = d
-        else:
-            a = c
-    return (a + b) / 2
-
-
 def fit(log: NcclLog, cluster: ClusterSpec) -> LinkFit:
     """alpha and beta of the link the log's ranks span, through its rows, each priced as
     torchroof prices the collective."""
@@ -232,9 +219,8 @@ def fit(log: NcclLog, cluster: ClusterSpec) -> LinkFit:
         return float(np.sum((priced(math.exp(log_value))[1] / t - 1) ** 2))
 
     scale = link.line_bytes_per_s.value if figure == "achieved_fraction" else 1.0
-    grid = np.linspace(math.log(1e7 / scale), math.log(1e14 / scale), 300)
-    best = int(np.argmin([error(x) for x in grid]))
-    value = math.exp(_golden(error, grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]))
+    low, high = math.log(1e7 / scale), math.log(1e14 / scale)
+    value = math.exp(minimum(error, low, high, grid=300, steps=80))
     alpha, fitted = priced(value)
     if figure == "achieved_fraction" and value > 1.0001:
         raise NcclTestsError(

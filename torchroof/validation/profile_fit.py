@@ -49,6 +49,7 @@ from torchroof.records.trace import Trace
 from torchroof.report.estimate import KernelEstimate
 from torchroof.validation.calibrated_files import Fitted, checked, rewrite
 from torchroof.validation.profiling import align, normalise
+from torchroof.validation.search import minimum
 
 HUBER = 0.05
 """Below this log ratio (about 5%) a kernel's error counts squared, above it linearly."""
@@ -256,8 +257,9 @@ def _tensor_bound(kernel: KernelEstimate) -> bool:
 
 def _first_guess(
     kernels: list[KernelEstimate], times: list[float | None]
-) -> tuple[Line | None, Line | None]:
-    """Lines through (t0, measured) for the HBM-bound and the tensor-bound kernels."""
+) -> tuple[Line | None, Line | None, tuple[int, int]]:
+    """Lines through (t0, measured) for the HBM-bound and the tensor-bound kernels, and how
+    many matched kernels each holds."""
     memory: tuple[list[float], list[float]] = ([], [])
     tensor: tuple[list[float], list[float]] = ([], [])
     for kernel, t in zip(kernels, times, strict=True):
@@ -267,20 +269,7 @@ def _first_guess(
         if chosen is not None:
             chosen[0].append(kernel.time_s)
             chosen[1].append(t)
-    return fit_line(*memory), fit_line(*tensor)
-
-
-def _golden(f: Callable[[float], float], low: float, high: float, grid: int = 16) -> float:
-    """The minimum of ``f`` on [low, high]: a coarse grid, then golden-section search between
-    the grid's best point's neighbours."""
-    points = np.linspace(low, high, grid)
-    best = int(np.argmin([f(x) for x in points]))
-    a, b = points[max(best - 1, 0)], points[min(best + 1, grid - 1)]
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(36):  # the bracket shrinks to 0.618^36 = 3e-8 of itself
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        a, b = (a, d) if f(c) < f(d) else (c, b)
-    return float((a + b) / 2)
+    return fit_line(*memory), fit_line(*tensor), (len(memory[0]), len(tensor[0]))
 
 
 def _huber(off: np.ndarray) -> float:
@@ -305,7 +294,7 @@ def _refined(
             return _huber(np.log((base + math.exp(log_launch)) / measured))
 
         # the range a hardware file's launch may take: 10 ns to 1 ms
-        launch = math.exp(_golden(loss, math.log(1e-8), math.log(1e-3)))
+        launch = math.exp(minimum(loss, math.log(1e-8), math.log(1e-3)))
         return launch, loss(math.log(launch))
 
     fractions = list(start[1:])
@@ -320,7 +309,7 @@ def _refined(
                 trial[i] = math.exp(log_value)
                 return best_launch(times(*trial))[1]
 
-            fractions[i] = math.exp(_golden(loss, math.log(1e-5), 0.0))
+            fractions[i] = math.exp(minimum(loss, math.log(1e-5), 0.0))
         if all(abs(f / b - 1) < 1e-5 for f, b in zip(fractions, before, strict=True)):
             break  # settled
     launch, _ = best_launch(times(*fractions))
@@ -351,13 +340,7 @@ def fit_profile(
             f"the profile holds {len(measured)} ops for the {len(kernels)} kernels of one "
             "step: only those matching in order were used (profile one step)"
         )
-    memory, tensor = _first_guess(kernels, matched_times)
-    counts = [0, 0]
-    for i, _ in pairs:
-        if _tensor_bound(kernels[i]):
-            counts[1] += 1
-        elif kernels[i].bound == "memory":
-            counts[0] += 1
+    memory, tensor, counts = _first_guess(kernels, matched_times)
     kept = [
         spec.launch_overhead_s.value if spec.launch_overhead_s else 1e-6,
         spec.achievable_hbm_fraction.value if spec.achievable_hbm_fraction else 1.0,
