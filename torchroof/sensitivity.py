@@ -31,7 +31,7 @@ from torchroof.parallel.pipeline.trace import PipelineTrace
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans, pricing_options
 from torchroof.pricing.routing import top_k_by_experts
-from torchroof.progress import current
+from torchroof.progress import current, silenced
 from torchroof.records.trace import Trace
 from torchroof.render.units import ms
 
@@ -267,8 +267,10 @@ def sensitivity(
     plans = plans if plans is not None else TracePlans()
 
     def priced(where: Where, options: PricingOptions) -> float:
+        """The step's time on ``where``; its stages are this one's (silenced)."""
         on_spec, on_cluster = where
-        return estimate_trace(trace, on_cluster or on_spec, options, plans=plans).time_s
+        with silenced():
+            return estimate_trace(trace, on_cluster or on_spec, options, plans=plans).time_s
 
     moved = figure_knobs(spec, cluster)
     routes = _shards_routed_experts(trace)

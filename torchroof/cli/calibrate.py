@@ -135,7 +135,12 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     assert isinstance(trace, Trace)  # pp = 1: one trace
     kernels, times = kernel_timer(trace, spec)  # the eager kernels, planned once
     names = {normalise(k.name) for k in kernels}
-    fitted = fit_profile(kernels, profiled_ops(args.from_profile, names), times, spec)
+    profiled = profiled_ops(args.from_profile, names)
+    current_progress().begin(
+        f"fitting the launch and both fractions to {len(profiled)} profiled ops"
+    )
+    fitted = fit_profile(kernels, profiled, times, spec)
+    current_progress().end()
     name = args.name or f"{spec.name}-calibrated"
     source = f"torchroof calibrate --from-profile {Path(args.from_profile).name}"
     return calibrated_accelerator(spec, fitted, name, source), fitted.lines(), name

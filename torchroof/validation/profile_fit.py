@@ -45,6 +45,7 @@ from torchroof.config import PricingOptions
 from torchroof.hardware import HardwareSpec
 from torchroof.hardware.toml_checks import Figure
 from torchroof.pricing.price import plan_kernels, time_kernels
+from torchroof.progress import silenced
 from torchroof.records.trace import Trace
 from torchroof.report.estimate import KernelEstimate
 from torchroof.validation.calibrated_files import Fitted, checked, rewrite
@@ -244,7 +245,8 @@ def kernel_timer(trace: Trace, spec: HardwareSpec) -> tuple[list[KernelEstimate]
 
     def times(launch_s: float, hbm: float, tensor: float) -> list[float]:
         changed = with_figures(spec, launch_s, hbm, tensor)
-        timed, *_ = time_kernels(plan.kernels, plan.roles, changed, None, pricing)
+        with silenced():  # one timing of hundreds in the fit's stage
+            timed, *_ = time_kernels(plan.kernels, plan.roles, changed, None, pricing)
         return [k.time_s for k in timed]
 
     return unit, times
