@@ -291,7 +291,13 @@ class Scheduler:
             tokens = pending if whole else min(pending, budget)
             if tokens > budget:
                 break
-            need = self.blocks_for(state.computed + cached + tokens) - state.held - len(found)
+            # the k draft slots too once anything is computed (a prefix-cache hit, or a
+            # request back from preemption that decodes at once), as a running request holds
+            # them; a wider rule than vLLM v1's, which gives num_lookahead_tokens to a
+            # waiting request only where num_computed_tokens > 0 before its cache hit
+            ahead = self.lookahead if state.computed + cached > 0 else 0
+            need = self.blocks_for(state.computed + cached + tokens + ahead)
+            need -= state.held + len(found)
             reclaimed = self.cache.reclaimed(found) if self.cache is not None else 0
             if need + reclaimed > self.free_blocks:
                 break
