@@ -10,6 +10,7 @@ rows sum as if kernels ran back to back.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -360,15 +361,15 @@ class Estimate:
         def scaled(value: float | None) -> float | None:
             return None if value is None else value * factor
 
-        kernels = [
-            replace(
-                k,
-                time_s=k.time_s * factor,
-                start_s=scaled(k.start_s),
-                exposed_s=k.exposed_s * factor,
+        kernels = []
+        for k in self.kernels:
+            # a shallow copy with three fields set: dataclasses.replace would run __init__
+            # over every field, 10 ms against 2.7 for Llama-3-8B decode's 581 kernels
+            copied = copy.copy(k)
+            vars(copied).update(
+                time_s=k.time_s * factor, start_s=scaled(k.start_s), exposed_s=k.exposed_s * factor
             )
-            for k in self.kernels
-        ]
+            kernels.append(copied)
         return replace(
             self,
             kernels=kernels,
