@@ -29,7 +29,13 @@ from torchroof.cli.main import main as cli_main
 from torchroof.timing.network import collective_time
 from torchroof.validation.calibrated_files import Fitted, rewrite
 from torchroof.validation.nccl_tests import NcclTestsError, fit, parse
-from torchroof.validation.profile_fit import fit_profile, kernel_timer, profiled_ops
+from torchroof.validation.profile_fit import (
+    calibrated_accelerator,
+    device_idle,
+    fit_profile,
+    kernel_timer,
+    profiled_ops,
+)
 from torchroof.validation.profiling import align, normalise
 
 # -- files ----------------------------------------------------------------------------------
@@ -241,22 +247,39 @@ def op_name(kernel):
     return "aten::" + kernel.name.removeprefix("aten.").split(".")[0]
 
 
-def test_the_h100s_own_times_give_back_its_own_figures(timer):
+EAGER_AT_THE_FILES_LAUNCH = """name = "eager-at-2us"
+runs = "both"
+[kernels]
+fusion = { value = "eager", source = "test" }
+attention = { value = "flash", source = "test" }
+attention_kernel = { value = "fa2", source = "test" }
+[launches]
+kernel_launch_s = { value = 2e-6, source = "test: the H100 SXM file's launch" }
+"""
+
+
+def test_the_h100s_own_times_give_back_its_own_figures(timer, tmp_path):
     """The profile is torchroof's realistic price of every kernel on the shipped H100 SXM
-    file (launch 2 us, 0.85 of the HBM bandwidth, 0.80 of the tensor peak): the fit gives
-    those three back."""
+    file (launch 2 us, 0.85 of the HBM bandwidth, 0.80 of the tensor peak, FlashAttention-2
+    forward at 0.337 of the peak), exactly what an estimate under eager PyTorch at the
+    file's launch prices: the fit gives those four back."""
     kernels, times = timer
     spec = get("h100-sxm")
     made = times(2e-6, 0.85, 0.80)
+    runtime = tmp_path / "eager-at-2us.toml"
+    runtime.write_text(EAGER_AT_THE_FILES_LAUNCH)
     assert made == [k.time_s for k in torchroof.estimate_trace(
         torchroof.trace_model(small_llama(2), "prefill", batch=2, seq=256, dtype="fp32"),
-        spec, fusion="eager", mode="realistic").kernels]  # fmt: skip
+        spec, fusion="eager", mode="realistic", runtime=str(runtime)).kernels]  # fmt: skip
     profile = [(normalise(k.name), t) for k, t in zip(kernels, made, strict=True)]
     fitted = fit_profile(kernels, profile, times, spec)
     assert fitted.launch_s == pytest.approx(2e-6, rel=0.01)
     assert fitted.hbm_fraction == pytest.approx(0.85, rel=0.01)
     assert fitted.tensor_fraction == pytest.approx(0.80, rel=0.01)
     assert fitted.memory_kernels > 3 and fitted.tensor_kernels > 3
+    # the two layers' attention is compute-bound at 2 x 256 tokens: too few to fit its share
+    assert fitted.attention_kernels == (2, 0) and fitted.attention == (None, None)
+    assert any("fewer than 3 forward attention-bound" in note for note in fitted.notes)
 
 
 LAUNCH_S, HBM, TENSOR = 4e-6, 0.3, 0.2
@@ -307,6 +330,25 @@ def test_a_gpu_trace_takes_the_device_time_of_each_ops_kernels(timer, tmp_path):
     assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=0.01)
 
 
+def test_a_gpu_traces_idle_time_is_the_span_less_the_kernels_union(tmp_path):
+    """Kernels at 0-10 us and 15-20 us on one stream and 18-30 us on another: 30 us from the
+    first start to the last end, busy over [0, 10] and [15, 30] (25 us), idle 5 us (17%).
+    A CPU trace and a CSV have no device time: no line."""
+    kernels = [(0, 10, 7), (15, 5, 7), (18, 12, 8)]
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": tid, "ts": ts,
+               "dur": dur} for ts, dur, tid in kernels]  # fmt: skip
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    idle = device_idle(path)
+    assert idle is not None
+    assert idle.span_s == pytest.approx(30e-6) and idle.idle_s == pytest.approx(5e-6)
+    assert "0.005 ms of the 0.030 ms from the first kernel to the last (17%)" in idle.line()
+    cpu = tmp_path / "cpu.json"
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5}
+    cpu.write_text(json.dumps({"traceEvents": [op]}))
+    assert device_idle(cpu) is None and device_idle(tmp_path / "ops.csv") is None
+
+
 def test_a_csv_of_op_timings_fits_the_same(timer, tmp_path):
     kernels, times = timer
     path = tmp_path / "ops.csv"
@@ -316,6 +358,48 @@ def test_a_csv_of_op_timings_fits_the_same(timer, tmp_path):
     names = {normalise(k.name) for k in kernels}
     fitted = fit_profile(kernels, profiled_ops(path, names), times, get("h100-sxm"))
     assert fitted.tensor_fraction == pytest.approx(TENSOR, rel=0.01)
+
+
+@pytest.fixture(scope="module")
+def training_timer():
+    """A three-layer Llama's eager training step in bf16 on one sequence of 4,096 tokens on
+    an H100 SXM: three fused attention kernels forward and three backward, each bound by the
+    tensor units (causal, 4 heads of 32: 2 x 4 x 4096^2 x 32 FLOPs forward over some 4 MB,
+    about 500 FLOPs a byte, above the ridge)."""
+    trace = torchroof.trace_model(small_llama(3), "train", batch=1, seq=4096)
+    return kernel_timer(trace, get("h100-sxm"))
+
+
+def test_a_training_profile_gives_back_the_attention_kernels_shares(training_timer, tmp_path):
+    """Profiled times made with FlashAttention-2 forward at 0.45 of the tensor peak and
+    backward at 0.30 (the H100 file lists 0.337 and 0.290) beside launch 4 us, 0.3 of the
+    HBM bandwidth and 0.2 of the tensor peak: the fit gives the shares, launch and HBM
+    fraction back (this model's GEMMs, 128 wide, are bound by HBM: the tensor fraction is
+    not fitted and the file's is kept), and the file it
+    writes holds the two shares under [attention_tensor_fraction], where an estimate under
+    a runtime launching FlashAttention-2 reads them."""
+    kernels, times = training_timer
+    spec = get("h100-sxm")
+    made = times(LAUNCH_S, HBM, TENSOR, 0.45, 0.30)
+    assert made != times(LAUNCH_S, HBM, TENSOR)  # the shares change the attention kernels
+    profile = [(normalise(k.name), t) for k, t in zip(kernels, made, strict=True)]
+    fitted = fit_profile(kernels, profile, times, spec)
+    assert fitted.attention_kernels == (3, 3)
+    assert fitted.attention_kernel == "fa2"
+    assert fitted.attention[0] == pytest.approx(0.45, rel=0.01)
+    assert fitted.attention[1] == pytest.approx(0.30, rel=0.01)
+    assert fitted.launch_s == pytest.approx(LAUNCH_S, rel=0.01)
+    assert fitted.hbm_fraction == pytest.approx(HBM, rel=0.01)
+    assert fitted.tensor_kernels < 3 and fitted.tensor_fraction is None
+    assert "fused attention (fa2) backward share of the tensor peak: 0.300" in "\n".join(
+        fitted.lines()
+    )
+    path = tmp_path / "mine.toml"
+    path.write_text(calibrated_accelerator(spec, fitted, "mine", "a test"))
+    mine = get(str(path))
+    assert mine.attention_share("fa2", backward=False) == pytest.approx(0.45, rel=0.01)
+    assert mine.attention_share("fa2", backward=True) == pytest.approx(0.30, rel=0.01)
+    assert mine.attention_share("fa3", backward=False) == spec.attention_share("fa3", False)
 
 
 def test_a_profile_of_several_steps_says_only_the_first_matched(timer):
@@ -353,7 +437,8 @@ def test_a_profile_of_a_real_step_on_this_cpu_makes_a_file_that_predicts_it(tmp_
     code = cli_main(["calibrate", "--from-profile", str(trace_path), "--model", model_path,
                      "--hardware", "h100-sxm", "-o", str(out), "--quiet", *workload])  # fmt: skip
     assert code == 0
-    assert "matched" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "matched" in printed and "GPU idle" not in printed  # a CPU trace
     trace = torchroof.trace_model(model_path, "prefill", batch=2, seq=128, dtype="fp32")
 
     def ratios(hardware):

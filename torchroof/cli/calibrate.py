@@ -29,8 +29,8 @@ def add_parser(commands: Subparsers) -> None:
         "--from-profile",
         metavar="TRACE",
         help="a PyTorch profiler Chrome trace (.json) or per-op CSV of one eager step of "
-        "--model with the workload flags: fits --hardware's launch time and achievable "
-        "fractions",
+        "--model with the workload flags: fits --hardware's launch time, achievable "
+        "fractions and fused attention's share of the peak",
     )
     fitted.add_argument(
         "--from-nccl-tests",
@@ -112,6 +112,7 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     from torchroof.records.trace import Trace
     from torchroof.validation.profile_fit import (
         calibrated_accelerator,
+        device_idle,
         fit_profile,
         kernel_timer,
         profiled_ops,
@@ -137,13 +138,15 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     names = {normalise(k.name) for k in kernels}
     profiled = profiled_ops(args.from_profile, names)
     current_progress().begin(
-        f"fitting the launch and both fractions to {len(profiled)} profiled ops"
+        f"fitting the launch, fractions and attention shares to {len(profiled)} profiled ops"
     )
     fitted = fit_profile(kernels, profiled, times, spec)
     current_progress().end()
     name = args.name or f"{spec.name}-calibrated"
     source = f"torchroof calibrate --from-profile {Path(args.from_profile).name}"
-    return calibrated_accelerator(spec, fitted, name, source), fitted.lines(), name
+    idle = device_idle(args.from_profile)
+    lines = fitted.lines() + ([idle.line()] if idle is not None else [])
+    return calibrated_accelerator(spec, fitted, name, source), lines, name
 
 
 def _accelerator_ref(given: str | None, cluster: Any) -> str:
