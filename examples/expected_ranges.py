@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 VALIDATION = HERE / "validation"
 PREDICTIONS = VALIDATION / "runtime_predictions.json"
 RUN_FILES = ("single_gpu_runs", "multi_gpu_runs", "pp_ep_runs", "quant_runs", "runtime_runs")
+SERVING_RUNS = VALIDATION / "serving_runs.json"
 SHIPPED = HERE.parent / "torchroof" / "accuracy" / "measured_runs.json"
 
 FAMILIES = {  # a GPU spec name's first word -> its architecture
@@ -104,6 +106,23 @@ def measured_runs() -> list[MeasuredRun]:
     return out
 
 
+def serving_runs() -> dict[str, Any]:
+    """How many published serving runs the simulator is checked against, and each source's
+    title with its count of them (``examples/serving_validation.py``). No range is fitted
+    for a served run: refused here once they would make a group (:data:`fit.MIN_RUNS` runs,
+    no source holding more than half), so the statement ``serve`` prints stays true."""
+    data = json.loads(SERVING_RUNS.read_text())
+    counts = Counter(run["source"] for run in data["runs"])
+    total = sum(counts.values())
+    if total >= fit.MIN_RUNS and max(counts.values()) <= fit.MAX_SOURCE_SHARE * total:
+        raise SystemExit(
+            f"{SERVING_RUNS.name}: {total} runs from {len(counts)} sources would make a group: "
+            "fit a range for served runs before shipping them"
+        )
+    titles = {key: data["sources"][key]["title"].split(",")[0] for key in counts}
+    return {"runs": total, "sources": {titles[key]: n for key, n in sorted(counts.items())}}
+
+
 def shipped(runs: list[MeasuredRun]) -> dict[str, Any]:
     """What ``measured_runs.json`` holds: the runs, the fit on all of them and the
     leave-one-source-out evaluation."""
@@ -117,6 +136,7 @@ def shipped(runs: list[MeasuredRun]) -> dict[str, Any]:
         "runs": [r.to_dict() for r in runs],
         "fit": fit.fit(runs),
         "evaluation": fit.evaluation(runs),
+        "serving": serving_runs(),
     }
 
 

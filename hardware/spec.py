@@ -99,6 +99,9 @@ _FIGURE_KEYS: dict[str, tuple[bool, bool, str]] = {
     "register_bytes_per_s": (False, False, "B/s"),
     "memory_latency_s": (False, False, "s"),
     "launch_overhead_s": (False, False, "s"),
+    # one kernel launched eagerly, measured on this device (calibrate --from-profile): under
+    # a runtime it replaces the runtime's eager launch, a figure from another machine
+    "eager_launch_s": (False, False, "s"),
     "achievable_hbm_fraction": (False, False, "fraction of hbm_bytes_per_s"),
     "achievable_tensor_fraction": (False, False, "fraction of the tensor peaks"),
 }
@@ -109,6 +112,7 @@ REALISTIC_KEYS = (
     "register_bytes_per_s",
     "memory_latency_s",
     "launch_overhead_s",
+    "eager_launch_s",
     "achievable_hbm_fraction",
     "achievable_tensor_fraction",
 )
@@ -233,6 +237,7 @@ class HardwareSpec:
     # Little's law (bytes in flight = beta x latency) and launch costs (realistic mode)
     memory_latency_s: Figure | None = None  # HBM load-to-use latency
     launch_overhead_s: Figure | None = None  # one kernel's launch, device side
+    eager_launch_s: Figure | None = None  # an eager launch measured here: beats a runtime's
     achievable_hbm_fraction: Figure | None = None  # STREAM-like bandwidth / hbm_bytes_per_s
     achievable_tensor_fraction: Figure | None = None  # sustained tensor rate / the peaks
     # a fused attention kernel's measured share of the tensor peak, by "<kernel>_<direction>"

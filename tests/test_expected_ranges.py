@@ -291,3 +291,47 @@ def test_the_command_line_prints_the_range_and_the_calibrated_time(capsys):
     out = capsys.readouterr().out
     assert "(calibrated: the realistic" in out
     assert "expected: " in out and "similar measured runs, decode steps" in out
+
+
+def test_a_served_run_says_why_it_has_no_range(tmp_path, capsys):
+    """The 36 serving runs of examples/validation/serving_runs.json all come from
+    TensorRT-LLM's performance overview: one source holds all of them (more than half), so
+    no group can be made; ``serve`` says so in its text and under the summary's
+    ``expected``, and the script refuses to ship runs that would make a group."""
+    served = json.loads(er.SERVING_RUNS.read_text())["runs"]
+    assert len(served) == 36 and {r["source"] for r in served} == {"trtllm-0.14-online"}
+    assert shipped_data()["serving"] == {
+        "runs": 36,
+        "sources": {"TensorRT-LLM performance overview": 36},
+    }
+    config = tmp_path / "llama.json"
+    small_llama(2).to_json_file(config)
+    path = tmp_path / "run.json"
+    code = cli_main(["serve", str(config), "--concurrency", "1", "--requests", "2",
+                     "--input-len", "16", "--output-len", "4", "--json", str(path),
+                     "--quiet"])  # fmt: skip
+    assert code == 0
+    line = (
+        "expected: no range, the 36 published serving runs the simulator is checked against "
+        "come from 1 source (TensorRT-LLM performance overview: 36); a range needs at least "
+        "9 runs, no source holding more than half of them"
+    )
+    assert line in capsys.readouterr().out
+    assert json.loads(path.read_text())["summary"]["expected"] == {"none": line[20:]}
+
+
+def test_the_script_refuses_serving_runs_that_would_make_a_group(tmp_path, monkeypatch):
+    """Nine runs from three sources, three each: a group by the rules, for which no serving
+    range is fitted yet."""
+    runs = [{"id": f"r{i}", "source": f"s{i % 3}"} for i in range(9)]
+    sources = {f"s{i}": {"title": f"Source {i}, a table"} for i in range(3)}
+    path = tmp_path / "serving_runs.json"
+    path.write_text(json.dumps({"runs": runs, "sources": sources}))
+    monkeypatch.setattr(er, "SERVING_RUNS", path)
+    with pytest.raises(SystemExit, match="9 runs from 3 sources would make a group"):
+        er.serving_runs()
+    path.write_text(json.dumps({"runs": runs[:8], "sources": sources}))
+    assert er.serving_runs() == {
+        "runs": 8,
+        "sources": {"Source 0": 3, "Source 1": 3, "Source 2": 2},
+    }

@@ -151,6 +151,22 @@ class NoRange:
         return {"none": self.reason}
 
 
+def serving_range() -> NoRange:
+    """Why a simulated serving run states no expected range: the published serving runs its
+    simulator is checked against are too few, or too much from one source, to make a group
+    (the shipped ``serving`` record; the script that writes it refuses to ship runs that
+    would make one)."""
+    served = shipped_data()["serving"]
+    sources = served["sources"]
+    named = "; ".join(f"{title}: {n}" for title, n in sources.items())
+    count = f"{len(sources)} source" + ("s" if len(sources) != 1 else "")
+    return NoRange(
+        f"the {served['runs']} published serving runs the simulator is checked against come "
+        f"from {count} ({named}); a range needs at least {MIN_RUNS} runs, no source holding "
+        f"more than half of them"
+    )
+
+
 def _ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"

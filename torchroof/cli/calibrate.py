@@ -110,13 +110,8 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     from torchroof.api import trace_workload
     from torchroof.pricing.hardware import resolve_hardware
     from torchroof.records.trace import Trace
-    from torchroof.validation.profile_fit import (
-        calibrated_accelerator,
-        device_idle,
-        fit_profile,
-        kernel_timer,
-        profiled_ops,
-    )
+    from torchroof.validation.profile_files import device_idle, profiled_ops
+    from torchroof.validation.profile_fit import calibrated_accelerator, fit_profile, kernel_timer
     from torchroof.validation.profiling import normalise
 
     if not args.model:

@@ -27,7 +27,7 @@ from torchroof.hardware.runtime import (
     available_runtimes,
     get_runtime,
 )
-from torchroof.timing.roofline import measured_attention_share
+from torchroof.timing.roofline import launch_of, measured_attention_share
 from torchroof.timing.runtime import StepRuntime, step_runtime
 
 
@@ -202,7 +202,12 @@ def runtime_lines(
         parts.append(f"fp16 matmuls accumulating in fp16 ({rate.value / 1e12:.1f} TFLOP/s)")
     if realistic:
         how = "from a CUDA graph" if step.graph_replayed else "eagerly"
-        parts.append(f"{(step.launch_s or 0) * 1e6:.1f} us per kernel launched {how}")
+        launch_s = launch_of(step, spec) if spec is not None else step.launch_s
+        # an eager launch measured on the device replaces the runtime's: said so
+        measured_on = (
+            f" (measured on {spec.display_name})" if spec and launch_s != step.launch_s else ""
+        )
+        parts.append(f"{(launch_s or 0) * 1e6:.1f} us per kernel launched {how}{measured_on}")
         if step.host_overhead_s:
             parts.append(f"{step.host_overhead_s * 1e3:.2f} ms of host time per step")
         if step.gemm_efficiency != 1.0:

@@ -37,6 +37,9 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{summary['output_tokens_per_s']:,.0f} output tokens/s, "
         f"{summary['total_tokens_per_s']:,.0f} tokens/s with the prompts",
     ]
+    expected = summary.get("expected")
+    if expected is not None:
+        lines.append(f"expected: no range, {expected['none']}")
     slo = summary["slo"]
     if slo["ttft_s"] is not None or slo["tpot_s"] is not None:
         limits = [

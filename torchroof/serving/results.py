@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from torchroof.accuracy.expected import serving_range
+
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 
@@ -162,6 +164,7 @@ class ServeResult:
                 "expected_acceptance_length": 1
                 + float(self.steps.expected_accepted.sum()) / verifications,
             }
+        out["expected"] = serving_range().to_dict()  # why no range is stated
         out["steps"] = len(self.steps.start_s)
         out["kv_blocks_peak_share"] = (
             float(self.steps.blocks_used.max()) / self.engine["kv_blocks"]

@@ -126,6 +126,19 @@ def _on_chip_seconds(levels: Levels | None, hardware: HardwareSpec) -> dict[str,
     }
 
 
+def launch_of(runtime: StepRuntime, hardware: HardwareSpec) -> float | None:
+    """One kernel's launch in realistic mode: the runtime's (a CUDA graph's replay, or its
+    eager launch), but an eager launch measured on this device (``eager_launch_s``, which
+    ``calibrate --from-profile`` writes) in place of the runtime's eager figure, which was
+    measured elsewhere; without a runtime, the file's ``launch_overhead_s``."""
+    if runtime.launch_s is None:
+        figure = hardware.launch_overhead_s
+        return figure.value if figure is not None else None
+    if not runtime.graph_replayed and hardware.eager_launch_s is not None:
+        return hardware.eager_launch_s.value
+    return runtime.launch_s
+
+
 def measured_attention_share(
     hardware: HardwareSpec, options: PricingOptions, runtime: StepRuntime, backward: bool
 ) -> float | None:
@@ -233,10 +246,9 @@ def time_kernel(
     # on chip, both true); ``boundary`` names the term that binds the time
     bound: Bound = "compute" if compute_s > memory_s else "memory"
     overhead = options.launch_overhead_s
-    if realistic and options.launch and runtime.launch_s is not None:
-        overhead += runtime.launch_s
-    elif realistic and options.launch and hardware.launch_overhead_s is not None:
-        overhead += hardware.launch_overhead_s.value
+    launch = launch_of(runtime, hardware)
+    if realistic and options.launch and launch is not None:
+        overhead += launch
     return KernelTime(
         peak,
         effective,

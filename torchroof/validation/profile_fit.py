@@ -1,49 +1,43 @@
 """An accelerator file fitted to the user's own profile of a real step: the bandwidth and
-tensor rate its kernels reach and the fixed time each kernel costs.
+tensor rate its kernels reach, the fixed time each kernel costs, and the fused attention
+kernel's own share of the peak.
 
-The profile is a PyTorch profiler trace exported as Chrome JSON
-(``prof.export_chrome_trace(path)``; torch.profiler docs, "Examining stack traces" and
-"Using tracing functionality") or a CSV of per-op timings (a ``name`` column with the aten
-op, and ``time_s``, ``time_ms`` or ``time_us``). The ops the step launched are matched to
-torchroof's predicted kernels of the same step, in order, the way ``torchroof validate``
-matches them (:func:`torchroof.validation.profiling.align`). On a GPU trace an op's time
-is the device time of the kernels it launched (linked by the profiler's ``External id``);
-on a CPU trace, the op's own time.
+The profile's ops (:mod:`torchroof.validation.profile_files`) are matched to torchroof's
+predicted kernels of the same step, in order, the way ``torchroof validate`` matches them
+(:func:`torchroof.validation.profiling.align`).
 
 The fit sets the three figures the realistic mode reads for every kernel: the launch time
-per kernel (``launch_overhead_s``) and the shares of the HBM bandwidth and of the tensor
-peak the kernels reach (``achievable_hbm_fraction``, ``achievable_tensor_fraction``); and
-one class's own efficiency, the share of the tensor peak the fused attention kernel
-reaches, forward and backward (``[attention_tensor_fraction]``, under the name of the
-kernel eager PyTorch's ``scaled_dot_product_attention`` runs on a GPU: the ``eager``
-runtime profile's ``attention_kernel``, FlashAttention-2). The step's kernels are planned
-once and timed in the realistic mode with candidate figures, and
-the figures kept are those whose times best match the profiled ones: the least sum of
+per kernel (written as ``launch_overhead_s`` and as ``eager_launch_s``, which an estimate
+under a runtime takes for its eager launches in place of the runtime's figure, measured on
+another machine) and the shares of the HBM bandwidth and of the tensor peak the kernels
+reach (``achievable_hbm_fraction``, ``achievable_tensor_fraction``); and one class's own
+efficiency, the share of the tensor peak the fused attention kernel reaches, forward and
+backward (``[attention_tensor_fraction]``, under the name of the kernel eager PyTorch's
+``scaled_dot_product_attention`` runs on a GPU in fp16 and bf16: the ``eager`` runtime
+profile's ``attention_kernel``, FlashAttention-2). The step's kernels are planned once and
+timed as an estimate under ``--runtime eager`` times them, with candidate figures, and the
+figures kept are those whose times best match the profiled ones: the least sum of
 ``|log(predicted / measured)|`` (Huber's loss, squared below 5%: P. J. Huber, "Robust
 estimation of a location parameter", Ann. Math. Statist. 35, 1964) (a ratio's error, so
 small kernels weigh as much as large ones and a kernel predicted 3x too slow as much as one
 3x too fast; a sum of absolute values, so a few kernels the figures cannot explain do not
 drag the rest), by coordinate descent on the figures' logarithms (a coarse grid, then
-golden-section search). The first guess is two straight lines: each kernel bound by HBM
-taken to run in ``L + t0 / f_hbm`` and each bound by the tensor units in ``L + t0 /
-f_tensor``, with ``t0`` its realistic time at both fractions 1 and no launch. A fraction
-with too few kernels bound by it keeps the file's value. Fused attention is timed at its
-own share of the peak, not the tensor fraction: its first guess is a third line, through
-the attention kernels of each direction timed at share 1. An estimate reads the attention
-share only where its runtime launches that kernel (``--runtime eager``, ``hf-trainer``,
-``torchtune``, ``deepspeed``: FlashAttention-2); a runtime profile's launch time, where an
-estimate names one (``--runtime``), replaces the file's.
+golden-section search). The first guess is straight lines: each kernel bound by HBM taken
+to run in ``L + t0 / f_hbm``, each bound by the tensor units in ``L + t0 / f_tensor``, and
+each compute-bound fused attention kernel in ``L + t0 / share``, with ``t0`` its realistic
+time at fractions and shares 1 and no launch. A figure with too few kernels bound by it
+keeps the file's value. An estimate reads the attention shares only where its runtime
+launches that kernel (``--runtime eager``, ``hf-trainer``, ``torchtune``, ``deepspeed``:
+FlashAttention-2); without a runtime, realistic mode times attention at the tensor
+fraction.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -52,11 +46,12 @@ from torchroof.hardware import HardwareSpec
 from torchroof.hardware.runtime import get_runtime
 from torchroof.hardware.toml_checks import Figure
 from torchroof.pricing.price import plan_kernels, time_kernels
+from torchroof.pricing.runtime import timing_of
 from torchroof.progress import silenced
 from torchroof.records.trace import Trace
 from torchroof.report.estimate import KernelEstimate
-from torchroof.timing.runtime import StepRuntime
 from torchroof.validation.calibrated_files import Fitted, checked, rewrite
+from torchroof.validation.profile_files import ProfileError
 from torchroof.validation.profiling import align, normalise
 from torchroof.validation.search import minimum
 
@@ -65,155 +60,6 @@ HUBER = 0.05
 
 MIN_KERNELS = 3
 """The fewest matched kernels of a class that a fraction is fitted from."""
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be read or matched; the message says why."""
-
-
-@dataclass(frozen=True)
-class _Op:
-    name: str
-    pid: Any
-    tid: Any
-    start: float
-    end: float
-    external: Any
-
-
-def _is_aten_op(event: dict[str, Any]) -> bool:
-    name = str(event.get("name", ""))
-    return event.get("ph") == "X" and event.get("cat") == "cpu_op" and name.startswith("aten::")
-
-
-def _ops(events: list[dict[str, Any]]) -> list[_Op]:
-    out = []
-    for e in filter(_is_aten_op, events):
-        start = float(e["ts"])
-        external = (e.get("args") or {}).get("External id")
-        out.append(
-            _Op(e["name"], e.get("pid"), e.get("tid"), start, start + float(e["dur"]), external)
-        )
-    return out
-
-
-def _events(path: str | Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise ProfileError(f"{path}: not a readable Chrome trace JSON: {error}") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise ProfileError(f"{path}: no traceEvents list (export with prof.export_chrome_trace)")
-    return events
-
-
-def _device_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    device = ("kernel", "gpu_memcpy", "gpu_memset")
-    return [e for e in events if e.get("ph") == "X" and e.get("cat") in device]
-
-
-@dataclass(frozen=True)
-class DeviceIdle:
-    """A GPU trace's time from its first kernel's start to its last kernel's end, and the
-    part of it no kernel ran (seconds): the GPU waiting on the host."""
-
-    span_s: float
-    idle_s: float
-
-    def line(self) -> str:
-        share = self.idle_s / self.span_s if self.span_s else 0.0
-        return (
-            f"GPU idle between kernels: {self.idle_s * 1e3:.3f} ms of the "
-            f"{self.span_s * 1e3:.3f} ms from the first kernel to the last ({share:.0%}): time "
-            "the GPU waited on the host, which the fitted per-kernel figures do not hold (a "
-            "runtime profile's host_overhead_s per step is where it goes)"
-        )
-
-
-def device_idle(path: str | Path) -> DeviceIdle | None:
-    """How long a GPU trace's device sat idle between its first and last kernel (the union
-    of the kernels' intervals over every stream taken from the span); None for a CPU trace
-    or a CSV."""
-    if str(path).endswith(".csv"):
-        return None
-    spans = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in _device_events(_events(path))
-    )
-    if not spans:
-        return None
-    busy, (start, end) = 0.0, spans[0]
-    last = max(stop for _, stop in spans)
-    for begin, stop in spans[1:]:
-        if begin > end:  # a gap: the merged run so far is done
-            busy += end - start
-            start, end = begin, stop
-        else:
-            end = max(end, stop)
-    busy += end - start
-    span = last - spans[0][0]
-    return DeviceIdle(span * 1e-6, (span - busy) * 1e-6)
-
-
-def chrome_trace_ops(path: str | Path, names: set[str]) -> list[tuple[str, float]]:
-    """The top-most profiled ops whose op torchroof prices as a kernel (``names``,
-    normalised), in start order, each with its time in seconds: its kernels' device time on
-    a GPU trace, its own time on a CPU one."""
-    events = _events(path)
-    ops = sorted(_ops(events), key=lambda o: (o.start, -o.end))
-    chosen: list[_Op] = []
-    owner: dict[Any, int] = {}  # External id -> index in chosen
-    open_by_thread: dict[tuple[Any, Any], list[tuple[_Op, int | None]]] = {}
-    for op in ops:
-        stack = open_by_thread.setdefault((op.pid, op.tid), [])
-        while stack and stack[-1][0].end <= op.start:
-            stack.pop()
-        top = next((i for _, i in reversed(stack) if i is not None), None)
-        if top is None and normalise(op.name) in names:
-            top = len(chosen)
-            chosen.append(op)
-        if op.external is not None and top is not None:
-            owner[op.external] = top
-        stack.append((op, top))
-    kernels = _device_events(events)
-    if not kernels:
-        return [(normalise(o.name), (o.end - o.start) * 1e-6) for o in chosen]
-    device = [0.0] * len(chosen)
-    for k in kernels:
-        index = owner.get((k.get("args") or {}).get("External id"))
-        if index is not None:
-            device[index] += float(k["dur"]) * 1e-6
-    return [(normalise(o.name), t) for o, t in zip(chosen, device, strict=True) if t > 0]
-
-
-UNITS = {"time_s": 1.0, "time_ms": 1e-3, "time_us": 1e-6}
-
-
-def csv_ops(path: str | Path) -> list[tuple[str, float]]:
-    """Per-op timings from a CSV: a ``name`` column and one time column (:data:`UNITS`)."""
-    try:
-        with Path(path).open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError as error:
-        raise ProfileError(f"{path}: cannot read it: {error.strerror or error}") from None
-    columns = set(rows[0]) if rows else set()
-    unit = next((c for c in UNITS if c in columns), None)
-    if "name" not in columns or unit is None:
-        raise ProfileError(f"{path}: needs a 'name' column and one of {', '.join(UNITS)}")
-    out = []
-    for n, row in enumerate(rows, start=2):
-        try:
-            out.append((normalise(row["name"]), float(row[unit]) * UNITS[unit]))
-        except ValueError:
-            raise ProfileError(f"{path}:{n}: {row[unit]!r} is not a time") from None
-    return out
-
-
-def profiled_ops(path: str | Path, names: set[str]) -> list[tuple[str, float]]:
-    """The profile's ops, from a Chrome trace or (by its suffix) a CSV."""
-    if str(path).endswith(".csv"):
-        return [op for op in csv_ops(path) if op[0] in names]
-    return chrome_trace_ops(path, names)
 
 
 @dataclass(frozen=True)
@@ -240,10 +86,19 @@ def fit_line(sizes: list[float], times: list[float]) -> Line | None:
 DIRECTIONS = ("forward", "backward")
 
 
+EAGER = "eager"
+"""The runtime profile of an eager PyTorch step, what a profile fitted here ran."""
+
+
 def eager_attention_kernel() -> str:
     """The fused attention kernel an eager PyTorch step runs on a GPU: the ``eager`` runtime
     profile's ``attention_kernel`` (``scaled_dot_product_attention``'s flash backend)."""
-    return str(get_runtime("eager").setting("attention_kernel"))
+    return str(get_runtime(EAGER).setting("attention_kernel"))
+
+
+SHARE_DTYPES = ("float16", "bfloat16")
+"""The dtypes FlashAttention runs (Dao, "FlashAttention-2", 2023: fp16 and bf16): fused
+attention in another (fp32, on the memory-efficient kernel) fits no share of it."""
 
 
 @dataclass(frozen=True)
@@ -318,10 +173,13 @@ def with_figures(
     kernel: str = "",
     shares: Shares = (None, None),
 ) -> HardwareSpec:
-    """``spec`` with the figures the fit sets (an attention share of None: the file's)."""
+    """``spec`` with the figures the fit sets: the launch as both ``launch_overhead_s`` and
+    ``eager_launch_s`` (an estimate under a runtime launching eagerly takes it in place of
+    the runtime's), the fractions, and ``kernel``'s shares (None: the file's)."""
     changed = replace(
         spec,
         launch_overhead_s=Figure(launch_s, "fitted"),
+        eager_launch_s=Figure(launch_s, "fitted"),
         achievable_hbm_fraction=Figure(hbm, "fitted"),
         achievable_tensor_fraction=Figure(tensor, "fitted"),
     )
@@ -336,12 +194,14 @@ and optionally the attention kernel's shares forward and backward (None: the fil
 def kernel_timer(trace: Trace, spec: HardwareSpec) -> tuple[list[KernelEstimate], KernelTimes]:
     """The step's eager kernels timed on :func:`unit_spec` without launches (the first
     guess's reference), and a function that times them all again with other figures (the
-    kernels are planned once; only their times are made again). Fused attention is timed
-    as :func:`eager_attention_kernel`, at its share of the peak where the file lists one."""
+    kernels are planned once; only their times are made again), each as an estimate under
+    ``--runtime eager`` on the file with those figures times it: fused attention as the
+    runtime's kernel, at its share of the peak where the file lists one, and every launch
+    the file's ``eager_launch_s``, which the fit sets with the launch."""
     pricing = PricingOptions(mode="realistic", fusion="eager")
     plan = plan_kernels(trace, pricing)
-    kernel = eager_attention_kernel()
-    runtime = StepRuntime(attention_kernel=kernel)  # nothing else: the file's figures
+    runtime = timing_of(replace(pricing, runtime=EAGER), None)  # as --runtime eager times it
+    kernel = runtime.attention_kernel
     unit, *_ = time_kernels(
         plan.kernels,
         plan.roles,
@@ -380,15 +240,16 @@ def _first_guess(
     kernels: list[KernelEstimate], times: list[float | None]
 ) -> tuple[list[Line | None], list[int]]:
     """Lines through (t0, measured) for the HBM-bound kernels, the tensor-bound ones, and
-    the compute-bound fused attention forward and backward, and how many matched kernels
-    each holds."""
+    the compute-bound fused attention forward and backward in fp16 or bf16, and how many
+    matched kernels each holds."""
     classes: list[tuple[list[float], list[float]]] = [([], []) for _ in range(4)]
     for kernel, t in zip(kernels, times, strict=True):
         if t is None or t <= 0 or kernel.communication:
             continue
         direction = _attention(kernel)
         if direction is not None and kernel.bound == "compute":
-            chosen: int | None = 2 + direction
+            # a share of FlashAttention's is fitted only from kernels it runs
+            chosen: int | None = 2 + direction if kernel.dtype in SHARE_DTYPES else None
         else:
             chosen = 1 if _tensor_bound(kernel) else 0 if kernel.bound == "memory" else None
         if chosen is not None:
@@ -445,7 +306,12 @@ FIGURES = ("HBM", "tensor", "forward attention", "backward attention")
 
 
 def _notes(
-    measured: int, predicted: int, counts: list[int], free: list[bool], fitted: list[float | None]
+    measured: int,
+    predicted: int,
+    counts: list[int],
+    free: list[bool],
+    fitted: list[float | None],
+    kept_shares: list[float | None],
 ) -> list[str]:
     """What the fit could not do, or did only at a search's limit."""
     notes = []
@@ -454,11 +320,23 @@ def _notes(
             f"the profile holds {measured} ops for the {predicted} kernels of one "
             "step: only those matching in order were used (profile one step)"
         )
-    for count, is_free, what in zip(counts, free[1:], FIGURES, strict=True):
-        attention = what.endswith("attention")
-        if not is_free and (count or not attention):  # no attention at all is no news
-            kept = "the file's share" if attention else "its fraction"
-            notes.append(f"fewer than {MIN_KERNELS} {what}-bound kernels matched: {kept} is kept")
+    for i, (count, is_free, what) in enumerate(zip(counts, free[1:], FIGURES, strict=True)):
+        if is_free:
+            continue
+        if i < 2:
+            notes.append(
+                f"fewer than {MIN_KERNELS} {what}-bound kernels matched: its fraction is kept"
+            )
+        elif count:  # no attention at all is no news
+            kept = (
+                "the file's share is kept"
+                if kept_shares[i - 2] is not None
+                else "the file lists no share: such attention is timed at the tensor fraction"
+            )
+            notes.append(
+                f"fewer than {MIN_KERNELS} compute-bound {what} kernels in fp16 or bf16 "
+                f"matched: {kept}"
+            )
     for value, what, is_free in zip(fitted[1:], FIGURES, free[1:], strict=True):
         if is_free and value is not None and value >= 0.999:
             notes.append(f"the {what}-bound kernels reach the file's whole peak: capped at 1")
@@ -511,6 +389,14 @@ def fit_profile(
         return np.array(times(0.0, *fractions))[index]
 
     fitted = _refined(start, free, unlaunched, measured_s)
+    notes = _notes(len(measured), len(kernels), counts, free, fitted, kept[2:])
+    other = {k.dtype for k, t in zip(kernels, matched_times, strict=True) if t and _attention(k)
+             is not None and k.bound == "compute" and k.dtype not in SHARE_DTYPES}  # fmt: skip
+    if other:
+        notes.append(
+            f"fused attention in {', '.join(sorted(other))} fits no share: FlashAttention runs "
+            "fp16 and bf16 only (PyTorch times other dtypes on another kernel)"
+        )
     ratios = np.array(times(*fitted))[index] / measured_s
     q1, q3 = np.percentile(ratios, [25, 75])
     launch, hbm, tensor_fraction, forward, backward = fitted
@@ -523,7 +409,7 @@ def fit_profile(
         launch,
         hbm if free[1] else None,
         tensor_fraction if free[2] else None,
-        tuple(_notes(len(measured), len(kernels), counts, free, fitted)),
+        tuple(notes),
         (float(q1), float(q3)),
         kernel,
         (forward if free[3] else None, backward if free[4] else None),
@@ -540,6 +426,7 @@ def calibrated_accelerator(spec: HardwareSpec, fitted: ProfileFit, name: str, so
     )
     for key, value in (
         ("launch_overhead_s", fitted.launch_s),
+        ("eager_launch_s", fitted.launch_s),
         ("achievable_hbm_fraction", fitted.hbm_fraction),
         ("achievable_tensor_fraction", fitted.tensor_fraction),
     ):
