@@ -150,6 +150,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "SMs or CUs": (1, 1e5),
     "memory_latency_s": (1e-8, 1e-4),
     "launch_overhead_s": (1e-8, 1e-3),
+    "eager_launch_s": (1e-8, 1e-3),
     "latency_s": (1e-8, 1e-2),
     "GPUs": (1, 1e5),
     "nodes": (1, 1e6),

@@ -720,6 +720,17 @@ def test_an_implausible_hardware_figure_is_warned(tmp_path, key, value, needle):
     assert needle in str(caught[0].message)
 
 
+def test_an_eager_launch_typed_in_microseconds_is_warned(tmp_path):
+    """eager_launch_s = 4.5 (microseconds typed as seconds) is outside 10 ns-1 ms."""
+    text = H100.replace('name = "h100-sxm"', 'name = "edited"')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("aliases = "))
+    path = tmp_path / "edited.toml"
+    path.write_text(f'eager_launch_s = {{ value = 4.5, source = "typed" }}\n{text}\n')
+    with pytest.warns(HardwareFigureWarning, match="eager_launch_s") as caught:
+        get(path)
+    assert "it looks typed in us" in str(caught[0].message)
+
+
 def test_shipped_hardware_and_clusters_raise_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", HardwareFigureWarning)

@@ -494,3 +494,19 @@ def test_an_eager_launch_measured_on_the_device_replaces_a_runtimes_but_not_a_gr
     assert launch_of(StepRuntime(launch_s=2.52e-6), spec) == 4e-6
     assert launch_of(StepRuntime(launch_s=0.5e-6, graph_replayed=True), spec) == 0.5e-6
     assert launch_of(StepRuntime(launch_s=2.52e-6), get("h100-sxm")) == 2.52e-6
+
+
+def test_a_fa2_share_is_applied_to_half_precision_attention_only():
+    """Under --runtime eager (FlashAttention-2), the H100 file's fa2_forward share (0.337)
+    times bf16 attention; fp32 attention, which FlashAttention does not run, is timed as on a
+    file listing no share at all."""
+    spec = get("h100-sxm")
+    bare = replace(spec, attention_tensor_fraction={})
+
+    def attention_times(dtype, hardware):
+        trace = torchroof.trace_model(small_llama(2), "prefill", batch=1, seq=2048, dtype=dtype)
+        est = torchroof.estimate_trace(trace, hardware, mode="realistic", runtime="eager")
+        return [k.time_s for k in est.kernels if normalise(k.name) == "sdpa"]
+
+    assert attention_times("fp32", spec) == attention_times("fp32", bare)
+    assert attention_times("bf16", spec) != attention_times("bf16", bare)

@@ -137,3 +137,22 @@ def test_the_command_line_prints_the_table_and_the_json_holds_it(capsys, tmp_pat
     assert data["sensitivity"]["base_s"] == pytest.approx(est.time_s)
     hbm = next(c for c in data["sensitivity"]["changes"] if c["name"] == "HBM bandwidth")
     assert hbm["lower_s"] > est.time_s > hbm["higher_s"]
+
+
+def test_under_a_runtime_the_devices_eager_launch_is_moved_and_the_file_launch_is_not():
+    """A two-layer Llama decoding 4 sequences under --runtime eager on an H100 file that
+    lists eager_launch_s 6 us (launch_overhead_s 2 us): every kernel launches eagerly at
+    6 us, so 10% either way moves the step by 0.6 us per kernel each way, 1.2 us x the
+    kernels from lowest to highest (one stream: launches add), and the file's launch
+    overhead moves nothing, saying why."""
+    trace = torchroof.trace_model(small_llama(2), "decode", batch=4, seq=128)
+    from torchroof.hardware.toml_checks import Figure
+
+    spec = replace(get("h100-sxm"), eager_launch_s=Figure(6e-6, "measured here"))
+    kernels = len(torchroof.estimate_trace(trace, spec, mode="realistic", runtime="eager").kernels)
+    result = by_name(sensitivity(trace, spec, mode="realistic", runtime="eager"))
+    eager = result["eager launch per kernel (this device's)"]
+    assert eager.higher_s - eager.lower_s == pytest.approx(1.2e-6 * kernels, rel=1e-9)
+    overhead = result["launch overhead per kernel"]
+    assert overhead.lower_s == overhead.higher_s
+    assert overhead.note == "a runtime's launch applies (or the file's eager launch)"

@@ -239,6 +239,9 @@ def test_serve_writes_the_plot_the_page_and_the_rates(preempted, tmp_path, capsy
     assert "one at a time" in text and "knee: " in text
     found = json.loads(data.read_text())
     assert [row["rate"] for row in found["rates"]] == [2e4, 4e4]
+    # no expected range for a served run, and why: the load curve says it too
+    assert found["expected"]["none"].startswith("the 36 published serving runs")
+    assert f"expected: no range, {found['expected']['none']}" in text
     assert knee_sentence(found["knee"]) in text and knee_sentence(found["knee"]) in page.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one run's panels, as --plot writes them without --rates
@@ -324,5 +327,7 @@ def test_a_rate_search_reports_the_knee_of_the_rates_it_served(tmp_path, capsys)
     # and it is found among the search's doublings from 1 per second: on this model the
     # P99 TTFT passes 3x its value alone between 2^20 and 2^21 per second (observed)
     assert (found["knee"]["rate"], found["knee"]["first_past"]) == (2.0**20, 2.0**21)
-    assert knee_sentence(found["knee"]) in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert knee_sentence(found["knee"]) in text
     assert "The run shown:" in page.read_text()
+    assert f"expected: no range, {found['expected']['none']}" in text

@@ -211,6 +211,8 @@ def figure_knobs(spec: HardwareSpec, cluster: ClusterSpec | None) -> list[_Knob]
         _peaks_knob(spec, cluster, "vector_flops_per_s", "vector and SFU peaks",
                     ("sfu_flops_per_s",)),
         _spec_knob(spec, cluster, "launch_overhead_s", "launch overhead per kernel", _us),
+        _spec_knob(spec, cluster, "eager_launch_s", "eager launch per kernel (this device's)",
+                   _us),
         _spec_knob(spec, cluster, "memory_latency_s", "HBM latency", _ns),
         _spec_knob(spec, cluster, "l2_bytes_per_s", "L2 bandwidth", _tb_s),
         _spec_knob(spec, cluster, "shared_memory_bytes_per_s", "shared-memory bandwidth", _tb_s),
@@ -225,15 +227,20 @@ def figure_knobs(spec: HardwareSpec, cluster: ClusterSpec | None) -> list[_Knob]
     return out
 
 
-RUNTIME_SETS = ("launch overhead per kernel",)
-"""Figures a runtime profile may set in the accelerator's place (its launch per kernel)."""
+RUNTIME_SETS = {
+    "launch overhead per kernel": "a runtime's launch applies (or the file's eager launch)",
+    "eager launch per kernel (this device's)": "read only for eager launches under a runtime",
+}
+"""Launch figures that apply only under some runtimes, and what a row that moved nothing
+says: without a runtime the file's launch overhead, under one its eager launch where the
+file lists one (the runtime's own figure otherwise, and for a CUDA graph's replay)."""
 
 
 def _runtime_note(change: Change) -> Change:
-    """A figure a runtime profile may replace says so where moving it moved nothing."""
+    """A launch figure that moved nothing says why."""
     unmoved = change.lower_s == change.higher_s
     if change.name in RUNTIME_SETS and unmoved:
-        return replace(change, note="the runtime's own figure applies")
+        return replace(change, note=RUNTIME_SETS[change.name])
     return change
 
 

@@ -191,7 +191,8 @@ class PricingOptions:
     )
     launch: bool = knob(
         True,
-        "realistic: each kernel pays the hardware file's launch overhead",
+        "realistic: each kernel pays a launch (the runtime's, the hardware file's eager "
+        "launch under a runtime where it lists one, else its launch overhead)",
         off="realistic: kernels pay no launch overhead",
         group="timing",
     )

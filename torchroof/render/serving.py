@@ -124,7 +124,8 @@ def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
     else:
         lowest = min(t["rate"] for t in search["tried"] if t["rate"] is not None and not t["how"])
         verdict = f"no rate down to {lowest:,.4g} requests/s meets {limits} for {share} of requests"
-    return [table, "", verdict]
+    expected = search.get("expected")
+    return [table, "", verdict] + ([f"expected: no range, {expected['none']}"] if expected else [])
 
 
 def _plan(engine: Mapping[str, Any]) -> str:

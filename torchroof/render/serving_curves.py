@@ -70,4 +70,6 @@ def rate_curve_lines(data: Mapping[str, Any]) -> list[str]:
         f"torchroof serve: {engine['model']} on {engine['hardware']}, the same requests at "
         f"{len(data['rates'])} rates"
     )
-    return [head, curve_table(data), "", knee_sentence(data["knee"])]
+    lines = [head, curve_table(data), "", knee_sentence(data["knee"])]
+    expected = data.get("expected")
+    return lines + ([f"expected: no range, {expected['none']}"] if expected else [])

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from torchroof.accuracy.expected import serving_range
 from torchroof.config.errors import OptionError
 from torchroof.serving.rate_search import ONE_AT_A_TIME, RateSearch, check_targets
 from torchroof.serving.requests import Request
@@ -141,6 +142,7 @@ class LoadCurve:
             "rates": self.rows(),
             "knee": self.knee(factor).to_dict(),
             "engine": self.alone.result.engine,
+            "expected": serving_range().to_dict(),  # why no range is stated
         }
 
     def _row(self, point: RatePoint) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from torchroof.accuracy.expected import serving_range
 from torchroof.config.errors import OptionError
 from torchroof.serving.requests import Request
 from torchroof.serving.results import ServeResult
@@ -79,6 +80,7 @@ class RateSearch:
             "tried": [row(t) for t in self.tried],
             "best": best,
             "engine": self.tried[0].result.engine if self.tried else {},
+            "expected": serving_range().to_dict(),  # why no range is stated
         }
 
 

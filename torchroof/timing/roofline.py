@@ -139,14 +139,28 @@ def launch_of(runtime: StepRuntime, hardware: HardwareSpec) -> float | None:
     return runtime.launch_s
 
 
+FULL_PRECISION = frozenset({"float32", "float64"})
+"""Dtypes no fused FlashAttention-style kernel runs (FlashAttention-2 and -3, cuDNN's fused
+attention: fp16, bf16 and fp8; Dao, "FlashAttention-2", 2023): PyTorch's SDPA runs fp32 on
+its memory-efficient or math kernel, so a share measured on a half-precision kernel is not
+applied to it."""
+
+
 def measured_attention_share(
-    hardware: HardwareSpec, options: PricingOptions, runtime: StepRuntime, backward: bool
+    hardware: HardwareSpec,
+    options: PricingOptions,
+    runtime: StepRuntime,
+    backward: bool,
+    dtype: str = "",
 ) -> float | None:
     """The measured share of ``hardware``'s tensor peak a fused attention kernel of
     ``runtime`` runs at, forward or ``backward``: in realistic mode with ``achievable`` under
     a flash policy (a "math" policy writes its scores and runs no such kernel), where the
-    accelerator file lists one; else None."""
+    accelerator file lists one and the kernel's ``dtype`` is not full precision
+    (:data:`FULL_PRECISION`); else None."""
     if not options.realistic or not options.achievable or options.attention != "flash":
+        return None
+    if dtype.removeprefix("torch.") in FULL_PRECISION:
         return None
     return hardware.attention_share(runtime.attention_kernel, backward)
 
@@ -176,7 +190,7 @@ def _ceilings(
         return peak, bandwidth, measured
     bandwidth *= _fraction(hardware.achievable_hbm_fraction)
     if shape is not None and shape.kind == "attention":
-        measured = measured_attention_share(hardware, options, runtime, shape.backward)
+        measured = measured_attention_share(hardware, options, runtime, shape.backward, cost.dtype)
     if measured is not None:
         peak *= measured
     elif cost.unit == "tensor":

@@ -395,7 +395,7 @@ def fit_profile(
     if other:
         notes.append(
             f"fused attention in {', '.join(sorted(other))} fits no share: FlashAttention runs "
-            "fp16 and bf16 only (PyTorch times other dtypes on another kernel)"
+            "fp16 and bf16 only (PyTorch runs other dtypes on another kernel)"
         )
     ratios = np.array(times(*fitted))[index] / measured_s
     q1, q3 = np.percentile(ratios, [25, 75])
