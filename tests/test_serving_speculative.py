@@ -360,3 +360,68 @@ def test_the_scheduler_keeps_its_books_under_drafts_prefixes_and_preemption(
         assert users == sum(len(s.shared) for s in scheduler.running)
     assert all(s.generated == s.request.output_len and s.finish_s is not None for s in states)
     assert scheduler.free_blocks == blocks
+
+
+# -- draft heads -----------------------------------------------------------------------------
+
+
+def tiny_glm_moe(**fields):
+    """A two-layer GLM-4.5-style model (GQA, routed experts from its second layer) with one
+    multi-token prediction module."""
+    from transformers import AutoConfig
+
+    values = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                  first_k_dense_replace=1, n_group=1, topk_group=1, vocab_size=512,
+                  num_nextn_predict_layers=1, max_position_embeddings=4096)  # fmt: skip
+    return AutoConfig.for_model("glm4_moe", **{**values, **fields})
+
+
+def test_an_eagle_head_drafts_as_a_one_layer_copy_of_the_served_model():
+    """An EAGLE head of the four-layer Llama is its configuration with one layer, which is
+    the ``draft`` fixture's small_llama(1): served with either, every request's times and
+    the KV cache's blocks (1,024 + 256 B a token) are the same, and the run names the
+    head."""
+    settings = dict(concurrency=4, requests=20, input_len=64, output_len=32, random_state=0)
+    head = torchroof.serve(small_llama(4), "h100-sxm", **settings,
+                           speculative=Speculative("eagle", 0.7, 2))  # fmt: skip
+    model = torchroof.serve(small_llama(4), "h100-sxm", **settings,
+                            speculative=Speculative(small_llama(1), 0.7, 2))  # fmt: skip
+    assert [(r.ttft_s, r.e2e_s) for r in head.requests] == [
+        (r.ttft_s, r.e2e_s) for r in model.requests
+    ]
+    assert head.engine["kv_blocks"] == model.engine["kv_blocks"]
+    assert head.engine["draft_model"] == "EAGLE head of LlamaConfig"
+    assert head.summary()["speculative"] == model.summary()["speculative"]
+
+
+def test_an_mtp_head_is_one_block_of_the_models_later_kind():
+    """GLM-4.5's MTP module is a routed-experts block though its first layer is dense: the
+    head keeps the 8 experts with first_k_dense_replace 0, and serves."""
+    from torchroof.serving.draft_heads import head_config
+
+    served = tiny_glm_moe()
+    head = head_config("mtp", served, "glm")
+    assert (head.num_hidden_layers, head.first_k_dense_replace, head.n_routed_experts) == (1, 0, 8)
+    assert (served.num_hidden_layers, served.first_k_dense_replace) == (2, 1)  # left alone
+    run = torchroof.serve(tiny_glm_moe(), "h100-sxm", concurrency=1, requests=2, input_len=64,
+                          output_len=8, speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
+    assert run.engine["draft_model"] == "MTP head of Glm4MoeConfig"
+    assert run.summary()["speculative"]["drafted"] > 0
+
+
+def test_a_head_the_served_model_has_not_is_refused_in_a_line(tmp_path, capsys):
+    with pytest.raises(OptionError, match="has no multi-token prediction layers"):
+        torchroof.serve(small_llama(2), "h100-sxm", concurrency=1, requests=1, input_len=8,
+                        output_len=4, speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
+    with pytest.raises(OptionError, match="routes tokens to experts: an EAGLE head"):
+        torchroof.serve(tiny_glm_moe(), "h100-sxm", concurrency=1, requests=1, input_len=8,
+                        output_len=4, speculative=Speculative("eagle", 0.8, 1))  # fmt: skip
+    config = tmp_path / "llama.json"
+    small_llama(2).to_json_file(config)
+    flags = ["--concurrency", "1", "--requests", "2", "--input-len", "16", "--output-len", "4"]
+    assert main(["serve", str(config), *flags, "--draft", "eagle", "--acceptance", "1"]) == 0
+    assert f"speculative decoding: EAGLE head of {config} drafts 3 tokens" in (
+        capsys.readouterr().out
+    )

@@ -154,7 +154,10 @@ def _engine_flags(srv: argparse.ArgumentParser) -> None:
 def _speculative_flags(srv: argparse.ArgumentParser) -> None:
     spec = srv.add_argument_group("speculative decoding")
     spec.add_argument(
-        "--draft", metavar="MODEL", help="a draft model proposing tokens (as the model is given)"
+        "--draft",
+        metavar="MODEL",
+        help="a draft model proposing tokens (as the model is given), or eagle or mtp: a "
+        "one-layer head on the served model's hidden states",
     )
     spec.add_argument(
         "--speculative-tokens", type=positive_int, default=3, help="tokens drafted per step (3)"

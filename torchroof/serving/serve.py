@@ -21,6 +21,7 @@ from torchroof.prepared import prepare
 from torchroof.progress import reporting
 from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
 from torchroof.serving.disaggregation import Layout, Side, sides
+from torchroof.serving.draft_heads import head_config, head_label, is_head
 from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import (
@@ -306,7 +307,9 @@ def _drafter(
 ) -> Drafter | None:
     """The draft model's step timer, prepared as the target is (its dtype, KV dtype and
     quantisation, at the target's tensor-parallel size unless ``speculative.tp`` says),
-    priced on the target's hardware with the target's pricing."""
+    priced on the target's hardware with the target's pricing; a head (``"eagle"``,
+    ``"mtp"``: :mod:`torchroof.serving.draft_heads`) as a one-layer model of the target's
+    configuration."""
     if speculative is None:
         return None
     acceptance = _check_speculative(speculative)
@@ -320,15 +323,18 @@ def _drafter(
         )
     if speculative.tp is not None:
         workload["tp"] = speculative.tp
-    workload.pop("ep", None)  # a draft model is dense
-    prepared = prepare(
-        speculative.draft, "decode", progress=progress, context=PREPARED_CONTEXT, **workload
-    )
+    draft, label = speculative.draft, ""
+    if is_head(draft):  # a one-layer model of the served one's configuration
+        served = target.describe()["model"]
+        draft, label = head_config(draft, target.config, served), head_label(draft, served)
+    if speculative.draft != "mtp":
+        workload.pop("ep", None)  # a draft model is dense; an MTP block is the model's kind
+    prepared = prepare(draft, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
     timer = StepTimer(
         prepared, target.hardware, pricing=target.pricing, exact_up_to=target.exact_up_to
     )
     check_draft(target, timer)
-    return Drafter(timer, acceptance)
+    return Drafter(timer, acceptance, label)
 
 
 def _check_speculative(speculative: object) -> Acceptance | None:

@@ -126,10 +126,11 @@ def _numbers(acceptance: float | str | Sequence[float]) -> list[float]:
 class Speculative:
     """Speculative decoding as a deployment asks for it: the ``draft`` model (a shipped
     name, a config file or folder, a config or module, as :func:`torchroof.prepare`
-    takes), the ``acceptance`` of its drafts (a rate, or one per position: what the
-    deployment's own metrics report), ``tokens`` (k) proposed per step (vLLM's
-    ``num_speculative_tokens``), and the draft's tensor-parallel size (the target's when
-    None, as vLLM's ``draft_tensor_parallel_size`` defaults)."""
+    takes; or ``"eagle"`` or ``"mtp"``, a one-layer head on the served model:
+    :mod:`torchroof.serving.draft_heads`), the ``acceptance`` of its drafts (a rate, or
+    one per position: what the deployment's own metrics report), ``tokens`` (k) proposed
+    per step (vLLM's ``num_speculative_tokens``), and the draft's tensor-parallel size
+    (the target's when None, as vLLM's ``draft_tensor_parallel_size`` defaults)."""
 
     draft: Any
     acceptance: float | str | Sequence[float]
@@ -151,6 +152,7 @@ class Drafter:
 
     timer: StepTimer
     acceptance: Acceptance
+    label: str = ""  # what the draft is called, where not its model's name (a head)
 
     @property
     def tokens(self) -> int:
@@ -164,7 +166,7 @@ class Drafter:
         """What a result records of the speculation."""
         draft = self.timer.describe()
         return {
-            "draft_model": draft["model"],
+            "draft_model": self.label or draft["model"],
             "draft_tp": draft["tp"],
             "speculative_tokens": self.tokens,
             "acceptance_per_position": list(self.acceptance.rates),
