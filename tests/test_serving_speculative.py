@@ -379,10 +379,11 @@ def tiny_glm_moe(**fields):
 
 
 def test_an_eagle_head_drafts_as_a_one_layer_copy_of_the_served_model():
-    """An EAGLE head of the four-layer Llama is its configuration with one layer, which is
-    the ``draft`` fixture's small_llama(1): served with either, every request's times and
-    the KV cache's blocks (1,024 + 256 B a token) are the same, and the run names the
-    head."""
+    """An EAGLE head of the four-layer Llama is timed as its configuration with one layer,
+    small_llama(1): served with either, every request's times are the same. Its memory is
+    the layer alone: the embedding, LM head and final norm are the served model's (2 x
+    1,000 x 128 x 2 B + 128 x 2 B = 512,256 B, a one-layer copy's 881,408 B less the
+    369,152 B a second layer adds), so the cache gets those bytes back."""
     settings = dict(concurrency=4, requests=20, input_len=64, output_len=32, random_state=0)
     head = torchroof.serve(small_llama(4), "h100-sxm", **settings,
                            speculative=Speculative("eagle", 0.7, 2))  # fmt: skip
@@ -391,31 +392,62 @@ def test_an_eagle_head_drafts_as_a_one_layer_copy_of_the_served_model():
     assert [(r.ttft_s, r.e2e_s) for r in head.requests] == [
         (r.ttft_s, r.e2e_s) for r in model.requests
     ]
-    assert head.engine["kv_blocks"] == model.engine["kv_blocks"]
-    assert head.engine["draft_model"] == "EAGLE head of LlamaConfig"
     assert head.summary()["speculative"] == model.summary()["speculative"]
+    assert head.engine["draft_model"] == "EAGLE head of llama"
+    served, one = (StepTimer(torchroof.prepare(small_llama(n), "decode", context=128),
+                             "h100-sxm") for n in (4, 1))  # fmt: skip
+    engine = EngineConfig()
+    drafted, headed = kv_capacity(served, engine, one), kv_capacity(served, engine, one, 512_256)
+    assert headed.weights_bytes == drafted.weights_bytes - 512_256 == 1_988_864 + 369_152
+    assert (model.engine["kv_blocks"], head.engine["kv_blocks"]) == (
+        drafted.blocks,
+        headed.blocks,
+    )
+    assert headed.blocks > drafted.blocks
 
 
 def test_an_mtp_head_is_one_block_of_the_models_later_kind():
     """GLM-4.5's MTP module is a routed-experts block though its first layer is dense: the
-    head keeps the 8 experts with first_k_dense_replace 0, and serves."""
+    head keeps the 8 experts with first_k_dense_replace 0, and its decode routes tokens to
+    them; at tensor parallel 2 with experts over 2 GPUs it keeps the served model's expert
+    parallelism, and a draft tp of 1 is refused in a line."""
     from torchroof.serving.draft_heads import head_config
 
     served = tiny_glm_moe()
     head = head_config("mtp", served, "glm")
     assert (head.num_hidden_layers, head.first_k_dense_replace, head.n_routed_experts) == (1, 0, 8)
     assert (served.num_hidden_layers, served.first_k_dense_replace) == (2, 1)  # left alone
-    run = torchroof.serve(tiny_glm_moe(), "h100-sxm", concurrency=1, requests=2, input_len=64,
-                          output_len=8, speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
-    assert run.engine["draft_model"] == "MTP head of Glm4MoeConfig"
+    settings = dict(concurrency=1, requests=2, input_len=64, output_len=8, tp=2, ep=2)
+    run = torchroof.serve(tiny_glm_moe(), "dgx-h100", **settings,
+                          speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
+    assert run.engine["draft_model"] == "MTP head of glm4_moe"
+    assert (run.engine["draft_tp"], run.engine["draft_ep"]) == (2, 2)
     assert run.summary()["speculative"]["drafted"] > 0
+    with pytest.raises(OptionError, match="runs at the model's tensor-parallel size"):
+        torchroof.serve(tiny_glm_moe(), "dgx-h100", **settings,
+                        speculative=Speculative("mtp", 0.8, 1, tp=1))  # fmt: skip
+
+
+def test_a_layer_list_gives_the_head_the_last_layers_kind():
+    """Per-layer lists (Qwen-MoE's dense layers by index, a hybrid's layer kinds) are cut
+    to the last layer's entry and index-based dense layers cleared."""
+    from transformers import AutoConfig
+
+    from torchroof.serving.draft_heads import head_config
+
+    qwen = AutoConfig.for_model("qwen3_moe", num_hidden_layers=3, mlp_only_layers=[0, 1],
+                                layer_types=["sliding_attention", "full_attention",
+                                             "full_attention"])  # fmt: skip
+    head = head_config("eagle", qwen, "qwen", layers=2)
+    assert head.mlp_only_layers == [] and head.layer_types == ["full_attention"] * 2
+    assert qwen.mlp_only_layers == [0, 1]
 
 
 def test_a_head_the_served_model_has_not_is_refused_in_a_line(tmp_path, capsys):
     with pytest.raises(OptionError, match="has no multi-token prediction layers"):
         torchroof.serve(small_llama(2), "h100-sxm", concurrency=1, requests=1, input_len=8,
                         output_len=4, speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
-    with pytest.raises(OptionError, match="routes tokens to experts: an EAGLE head"):
+    with pytest.raises(OptionError, match="routes tokens to experts, and an EAGLE head"):
         torchroof.serve(tiny_glm_moe(), "h100-sxm", concurrency=1, requests=1, input_len=8,
                         output_len=4, speculative=Speculative("eagle", 0.8, 1))  # fmt: skip
     config = tmp_path / "llama.json"

@@ -4,39 +4,54 @@ Instead of a separate small model, a head drafts from the served model's own las
 state:
 
 - **EAGLE** (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature
-  Uncertainty", ICML 2024; EAGLE-3, 2025): one decoder layer of the served model's
+  Uncertainty", ICML 2024, and EAGLE-2): one decoder layer of the served model's
   architecture, fed the hidden state fused with the next token's embedding by a linear
   layer, ending in the served model's LM head; vLLM's ``speculative_config`` method
-  ``eagle`` / ``eagle3``.
+  ``eagle``. (EAGLE-3 heads fuse three hidden states and keep their own smaller
+  vocabulary: give such a head's configuration as a draft model.)
 - **MTP** (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, section 2.2): each MTP
   module shares the embedding and the output head, projects the hidden state and the
   embedding (2d -> d) and runs one Transformer block of the main model's kind (a
-  mixture-of-experts block in DeepSeek-V3); vLLM's ``deepseek_mtp``. A configuration that
-  lists ``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``) has one.
+  mixture-of-experts block in DeepSeek-V3 and GLM-4.5); vLLM's ``deepseek_mtp``. A
+  configuration that lists ``num_nextn_predict_layers`` (or ``num_mtp_layers``,
+  ``mtp_num_hidden_layers``) has one.
 
-A head is priced as a one-layer model of the served model's configuration: its embedding,
-one decoder layer (the MTP block a routed-experts layer where the model has experts), the
-final norm and the LM head, with its own one-layer KV cache, drafting as any draft model
-does (:mod:`torchroof.serving.speculative`). The linear layer fusing the hidden state
-with the embedding (2d x d weights; for Llama-3-8B 34 M parameters beside the head's
-743 M its passes read: about 5%) is not priced.
+A head is timed as a one-layer model of the served model's configuration: its embedding,
+one decoder layer of the model's last kind (every per-layer list of the configuration cut
+to its last entry, every "dense below layer N" setting cleared), the final norm and the
+LM head, with its own one-layer KV cache, drafting as a draft model does
+(:mod:`torchroof.serving.speculative`). Its memory holds the layer alone: the embedding and
+the LM head are the served model's (vLLM's ``EagleProposer`` shares them), their bytes
+measured as a two-layer copy's less twice the one-layer copy's. Not priced: the linear
+layer fusing the hidden state with the embedding (2d x d weights; for Llama-3-8B 34 M
+parameters beside the 743 M a pass reads, about 5%); and vLLM's first draft pass of a
+step runs over every token the served model verified (k + 1 a request), where here it
+runs over the one or two tokens a draft model's first pass takes.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchroof.config.errors import OptionError
+from torchroof.prepared import prepare
+from torchroof.pricing.routing import top_k_by_experts
+from torchroof.progress import silenced
+from torchroof.records.trace import Trace
+
+if TYPE_CHECKING:
+    from torchroof.serving.step_time import StepTimer
 
 HEADS = {"eagle": "an EAGLE head", "mtp": "a multi-token prediction head"}
 """The heads ``--draft`` takes by name, and how they are called."""
 
-EXPERT_COUNTS = ("num_local_experts", "n_routed_experts", "num_experts")
-"""Configuration fields that count routed experts (transformers' names across models)."""
-
-MTP_COUNTS = ("num_nextn_predict_layers", "num_mtp_layers")
+MTP_COUNTS = ("num_nextn_predict_layers", "num_mtp_layers", "mtp_num_hidden_layers")
 """Configuration fields that count a model's multi-token prediction modules."""
+
+LAYER_PLACEMENT = {"first_k_dense_replace": 0, "moe_layer_start_index": 0, "mlp_only_layers": []}
+"""Fields that place dense layers below an index (DeepSeek, GLM, ERNIE, Qwen-MoE), set so
+the head's one layer is of the model's later kind."""
 
 
 def is_head(draft: Any) -> bool:
@@ -44,41 +59,83 @@ def is_head(draft: Any) -> bool:
     return isinstance(draft, str) and draft in HEADS
 
 
-def head_label(kind: str, served: str) -> str:
-    """What a result records as the draft: ``"EAGLE head of llama-3-8b"``."""
+def head_label(kind: str, served: str, config: Any) -> str:
+    """What a result records as the draft: ``"EAGLE head of llama-3-8b"`` (the model's type
+    where the served model is a configuration object)."""
+    if served.endswith("Config") and config is not None:
+        served = str(getattr(config, "name_or_path", "") or config.model_type)
     return f"{kind.upper()} head of {served}"
 
 
-def _routed_experts(config: Any) -> bool:
-    return any(isinstance(n := getattr(config, key, None), int) and n > 1 for key in EXPERT_COUNTS)
+def _has_mtp(config: Any) -> bool:
+    texts = [config, config.get_text_config() if hasattr(config, "get_text_config") else config]
+    return any(getattr(c, key, None) for c in texts for key in MTP_COUNTS)
 
 
-def head_config(kind: str, config: Any, served: str) -> Any:
-    """The one-layer model a ``kind`` head of the served model (its ``config``) drafts
-    with; a model that has no such head is refused in one line."""
+def head_config(kind: str, config: Any, served: str, layers: int = 1) -> Any:
+    """The model a ``kind`` head of the served model (its ``config``) drafts with:
+    ``layers`` (1; 2 to measure the shared weights) layers of the model's last kind; a
+    model that has no such head is refused in one line."""
     if config is None:
         raise OptionError(
             f"{HEADS[kind]} is made from the served model's configuration: {served} has none "
             "(give a draft model instead)"
         )
+    if kind == "mtp" and not _has_mtp(config):
+        raise OptionError(
+            f"{served} has no multi-token prediction layers (its configuration lists none of "
+            f"{', '.join(MTP_COUNTS)}): draft with eagle or a draft model"
+        )
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     head = copy.deepcopy(text)
-    layers = head.num_hidden_layers
-    if kind == "mtp":
-        if not any(getattr(text, key, None) for key in MTP_COUNTS):
-            raise OptionError(
-                f"{served} has no multi-token prediction layers (its configuration lists no "
-                "num_nextn_predict_layers): draft with eagle or a draft model"
-            )
-        if hasattr(head, "first_k_dense_replace"):  # the MTP block is one of the later kind
-            head.first_k_dense_replace = 0
-    elif _routed_experts(text):
-        raise OptionError(
-            f"{served} routes tokens to experts: an EAGLE head of it is not priced yet (give "
-            "the head's own configuration as the draft model)"
-        )
-    head.num_hidden_layers = 1
-    kinds = getattr(head, "layer_types", None)
-    if isinstance(kinds, list) and len(kinds) == layers:  # the head is the last layer's kind
-        head.layer_types = kinds[-1:]
+    count = head.num_hidden_layers
+    for name, value in list(vars(head).items()):
+        if isinstance(value, list) and len(value) == count and count > 1:
+            setattr(head, name, value[-1:] * layers)  # the model's last layer's kind
+    for name, value in LAYER_PLACEMENT.items():
+        if hasattr(head, name):
+            setattr(head, name, copy.copy(value))
+    head.num_hidden_layers = layers
     return head
+
+
+def routes_experts(timer: StepTimer) -> bool:
+    """Whether a step timer's prepared decode routes tokens to experts."""
+    trace = timer.prepared.trace()
+    return isinstance(trace, Trace) and bool(top_k_by_experts(trace))
+
+
+def check_head(kind: str, target: StepTimer, head: StepTimer | None, label: str) -> None:
+    """Refuse an EAGLE head of a model with routed experts (before ``head`` is made: None),
+    and an MTP block that came out without the experts its model routes to."""
+    experts = routes_experts(target)
+    if kind == "eagle" and experts:
+        raise OptionError(
+            f"{label}: the served model routes tokens to experts, and an EAGLE head of it is "
+            "not priced yet (give the head's own configuration as the draft model)"
+        )
+    if kind == "mtp" and head is not None and experts and not routes_experts(head):
+        raise OptionError(
+            f"{label}: its one block came out without the routed experts of the served model "
+            "(a layer layout torchroof does not read): give the block's configuration as the "
+            "draft model"
+        )
+
+
+def shared_weights_bytes(
+    kind: str, target: StepTimer, head: StepTimer, served: str, **workload: Any
+) -> int:
+    """Per GPU, the bytes of the head that are the served model's (its embedding, LM head
+    and final norm): a one-layer copy's weights less what a second layer adds."""
+    two = prepare(
+        head_config(kind, target.config, served, layers=2),
+        "decode",
+        context=head.context,
+        **workload,
+    )
+    with silenced():
+        one_s = head.prepared.price(target.hardware, pricing=target.pricing, batch=1).memory
+        two_s = two.price(target.hardware, pricing=target.pricing, batch=1).memory
+    if one_s is None or two_s is None:
+        return 0
+    return 2 * one_s.weights_bytes - two_s.weights_bytes

@@ -21,7 +21,13 @@ from torchroof.prepared import prepare
 from torchroof.progress import reporting
 from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
 from torchroof.serving.disaggregation import Layout, Side, sides
-from torchroof.serving.draft_heads import head_config, head_label, is_head
+from torchroof.serving.draft_heads import (
+    check_head,
+    head_config,
+    head_label,
+    is_head,
+    shared_weights_bytes,
+)
 from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
 from torchroof.serving.rate_search import RateSearch, check_targets, search_rate
 from torchroof.serving.requests import (
@@ -323,18 +329,29 @@ def _drafter(
         )
     if speculative.tp is not None:
         workload["tp"] = speculative.tp
-    draft, label = speculative.draft, ""
-    if is_head(draft):  # a one-layer model of the served one's configuration
-        served = target.describe()["model"]
-        draft, label = head_config(draft, target.config, served), head_label(draft, served)
-    if speculative.draft != "mtp":
+    kind = speculative.draft if is_head(speculative.draft) else ""
+    served = target.describe()["model"]
+    label = head_label(kind, served, target.config) if kind else ""
+    if kind == "mtp" and speculative.tp not in (None, target_tp):
+        raise OptionError(
+            f"{label} is a block of the served model: it runs at the model's tensor-parallel "
+            f"size ({target_tp}), not {speculative.tp}"
+        )
+    if kind:
+        check_head(kind, target, None, label)
+    if kind != "mtp":
         workload.pop("ep", None)  # a draft model is dense; an MTP block is the model's kind
+    draft = head_config(kind, target.config, served) if kind else speculative.draft
     prepared = prepare(draft, "decode", progress=progress, context=PREPARED_CONTEXT, **workload)
     timer = StepTimer(
         prepared, target.hardware, pricing=target.pricing, exact_up_to=target.exact_up_to
     )
     check_draft(target, timer)
-    return Drafter(timer, acceptance, label)
+    shared = 0
+    if kind:
+        check_head(kind, target, timer, label)
+        shared = shared_weights_bytes(kind, target, timer, served, **workload)
+    return Drafter(timer, acceptance, label, shared)
 
 
 def _check_speculative(speculative: object) -> Acceptance | None:

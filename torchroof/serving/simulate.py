@@ -51,15 +51,19 @@ class KvCapacity:
 
 
 def kv_capacity(
-    timer: StepTimer, engine: EngineConfig, draft: StepTimer | None = None
+    timer: StepTimer,
+    engine: EngineConfig,
+    draft: StepTimer | None = None,
+    shared_bytes: int = 0,
 ) -> KvCapacity:
     """The KV blocks one engine holds (per GPU: every rank holds its own heads' share), or
     ``num_gpu_blocks_override`` of them where the engine sets it (as vLLM's does): what
     ``gpu_memory_utilization`` of its memory leaves after the weights and the activations
     of its largest step (:meth:`~torchroof.serving.step_time.StepTimer.step_activations`
     of ``max_num_batched_tokens`` tokens, logits for ``max_num_seqs`` rows at most). With
-    a ``draft`` model its weights are held too, each token's block keeps its K/V as
-    well, and the larger of the two models' largest steps is set aside."""
+    a ``draft`` model its weights are held too (but ``shared_bytes`` of them, a head's
+    embedding and LM head, which are the served model's), each token's block keeps its K/V
+    as well, and the larger of the two models' largest steps is set aside."""
     memory = timer.memory(1)
     usable = int(memory.capacity_bytes * engine.gpu_memory_utilization)
     per_token = timer.kv_bytes_per_token()
@@ -67,7 +71,7 @@ def kv_capacity(
     activations = timer.step_activations(engine.max_num_batched_tokens, engine.max_num_seqs)
     if draft is not None:
         per_token += draft.kv_bytes_per_token()
-        weights += draft.memory(1).weights_bytes
+        weights += draft.memory(1).weights_bytes - shared_bytes
         activations = max(
             activations,
             draft.step_activations(engine.max_num_batched_tokens, engine.max_num_seqs),
@@ -247,7 +251,11 @@ def simulate(
     timer.check_lengths(requests)
     if drafter is not None:
         drafter.timer.check_lengths(requests)
-    capacity = kv_capacity(timer, engine, drafter.timer if drafter is not None else None)
+    capacity = (
+        kv_capacity(timer, engine, drafter.timer, drafter.shared_weights_bytes)
+        if drafter is not None
+        else kv_capacity(timer, engine)
+    )
     check_fits(requests, engine, capacity, drafter.tokens if drafter is not None else 0)
     if len({r.index for r in requests}) != len(requests):
         raise OptionError("two requests share an index: number them apart")

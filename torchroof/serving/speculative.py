@@ -153,6 +153,7 @@ class Drafter:
     timer: StepTimer
     acceptance: Acceptance
     label: str = ""  # what the draft is called, where not its model's name (a head)
+    shared_weights_bytes: int = 0  # per GPU, the head's weights that are the served model's
 
     @property
     def tokens(self) -> int:
@@ -168,6 +169,7 @@ class Drafter:
         return {
             "draft_model": self.label or draft["model"],
             "draft_tp": draft["tp"],
+            "draft_ep": draft["ep"],
             "speculative_tokens": self.tokens,
             "acceptance_per_position": list(self.acceptance.rates),
             "expected_tokens_per_verification": self.acceptance.expected_tokens(),
