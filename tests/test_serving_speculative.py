@@ -426,6 +426,21 @@ def test_an_mtp_head_is_one_block_of_the_models_later_kind():
     with pytest.raises(OptionError, match="runs at the model's tensor-parallel size"):
         torchroof.serve(tiny_glm_moe(), "dgx-h100", **settings,
                         speculative=Speculative("mtp", 0.8, 1, tp=1))  # fmt: skip
+    eagle = dict(concurrency=1, requests=1, input_len=8, output_len=4, tp=2)
+    with pytest.raises(OptionError, match=r"runs at the model's tensor-parallel size \(2\), not 1"):
+        torchroof.serve(small_llama(2), "dgx-h100", **eagle,
+                        speculative=Speculative("eagle", 0.8, 1, tp=1))  # fmt: skip
+
+
+def test_an_mtp_block_without_its_experts_is_refused(monkeypatch):
+    """Left with GLM's first_k_dense_replace of 1, the one-layer head's block would be dense
+    though the model routes experts: refused in a line, not priced as a dense block."""
+    from torchroof.serving import draft_heads
+
+    monkeypatch.setattr(draft_heads, "LAYER_PLACEMENT", {})
+    with pytest.raises(OptionError, match="came out without the routed experts"):
+        torchroof.serve(tiny_glm_moe(), "h100-sxm", concurrency=1, requests=1, input_len=8,
+                        output_len=4, speculative=Speculative("mtp", 0.8, 1))  # fmt: skip
 
 
 def test_a_layer_list_gives_the_head_the_last_layers_kind():
@@ -441,6 +456,8 @@ def test_a_layer_list_gives_the_head_the_last_layers_kind():
     head = head_config("eagle", qwen, "qwen", layers=2)
     assert head.mlp_only_layers == [] and head.layer_types == ["full_attention"] * 2
     assert qwen.mlp_only_layers == [0, 1]
+    one = AutoConfig.for_model("qwen3", num_hidden_layers=1, layer_types=["full_attention"])
+    assert head_config("eagle", one, "one", layers=2).layer_types == ["full_attention"] * 2
 
 
 def test_a_head_the_served_model_has_not_is_refused_in_a_line(tmp_path, capsys):

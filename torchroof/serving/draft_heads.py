@@ -68,7 +68,11 @@ def head_label(kind: str, served: str, config: Any) -> str:
 
 
 def _has_mtp(config: Any) -> bool:
-    texts = [config, config.get_text_config() if hasattr(config, "get_text_config") else config]
+    texts = [config]
+    try:
+        texts.append(config.get_text_config() if hasattr(config, "get_text_config") else config)
+    except ValueError:  # several text models: the top level alone
+        pass
     return any(getattr(c, key, None) for c in texts for key in MTP_COUNTS)
 
 
@@ -86,11 +90,16 @@ def head_config(kind: str, config: Any, served: str, layers: int = 1) -> Any:
             f"{served} has no multi-token prediction layers (its configuration lists none of "
             f"{', '.join(MTP_COUNTS)}): draft with eagle or a draft model"
         )
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except ValueError as error:  # a composite configuration of several text models
+        raise OptionError(
+            f"{served}: no one text model to make {HEADS[kind]} of ({error})"
+        ) from None
     head = copy.deepcopy(text)
     count = head.num_hidden_layers
     for name, value in list(vars(head).items()):
-        if isinstance(value, list) and len(value) == count and count > 1:
+        if isinstance(value, list) and len(value) == count:
             setattr(head, name, value[-1:] * layers)  # the model's last layer's kind
     for name, value in LAYER_PLACEMENT.items():
         if hasattr(head, name):
@@ -138,4 +147,10 @@ def shared_weights_bytes(
         two_s = two.price(target.hardware, pricing=target.pricing, batch=1).memory
     if one_s is None or two_s is None:
         return 0
-    return 2 * one_s.weights_bytes - two_s.weights_bytes
+    shared = 2 * one_s.weights_bytes - two_s.weights_bytes
+    if not 0 <= shared <= one_s.weights_bytes:  # the two copies' layers differ
+        raise OptionError(
+            f"{HEADS[kind]} of {served}: a second layer of its kind is not the first (a layer "
+            "layout torchroof does not read): give the head's configuration as the draft model"
+        )
+    return shared

@@ -332,10 +332,10 @@ def _drafter(
     kind = speculative.draft if is_head(speculative.draft) else ""
     served = target.describe()["model"]
     label = head_label(kind, served, target.config) if kind else ""
-    if kind == "mtp" and speculative.tp not in (None, target_tp):
+    if kind and speculative.tp not in (None, target_tp):
         raise OptionError(
-            f"{label} is a block of the served model: it runs at the model's tensor-parallel "
-            f"size ({target_tp}), not {speculative.tp}"
+            f"{label} shares the served model's embedding and LM head: it runs at the model's "
+            f"tensor-parallel size ({target_tp}), not {speculative.tp}"
         )
     if kind:
         check_head(kind, target, None, label)
