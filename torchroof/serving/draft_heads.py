@@ -20,13 +20,13 @@ A head is timed as a one-layer model of the served model's configuration: its em
 one decoder layer of the model's last kind (every per-layer list of the configuration cut
 to its last entry, every "dense below layer N" setting cleared), the final norm and the
 LM head, with its own one-layer KV cache, drafting as a draft model does
-(:mod:`torchroof.serving.speculative`). Its memory holds the layer alone: the embedding and
-the LM head are the served model's (vLLM's ``EagleProposer`` shares them), their bytes
-measured as a two-layer copy's less twice the one-layer copy's. Not priced: the linear
-layer fusing the hidden state with the embedding (2d x d weights; for Llama-3-8B 34 M
-parameters beside the 743 M a pass reads, about 5%); and vLLM's first draft pass of a
-step runs over every token the served model verified (k + 1 a request), where here it
-runs over the one or two tokens a draft model's first pass takes.
+(:mod:`torchroof.serving.speculative`) but for its first pass of a step, which runs over
+every token a decoding request verified (k + 1, rejected ones included: vLLM's padded
+drafter batch) on the served model's hidden states. Its memory holds the layer alone: the
+embedding and the LM head are the served model's (vLLM's ``EagleProposer`` shares them),
+their bytes measured as a two-layer copy's less twice the one-layer copy's. Not priced:
+the linear layer fusing the hidden state with the embedding (2d x d weights; for
+Llama-3-8B 34 M parameters beside the 743 M a pass reads, about 5%).
 """
 
 from __future__ import annotations

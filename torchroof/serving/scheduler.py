@@ -176,11 +176,15 @@ class Scheduler:
         acceptance: Acceptance | None = None,
         rng: np.random.Generator | None = None,
         host_blocks: int = 0,
+        head: bool = False,
     ) -> None:
         if acceptance is not None and rng is None:
             raise OptionError("speculative decoding draws its acceptances: give an rng")
         self.config = config
         self.acceptance = acceptance
+        # a draft head's first pass runs over every token the request verified (vLLM's
+        # padded drafter batch), a draft model's over the tokens it has not seen
+        self.head = head
         self.rng = rng
         # slots a running request keeps for the drafts the draft model writes (vLLM's
         # num_lookahead_tokens: k with a draft model)
@@ -447,6 +451,8 @@ class Scheduler:
             drafts = max(0, drafts)
             if not state.decoding:  # a prompt chunk, and the first token where it samples
                 proposals.append(Proposal(new + int(drafts > 0), context, drafts))
+            elif drafts and self.head:  # the verified tokens, on the served model's states
+                proposals.append(Proposal(new, context, drafts))
             elif drafts:  # the token sampled, and the last draft where all were accepted
                 cached = state.computed + (kept + 1 if verifies else 1)
                 unseen = 2 if verifies and kept == state.drafts else 1

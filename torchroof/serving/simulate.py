@@ -152,10 +152,11 @@ class _Run:
         # with a draft model the engine's full CUDA graphs are for k + 1 tokens a request
         self.graphed = drafter.tokens + 1 if drafter is not None else None
         acceptance = drafter.acceptance if drafter is not None else None
+        head = drafter is not None and drafter.head
         streams = np.random.SeedSequence(random_state).spawn(replicas)
         rngs = [np.random.default_rng(stream) for stream in streams]
         self.replicas = [
-            _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i], swap.blocks), self.env)
+            _Replica(i, Scheduler(engine, blocks, acceptance, rngs[i], swap.blocks, head), self.env)
             for i in range(replicas)
         ]
         self.swap = swap

@@ -156,6 +156,11 @@ class Drafter:
     shared_weights_bytes: int = 0  # per GPU, the head's weights that are the served model's
 
     @property
+    def head(self) -> bool:
+        """Whether the draft is a head on the served model (named by its label)."""
+        return bool(self.label)
+
+    @property
     def tokens(self) -> int:
         return self.acceptance.tokens
 
