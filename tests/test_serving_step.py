@@ -9,10 +9,10 @@ all memory-bound.
 """
 
 import pytest
-from conftest import meta_causal_lm, small_llama
+from conftest import TINY_MLA, meta_causal_lm, small_llama
 from torchroof.hardware import UnknownHardwareError
 from torchroof.hardware import get as load_hardware
-from transformers import GraniteConfig
+from transformers import AutoConfig, GraniteConfig
 
 import torchroof
 from torchroof.config.errors import OptionError
@@ -24,6 +24,7 @@ from torchroof.serving.attention import (
     chunk_kernel,
     decode_geometry,
     decode_kernel,
+    expand_kernel,
 )
 from torchroof.serving.composition import StepMix, items_of
 
@@ -163,9 +164,9 @@ def test_attention_it_cannot_price_per_sequence_is_refused():
     t = TensorMeta((2, 2, 2, 32), (256, 128, 32, 1), "bfloat16", 0)
     kv = TensorMeta((2, 2, 65, 32), (4160, 2080, 32, 1), "bfloat16", 1)
     refs = {"query": TensorRef(0), "key": TensorRef(1), "value": TensorRef(2)}
-    latent = OpRecord(0, "torchroof.mla_decode_attention", (t, kv, kv), (), refs, "m", "forward")
+    other = OpRecord(0, "torchroof.other_attention", (t, kv, kv), (), refs, "m", "forward")
     with pytest.raises(OptionError, match="is not priced per sequence yet"):
-        decode_geometry(latent, 64)
+        decode_geometry(other, 64)
     sdpa = "aten._scaled_dot_product_flash_attention.default"
     window = OpRecord(0, sdpa, (t, kv, kv), (), refs, "m", "forward")
     with pytest.raises(OptionError, match="sliding window"):
@@ -262,3 +263,68 @@ def test_bad_steps_are_refused_in_one_line(prepared, timer):
         assert "\n" not in str(caught.value)
     # a step given as any iterable is read once
     assert timer.time(w for w in decodes(2, 64)).tokens == 2
+
+
+# -- multi-head latent attention ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def latent():
+    """conftest's tiny DeepSeek-V3 (2 layers, 4 heads, latent r = 32, rope d_r = 8,
+    d_nope = 16, d_v = 16), prepared for decode at context 64, batch 4."""
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
+    prepared = torchroof.prepare(config, "decode", context=64, batch=4)
+    return prepared, StepTimer(prepared, "h100-sxm")
+
+
+def test_latent_attention_by_hand(latent):
+    _, timer = latent
+    (layer,) = timer.layers()
+    # decodes: 4 heads on the one latent of r + d_r = 40 dims, averaging its first 32
+    assert (layer.query_heads, layer.kv_heads, layer.head_dim, layer.value_dim) == (4, 1, 40, 32)
+    assert timer.kv_bytes_per_token() == 2 * 40 * 2  # = 160: the latent once a layer, bf16
+    cost, shape = decode_kernel(layer, [SequenceWork(1, 10), SequenceWork(1, 30)])
+    assert cost.flops == 2 * 4 * (40 + 32) * 42  # = 24,192 over 42 keys
+    assert cost.bytes_read == 2 * 4 * 40 * 2 + 42 * 40 * 2  # q + the latents once = 4,000
+    assert cost.bytes_written == 2 * 4 * 32 * 2 + 2 * 4 * 4  # o + lse = 544
+    assert (shape.batch, shape.m) == (2, 4)  # every head of a sequence on its one latent
+    # a 16-token chunk on 48 cached runs expanded: 4 K/V heads of d_nope + d_r = 24, d_v 16
+    cost, _ = chunk_kernel(layer.prefill, [SequenceWork(16, 48)])
+    assert cost.flops == 2 * 4 * (24 + 16) * 904  # = 289,280
+    assert cost.bytes_read == 16 * 4 * 24 * 2 + 64 * 4 * 40 * 2  # q + K and V = 23,552
+    # after the 48 cached latents are expanded to 4 x (16 + 16) = 128 dims each
+    cost, shape = expand_kernel(layer, 48)
+    assert cost.flops == 2 * 48 * 32 * 128  # = 393,216
+    assert cost.bytes_read == 48 * 32 * 2 + 32 * 128 * 2  # latents + kv_b_proj = 11,264
+    assert cost.bytes_written == 48 * 128 * 2  # = 12,288
+    assert (shape.kind, shape.m, shape.n, shape.k) == ("gemm", 48, 128, 32)
+
+
+def test_a_batch_of_equal_latent_decodes_is_the_decode_estimate(latent):
+    prepared, timer = latent
+    step = timer.time(decodes(4, 64))
+    estimate = prepared.price("h100-sxm", batch=4)
+    # the one difference: the ragged kernel writes its fp32 log-sum-exp (4 rows x 4 heads x
+    # 4 B = 64 B a layer) that the traced absorbed kernel does not count: 2 x 64 B at beta
+    assert step.time_s - estimate.time_s == pytest.approx(2 * 64 / H100_BETA, rel=1e-6)
+
+
+def test_a_chunk_over_cached_latents_pays_their_expansion(latent):
+    """The same 16-token chunk with 48 tokens cached before it or none, each kernel
+    memory-bound on the pure roofline: the cached ones add, per layer, 48 more keys of K
+    and V to the expanded attention (48 x 4 x 40 x 2 B = 15,360 B) and the expansion GEMM
+    (48 x 32 x 2 latent bytes + 32 x 128 x 2 of kv_b_proj read, 48 x 128 x 2 written:
+    23,552 B), each at beta."""
+    _, timer = latent
+    fresh = timer.attention_s([SequenceWork(16, 0)], tokens=16)
+    cached = timer.attention_s([SequenceWork(16, 48)], tokens=16)
+    assert cached - fresh == pytest.approx(2 * (15_360 + 23_552) / H100_BETA, rel=1e-9)
+
+
+def test_a_latent_model_serves():
+    """The tiny DeepSeek-V3 served: its cache holds 160 B a token."""
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
+    run = torchroof.serve(config, "h100-sxm", concurrency=2, requests=6, input_len=64,
+                          output_len=8)  # fmt: skip
+    assert run.engine["kv_bytes_per_token"] == 160
+    assert run.summary()["tpot_s"]["p50"] > 0

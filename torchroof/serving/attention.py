@@ -18,12 +18,26 @@ as FlashInfer's do). Per sequence, with H query heads, H_kv K/V heads, head dims
 The geometry each layer runs (heads per rank, K/V heads, dims, dtypes, whether its decode
 kernel takes each K/V head's query group as rows, as transformers' ``pack_gqa`` and
 FlashInfer's GQA decode do) is read off the layer's attention op in a traced decode step.
+
+Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: :mod:`torchroof.models.mla`) runs
+two ways, as vLLM's MLA backends and SGLang run it:
+
+- decodes over the latent cache with the up-projections absorbed (FlashMLA): every head's
+  query scores against one shared latent of r + d_r dims per token and averages its first
+  r: H query heads on one K/V head, d = r + d_r, d_v = r, the latent read once per key (V
+  is part of K);
+- prefill chunks in the compute-lighter expanded form: the cached latents of each chunk's
+  context are expanded through ``kv_b_proj`` (a GEMM of c x r by r x H·(d_nope + d_v);
+  the chunk's own new rows are projected in the step's body), then ordinary attention runs
+  with H K/V heads of d = d_nope + d_r and d_v (DeepSeek-V2 section 2.1.2; vLLM's
+  ``MLACommonImpl`` prefill path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchroof.config.errors import OptionError
 from torchroof.counters import Cost
@@ -55,15 +69,65 @@ class AttentionGeometry:
     query_dtype: str
     kv_dtype: str
     packed: bool  # the decode kernel's rows are a K/V head's query group (GQA packing)
+    latent: bool = False  # V is K's first value_dim dims, stored once (MLA's latent cache)
+    prefill: AttentionGeometry | None = None  # the form prefill chunks run, where another
+    expand_width: int = 0  # MLA: the expanded K_nope and V dims per cached token (all heads)
 
     @property
     def group(self) -> int:
         return self.query_heads // self.kv_heads
 
+    @property
+    def kv_width(self) -> int:
+        """Cached dims per token and K/V head: K and V, or the latent once."""
+        return self.head_dim if self.latent else self.head_dim + self.value_dim
 
-def decode_geometry(op: OpRecord, context: int) -> AttentionGeometry:
+
+MLA_OP = "torchroof.mla_decode_attention.default"
+
+
+def mla_geometry(op: OpRecord, context: int, config: Any) -> AttentionGeometry:
+    """The geometry of an absorbed MLA decode kernel (``query`` [b, H, 1, r + d_r], the
+    ``latent`` [b, 1, N, r] and ``rope`` key [b, 1, N, d_r] cache), with the expanded form
+    its prefill chunks run, from the model's head dims (``config``)."""
+    q, latent, rope = op.tensor("query"), op.tensor("latent"), op.tensor("rope")
+    if q is None or latent is None or rope is None or latent.shape[-2] != context + 1:
+        raise OptionError(f"{op.module}: its latent attention is not over the whole cache")
+    nope = getattr(config, "qk_nope_head_dim", None)
+    value = getattr(config, "v_head_dim", None)
+    if not isinstance(nope, int) or not isinstance(value, int):
+        raise OptionError(f"{op.module}: latent attention without qk_nope_head_dim, v_head_dim")
+    heads, rank, rotary = q.shape[1], latent.shape[-1], rope.shape[-1]
+    expanded = AttentionGeometry(
+        module=op.module,
+        query_heads=heads,
+        kv_heads=heads,
+        head_dim=nope + rotary,
+        value_dim=value,
+        query_dtype=q.dtype,
+        kv_dtype=q.dtype,  # the expanded K and V are written in the compute dtype
+        packed=False,
+    )
+    return AttentionGeometry(
+        module=op.module,
+        query_heads=heads,
+        kv_heads=1,
+        head_dim=rank + rotary,
+        value_dim=rank,
+        query_dtype=q.dtype,
+        kv_dtype=latent.dtype,
+        packed=True,
+        latent=True,
+        prefill=expanded,
+        expand_width=heads * (nope + value),
+    )
+
+
+def decode_geometry(op: OpRecord, context: int, config: Any = None) -> AttentionGeometry:
     """The geometry of ``op``, a decode step's attention (one new token per sequence over
     ``context`` cached); a layer this module cannot price is refused in one line."""
+    if op.name == MLA_OP:
+        return mla_geometry(op, context, config)
     q, k, v = op.tensor("query"), op.tensor("key"), op.tensor("value")
     if op.name not in RAGGED_OPS or q is None or k is None or v is None or len(q.shape) != 4:
         raise OptionError(
@@ -152,11 +216,23 @@ def ragged_prefill(
     return cost, shape
 
 
+def expand_kernel(layer: AttentionGeometry, cached: int) -> tuple[Cost, KernelShape]:
+    """(cost, geometry) of the GEMM expanding ``cached`` latent rows (the chunks' cached
+    context) into every head's K_nope and V: [cached, r] x [r, H·(d_nope + d_v)], the
+    latents read at the cache's width, the weight once, the expanded rows written in the
+    compute dtype."""
+    rank, width = layer.value_dim, layer.expand_width
+    sq, skv = dtype_itemsize(layer.query_dtype), dtype_itemsize(layer.kv_dtype)
+    read = cached * rank * skv + rank * width * sq
+    cost = Cost(2 * cached * rank * width, read, cached * width * sq, "tensor", layer.query_dtype)
+    return cost, KernelShape("gemm", sq, batch=1, m=cached, n=width, k=rank)
+
+
 def _cost(layer: AttentionGeometry, rows: int, keys: int, pairs: int) -> Cost:
     """W and Q of attention with ``rows`` query tokens, ``keys`` K/V tokens read and
     ``pairs`` (query token, key) pairs kept, summed over a kernel's sequences."""
     h, hkv, d, dv = layer.query_heads, layer.kv_heads, layer.head_dim, layer.value_dim
     sq, skv = dtype_itemsize(layer.query_dtype), dtype_itemsize(layer.kv_dtype)
-    read = rows * h * d * sq + keys * hkv * (d + dv) * skv
+    read = rows * h * d * sq + keys * hkv * layer.kv_width * skv
     written = rows * h * dv * sq + rows * h * LOG_SUM_EXP_BYTES
     return Cost(2 * h * (d + dv) * pairs, read, written, "tensor", layer.query_dtype)

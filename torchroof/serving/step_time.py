@@ -50,6 +50,7 @@ from torchroof.report.memory import MemoryFootprint
 from torchroof.serving.attention import (
     AttentionGeometry,
     decode_geometry,
+    expand_kernel,
     ragged_decode,
     ragged_prefill,
 )
@@ -186,12 +187,16 @@ class StepTimer:
         total = 0.0
         for layer, count in self._layers.items():  # layers alike are timed once
             kernels = [ragged_decode(layer, mix.decodes, mix.decode_keys)] if mix.decodes else []
-            if mix.chunks:
+            if mix.chunks:  # MLA: in the expanded form, its cached latents expanded first
+                chunked = layer.prefill or layer
                 kernels.append(
                     ragged_prefill(
-                        layer, mix.chunks, mix.chunk_rows, mix.chunk_keys, mix.chunk_pairs
+                        chunked, mix.chunks, mix.chunk_rows, mix.chunk_keys, mix.chunk_pairs
                     )
                 )
+                cached = mix.chunk_keys - mix.chunk_rows
+                if layer.expand_width and cached:
+                    kernels.append(expand_kernel(layer, cached))
             total += count * sum(
                 time_kernel(cost, self._spec, pricing, shape, shape.itemsize, runtime).time_s
                 for cost, shape in kernels
@@ -241,10 +246,7 @@ class StepTimer:
     def kv_bytes_per_token(self) -> int:
         """K and V bytes one token adds to the cache on one GPU, over every layer."""
         return sum(
-            count
-            * layer.kv_heads
-            * (layer.head_dim + layer.value_dim)
-            * dtype_itemsize(layer.kv_dtype)
+            count * layer.kv_heads * layer.kv_width * dtype_itemsize(layer.kv_dtype)
             for layer, count in self._layers.items()
         )
 
@@ -329,7 +331,9 @@ class StepTimer:
                 "runs this model's attention as separate matmuls and a softmax): not "
                 "priced per sequence yet"
             )
-        layers = dict(Counter(decode_geometry(op, context) for op in ops))
+        config = self._config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = dict(Counter(decode_geometry(op, context, text) for op in ops))
         return context, head_module(trace), layers
 
 
