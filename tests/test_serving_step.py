@@ -24,7 +24,7 @@ from torchroof.serving.attention import (
     chunk_kernel,
     decode_geometry,
     decode_kernel,
-    expand_kernel,
+    expand_kernels,
 )
 from torchroof.serving.composition import StepMix, items_of
 
@@ -292,12 +292,16 @@ def test_latent_attention_by_hand(latent):
     cost, _ = chunk_kernel(layer.prefill, [SequenceWork(16, 48)])
     assert cost.flops == 2 * 4 * (24 + 16) * 904  # = 289,280
     assert cost.bytes_read == 16 * 4 * 24 * 2 + 64 * 4 * 40 * 2  # q + K and V = 23,552
-    # after the 48 cached latents are expanded to 4 x (16 + 16) = 128 dims each
-    cost, shape = expand_kernel(layer, 48)
-    assert cost.flops == 2 * 48 * 32 * 128  # = 393,216
-    assert cost.bytes_read == 48 * 32 * 2 + 32 * 128 * 2  # latents + kv_b_proj = 11,264
-    assert cost.bytes_written == 48 * 128 * 2  # = 12,288
+    # after the 48 cached latents are gathered (48 x 40 read and written, bf16), expanded
+    # to 4 x (16 + 16) = 128 dims each, and K assembled with the rope key per head
+    (gather, _), (gemm, shape), (assemble, _) = expand_kernels(layer, 48)
+    assert (gather.bytes_read, gather.bytes_written) == (3_840, 3_840)
+    assert gemm.flops == 2 * 48 * 32 * 128  # = 393,216
+    assert gemm.bytes_read == 48 * 32 * 2 + 32 * 128 * 2  # workspace + kv_b_proj = 11,264
+    assert gemm.bytes_written == 48 * 128 * 2  # = 12,288
     assert (shape.kind, shape.m, shape.n, shape.k) == ("gemm", 48, 128, 32)
+    assert assemble.bytes_read == 48 * 4 * 16 * 2 + 48 * 8 * 2  # K_nope + rope key = 6,912
+    assert assemble.bytes_written == 48 * 4 * 24 * 2  # = 9,216
 
 
 def test_a_batch_of_equal_latent_decodes_is_the_decode_estimate(latent):
@@ -310,15 +314,36 @@ def test_a_batch_of_equal_latent_decodes_is_the_decode_estimate(latent):
 
 
 def test_a_chunk_over_cached_latents_pays_their_expansion(latent):
-    """The same 16-token chunk with 48 tokens cached before it or none, each kernel
+    """The same 32-token chunk with 48 tokens cached before it or none, each kernel
     memory-bound on the pure roofline: the cached ones add, per layer, 48 more keys of K
-    and V to the expanded attention (48 x 4 x 40 x 2 B = 15,360 B) and the expansion GEMM
-    (48 x 32 x 2 latent bytes + 32 x 128 x 2 of kv_b_proj read, 48 x 128 x 2 written:
-    23,552 B), each at beta."""
+    and V to the expanded attention (48 x 4 x 40 x 2 B = 15,360 B) and the expansion's three
+    kernels (7,680 + 23,552 + 16,128 = 47,360 B), each at beta."""
     _, timer = latent
-    fresh = timer.attention_s([SequenceWork(16, 0)], tokens=16)
-    cached = timer.attention_s([SequenceWork(16, 48)], tokens=16)
-    assert cached - fresh == pytest.approx(2 * (15_360 + 23_552) / H100_BETA, rel=1e-9)
+    fresh = timer.attention_s([SequenceWork(32, 0)], tokens=32)
+    cached = timer.attention_s([SequenceWork(32, 48)], tokens=32)
+    assert cached - fresh == pytest.approx(2 * (15_360 + 47_360) / H100_BETA, rel=1e-9)
+
+
+def test_a_verification_over_latents_runs_in_the_decode_kernel(latent):
+    """A verification of 3 drafts (4 tokens) over 4,000 cached runs in the absorbed kernel,
+    as vLLM's MLA backends run queries of up to 1 + k tokens: reading the 4,004 latents once
+    (4,004 x 40 x 2 B a layer) and nothing expanded, as a decode over them does (4 query
+    rows of 4 heads instead of 1: 3 x 4 x (40 x 2 + 32 x 2 + 4) B of q, o and the fp32
+    log-sum-exp more a layer)."""
+    _, timer = latent
+    verify = timer.attention_s([SequenceWork(4, 4000, verifies=True)], tokens=4)
+    decode = timer.attention_s([SequenceWork(1, 4003)], tokens=1)
+    assert verify - decode == pytest.approx(2 * 3 * 4 * (80 + 64 + 4) / H100_BETA, rel=1e-9)
+
+
+def test_latent_attention_is_refused_where_it_would_be_priced_wrong():
+    config = AutoConfig.for_model("deepseek_v3", **TINY_MLA)
+    tp = torchroof.prepare(config, "decode", context=16, tp=2)
+    with pytest.raises(OptionError, match="latent attention at tensor parallel 2"):
+        StepTimer(tp, "dgx-h100")
+    expanded = torchroof.prepare(config, "decode", context=16, mla="expanded")
+    with pytest.raises(OptionError, match="prepare the model with mla='absorbed'"):
+        StepTimer(expanded, "h100-sxm")
 
 
 def test_a_latent_model_serves():

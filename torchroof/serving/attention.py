@@ -20,17 +20,22 @@ kernel takes each K/V head's query group as rows, as transformers' ``pack_gqa`` 
 FlashInfer's GQA decode do) is read off the layer's attention op in a traced decode step.
 
 Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: :mod:`torchroof.models.mla`) runs
-two ways, as vLLM's MLA backends and SGLang run it:
+two ways, as vLLM's MLA backends run it:
 
 - decodes over the latent cache with the up-projections absorbed (FlashMLA): every head's
   query scores against one shared latent of r + d_r dims per token and averages its first
   r: H query heads on one K/V head, d = r + d_r, d_v = r, the latent read once per key (V
   is part of K);
-- prefill chunks in the compute-lighter expanded form: the cached latents of each chunk's
-  context are expanded through ``kv_b_proj`` (a GEMM of c x r by r x H·(d_nope + d_v);
-  the chunk's own new rows are projected in the step's body), then ordinary attention runs
-  with H K/V heads of d = d_nope + d_r and d_v (DeepSeek-V2 section 2.1.2; vLLM's
-  ``MLACommonImpl`` prefill path).
+- prefill chunks longer than a few tokens in the compute-lighter expanded form: the cached
+  latents of each chunk's context are gathered, expanded through ``kv_b_proj`` (a GEMM of
+  c x r by r x H·(d_nope + d_v)) and assembled into per-head keys
+  (:func:`expand_kernels`), then ordinary attention runs with H K/V heads of
+  d = d_nope + d_r and d_v (DeepSeek-V2 section 2.1.2; vLLM's ``MLACommonImpl`` prefill
+  path). The chunk's own new rows are projected in the step's body, priced from the
+  absorbed decode at N tokens: the same FLOPs as expanding them, its memory-bound
+  absorption matmuls a little dearer than the one expanding GEMM (a few percent of a
+  prefill-heavy step's body). A verification or a draft head's pass, a few tokens, runs in
+  the decode kernel (:data:`~torchroof.serving.composition.SHORT_QUERY`).
 """
 
 from __future__ import annotations
@@ -216,16 +221,35 @@ def ragged_prefill(
     return cost, shape
 
 
-def expand_kernel(layer: AttentionGeometry, cached: int) -> tuple[Cost, KernelShape]:
-    """(cost, geometry) of the GEMM expanding ``cached`` latent rows (the chunks' cached
-    context) into every head's K_nope and V: [cached, r] x [r, H·(d_nope + d_v)], the
-    latents read at the cache's width, the weight once, the expanded rows written in the
-    compute dtype."""
-    rank, width = layer.value_dim, layer.expand_width
+def expand_kernels(layer: AttentionGeometry, cached: int) -> list[tuple[Cost, KernelShape]]:
+    """(cost, geometry) of the kernels expanding ``cached`` latent rows (the chunks' cached
+    context) into every head's K and V before the expanded attention, as vLLM's
+    ``_compute_prefill_context`` runs them: the cache gathered into a workspace in the
+    compute dtype ([cached, r + d_r], read at the cache's width), the GEMM through
+    ``kv_b_proj`` ([cached, r] x [r, H·(d_nope + d_v)]), and K assembled from K_nope and
+    the rope key broadcast to every head ([cached, H, d_nope + d_r])."""
+    assert layer.prefill is not None
+    rank, width, heads = layer.value_dim, layer.expand_width, layer.query_heads
+    rotary = layer.head_dim - rank
+    nope = layer.prefill.head_dim - rotary
     sq, skv = dtype_itemsize(layer.query_dtype), dtype_itemsize(layer.kv_dtype)
-    read = cached * rank * skv + rank * width * sq
-    cost = Cost(2 * cached * rank * width, read, cached * width * sq, "tensor", layer.query_dtype)
-    return cost, KernelShape("gemm", sq, batch=1, m=cached, n=width, k=rank)
+    dtype = layer.query_dtype
+    latent = cached * (rank + rotary)
+    gather = Cost(0, latent * skv, latent * sq, "vector", dtype)
+    gemm = Cost(
+        2 * cached * rank * width,
+        cached * rank * sq + rank * width * sq,
+        cached * width * sq,
+        "tensor",
+        dtype,
+    )
+    keys = cached * heads * (nope + rotary)
+    assemble = Cost(0, (cached * heads * nope + cached * rotary) * sq, keys * sq, "vector", dtype)
+    return [
+        (gather, KernelShape("stream", sq, elements=latent)),
+        (gemm, KernelShape("gemm", sq, batch=1, m=cached, n=width, k=rank)),
+        (assemble, KernelShape("stream", sq, elements=keys)),
+    ]
 
 
 def _cost(layer: AttentionGeometry, rows: int, keys: int, pairs: int) -> Cost:

@@ -91,6 +91,15 @@ Item = tuple[int, int, bool, bool]
 samples, verifies), the fields of :class:`SequenceWork` in their order."""
 
 
+SHORT_QUERY = 16
+"""The most new tokens a sequence of a step may have for a latent-attention (MLA) layer to
+run it in its decode kernel: vLLM's MLA backends send every query of up to their
+``reorder_batch_threshold`` tokens to the absorbed decode kernel, raised to 1 + k under
+speculative decoding with k drafts (``split_decodes_and_prefills``); 16 covers the
+verifications and draft passes of k up to 15, and leaves prompt chunks longer than that
+to the expanded prefill path."""
+
+
 @dataclass(frozen=True)
 class StepMix:
     """What pricing a step reads of its sequences, summed once: the token and logit-row
@@ -113,12 +122,19 @@ class StepMix:
     chunk_pairs: int  # (query, key) pairs their causal kernels keep
     verifications: int
     drafted: int  # drafts the verifications check
+    # of the chunks, those of at most SHORT_QUERY new tokens (verifications, a draft head's
+    # passes, a prompt's last few tokens): a latent-attention layer decodes them
+    shorts: int = 0
+    short_rows: int = 0
+    short_keys: int = 0
+    short_pairs: int = 0
 
     @classmethod
     def of(cls, items: Sequence[Item]) -> StepMix:
         """The mix of a step's sequences, each an :data:`Item`."""
         tokens = rows = longest = decodes = decode_keys = 0
         chunks = chunk_rows = chunk_keys = chunk_pairs = verifications = drafted = 0
+        shorts = short_rows = short_keys = short_pairs = 0
         width = items[0][0] if items else 0
         plain = False
         for new, context, samples, verifies in items:
@@ -138,11 +154,17 @@ class StepMix:
                 decodes += 1
                 decode_keys += length
                 continue
+            pairs = causal_pairs(new, length)
             chunks += 1
             chunk_rows += new
             chunk_keys += length
-            chunk_pairs += causal_pairs(new, length)
+            chunk_pairs += pairs
             plain = plain or not verifies
+            if new <= SHORT_QUERY:
+                shorts += 1
+                short_rows += new
+                short_keys += length
+                short_pairs += pairs
         return cls(
             len(items),
             tokens,
@@ -158,6 +180,10 @@ class StepMix:
             chunk_pairs,
             verifications,
             drafted,
+            shorts,
+            short_rows,
+            short_keys,
+            short_pairs,
         )
 
     def launched_eagerly(self, graphed: int | None = None) -> bool:

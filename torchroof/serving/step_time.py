@@ -50,7 +50,7 @@ from torchroof.report.memory import MemoryFootprint
 from torchroof.serving.attention import (
     AttentionGeometry,
     decode_geometry,
-    expand_kernel,
+    expand_kernels,
     ragged_decode,
     ragged_prefill,
 )
@@ -143,6 +143,12 @@ class StepTimer:
         self._activations: dict[tuple[int, int], int] = {}
         self._prefill: PreparedModel | None = None
         self.context, self._head, self._layers = self._read_trace()
+        if base.tp > 1 and any(layer.latent for layer in self._layers):
+            raise OptionError(
+                f"latent attention at tensor parallel {base.tp}: transformers' plan for this "
+                "model leaves its attention unsharded, so every GPU would be charged every "
+                "head; serve it at tp 1 (with --dp and --ep for its experts)"
+            )
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
     def time(self, step: Sequence[SequenceWork] | StepMix, graphed: int | None = None) -> StepTime:
@@ -187,16 +193,14 @@ class StepTimer:
         total = 0.0
         for layer, count in self._layers.items():  # layers alike are timed once
             kernels = [ragged_decode(layer, mix.decodes, mix.decode_keys)] if mix.decodes else []
-            if mix.chunks:  # MLA: in the expanded form, its cached latents expanded first
-                chunked = layer.prefill or layer
+            if mix.chunks and layer.prefill is not None:
+                kernels += _latent_chunks(layer, mix)
+            elif mix.chunks:
                 kernels.append(
                     ragged_prefill(
-                        chunked, mix.chunks, mix.chunk_rows, mix.chunk_keys, mix.chunk_pairs
+                        layer, mix.chunks, mix.chunk_rows, mix.chunk_keys, mix.chunk_pairs
                     )
                 )
-                cached = mix.chunk_keys - mix.chunk_rows
-                if layer.expand_width and cached:
-                    kernels.append(expand_kernel(layer, cached))
             total += count * sum(
                 time_kernel(cost, self._spec, pricing, shape, shape.itemsize, runtime).time_s
                 for cost, shape in kernels
@@ -337,6 +341,27 @@ class StepTimer:
         return context, head_module(trace), layers
 
 
+def _latent_chunks(layer: AttentionGeometry, mix: StepMix) -> list[tuple[Any, Any]]:
+    """A latent-attention layer's kernels for a step's multi-token sequences: those of at
+    most :data:`~torchroof.serving.composition.SHORT_QUERY` tokens in its absorbed decode
+    kernel (causal over their cache), the longer ones in the expanded form after their
+    cached latents are expanded."""
+    assert layer.prefill is not None
+    kernels = []
+    if mix.shorts:
+        kernels.append(
+            ragged_prefill(layer, mix.shorts, mix.short_rows, mix.short_keys, mix.short_pairs)
+        )
+    longs = mix.chunks - mix.shorts
+    if longs:
+        rows, keys = mix.chunk_rows - mix.short_rows, mix.chunk_keys - mix.short_keys
+        pairs = mix.chunk_pairs - mix.short_pairs
+        kernels.append(ragged_prefill(layer.prefill, longs, rows, keys, pairs))
+        if keys > rows:
+            kernels += expand_kernels(layer, keys - rows)
+    return kernels
+
+
 def _check_base(base: Any) -> None:
     """Refuse a prepared step a step timer cannot price from."""
     facts = REGIME_FACTS[base.regime]
@@ -349,6 +374,11 @@ def _check_base(base: Any) -> None:
         raise OptionError(
             f"a step timer needs cache='static' (an engine writes its KV cache in place), "
             f"not '{base.cache}'"
+        )
+    if getattr(base, "mla", "absorbed") == "expanded":
+        raise OptionError(
+            "a step timer prices latent attention as engines cache it, the latent alone: "
+            "prepare the model with mla='absorbed' (the default), not 'expanded'"
         )
     if base.pp > 1 or base.cp > 1:
         raise OptionError(
