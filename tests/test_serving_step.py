@@ -341,9 +341,13 @@ def test_latent_attention_is_refused_where_it_would_be_priced_wrong():
     tp = torchroof.prepare(config, "decode", context=16, tp=2)
     with pytest.raises(OptionError, match="latent attention at tensor parallel 2"):
         StepTimer(tp, "dgx-h100")
+    # every head's K and V cached instead of the latent (as a sparse indexer's model does)
     expanded = torchroof.prepare(config, "decode", context=16, mla="expanded")
-    with pytest.raises(OptionError, match="prepare the model with mla='absorbed'"):
+    with pytest.raises(OptionError, match="its traced decode attends over expanded keys"):
         StepTimer(expanded, "h100-sxm")
+    # the knob means nothing to a model without latent attention: not refused
+    plain = torchroof.prepare(small_llama(2), "decode", context=16, mla="expanded")
+    assert StepTimer(plain, "h100-sxm").kv_bytes_per_token() == 2 * 2 * 64 * 2
 
 
 def test_a_latent_model_serves():

@@ -34,8 +34,9 @@ two ways, as vLLM's MLA backends run it:
   path). The chunk's own new rows are projected in the step's body, priced from the
   absorbed decode at N tokens: the same FLOPs as expanding them, its memory-bound
   absorption matmuls a little dearer than the one expanding GEMM (a few percent of a
-  prefill-heavy step's body). A verification or a draft head's pass, a few tokens, runs in
-  the decode kernel (:data:`~torchroof.serving.composition.SHORT_QUERY`).
+  prefill-heavy step's body). A verification, a draft head's pass or a prompt's last few
+  tokens, up to :data:`~torchroof.serving.composition.SHORT_QUERY` tokens, run in the
+  decode kernel.
 """
 
 from __future__ import annotations

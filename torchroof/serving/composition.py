@@ -93,11 +93,13 @@ samples, verifies), the fields of :class:`SequenceWork` in their order."""
 
 SHORT_QUERY = 16
 """The most new tokens a sequence of a step may have for a latent-attention (MLA) layer to
-run it in its decode kernel: vLLM's MLA backends send every query of up to their
-``reorder_batch_threshold`` tokens to the absorbed decode kernel, raised to 1 + k under
-speculative decoding with k drafts (``split_decodes_and_prefills``); 16 covers the
-verifications and draft passes of k up to 15, and leaves prompt chunks longer than that
-to the expanded prefill path."""
+run it in its absorbed decode kernel, a modelling choice: vLLM's MLA backends send short
+queries there (``split_decodes_and_prefills`` up to their ``reorder_batch_threshold``,
+1 + k under speculative decoding with k drafts), so verifications and draft passes of up
+to 15 drafts run as decodes; prompt chunks longer than 16 tokens take the expanded prefill
+path. A short prompt tail beside decodes runs as a decode here (FlashMLA's builder sends
+it to the prefill path unless every leading query is as long), and a verification of
+more than 15 drafts in the expanded form."""
 
 
 @dataclass(frozen=True)

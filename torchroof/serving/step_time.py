@@ -143,12 +143,7 @@ class StepTimer:
         self._activations: dict[tuple[int, int], int] = {}
         self._prefill: PreparedModel | None = None
         self.context, self._head, self._layers = self._read_trace()
-        if base.tp > 1 and any(layer.latent for layer in self._layers):
-            raise OptionError(
-                f"latent attention at tensor parallel {base.tp}: transformers' plan for this "
-                "model leaves its attention unsharded, so every GPU would be charged every "
-                "head; serve it at tp 1 (with --dp and --ep for its experts)"
-            )
+        _check_latent(self._config, self._layers, base)
         self._probe(1, eager=False)  # a plan the hardware cannot run fails here
 
     def time(self, step: Sequence[SequenceWork] | StepMix, graphed: int | None = None) -> StepTime:
@@ -341,6 +336,28 @@ class StepTimer:
         return context, head_module(trace), layers
 
 
+def _check_latent(config: Any, layers: dict[AttentionGeometry, int], base: Any) -> None:
+    """Refuse latent attention the step timer would price wrong: a model that caches a
+    latent (``kv_lora_rank``) but whose traced decode does not attend over it (a sparse
+    top-k indexer, or ``mla='expanded'``: every head's K and V cached), and latent
+    attention at tensor parallel above 1 (transformers' plan leaves DeepSeek-V3's attention
+    unsharded: every GPU would be charged every head)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    latent = any(layer.latent for layer in layers)
+    if getattr(text, "kv_lora_rank", None) and not latent:
+        raise OptionError(
+            "this model caches a latent, but its traced decode attends over expanded keys "
+            "(a sparse top-k indexer, or mla='expanded'): not priced per request; prepare it "
+            "with mla='absorbed' (the default) where its attention is dense"
+        )
+    if latent and base.tp > 1:
+        raise OptionError(
+            f"latent attention at tensor parallel {base.tp}: its attention is not sharded "
+            "here, so every GPU would be charged every head; serve it at tp 1, one engine "
+            "per data-parallel rank (--dp N --ep N --replicas N)"
+        )
+
+
 def _latent_chunks(layer: AttentionGeometry, mix: StepMix) -> list[tuple[Any, Any]]:
     """A latent-attention layer's kernels for a step's multi-token sequences: those of at
     most :data:`~torchroof.serving.composition.SHORT_QUERY` tokens in its absorbed decode
@@ -374,11 +391,6 @@ def _check_base(base: Any) -> None:
         raise OptionError(
             f"a step timer needs cache='static' (an engine writes its KV cache in place), "
             f"not '{base.cache}'"
-        )
-    if getattr(base, "mla", "absorbed") == "expanded":
-        raise OptionError(
-            "a step timer prices latent attention as engines cache it, the latent alone: "
-            "prepare the model with mla='absorbed' (the default), not 'expanded'"
         )
     if base.pp > 1 or base.cp > 1:
         raise OptionError(
