@@ -16,7 +16,7 @@ from typing import Any
 from torchroof.api import check_quant_hardware, estimate, estimate_trace, trace_model
 from torchroof.collector import paused_gc
 from torchroof.config import DEFAULT_SEQ, PRICING_KNOBS, WORKLOAD_KNOBS, Workload, value_type
-from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.models.sources import DEFAULT_MODEL, text_config
 from torchroof.prepared import prepare
 from torchroof.pricing.price import TracePlans
 from torchroof.pricing.runtime import with_knobs, workload_defaults
@@ -94,7 +94,7 @@ def _check_heads(config: Any) -> None:
     """Attention heads a model can be built with: K/V heads that divide the query heads
     (grouped-query attention shares each K/V head among h / h_kv query heads), and a
     hidden size the query heads divide unless the config gives ``head_dim``."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     heads = getattr(text, "num_attention_heads", None)
     kv = getattr(text, "num_key_value_heads", None)
     if not isinstance(heads, int) or heads < 1:

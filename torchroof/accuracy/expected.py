@@ -167,6 +167,11 @@ def serving_range() -> NoRange:
     )
 
 
+def no_range_lines(found: dict[str, Any] | None) -> list[str]:
+    """The line a served run's text states of its JSON's ``expected`` (none where absent)."""
+    return [NoRange(found["none"]).line()] if found else []
+
+
 def _ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"

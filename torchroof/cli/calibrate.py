@@ -110,7 +110,7 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     from torchroof.api import trace_workload
     from torchroof.pricing.hardware import resolve_hardware
     from torchroof.records.trace import Trace
-    from torchroof.validation.profile_files import device_idle, profiled_ops
+    from torchroof.validation.profile_files import read_profile
     from torchroof.validation.profile_fit import calibrated_accelerator, fit_profile, kernel_timer
     from torchroof.validation.profiling import normalise
 
@@ -131,7 +131,7 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     assert isinstance(trace, Trace)  # pp = 1: one trace
     kernels, times = kernel_timer(trace, spec)  # the eager kernels, planned once
     names = {normalise(k.name) for k in kernels}
-    profiled = profiled_ops(args.from_profile, names)
+    profiled, idle = read_profile(args.from_profile, names)
     current_progress().begin(
         f"fitting the launch, fractions and attention shares to {len(profiled)} profiled ops"
     )
@@ -139,7 +139,6 @@ def _profile(args: argparse.Namespace) -> tuple[str, list[str], str]:
     current_progress().end()
     name = args.name or f"{spec.name}-calibrated"
     source = f"torchroof calibrate --from-profile {Path(args.from_profile).name}"
-    idle = device_idle(args.from_profile)
     lines = fitted.lines() + ([idle.line()] if idle is not None else [])
     return calibrated_accelerator(spec, fitted, name, source), lines, name
 

@@ -293,6 +293,12 @@ def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def text_config(config: Any) -> Any:
+    """The text model's configuration of ``config`` (a multimodal one's language model),
+    else ``config`` itself (transformers' ``get_text_config``)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def _model_label(config: Any, name: str | None) -> str:
     if name:
         return str(name)

@@ -8,6 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.accuracy.expected import no_range_lines
 from torchroof.render.disaggregated import disaggregated_lines, disaggregated_plan
 
 LATENCY_ROWS = (
@@ -37,9 +38,7 @@ def serving_lines(summary: Mapping[str, Any], engine: Mapping[str, Any]) -> list
         f"{summary['output_tokens_per_s']:,.0f} output tokens/s, "
         f"{summary['total_tokens_per_s']:,.0f} tokens/s with the prompts",
     ]
-    expected = summary.get("expected")
-    if expected is not None:
-        lines.append(f"expected: no range, {expected['none']}")
+    lines += no_range_lines(summary.get("expected"))
     slo = summary["slo"]
     if slo["ttft_s"] is not None or slo["tpot_s"] is not None:
         limits = [
@@ -124,8 +123,7 @@ def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
     else:
         lowest = min(t["rate"] for t in search["tried"] if t["rate"] is not None and not t["how"])
         verdict = f"no rate down to {lowest:,.4g} requests/s meets {limits} for {share} of requests"
-    expected = search.get("expected")
-    return [table, "", verdict] + ([f"expected: no range, {expected['none']}"] if expected else [])
+    return [table, "", verdict, *no_range_lines(search.get("expected"))]
 
 
 def _plan(engine: Mapping[str, Any]) -> str:

@@ -9,6 +9,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from torchroof.accuracy.expected import no_range_lines
+
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
@@ -70,6 +72,10 @@ def rate_curve_lines(data: Mapping[str, Any]) -> list[str]:
         f"torchroof serve: {engine['model']} on {engine['hardware']}, the same requests at "
         f"{len(data['rates'])} rates"
     )
-    lines = [head, curve_table(data), "", knee_sentence(data["knee"])]
-    expected = data.get("expected")
-    return lines + ([f"expected: no range, {expected['none']}"] if expected else [])
+    return [
+        head,
+        curve_table(data),
+        "",
+        knee_sentence(data["knee"]),
+        *no_range_lines(data.get("expected")),
+    ]

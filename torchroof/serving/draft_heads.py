@@ -35,6 +35,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from torchroof.config.errors import OptionError
+from torchroof.models.sources import text_config
 from torchroof.prepared import prepare
 from torchroof.pricing.routing import top_k_by_experts
 from torchroof.progress import silenced
@@ -67,13 +68,16 @@ def head_label(kind: str, served: str, config: Any) -> str:
     return f"{kind.upper()} head of {served}"
 
 
-def _has_mtp(config: Any) -> bool:
-    texts = [config]
+def _text(config: Any) -> Any:
+    """``config``'s text model's configuration; None for a composite of several."""
     try:
-        texts.append(config.get_text_config() if hasattr(config, "get_text_config") else config)
-    except ValueError:  # several text models: the top level alone
-        pass
-    return any(getattr(c, key, None) for c in texts for key in MTP_COUNTS)
+        return text_config(config)
+    except ValueError:  # transformers: several text models, none the one
+        return None
+
+
+def _has_mtp(config: Any) -> bool:
+    return any(getattr(c, key, None) for c in (config, _text(config)) for key in MTP_COUNTS)
 
 
 def head_config(kind: str, config: Any, served: str, layers: int = 1) -> Any:
@@ -90,12 +94,9 @@ def head_config(kind: str, config: Any, served: str, layers: int = 1) -> Any:
             f"{served} has no multi-token prediction layers (its configuration lists none of "
             f"{', '.join(MTP_COUNTS)}): draft with eagle or a draft model"
         )
-    try:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    except ValueError as error:  # a composite configuration of several text models
-        raise OptionError(
-            f"{served}: no one text model to make {HEADS[kind]} of ({error})"
-        ) from None
+    text = _text(config)
+    if text is None:
+        raise OptionError(f"{served}: its configuration holds several text models, none the one")
     head = copy.deepcopy(text)
     count = head.num_hidden_layers
     for name, value in list(vars(head).items()):
@@ -114,10 +115,10 @@ def routes_experts(timer: StepTimer) -> bool:
     return isinstance(trace, Trace) and bool(top_k_by_experts(trace))
 
 
-def check_head(kind: str, target: StepTimer, head: StepTimer | None, label: str) -> None:
-    """Refuse an EAGLE head of a model with routed experts (before ``head`` is made: None),
-    and an MTP block that came out without the experts its model routes to."""
-    experts = routes_experts(target)
+def check_head(kind: str, experts: bool, head: StepTimer | None, label: str) -> None:
+    """Refuse an EAGLE head of a model with routed experts (``experts``: the served model's
+    decode routes them; before ``head`` is made: None), and an MTP block that came out
+    without the experts its model routes to."""
     if kind == "eagle" and experts:
         raise OptionError(
             f"{label}: the served model routes tokens to experts, and an EAGLE head of it is "

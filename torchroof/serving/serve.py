@@ -26,6 +26,7 @@ from torchroof.serving.draft_heads import (
     head_config,
     head_label,
     is_head,
+    routes_experts,
     shared_weights_bytes,
 )
 from torchroof.serving.load_curve import LoadCurve, check_load, load_curve
@@ -337,8 +338,9 @@ def _drafter(
             f"{label} shares the served model's embedding and LM head: it runs at the model's "
             f"tensor-parallel size ({target_tp}), not {speculative.tp}"
         )
+    experts = routes_experts(target) if kind else False
     if kind:
-        check_head(kind, target, None, label)
+        check_head(kind, experts, None, label)
     if kind != "mtp":
         workload.pop("ep", None)  # a draft model is dense; an MTP block is the model's kind
     draft = head_config(kind, target.config, served) if kind else speculative.draft
@@ -349,7 +351,7 @@ def _drafter(
     check_draft(target, timer)
     shared = 0
     if kind:
-        check_head(kind, target, timer, label)
+        check_head(kind, experts, timer, label)
         shared = shared_weights_bytes(kind, target, timer, served, **workload)
     return Drafter(timer, acceptance, label, shared)
 

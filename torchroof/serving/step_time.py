@@ -40,7 +40,7 @@ from torchroof.config.choices import REGIME_FACTS
 from torchroof.config.errors import OptionError
 from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
-from torchroof.models.sources import check_positions, position_limit
+from torchroof.models.sources import check_positions, position_limit, text_config
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.runtime import timing_of, with_knobs
 from torchroof.progress import silenced
@@ -330,8 +330,7 @@ class StepTimer:
                 "runs this model's attention as separate matmuls and a softmax): not "
                 "priced per sequence yet"
             )
-        config = self._config
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = text_config(self._config)
         layers = dict(Counter(decode_geometry(op, context, text) for op in ops))
         return context, head_module(trace), layers
 
@@ -342,9 +341,8 @@ def _check_latent(config: Any, layers: dict[AttentionGeometry, int], base: Any) 
     top-k indexer, or ``mla='expanded'``: every head's K and V cached), and latent
     attention at tensor parallel above 1 (transformers' plan leaves DeepSeek-V3's attention
     unsharded: every GPU would be charged every head)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     latent = any(layer.latent for layer in layers)
-    if getattr(text, "kv_lora_rank", None) and not latent:
+    if getattr(text_config(config), "kv_lora_rank", None) and not latent:
         raise OptionError(
             "this model caches a latent, but its traced decode attends over expanded keys "
             "(a sparse top-k indexer, or mla='expanded'): not priced per request; prepare it "

@@ -106,10 +106,12 @@ def device_idle(path: str | Path) -> DeviceIdle | None:
     (the union of their intervals over every stream taken from the span), over the whole
     trace; where the trace holds several devices, the busiest one's. None for a CPU trace
     or a CSV."""
-    if str(path).endswith(".csv"):
-        return None
+    return None if str(path).endswith(".csv") else _device_idle(_events(path))
+
+
+def _device_idle(events: list[dict[str, Any]]) -> DeviceIdle | None:
     by_device: defaultdict[Any, list[tuple[float, float]]] = defaultdict(list)
-    for e in _device_events(_events(path)):
+    for e in _device_events(events):
         by_device[e.get("pid")].append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
     if not by_device:
         return None
@@ -121,7 +123,10 @@ def chrome_trace_ops(path: str | Path, names: set[str]) -> list[tuple[str, float
     """The top-most profiled ops whose op torchroof prices as a kernel (``names``,
     normalised), in start order, each with its time in seconds: its kernels' device time on
     a GPU trace, its own time on a CPU one."""
-    events = _events(path)
+    return _chrome_ops(_events(path), names)
+
+
+def _chrome_ops(events: list[dict[str, Any]], names: set[str]) -> list[tuple[str, float]]:
     ops = sorted(_ops(events), key=lambda o: (o.start, -o.end))
     chosen: list[_Op] = []
     owner: dict[Any, int] = {}  # External id -> index in chosen
@@ -173,6 +178,15 @@ def csv_ops(path: str | Path) -> list[tuple[str, float]]:
 
 def profiled_ops(path: str | Path, names: set[str]) -> list[tuple[str, float]]:
     """The profile's ops, from a Chrome trace or (by its suffix) a CSV."""
+    return read_profile(path, names)[0]
+
+
+def read_profile(
+    path: str | Path, names: set[str]
+) -> tuple[list[tuple[str, float]], DeviceIdle | None]:
+    """The profile's ops (:func:`profiled_ops`) and its GPU's idle time
+    (:func:`device_idle`), the file read once."""
     if str(path).endswith(".csv"):
-        return [op for op in csv_ops(path) if op[0] in names]
-    return chrome_trace_ops(path, names)
+        return [op for op in csv_ops(path) if op[0] in names], None
+    events = _events(path)
+    return _chrome_ops(events, names), _device_idle(events)
