@@ -231,6 +231,30 @@ def test_sglang_command_flags_and_values():
     assert off[off.index("--max-prefill-tokens") + 1] == "4096"
 
 
+def test_data_parallel_attention_is_one_engine_of_every_rank():
+    # tp 1 x dp 8, the experts over all 8 GPUs: vLLM's --data-parallel-size with expert
+    # parallel, its batch knobs per rank; SGLang's one server of tp_size 8 with DP
+    # attention (attention's tp 8/8 = 1), whose batch knobs it divides by dp 8: 8 x 64
+    # running requests and 8 x 2048 tokens a chunk give each rank 64 and 2048
+    layout = ServingLayout(
+        tp=1, replicas=8, ep=8, quant="fp8", max_num_seqs=64, max_num_batched_tokens=2048
+    )
+    assert (layout.attention_dp, layout.gpus) == (8, 8)
+    (args,) = commands(emit_serving("vllm", layout, model="deepseek-ai/DeepSeek-V3"))
+    seen = check_flags(args[3:], documented.VLLM_FLAGS, documented.VLLM_CHOICES)
+    assert seen["--tensor-parallel-size"] == "1" and seen["--data-parallel-size"] == "8"
+    assert "--enable-expert-parallel" in seen
+    assert seen["--max-num-seqs"] == "64" and seen["--max-num-batched-tokens"] == "2048"
+    (args,) = commands(emit_serving("sglang", layout, model="deepseek-ai/DeepSeek-V3"))
+    seen = check_flags(args[3:], documented.SGLANG_FLAGS, documented.SGLANG_CHOICES)
+    assert seen["--tp-size"] == "8" and seen["--dp-size"] == "8" and seen["--ep-size"] == "8"
+    assert "--enable-dp-attention" in seen and "--enable-dp-lm-head" in seen
+    assert seen["--moe-dense-tp-size"] == "1"
+    assert seen["--max-running-requests"] == "512" and seen["--chunked-prefill-size"] == "16384"
+    # independent replicas of a MoE engine (ep = tp) are not a data-parallel group
+    assert ServingLayout(tp=2, replicas=4, ep=2).attention_dp == 1
+
+
 def test_disaggregated_layouts_give_one_command_per_role():
     layout = ServingLayout(disaggregate="2P1D", prefill_tp=4, decode_tp=8)
     prefill, decode = commands(emit_serving("vllm", layout, model="m"))

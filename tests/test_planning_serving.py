@@ -125,8 +125,52 @@ def test_the_enumeration_counted_by_hand():
     assert len(found.layouts) == 36 * 2 + (4 + 2) * 6 * 2 == 144
     assert sum("2P1D with prefill tp=2" in reason for reason in found.rejected) == 2
     moe = enumerate_serving(MixtralConfig(**TINY_MIXTRAL), ServingSpace(4, 8, max_num_seqs=(8,)))
-    # a MoE engine splits its 8 experts over its own GPUs: ep = tp
-    assert Counter((x.tp, x.ep) for x in moe.layouts) == {(1, 1): 4 * 2, (2, 2): 2 * 2}
+    # a MoE engine splits its 8 experts over its own GPUs: ep = tp; and with each tp one
+    # data-parallel attention group, the largest within min(8, 4) = 4 GPUs whose GPUs split
+    # the 8 experts: tp 1 x dp 4 and tp 2 x dp 2, both ep 4 (x 2 max_num_batched_tokens)
+    assert Counter((x.tp, x.ep, x.attention_dp) for x in moe.layouts) == {
+        (1, 1, 1): 4 * 2, (2, 2, 1): 2 * 2, (1, 4, 4): 2, (2, 4, 2): 2,
+    }  # fmt: skip
+    assert {x.gpus for x in moe.layouts if x.attention_dp > 1} == {4}
+
+
+def test_data_parallel_attention_groups_counted_by_hand():
+    given = ServingSpace(4, 8, max_num_seqs=(8,), max_num_batched_tokens=(2048,), dp=(1, 2, 8))
+    moe = enumerate_serving(MixtralConfig(**TINY_MIXTRAL), given)
+    # tp 1 and 2 (tp 4 splits 2 K/V heads): dp 1 adds nothing, dp 2 fits both (2 and 4
+    # GPUs, ep 2 and 4 divide 8 experts); dp 8 needs 8 GPUs at tp 1 (above gpus_max 4) and
+    # 16 at tp 2 (past the node)
+    groups = sorted((x.tp, x.attention_dp, x.ep, x.gpus) for x in moe.layouts if x.ep > x.tp)
+    assert groups == [(1, 2, 2, 2), (2, 2, 4, 4)]
+    assert "tp=1 x dp=8 (data-parallel attention) needs 8 GPUs, above gpus_max=4" in moe.rejected
+    assert "tp=2 x dp=8 (data-parallel attention) spans 16 GPUs, past one node's 8" in moe.rejected
+    dense = enumerate_serving(small_llama(2), given)
+    assert all(x.attention_dp == 1 for x in dense.layouts)
+    assert any("a dense model's engines are replicas" in reason for reason in dense.rejected)
+    assert serving_space(4, 8, {"dp": 2}).dp == (2,)
+
+
+def test_a_data_parallel_attention_layout_is_served_as_its_ranks():
+    """tp 1 x dp 2 of the tiny Mixtral: two engines behind the router, each rank 0 of
+    dp 2 x ep 2 (its 4 of the 8 experts), exactly what torchroof.serve simulates with
+    tp=1, dp=2, ep=2, replicas=2."""
+    config = MixtralConfig(**TINY_MIXTRAL)
+    plans = plan_serving(
+        config, "dgx-h100", gpus_max=2, space={**EIGHT, "tp": (1,), "replicas": (1,), "dp": (2,)},
+        mode="realistic", **TARGETS, **LOAD,
+    )  # fmt: skip
+    grouped = next(p for p in plans.ranked if p.layout.attention_dp == 2)
+    assert (grouped.gpus, grouped.layout.ep, grouped.layout.replicas) == (2, 2, 2)
+    assert grouped.label().startswith("tp 1 x dp 2 (data-parallel attention), ep 2, 8 seqs")
+    engine = EngineConfig(max_num_seqs=8, max_num_batched_tokens=2048)
+    served = torchroof.serve(
+        config, "dgx-h100", tp=1, dp=2, ep=2, replicas=2, engine=engine, mode="realistic", **LOAD
+    )
+    summary = served.summary(TARGETS["ttft_s"], TARGETS["tpot_s"])
+    assert grouped.p99("ttft") == summary["ttft_s"]["p99"]
+    assert grouped.p99("tpot") == summary["tpot_s"]["p99"]
+    alone = next(p for p in plans.ranked if p.layout.attention_dp == 1)
+    assert (alone.gpus, alone.layout.ep) == (1, 1)
 
 
 def test_no_layout_meeting_the_targets_is_one_line_naming_the_closest():

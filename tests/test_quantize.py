@@ -315,17 +315,33 @@ def test_moe_experts_are_packed_and_read_at_their_stored_width():
     assert "64 3-D MoE expert weights" in line
 
 
-def test_experts_sharded_by_ep_keep_their_dtype_and_say_so(meta_lm):
+def test_experts_sharded_by_ep_quantise_each_ranks_experts(meta_lm):
+    """Mixtral-8x7B, one layer, decode on dp 2 x ep 2 in fp8: rank 0 holds 4 of the 8
+    experts, and the recipe packs those (as vLLM loads an fp8 checkpoint's experts split
+    over its expert-parallel ranks): gate-up codes [4, 28672, 4096], down [4, 4096, 14336].
+    Weights per GPU fall by the experts' bytes, 4 x (28672 x 4096 + 4096 x 14336) =
+    704,643,072 at 2 B -> 1 B, less their fp32 scales 4 x (28672 + 4096) x 4 = 524,288
+    (704,118,784), and the attention's 41,943,040 weights at 2 B -> 1 B plus one 4 B scale
+    per layer (41,943,024): 746,061,808 B in all."""
     from torchroof.models.sources import load_config
 
     config = load_config("mixtral-8x7b")
     config.num_hidden_layers = 1
-    est = torchroof.estimate(
-        config, "decode", context=64, quant="fp8", ep=2, dp=2, hardware="dgx-h100"
-    )
-    assert not [k for k in est.kernels if "packed_grouped_mm" in k.name]
+    knobs = {"context": 64, "ep": 2, "dp": 2, "hardware": "dgx-h100"}
+    wide = torchroof.estimate(config, "decode", **knobs)
+    est = torchroof.estimate(config, "decode", quant="fp8", **knobs)
+    assert wide.memory.weights_bytes - est.memory.weights_bytes == 746_061_808
+    grouped = [k for k in est.kernels if "packed_grouped_mm" in k.name]
+    assert len(grouped) == 2
+    # the routed rows reach 2 of the 4 local experts: half the codes and scales are read
+    assert grouped[0].read_by["weights"] == (4 * 28_672 * 4096 + 4 * 28_672 * 4) // 2
     line = next(a for a in est.assumptions if a.startswith("quantised:"))
-    assert "MoE experts kept in the model's dtype: ep=2" in line
+    assert "2 3-D MoE expert weights in the same format" in line and "kept" not in line
+    trace = torchroof.trace_model(config, "decode", batch=2, context=32, ep=2, dp=2, quant="fp8")
+    codes = Counter(
+        tuple(op.tensor("codes").shape) for op in trace.ops if "packed_grouped_mm" in op.name
+    )
+    assert set(codes) == {(4, 28_672, 4096), (4, 4096, 14_336)}
 
 
 def test_routers_and_directly_read_weights_stay_wide(meta_lm):

@@ -77,6 +77,22 @@ def test_tensor_parallel_decode_prices_each_batch_from_one_plan_as_estimate_does
     assert serial.time_s == pytest.approx(fresh.time_s, rel=1e-9)
 
 
+def test_a_point_traced_as_it_is_is_priced_from_its_own_trace():
+    """A batch of 1 already traced (a step timer reads the prepared step's trace first) is
+    priced from that trace, equal to a fresh estimate, with no symbolic trace made for it
+    (one would hold at a batch of 1 alone); the next batch makes the one for the rest."""
+    prepared = torchroof.prepare(CONFIG, "decode", context=16, tp=2)
+    prepared.trace(batch=1)
+    times = prepared.kernel_times("dgx-h100", batch=1)
+    fresh = torchroof.estimate(CONFIG, "decode", hardware="dgx-h100", batch=1, context=16, tp=2)
+    assert times.time_s == fresh.time_s and sum(times.counts) == len(fresh.kernels)
+    info = prepared.cache_info()
+    assert (info.symbolic, info.traced, info.planned) == (0, 1, 0)
+    prepared.kernel_times("dgx-h100", batch=3)
+    info = prepared.cache_info()
+    assert (info.symbolic, info.traced, info.planned) == (1, 1, 1)
+
+
 def test_a_sequence_parallel_prefill_is_traced_at_each_size_and_says_why():
     """DTensor narrows the gathered sequence shards by a size it cannot tell is zero on
     symbols, which eager does not: the trace at a second point differs from a fresh one, so

@@ -340,11 +340,13 @@ class PreparedModel:
     def _note(self, point: str, why: str) -> None:
         self._notes.setdefault(why, {})[point] = None
 
-    def _family(self, step: tuple[Workload, bool], eager: bool) -> SymbolicTrace | None:
-        """A symbolic trace whose decisions the step keeps: one held, or one traced at this
-        step (from its step's second point on, or at once when ``eager``); None where the
-        step is not one (training, a pipeline, context parallel, a plain module) or cannot
-        be."""
+    def _family(
+        self, step: tuple[Workload, bool], eager: bool, new: bool = True
+    ) -> SymbolicTrace | None:
+        """A symbolic trace whose decisions the step keeps: one held, or (where ``new``)
+        one traced at this step (from its step's second point on, or at once when
+        ``eager``); None where the step is not one (training, a pipeline, context parallel,
+        a plain module) or cannot be."""
         workload, cast = step
         if self._inputs is not None or self._loss_fn is not None:
             return None
@@ -361,6 +363,8 @@ class PreparedModel:
         for symbolic in held:
             if symbolic.holds(numbers):
                 return symbolic
+        if not new:
+            return None
         if not eager and key not in self._seen:
             self._seen.add(key)  # a step's first point is traced as it is
             return None
@@ -399,8 +403,11 @@ class PreparedModel:
         pricing: PricingOptions,
     ) -> CountedKernels | None:
         """The point's kernels from kernels planned for every size; None where there is
-        no symbolic trace or plan for it (then it is priced from its own trace)."""
-        symbolic = self._family(step, eager=True)
+        no symbolic trace or plan for it, or where the point's own trace is held (then it
+        is priced from its own trace where no symbolic trace held holds there: a step
+        prepared at a batch of 1, whose symbolic trace would hold there alone, is not
+        traced again)."""
+        symbolic = self._family(step, eager=True, new=step not in self._traces)
         if symbolic is None:
             return None
         facts = point_facts(symbolic, self.model, step[0], self._model_config())

@@ -26,7 +26,7 @@ TRAINING_ONLY = (
 )  # fmt: skip
 SERVING_ONLY = (
     "rate", "concurrency", "requests", "input_len", "output_len", "ttft_ms", "tpot_ms",
-    "attainment", "gpus_max", "replicas", "max_num_seqs", "max_num_batched_tokens",
+    "attainment", "gpus_max", "replicas", "dp", "max_num_seqs", "max_num_batched_tokens",
     "kv_dtype", "disaggregate", "quant", "random_state", "hf_model",
 )  # fmt: skip
 
@@ -58,6 +58,14 @@ def add_serving_flags(cmd: argparse.ArgumentParser, sizes: Any, names: Any) -> N
     )
     srv.add_argument("--gpus-max", type=positive_int, help="GPUs at most (default: one node)")
     srv.add_argument("--replicas", type=sizes, metavar="1,2", help="replicas to try (all)")
+    srv.add_argument(
+        "--dp",
+        type=sizes,
+        metavar="2,4,8",
+        help="MoE: data-parallel attention ranks to try, each its own engine of tp GPUs, the "
+        "experts over all dp x tp (default: with each tp, the largest group within a node "
+        "and --gpus-max whose GPUs split the experts; 1: none)",
+    )
     srv.add_argument("--max-num-seqs", type=sizes, metavar="64,128,256", help="to try")
     srv.add_argument("--max-num-batched-tokens", type=sizes, metavar="2048,8192", help="to try")
     srv.add_argument(
@@ -109,14 +117,15 @@ def check_flags(args: argparse.Namespace) -> None:
 def run_serving(args: argparse.Namespace) -> None:
     """Search, print the ranked table, and write --json and --emit."""
     space: dict[str, Any] = {}
-    for name in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "kv_dtype"):
+    for name in ("tp", "replicas", "dp", "max_num_seqs", "max_num_batched_tokens", "kv_dtype"):
         if getattr(args, name) is not None:
             space[name] = getattr(args, name)
     if args.disaggregate:
         space["disaggregate"] = args.disaggregate
     pricing = pricing_flags(args)
     if args.emit == "vllm" and model_facts(config_of(args.model)).experts:
-        # vLLM's expert parallel spans tp x its data-parallel ranks: one engine's layouts
+        # vLLM's expert parallel spans tp x its data-parallel ranks: one engine, or one
+        # data-parallel attention group (its --data-parallel-size)
         space["replicas"] = (1,)
     plans = plan_serving(
         args.model,

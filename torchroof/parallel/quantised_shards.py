@@ -1,4 +1,5 @@
-"""Serving recipes on tensor-parallel shards: each rank quantises the shard it holds.
+"""Serving recipes on tensor- and expert-parallel shards: each rank quantises the shard it
+holds.
 
 vLLM and TensorRT-LLM load a quantised checkpoint sharded by their tensor-parallel plan:
 each rank holds its shard's codes and scales (vLLM's ``ColumnParallelLinear`` /
@@ -11,7 +12,10 @@ column-parallel layer's codes are N/tp rows of K, a row-parallel layer's N rows 
 their scale groups along that K. transformers' inference path runs a sharded linear layer
 on local tensors (``should_use_local_tensors``) and all-reduces a row-parallel one's
 output, so the trace holds each rank's quantised GEMMs and the same all-reduces as bf16. A
-layer the recipe replaces by a packed module gets its style's forward again.
+layer the recipe replaces by a packed module gets its style's forward again. Under expert
+parallel each rank's E/ep experts (transformers' ``grouped_gemm`` style, dim 0) are packed
+the same way, as vLLM's ``FusedMoE`` loads only its rank's experts of an fp8 checkpoint
+(docs.vllm.ai, "Expert Parallel Deployment").
 """
 
 from __future__ import annotations
@@ -40,18 +44,17 @@ def local_shards(model: nn.Module, wide: tuple[str, ...] = ()) -> int:
     return count
 
 
-def quantize_shards(
-    model: nn.Module, quant: str, ep: int = 1, wide: tuple[str, ...] = ()
-) -> Quantised:
-    """Quantise the tensor-parallel shards of ``model`` (sharded by
-    :func:`~torchroof.parallel.tensor.apply_tensor_parallel`, on meta) with the serving
+def quantize_shards(model: nn.Module, quant: str, wide: tuple[str, ...] = ()) -> Quantised:
+    """Quantise the tensor- and expert-parallel shards of ``model`` (sharded by
+    :func:`~torchroof.parallel.tensor.apply_tensor_parallel` and
+    :func:`~torchroof.parallel.expert.apply_expert_parallel`, on meta) with the serving
     recipe ``quant``: its parameters become local shards, the recipe runs on them, and each
     linear layer it replaced by a packed module is given its tensor-parallel style's
     forward (local inputs, the row-parallel all-reduce)."""
     styles, mesh = getattr(model, TP_STYLES, ({}, None))
     local_shards(model, wide)
     before = dict(model.named_modules())
-    quantised = quantize_model(model, quant, trains=False, ep=ep, wide=wide)
+    quantised = quantize_model(model, quant, trains=False, wide=wide)
     if mesh is None:
         return quantised
     from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES

@@ -110,6 +110,9 @@ SGLANG_FLAGS: dict[str, type | None] = {
     "--tp-size": int,
     "--pp-size": int,
     "--dp-size": int,
+    "--enable-dp-attention": None,  # a switch
+    "--moe-dense-tp-size": int,
+    "--enable-dp-lm-head": None,
     "--ep-size": int,
     "--max-running-requests": int,
     "--chunked-prefill-size": int,  # -1 turns chunked prefill off

@@ -86,20 +86,31 @@ def vllm_args(layout: ServingLayout, model: str, tp: int, max_model_len: int | N
 def sglang_args(layout: ServingLayout, model: str, tp: int, max_model_len: int | None) -> list[str]:
     """One ``python -m sglang.launch_server`` (the fields sglang/srt/server_args.py
     registers, sgl-project/sglang 0.5.23). SGLang's expert parallel runs inside the tensor
-    group, so ``ep`` must divide ``tp``; chunked prefill is ``--chunked-prefill-size``
-    tokens a chunk (-1: off, the prefill batch then bounded by ``--max-prefill-tokens``)."""
-    args = ["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(tp)]
+    group, so ``ep`` must divide ``tp``; data-parallel attention is that group of dp x tp
+    GPUs with ``--enable-dp-attention`` (attention's tensor parallel then tp_size / dp_size:
+    arg_groups/fields/parallel.py), whose running requests and chunk are the server's,
+    divided among its dp ranks (server_args.py), so each is given dp times a rank's; at tp 1
+    the dense layers and the LM head stay whole on each rank, as simulated
+    (``--moe-dense-tp-size 1 --enable-dp-lm-head``). Chunked prefill is
+    ``--chunked-prefill-size`` tokens a chunk (-1: off, the prefill batch then bounded by
+    ``--max-prefill-tokens``)."""
+    dp = layout.attention_dp
+    group = tp * dp  # SGLang's tp_size: the GPUs of one server
+    args = ["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(group)]
     if layout.pp > 1:
         args += ["--pp-size", str(layout.pp)]
     if layout.replicas > 1 and layout.disaggregate is None:
         args += ["--dp-size", str(layout.replicas)]
+    if dp > 1:
+        args.append("--enable-dp-attention")
+        args += ["--moe-dense-tp-size", "1", "--enable-dp-lm-head"] if tp == 1 else []
     if layout.ep > 1:
-        if tp % layout.ep:
-            raise OptionError(f"ep {layout.ep}: SGLang's expert parallel divides tp {tp}")
+        if group % layout.ep:
+            raise OptionError(f"ep {layout.ep}: SGLang's expert parallel divides tp {group}")
         args += ["--ep-size", str(layout.ep)]
-    args += ["--max-running-requests", str(layout.max_num_seqs)]
+    args += ["--max-running-requests", str(layout.max_num_seqs * dp)]
     if layout.chunked_prefill:
-        args += ["--chunked-prefill-size", str(layout.max_num_batched_tokens)]
+        args += ["--chunked-prefill-size", str(layout.max_num_batched_tokens * dp)]
     else:
         args += ["--chunked-prefill-size", "-1"]
         args += ["--max-prefill-tokens", str(layout.max_num_batched_tokens)]

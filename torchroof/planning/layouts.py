@@ -101,7 +101,8 @@ class TrainingLayout:
 @dataclass(frozen=True)
 class ServingLayout:
     """One way to serve: ``replicas`` engines of tp x pp GPUs each (expert parallel over
-    ep of them), with their scheduler's knobs; or, with ``disaggregate`` ("2P1D"), that
+    ep of them, or, where ep = tp x replicas, over every replica's GPUs: data-parallel
+    attention), with their scheduler's knobs; or, with ``disaggregate`` ("2P1D"), that
     many prefill and decode instances of ``prefill_tp`` and ``decode_tp`` GPUs."""
 
     tp: int = 1
@@ -116,6 +117,14 @@ class ServingLayout:
     disaggregate: str | None = None
     prefill_tp: int = 1
     decode_tp: int = 1
+
+    @property
+    def attention_dp(self) -> int:
+        """The data-parallel attention ranks: ``replicas`` where the experts span every
+        replica's GPUs (ep = tp x replicas, vLLM's ``--data-parallel-size`` with
+        ``--enable-expert-parallel``), else 1 (independent engines)."""
+        coupled = self.replicas > 1 and self.ep == self.tp * self.replicas
+        return self.replicas if coupled and self.disaggregate is None else 1
 
     @property
     def gpus(self) -> int:

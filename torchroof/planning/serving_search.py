@@ -44,7 +44,7 @@ from torchroof.serving.step_time import StepTimer
 
 DEFAULT_MAX_PLANS = 400
 """Layouts simulated at most unless raised: each serves every request once."""
-CHOSEN = ("tp", "pp", "ep", "kv_dtype", "replicas", "disaggregate", "prefill", "decode")
+CHOSEN = ("tp", "pp", "ep", "dp", "kv_dtype", "replicas", "disaggregate", "prefill", "decode")
 """What the search chooses: given as a knob, it is refused (narrowed with ``space``)."""
 LATENCIES = ("ttft", "tpot")
 
@@ -87,7 +87,8 @@ class ServedPlan:
         return layout_label(self.layout)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layout": self.label(), **vars(self.layout), **self.figures}
+        layout = {**vars(self.layout), "attention_dp": self.layout.attention_dp}
+        return {"layout": self.label(), **layout, **self.figures}
 
 
 @dataclass
@@ -252,7 +253,7 @@ def plan_serving(
     if len(layouts) > max_plans:
         raise OptionError(
             f"{len(layouts):,} serving layouts to simulate, above max_plans={max_plans:,}: "
-            "narrow the space (tp, replicas, max_num_seqs, max_num_batched_tokens, "
+            "narrow the space (tp, replicas, dp, max_num_seqs, max_num_batched_tokens, "
             "kv_dtype) or raise max_plans"
         )
     result = ServingPlans(
@@ -269,23 +270,27 @@ def plan_serving(
 
 @dataclass
 class _Timers:
-    """One step timer per engine shape (tp, ep, KV dtype), built when first asked for:
-    every layout of that shape shares it (its priced batches included)."""
+    """One step timer per engine shape (tp, ep, data-parallel attention ranks, KV dtype),
+    built when first asked for: every layout of that shape shares it (its priced batches
+    included)."""
 
     model: Any
     hardware: Any
     knobs: dict[str, Any]
     pricing: PricingOptions | None
     exact_up_to: int | None
-    built: dict[tuple[int, int, str | None], StepTimer | str] = field(default_factory=dict)
+    built: dict[tuple[int, int, int, str | None], StepTimer | str] = field(default_factory=dict)
 
-    def get(self, tp: int, ep: int, kv_dtype: str | None) -> StepTimer | str:
-        """The shape's timer, or why it could not be built (one line)."""
-        key = (tp, ep, kv_dtype)
+    def get(self, tp: int, ep: int, kv_dtype: str | None, dp: int = 1) -> StepTimer | str:
+        """The shape's timer, or why it could not be built (one line): rank 0 of ``dp``
+        data-parallel attention ranks of ``tp`` GPUs where ``dp`` > 1."""
+        key = (tp, ep, dp, kv_dtype)
         if key not in self.built:
             knobs = {**self.knobs, "tp": tp, "kv_dtype": kv_dtype or "model"}
             if ep > 1:
                 knobs["ep"] = ep
+            if dp > 1:
+                knobs["dp"] = dp
             try:
                 with silenced():
                     self.built[key] = deployment_timer(
@@ -322,18 +327,20 @@ class _Runner:
         not built, or its KV cache short of one request), and whether that is the first
         layout of its family to ask; None where it can."""
         engine = self.engine(layout)
-        key = (layout.tp, layout.ep, layout.kv_dtype, engine)
+        dp = layout.attention_dp
+        key = (layout.tp, layout.ep, dp, layout.kv_dtype, engine)
         if key in self.fits:
             known = self.fits[key]
             return None if known is None else (known, False)
-        timer = self.timers.get(layout.tp, layout.ep, layout.kv_dtype)
-        kv = f", kv {layout.kv_dtype}" if layout.kv_dtype else ""
+        timer = self.timers.get(layout.tp, layout.ep, layout.kv_dtype, dp)
+        shape = f"tp={layout.tp}" + (f" x dp={dp}" if dp > 1 else "")
+        shape += f", kv {layout.kv_dtype}" if layout.kv_dtype else ""
         if isinstance(timer, str):
-            reason: str | None = f"tp={layout.tp}{kv}: {timer}"
+            reason: str | None = f"{shape}: {timer}"
         else:
             short = _kv_refusal(timer, engine, self.batch)
             reason = short and (
-                f"tp={layout.tp}{kv}, max_num_seqs={layout.max_num_seqs}, "
+                f"{shape}, max_num_seqs={layout.max_num_seqs}, "
                 f"max_num_batched_tokens={layout.max_num_batched_tokens}: {short}"
             )
         self.fits[key] = reason
@@ -343,7 +350,7 @@ class _Runner:
         """Serve the requests on ``layout`` (its timers built or refused before)."""
         engine = self.engine(layout)
         if layout.disaggregate is None:
-            timer = self.timers.get(layout.tp, layout.ep, layout.kv_dtype)
+            timer = self.timers.get(layout.tp, layout.ep, layout.kv_dtype, layout.attention_dp)
             assert not isinstance(timer, str)
             return simulate(
                 timer, self.batch, engine=engine, concurrency=self.concurrency,

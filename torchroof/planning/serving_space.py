@@ -8,14 +8,22 @@ check_tensor_parallel`), and its all-reduces stay on the node's NVLink (vLLM's a
 inference and serving"). ``replicas`` such engines sit behind a router, tp x replicas <=
 ``gpus_max``. A MoE model's routed experts are split over the engine's own GPUs (ep = tp,
 SGLang's ``--ep-size``; vLLM's ``--enable-expert-parallel`` spans tp x its data-parallel
-ranks, so for vLLM that is one engine), so ep must divide the experts. Each
+ranks, so for vLLM that is one engine), so ep must divide the experts. A MoE model is also
+served with data-parallel attention: ``dp`` engines of tp GPUs, each with its own
+scheduler and requests, its attention and dense layers whole, and the routed experts
+spread over all dp x tp GPUs of the group (ep = dp x tp; vLLM's ``--data-parallel-size``
+with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``; docs.vllm.ai, "Data
+Parallel Deployment"): the deployment DeepSeek-V3's latent attention, which tensor
+parallel does not split here, is served with. By default, with each tp, the largest group
+within a node and ``gpus_max`` whose dp x tp divides the experts. Each
 engine's scheduler knobs (``max_num_seqs``, ``max_num_batched_tokens``, chunked prefill) and
 its KV cache dtype are searched from short lists; a disaggregated ``xPyD`` deployment (x
 prefill and y decode instances, DistServe, Zhong et al. 2024) only where asked, each
 side's tp from the same sizes, x x prefill tp + y x decode tp <= ``gpus_max``.
 
-NB: pipeline parallel (pp = 1), expert parallel other than ep = tp, speculative decoding,
-routers other than round-robin and engines of more than one node are not searched yet.
+NB: pipeline parallel (pp = 1), expert parallel other than ep = tp or dp x tp, several
+data-parallel groups behind one router, speculative decoding, routers other than
+round-robin and engines or data-parallel groups of more than one node are not searched yet.
 """
 
 from __future__ import annotations
@@ -43,14 +51,17 @@ lower TPOT under chunked prefill ("Optimization and Tuning", docs.vllm.ai)."""
 @dataclass(frozen=True)
 class ServingSpace:
     """What a serving search may choose. ``tp`` None: every divisor of a node's GPUs;
-    ``replicas`` None: 1 to gpus_max // tp; ``kv_dtype`` among ``model``, ``fp8``,
-    ``int8``; ``disaggregate`` the xPyD deployments to try beside replicas (none unless
-    given)."""
+    ``replicas`` None: 1 to gpus_max // tp; ``dp`` None: for a MoE model, with each tp the
+    largest data-parallel attention group within a node and gpus_max whose GPUs split the
+    experts (1 adds nothing); ``kv_dtype`` among
+    ``model``, ``fp8``, ``int8``; ``disaggregate`` the xPyD deployments to try beside
+    replicas (none unless given)."""
 
     gpus_max: int
     gpus_per_node: int
     tp: tuple[int, ...] | None = None
     replicas: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
     max_num_seqs: tuple[int, ...] = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: tuple[int, ...] = DEFAULT_MAX_NUM_BATCHED_TOKENS
     chunked_prefill: tuple[bool, ...] = (True,)
@@ -62,7 +73,7 @@ class ServingSpace:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"{name} must be a whole number >= 1, got {value!r}")
-        for name in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("tp", "replicas", "dp", "max_num_seqs", "max_num_batched_tokens"):
             sizes = getattr(self, name)
             if sizes is not None and (
                 not isinstance(sizes, tuple)
@@ -136,6 +147,14 @@ def enumerate_serving(config: Any, space: ServingSpace) -> ServingEnumeration:
                         max_num_batched_tokens=tokens, chunked_prefill=chunked, kv_dtype=kv,
                     )
                 )  # fmt: skip
+    for tp, dp in _attention_groups(sizes, space, experts, out):
+        for kv, (seqs, tokens, chunked) in product(kvs, engines):
+            out.layouts.append(
+                ServingLayout(
+                    tp=tp, ep=tp * dp, replicas=dp, max_num_seqs=seqs,
+                    max_num_batched_tokens=tokens, chunked_prefill=chunked, kv_dtype=kv,
+                )
+            )  # fmt: skip
     for text in dict.fromkeys(space.disaggregate):
         split = Layout.parse(text)
         for prefill_tp, decode_tp in product(sizes, sizes):
@@ -190,10 +209,48 @@ def _engine_sizes(
     return kept
 
 
+def _attention_groups(
+    sizes: list[int], space: ServingSpace, experts: int, out: ServingEnumeration
+) -> list[tuple[int, int]]:
+    """The (tp, dp) of each data-parallel attention group to serve on: dp engines of tp
+    GPUs within one node and ``gpus_max``, whose dp x tp divides the routed experts; by
+    default the largest such dp above 1 for each tp."""
+    node = space.gpus_per_node
+    room = min(node, space.gpus_max)
+    if not experts:
+        if space.dp is not None and any(dp > 1 for dp in space.dp):
+            out.rejected[
+                "data-parallel attention spreads a MoE model's experts: a dense model's "
+                "engines are replicas"
+            ] += 1
+        return []
+    groups = []
+    for tp in sizes:
+        if space.dp is None:  # the largest group that fits and splits the experts
+            dp = next((d for d in range(room // tp, 1, -1) if experts % (tp * d) == 0), 1)
+            groups += [(tp, dp)] if dp > 1 else []
+            continue
+        for dp in space.dp:
+            where, gpus = f"tp={tp} x dp={dp} (data-parallel attention)", tp * dp
+            if dp < 2:
+                continue
+            if gpus > space.gpus_per_node:
+                out.rejected[f"{where} spans {gpus} GPUs, past one node's {node}"] += 1
+            elif gpus > space.gpus_max:
+                out.rejected[f"{where} needs {gpus} GPUs, above gpus_max={space.gpus_max}"] += 1
+            elif experts % gpus:
+                out.rejected[f"{where}: ep={gpus} does not divide the {experts} experts"] += 1
+            else:
+                groups.append((tp, dp))
+    return groups
+
+
 def layout_label(layout: ServingLayout) -> str:
     """The layout in a line: ``tp 2 x 2 replicas, 128 seqs, 8,192 tokens/step, kv fp8``
     (``1P2D: prefill tp 2, decode tp 1, ...`` disaggregated)."""
-    if layout.disaggregate is None:
+    if layout.attention_dp > 1:
+        parts = [f"tp {layout.tp} x dp {layout.attention_dp} (data-parallel attention)"]
+    elif layout.disaggregate is None:
         replicas = f"{layout.replicas} replica" + ("s" if layout.replicas > 1 else "")
         parts = [f"tp {layout.tp} x {replicas}"]
     else:

@@ -316,13 +316,13 @@ def quantize_model(
     model: torch.nn.Module,
     quant: str,
     trains: bool,
-    ep: int = 1,
     wide: tuple[str, ...] = (),
 ) -> Quantised:
     """Apply ``quant`` to the decoder's linear layers of ``model`` (on meta, in place); a
     layer whose shape does not fit the recipe's blocks keeps the model's dtype and is named
     in the result. A serving recipe also packs the 3-D weights of grouped-GEMM MoE experts
-    (:mod:`torchroof.quant.packed_experts`) unless they are sharded over ``ep`` > 1 ranks. Linear
+    (:mod:`torchroof.quant.packed_experts`): under tensor or expert parallel, once sharded,
+    each rank's (:func:`torchroof.parallel.quantised_shards.quantize_shards`). Linear
     layers named in ``wide`` keep the model's dtype (:data:`ABSORBED_MLA_WIDE` for a decode
     step that absorbs latent attention). ``none`` changes nothing."""
     if quant == NO_QUANT:
@@ -341,13 +341,13 @@ def quantize_model(
             f"whose in_features is a multiple of {block} and out_features of 16"
         )
     recipe.apply(model, _filter(block, wide), trains)
-    experts, experts_kept = _quantise_experts(model, quant, trains, ep)
+    experts, experts_kept = _quantise_experts(model, quant, trains)
     return Quantised(
         quant, len(candidates) - len(skipped), skipped, experts, experts_kept, tuple(kept)
     )
 
 
-def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int) -> tuple[int, str]:
+def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool) -> tuple[int, str]:
     """(expert weights packed, why some were kept wide: "" when none were)."""
     from torchroof.quant.packed_experts import (
         experts_implementation,
@@ -363,8 +363,6 @@ def _quantise_experts(model: torch.nn.Module, quant: str, trains: bool, ep: int)
             0,
             "Float8 training converts nn.Linear layers only (torchao's MoE recipe is not used)",
         )
-    if ep > 1:
-        return 0, f"ep={ep} shards them with transformers' expert plan, which packs nothing"
     if experts_implementation(model) != "grouped_mm":
         return 0, f"the model runs its experts as {experts_implementation(model)!r}, not grouped_mm"
     packed, skipped = pack_experts(model, quant)

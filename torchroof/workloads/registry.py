@@ -79,15 +79,16 @@ def run_workload(
     report = progress.current()
     if workload.quant != "none":
         report.begin(f"applying the {workload.quant} quantisation recipe")
-    # a serving recipe under tensor parallel quantises each rank's shards, once sharded
-    shards = workload.tp > 1 and not step.trains and workload.quant != "none"
+    # a serving recipe under tensor or expert parallel quantises each rank's shards, once
+    # sharded
+    shards = (workload.tp > 1 or workload.ep > 1) and not step.trains and workload.quant != "none"
     found: list[Quantised] = []
 
     def quantise_shards(model: torch.nn.Module) -> None:
-        found.append(quantize_shards(model, workload.quant, workload.ep, wide))
+        found.append(quantize_shards(model, workload.quant, wide))
 
     if not shards:
-        found.append(quantize_model(given[TARGET], workload.quant, step.trains, workload.ep, wide))
+        found.append(quantize_model(given[TARGET], workload.quant, step.trains, wide))
     # rank 0 of the plan; on one GPU the model as it is
     plan = describe(workload.plan.given_mesh)  # as given: dp under ZeRO
     if plan:  # ends when the first traced op begins the next stage
