@@ -14,7 +14,9 @@ from conftest import small_llama
 import torchroof
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError
+from torchroof.render.serving import serving_lines
 from torchroof.serving import SequenceWork, StepTimer, prompt
+from torchroof.serving.composition import StepMix, items_of
 from torchroof.serving.rate_search import search_rate
 from torchroof.serving.requests import Arrivals, Lengths, Request, make_requests, read_requests
 from torchroof.serving.scheduler import EngineConfig, Running, Scheduler
@@ -353,3 +355,91 @@ def test_the_highest_rate_within_the_targets(timer, capsys):
     together = [Request(i, 16, 4, 0.5) for i in range(3)]
     with pytest.raises(OptionError, match="all arrive at one time"):
         search_rate(timer, together, ttft_s=1.0, tpot_s=None)
+
+
+@pytest.fixture(scope="module")
+def coupled():
+    """The tiny Mixtral of conftest as rank 0 of dp 2 x ep 2: its 8 experts over 2 ranks,
+    each rank an engine with its own requests (data-parallel attention)."""
+    from conftest import TINY_MIXTRAL
+    from transformers import MixtralConfig
+
+    prepared = torchroof.prepare(MixtralConfig(**TINY_MIXTRAL), "decode", context=16, dp=2, ep=2)
+    return StepTimer(prepared, "dgx-h100", runtime="vllm")
+
+
+def test_data_parallel_ranks_of_a_moe_step_together(coupled):
+    """Rank 0 gets a 64-token prompt, rank 1 a 256-token one, at once (round-robin): the
+    two step together, so both first tokens come when the longer prefill ends. A prefill
+    replays no full CUDA graph, so both ranks are priced launched eagerly, each at its own
+    tokens but for its routed experts, priced at the group's mean, ceil((64 + 256) / 2) =
+    160 tokens, and their all-to-alls, at its most, 256."""
+    assert coupled.lockstep == 2
+    requests = [Request(0, 64, 1, arrival_s=0.0), Request(1, 256, 1, arrival_s=0.0)]
+    result = simulate(coupled, requests, replicas=2)
+    first = [r.first_token_s for r in result.requests]
+    mixes = [StepMix.of(items_of([prompt(n)])) for n in (64, 256)]
+    times = [t.time_s for t in coupled.group_times(mixes, 2)]
+    assert first == [max(times), max(times)] and times[0] < times[1]
+    parts = {n: coupled._probe(n, eager=True) for n in (64, 160, 256)}
+    for n, time in zip((64, 256), times, strict=True):
+        by_hand = coupled.time([prompt(n)]).time_s
+        by_hand += parts[160].experts_s - parts[n].experts_s
+        by_hand += parts[256].exchange_s - parts[n].exchange_s
+        assert time == pytest.approx(by_hand, rel=1e-12)
+    assert parts[256].experts_s > parts[160].experts_s > 0 and parts[256].exchange_s > 0
+    # a rank alone in its group: the idle rank's zero tokens count in the mean, ceil(64/2)
+    (alone,) = coupled.group_times(mixes[:1], 2)
+    by_hand = coupled.time([prompt(64)]).time_s
+    by_hand += coupled._probe(32, eager=True).experts_s - parts[64].experts_s
+    assert alone.time_s == pytest.approx(by_hand, rel=1e-12)
+    # decodes replay vLLM's full CUDA graph on every rank: each rank is padded to the
+    # group's most tokens (3 and 1 decodes: both run 3), its attention and logits its own
+    decodes = [StepMix.of(items_of([SequenceWork(1, 40)] * n)) for n in (3, 1)]
+    padded = coupled.group_times(decodes, 2)
+    three = coupled.time(decodes[0])
+    assert padded[0] == three and padded[1].body_s == three.body_s
+    assert padded[1].attention_s == coupled.time(decodes[1]).attention_s
+    # without CUDA graphs nothing is padded: the 1-decode rank's body at its own token,
+    # its experts at ceil(4 / 2) = 2 and their all-to-alls at 3
+    eager = StepTimer(coupled.prepared, "dgx-h100", runtime="vllm", cuda_graphs=False)
+    unpadded = eager.group_times(decodes, 2)
+    probes = {n: eager._probe(n, eager=True) for n in (1, 2, 3)}
+    by_hand = eager.time(decodes[1]).body_s + probes[2].experts_s - probes[1].experts_s
+    by_hand += probes[3].exchange_s - probes[1].exchange_s
+    assert unpadded[1].body_s == pytest.approx(by_hand, rel=1e-12)
+    assert unpadded[1].body_s != unpadded[0].body_s
+    # a dense model's steps have no experts: its ranks step alone
+    dense = torchroof.prepare(small_llama(2), "decode", context=16, dp=2)
+    assert StepTimer(dense, "h100-sxm").lockstep == 1
+    with pytest.raises(OptionError, match="give replicas as a multiple of 2, not 3") as caught:
+        simulate(coupled, requests, replicas=3)
+    assert "\n" not in str(caught.value)
+    header = serving_lines(result.summary(), result.engine)[0]
+    assert "2 data-parallel ranks of ep 2, in lock-step groups of 2" in header
+
+
+def test_a_split_lock_step_group_is_refused_before_anything_is_traced(monkeypatch):
+    import sys
+
+    serving = sys.modules["torchroof.serving.serve"]  # the module, not the package's function
+
+    def traced(*args, **kwargs):
+        raise AssertionError("traced before the replicas were checked")
+
+    monkeypatch.setattr(serving, "deployment_timer", traced)
+    for call in (
+        lambda: torchroof.serve("mixtral-8x7b", "dgx-h100", dp=4, ep=4, replicas=2, rate=1.0),
+        lambda: torchroof.serve("mixtral-8x7b", "dgx-h100", tp=2, dp=2, ep=4, replicas=3, rate=1.0),
+    ):
+        with pytest.raises(OptionError, match="couples . data-parallel ranks") as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    for bad in ("2", 2.5, 0):
+        with pytest.raises(OptionError, match="replicas must be a whole number >= 1"):
+            torchroof.serve("mixtral-8x7b", "dgx-h100", dp=4, ep=4, replicas=bad, rate=1.0)
+    with pytest.raises(OptionError, match="on a disaggregated side is not simulated"):
+        torchroof.serve(
+            "mixtral-8x7b", "dgx-h100", disaggregate="1P1D", rate=1.0,
+            prefill={"dp": 2, "ep": 2}, decode={"dp": 2, "ep": 2},
+        )  # fmt: skip

@@ -106,7 +106,13 @@ def _request_flags(srv: argparse.ArgumentParser) -> None:
 
 def _engine_flags(srv: argparse.ArgumentParser) -> None:
     eng = srv.add_argument_group("engine")
-    eng.add_argument("--replicas", type=positive_int, default=1, help="engines behind a router")
+    eng.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="engines behind a router (with --dp N --ep N x tp on a MoE model: the "
+        "data-parallel ranks, stepping in lock-step groups of N)",
+    )
     eng.add_argument("--router", default="round-robin", help="round-robin or least-loaded")
     eng.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
     eng.add_argument("--max-num-seqs", type=positive_int, default=256, help="running requests")

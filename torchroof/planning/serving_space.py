@@ -10,7 +10,8 @@ inference and serving"). ``replicas`` such engines sit behind a router, tp x rep
 SGLang's ``--ep-size``; vLLM's ``--enable-expert-parallel`` spans tp x its data-parallel
 ranks, so for vLLM that is one engine), so ep must divide the experts. A MoE model is also
 served with data-parallel attention: ``dp`` engines of tp GPUs, each with its own
-scheduler and requests, its attention and dense layers whole, and the routed experts
+scheduler and requests, its attention and dense layers whole, stepping in lock-step
+(:mod:`torchroof.serving.simulate`), and the routed experts
 spread over all dp x tp GPUs of the group (ep = dp x tp; vLLM's ``--data-parallel-size``
 with ``--enable-expert-parallel``, SGLang's ``--enable-dp-attention``; docs.vllm.ai, "Data
 Parallel Deployment"): the deployment DeepSeek-V3's latent attention, which tensor

@@ -127,9 +127,13 @@ def rate_search_lines(search: Mapping[str, Any]) -> list[str]:
 
 
 def _plan(engine: Mapping[str, Any]) -> str:
-    replicas = engine["replicas"]
+    replicas, group = engine["replicas"], engine.get("lockstep", 1)
     parts = [f"{replicas} replica{'s' if replicas != 1 else ''}"]
-    parts += [f"{k} {engine[k]}" for k in ("tp", "ep") if engine.get(k, 1) != 1]
+    sizes = [f"{k} {engine[k]}" for k in ("tp", "ep") if engine.get(k, 1) != 1]
+    parts += sizes
+    if group > 1:  # data-parallel attention: each group of ranks steps together
+        ranks = f"{replicas} data-parallel ranks of {', '.join(sizes)}"
+        parts = [f"{ranks}, in lock-step groups of {group}"]
     if "disaggregate" in engine:
         parts = [disaggregated_plan(engine)]
     load = (

@@ -352,6 +352,12 @@ def check_disaggregated(
     return cluster
 
 
+DISAGGREGATED_GROUPS = (
+    "data-parallel attention (ep above tp) on a disaggregated side is not simulated yet: its "
+    "ranks would step alone; give each side ep = tp"
+)
+
+
 def simulate_disaggregated(
     timers: tuple[StepTimer, StepTimer],
     requests: Sequence[Request],
@@ -368,6 +374,8 @@ def simulate_disaggregated(
     layout = layout if isinstance(layout, Layout) else Layout.parse(layout)
     engines = engines or (EngineConfig(), EngineConfig())
     _check_load(requests, concurrency, router)
+    if any(timer.lockstep > 1 for timer in timers):
+        raise OptionError(DISAGGREGATED_GROUPS)
     cluster = check_disaggregated(requests, engines, timers[1].hardware)
     # a prefill instance lends a finished prompt's blocks to its transfer: prefix blocks
     # shared with other requests are not modelled there, so neither side caches prefixes

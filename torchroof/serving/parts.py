@@ -1,5 +1,6 @@
 """A priced decode step split into what a mixed engine step reuses of it: its attention,
-its output projection, and the rest; and the grid of batches the rest is priced at.
+its output projection, its routed experts, and the rest; and the grid of batches the rest
+is priced at.
 
 The output projection is found in the step's trace: the last GEMM outside the decoder
 layers (``lm_head``), with every op after it (a logit scale or soft cap at the model's
@@ -43,6 +44,8 @@ class DecodeParts:
     attention_s: float
     head_s: float
     memory: MemoryFootprint | None
+    experts_s: float = 0.0  # the routed experts' kernels (a module named ``experts``)...
+    exchange_s: float = 0.0  # ... but their collectives (the all-to-alls), which are these
 
     @property
     def body_s(self) -> float:
@@ -51,11 +54,12 @@ class DecodeParts:
 
 
 def split_parts(step: KernelTimes, head: str) -> DecodeParts:
-    """``step``'s time, its attention kernels' and its output projection's (the kernels
-    from the first of ``head``'s module to the end), each kernel counted as often as it
-    runs."""
+    """``step``'s time, its attention kernels', its output projection's (the kernels from
+    the first of ``head``'s module to the end), its routed experts' (their dispatch and
+    grouped GEMMs: transformers names the module ``experts``) and their collectives' (the
+    all-to-alls), each kernel counted as often as it runs."""
     counts = step.counts
-    attention = head_s = 0.0
+    attention = head_s = experts = exchange = 0.0
     in_head = False
     for kernel, count in zip(step.kernels, counts, strict=True):
         in_head = in_head or kernel.module == head
@@ -63,9 +67,13 @@ def split_parts(step: KernelTimes, head: str) -> DecodeParts:
             attention += count * kernel.time_s
         elif in_head:
             head_s += count * kernel.time_s
+        elif "experts" in kernel.module.split(".") and kernel.unit == "network":
+            exchange += count * kernel.time_s
+        elif "experts" in kernel.module.split("."):
+            experts += count * kernel.time_s
     if not in_head:
         raise OptionError(f"the priced step has no kernel of its output projection {head}")
-    return DecodeParts(step.time_s, attention, head_s, step.memory)
+    return DecodeParts(step.time_s, attention, head_s, step.memory, experts, exchange)
 
 
 def is_attention(kernel: KernelEstimate) -> bool:

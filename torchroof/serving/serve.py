@@ -19,7 +19,11 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import DEFAULT_MODEL
 from torchroof.prepared import prepare
 from torchroof.progress import reporting
-from torchroof.serving.disaggregated import check_disaggregated, simulate_disaggregated
+from torchroof.serving.disaggregated import (
+    DISAGGREGATED_GROUPS,
+    check_disaggregated,
+    simulate_disaggregated,
+)
 from torchroof.serving.disaggregation import Layout, Side, sides
 from torchroof.serving.draft_heads import (
     check_head,
@@ -41,7 +45,7 @@ from torchroof.serving.requests import (
 )
 from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
-from torchroof.serving.simulate import simulate
+from torchroof.serving.simulate import check_group, simulate
 from torchroof.serving.speculative import Acceptance, Drafter, Speculative, check_draft
 from torchroof.serving.step_time import StepTimer
 
@@ -110,6 +114,9 @@ def serve(
                 "yet: serve one or the other"
             )
         split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
+        for side in split:
+            if _sizes(side.knobs)[1] > _sizes(side.knobs)[0]:
+                raise OptionError(DISAGGREGATED_GROUPS)
         check_disaggregated(batch, (split[0].engine, split[1].engine), hardware)  # untraced
         timers = tuple(
             deployment_timer(model, hardware, side.knobs, pricing, exact_up_to, progress)
@@ -124,6 +131,7 @@ def serve(
                 concurrency=concurrency,
                 router=router,
             )
+    check_group(*_sizes(knobs), replicas)  # before anything is traced
     timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -170,6 +178,7 @@ def highest_rate(
     _refuse_sides(knobs, "a rate search")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
+    check_group(*_sizes(knobs), replicas)
     timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):
@@ -185,6 +194,17 @@ def highest_rate(
             drafter=drafter,
             random_state=random_state,
         )
+
+
+def _sizes(knobs: Mapping[str, Any]) -> tuple[int, int]:
+    """(tp, ep) of the workload keywords, (1, 1) where any of tp, ep and dp is not a whole
+    number or ep does not divide dp x tp in multiples of tp (the workload refuses those in
+    its own line)."""
+    sizes = [knobs.get(name, 1) for name in ("tp", "ep", "dp")]
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        return 1, 1
+    tp, ep, dp = sizes
+    return (tp, ep) if ep % tp == 0 and (dp * tp) % ep == 0 else (1, 1)
 
 
 def _refuse_sides(knobs: dict[str, Any], what: str) -> None:
@@ -248,6 +268,7 @@ def serve_rates(
     _refuse_sides(knobs, "serving a list of rates")
     _check_speculative(speculative)
     batch = _unit_rate(requests, (input_len, output_len, prefixes), burstiness, random_state)
+    check_group(*_sizes(knobs), replicas)
     timer = deployment_timer(model, hardware, knobs, pricing, exact_up_to, progress)
     drafter = _drafter(speculative, timer, knobs, progress)
     with reporting(progress):

@@ -9,6 +9,16 @@ open workload) or are sent by closed-loop clients, each sending its next request
 last one finishes. The router sends each request to a replica: ``round-robin``, or
 ``least-loaded`` (the fewest requests waiting and running; the lowest index on a tie).
 
+Replicas whose routed experts are spread over each other's GPUs (data-parallel attention:
+a step prepared with ep = tp x g over g data-parallel ranks) step in lock-step, as vLLM
+runs its data-parallel ranks of a MoE model ("Data Parallel Deployment", docs.vllm.ai: the
+forward passes are aligned and a rank without requests runs a dummy one): each of a group
+of g consecutive replicas schedules its own step, each is priced as vLLM runs it beside the
+others (:meth:`~torchroof.serving.step_time.StepTimer.group_times`: CUDA graphs only where
+every rank's step replays one, every rank then padded to the most tokens; else eager, the
+routed experts at the group's mean tokens and their all-to-alls at its most), and the
+group holds for the longest, every MoE layer's all-to-all waiting for the busiest rank.
+
 An engine's KV blocks are what its GPU memory holds after the weights and the activations
 of its largest step (``max_num_batched_tokens`` tokens), at ``gpu_memory_utilization``,
 as vLLM sizes its cache from a profiling run.
@@ -117,7 +127,7 @@ class _Replica:
         self.index = index
         self.scheduler = scheduler
         self.env = env
-        self.idle: simpy.Event | None = None
+        self.idle: simpy.Event | None = None  # shared by a lock-step group's replicas
 
     def submit(self, state: Running) -> None:
         self.scheduler.submit(state)
@@ -175,27 +185,50 @@ class _Run:
             replica = min(self.replicas, key=lambda r: (r.load, r.index))
         replica.submit(Running(request, arrival_s=self.env.now))
 
-    def engine(self, replica: _Replica) -> Generator[simpy.Event, Any, None]:
-        scheduler = replica.scheduler
+    def engine(self, group: Sequence[_Replica]) -> Generator[simpy.Event, Any, None]:
+        """Step ``group``'s replicas together (one replica: an engine alone): each busy one
+        schedules its step, and all hold for the longest."""
         while True:
-            if not scheduler.busy:
-                replica.idle = self.env.event()
-                yield replica.idle
-                replica.idle = None
-            step = scheduler.schedule(self.env.now)
-            if not step.requests and step.preempted:  # it made room: schedule again at once
+            busy = [replica for replica in group if replica.scheduler.busy]
+            if not busy:
+                idle = self.env.event()
+                for replica in group:
+                    replica.idle = idle
+                yield idle
+                for replica in group:
+                    replica.idle = None
                 continue
-            if not step.requests:
-                raise OptionError(_stuck(scheduler))
+            steps = [(replica, self._schedule(replica.scheduler)) for replica in busy]
             start = self.env.now
-            seconds = self.timer.time(step.mix, self.graphed).time_s
-            if self.drafter is not None:
-                seconds += self.drafter.time_s(step.draft)
-            seconds += step.swap_blocks * self.swap.seconds_per_block
+            mixes = [step.mix for _, step in steps]
+            if len(group) > 1:
+                times = self.timer.group_times(mixes, len(group), self.graphed)
+            else:
+                times = [self.timer.time(mixes[0], self.graphed)]
+            timed = zip(steps, times, strict=True)
+            seconds = max(self._seconds(step, time.time_s) for (_, step), time in timed)
             yield self.env.timeout(seconds)
-            self._log(replica.index, start, seconds, step)
-            for state in scheduler.complete(step, self.env.now):
-                self._finish(replica.index, state)
+            for replica, step in steps:
+                self._log(replica.index, start, seconds, step)
+                for state in replica.scheduler.complete(step, self.env.now):
+                    self._finish(replica.index, state)
+
+    def _schedule(self, scheduler: Scheduler) -> ScheduledStep:
+        """A busy scheduler's next step (scheduled again where it only made room)."""
+        while True:
+            step = scheduler.schedule(self.env.now)
+            if step.requests:
+                return step
+            if not step.preempted:
+                raise OptionError(_stuck(scheduler))
+
+    def _seconds(self, step: ScheduledStep, model_s: float) -> float:
+        """The step's time: the model's (``model_s``), the drafter's, and its swapped
+        blocks' copies."""
+        seconds = model_s
+        if self.drafter is not None:
+            seconds += self.drafter.time_s(step.draft)
+        return seconds + step.swap_blocks * self.swap.seconds_per_block
 
     def arrivals(self, requests: Sequence[Request]) -> Generator[simpy.Event, Any, None]:
         for request in requests:
@@ -235,8 +268,8 @@ def simulate(
     arrival times are ignored). With a ``drafter`` the engines decode speculatively, its
     acceptances drawn from ``random_state``."""
     engine = engine or EngineConfig()
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise OptionError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    tp = timer.describe()["tp"]
+    check_group(tp, timer.lockstep * tp, replicas)
     if router not in ROUTERS:
         raise OptionError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
     if not requests:
@@ -264,8 +297,9 @@ def simulate(
     run = _Run(
         timer, engine, capacity.blocks, replicas, router, requests, drafter, random_state, swap
     )
-    for replica in run.replicas:
-        run.env.process(run.engine(replica))
+    group = timer.lockstep
+    for first in range(0, replicas, group):
+        run.env.process(run.engine(run.replicas[first : first + group]))
     if concurrency is None:
         ordered = sorted(requests, key=lambda r: (r.arrival_s, r.index))
         run.env.process(run.arrivals(ordered))
@@ -278,6 +312,20 @@ def simulate(
         run.env.run(until=simpy.AllOf(run.env, list(run.done.values())))
     groups = len({r.prefix_group for r in requests if r.prefix_len})
     return _result(run, engine, capacity, replicas, router, concurrency, groups)
+
+
+def check_group(tp: int, ep: int, replicas: int) -> None:
+    """Refuse replicas that are not a whole number >= 1, or that split a lock-step group:
+    ep > tp couples ep / tp data-parallel ranks, each an engine, which step together."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise OptionError(f"replicas must be a whole number >= 1, got {replicas!r}")
+    group = ep // tp if ep > tp else 1
+    if replicas % group:
+        raise OptionError(
+            f"expert parallel {ep} over tp {tp} couples {group} data-parallel ranks, each an "
+            f"engine stepping with the others: give replicas as a multiple of {group}, not "
+            f"{replicas}"
+        )
 
 
 def check_fits(
@@ -386,6 +434,7 @@ def _result(
         "kv_blocks": kv.blocks,
         "kv_bytes_per_token": kv.bytes_per_token,
         "replicas": replicas,
+        "lockstep": run.timer.lockstep,
         "router": router,
         "concurrency": concurrency,
         "prefix_groups": prefix_groups,

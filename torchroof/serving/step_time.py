@@ -152,6 +152,37 @@ class StepTimer:
         ``graphed``: the new tokens per request of the only batches that replay a CUDA
         graph (k + 1 under speculative decoding); by default decodes of 1 token and
         verifications alike."""
+        mix = self._mix(step, graphed)
+        return self._timed(mix, mix.launched_eagerly(graphed))
+
+    def group_times(
+        self, steps: Sequence[StepMix], ranks: int, graphed: int | None = None
+    ) -> list[StepTime]:
+        """Each step's time where ``ranks`` data-parallel ranks (of which these are the busy
+        ones) step together, as vLLM aligns them (vllm/v1/worker/dp_utils.py): where every
+        rank's step replays a full CUDA graph padded to the group's most tokens (decodes
+        within the captured sizes), every rank runs that many; else every rank is launched
+        eagerly at its own tokens (vLLM's piecewise graphs, padded likewise where every
+        rank fits them, are priced as eager launches here), its routed experts at the
+        group's mean tokens (balanced routing sends every rank's rows to all the experts
+        alike) and their all-to-alls at the group's most (the busiest rank sends longest).
+        Attention and the output projection are each rank's own."""
+        if not steps:
+            raise OptionError("a lock-step group's step needs at least one busy rank")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < len(steps):
+            raise OptionError(
+                f"ranks must be a whole number of at least the {len(steps)} steps, got {ranks!r}"
+            )
+        mixes = [self._mix(step, graphed) for step in steps]
+        most = max(mix.tokens for mix in mixes)
+        graphs = not any(mix.launched_eagerly(graphed) for mix in mixes)
+        if graphs and self._graphed(most):  # every rank replays the graph of `most` tokens
+            return [self._timed(mix, False, padded=most) for mix in mixes]
+        mean = -(-sum(mix.tokens for mix in mixes) // ranks)
+        return [self._timed(mix, True, experts=(mean, most)) for mix in mixes]
+
+    def _mix(self, step: Sequence[SequenceWork] | StepMix, graphed: int | None) -> StepMix:
+        """``step`` as a checked :class:`~torchroof.serving.composition.StepMix`."""
         if isinstance(step, SequenceWork):
             raise OptionError("a step is a list of SequenceWork: wrap the one sequence in [ ]")
         if graphed is not None and (
@@ -167,8 +198,28 @@ class StepTimer:
         if step.longest > self._checked_length and self._config is not None:
             check_positions(self._config, step.longest, self._allow_beyond, name=self._name)
             self._checked_length = step.longest
-        eager = step.launched_eagerly(graphed)
-        body = self._between(step.tokens, "body_s", eager)
+        return step
+
+    def _timed(
+        self,
+        step: StepMix,
+        eager: bool,
+        padded: int | None = None,
+        experts: tuple[int, int] | None = None,
+    ) -> StepTime:
+        """``step``'s time launched eagerly where ``eager``; its body run at ``padded``
+        tokens where given; its routed experts' kernels at ``experts[0]`` tokens and their
+        all-to-alls at ``experts[1]`` where given."""
+        tokens = padded or step.tokens
+        body = self._between(tokens, "body_s", eager)
+        if experts is not None:
+            mean, most = experts
+            body += self._between(mean, "experts_s", eager) - self._between(
+                tokens, "experts_s", eager
+            )
+            body += self._between(most, "exchange_s", eager) - self._between(
+                tokens, "exchange_s", eager
+            )
         head = self._between(step.rows, "head_s", eager) if step.rows else 0.0
         attention = self._attention(step, eager)
         return StepTime(
@@ -206,6 +257,14 @@ class StepTimer:
     def config(self) -> Any:
         """The model's configuration (None for a module without one)."""
         return self._config
+
+    @property
+    def lockstep(self) -> int:
+        """The data-parallel ranks the prepared step's experts couple (ep / tp, where the
+        experts span more GPUs than tp: data-parallel attention), which step together; 1
+        where they do not."""
+        base = self.prepared.workload_for()
+        return base.ep // base.tp if base.ep > base.tp else 1
 
     def layers(self) -> dict[AttentionGeometry, int]:
         """Each kind of attention layer's geometry, read off the prepared decode step's
