@@ -37,15 +37,17 @@ under vLLM's profile, prompts of 65 to 1,200 tokens)."""
 
 @dataclass(frozen=True)
 class DecodeParts:
-    """A decode step of batch N priced whole, and the time of its attention kernels and of
-    its output projection in it."""
+    """A decode step of batch N priced whole, and the time in it of its attention kernels,
+    its output projection, its routed experts' kernels (``experts_s``: those of a module
+    named ``experts`` but their collectives) and those collectives (``exchange_s``: the
+    all-to-alls)."""
 
     time_s: float
     attention_s: float
     head_s: float
     memory: MemoryFootprint | None
-    experts_s: float = 0.0  # the routed experts' kernels (a module named ``experts``)...
-    exchange_s: float = 0.0  # ... but their collectives (the all-to-alls), which are these
+    experts_s: float = 0.0
+    exchange_s: float = 0.0
 
     @property
     def body_s(self) -> float:

@@ -84,7 +84,9 @@ def serve(
     **knobs: Any,
 ) -> ServeResult:
     """Simulate serving ``requests`` (a count to draw, a JSONL/CSV file, or
-    :class:`Request` objects) with ``model`` on ``replicas`` engines of ``hardware``.
+    :class:`Request` objects) with ``model`` on ``replicas`` engines of ``hardware``
+    (with ``ep`` above ``tp``, the data-parallel ranks: each group of ep / tp steps in
+    lock-step, and ``replicas`` is a multiple of it).
 
     Requests arrive at ``rate`` per second (Poisson; ``burstiness`` below 1 draws gamma
     gaps of shape ``burstiness``, as vLLM's serving benchmark does), or are sent by
