@@ -232,10 +232,10 @@ def _attention_groups(
             groups += [(tp, dp)] if dp > 1 else []
             continue
         for dp in space.dp:
-            where, gpus = f"tp={tp} x dp={dp} (data-parallel attention)", tp * dp
             if dp < 2:
                 continue
-            if gpus > space.gpus_per_node:
+            where, gpus = f"tp={tp} x dp={dp} (data-parallel attention)", tp * dp
+            if gpus > node:
                 out.rejected[f"{where} spans {gpus} GPUs, past one node's {node}"] += 1
             elif gpus > space.gpus_max:
                 out.rejected[f"{where} needs {gpus} GPUs, above gpus_max={space.gpus_max}"] += 1

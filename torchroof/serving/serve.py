@@ -47,7 +47,7 @@ from torchroof.serving.results import ServeResult
 from torchroof.serving.scheduler import EngineConfig
 from torchroof.serving.simulate import check_group, simulate
 from torchroof.serving.speculative import Acceptance, Drafter, Speculative, check_draft
-from torchroof.serving.step_time import StepTimer
+from torchroof.serving.step_time import StepTimer, coupled_ranks
 
 PREPARED_CONTEXT = 128
 """The context the decode is prepared at: only transformers' dense mask reads it (one byte
@@ -116,9 +116,8 @@ def serve(
                 "yet: serve one or the other"
             )
         split = _sides(disaggregate, prefill, decode, engine, replicas, knobs)
-        for side in split:
-            if _sizes(side.knobs)[1] > _sizes(side.knobs)[0]:
-                raise OptionError(DISAGGREGATED_GROUPS)
+        if any(coupled_ranks(*_sizes(side.knobs)) > 1 for side in split):
+            raise OptionError(DISAGGREGATED_GROUPS)
         check_disaggregated(batch, (split[0].engine, split[1].engine), hardware)  # untraced
         timers = tuple(
             deployment_timer(model, hardware, side.knobs, pricing, exact_up_to, progress)

@@ -43,7 +43,7 @@ from torchroof.serving.requests import Request
 from torchroof.serving.results import RequestRecord, ServeResult, StepLog
 from torchroof.serving.scheduler import EngineConfig, Running, ScheduledStep, Scheduler
 from torchroof.serving.speculative import Drafter
-from torchroof.serving.step_time import StepTimer
+from torchroof.serving.step_time import StepTimer, coupled_ranks
 
 ROUTERS = ("round-robin", "least-loaded")
 FLOAT_COLUMNS = ("start_s", "time_s", "expected_accepted")
@@ -268,8 +268,8 @@ def simulate(
     arrival times are ignored). With a ``drafter`` the engines decode speculatively, its
     acceptances drawn from ``random_state``."""
     engine = engine or EngineConfig()
-    tp = timer.describe()["tp"]
-    check_group(tp, timer.lockstep * tp, replicas)
+    described = timer.describe()
+    check_group(described["tp"], described["ep"], replicas)
     if router not in ROUTERS:
         raise OptionError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
     if not requests:
@@ -319,7 +319,7 @@ def check_group(tp: int, ep: int, replicas: int) -> None:
     ep > tp couples ep / tp data-parallel ranks, each an engine, which step together."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be a whole number >= 1, got {replicas!r}")
-    group = ep // tp if ep > tp else 1
+    group = coupled_ranks(tp, ep)
     if replicas % group:
         raise OptionError(
             f"expert parallel {ep} over tp {tp} couples {group} data-parallel ranks, each an "

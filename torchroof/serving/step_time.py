@@ -264,7 +264,7 @@ class StepTimer:
         experts span more GPUs than tp: data-parallel attention), which step together; 1
         where they do not."""
         base = self.prepared.workload_for()
-        return base.ep // base.tp if base.ep > base.tp else 1
+        return coupled_ranks(base.tp, base.ep)
 
     def layers(self) -> dict[AttentionGeometry, int]:
         """Each kind of attention layer's geometry, read off the prepared decode step's
@@ -392,6 +392,12 @@ class StepTimer:
         text = text_config(self._config)
         layers = dict(Counter(decode_geometry(op, context, text) for op in ops))
         return context, head_module(trace), layers
+
+
+def coupled_ranks(tp: int, ep: int) -> int:
+    """The data-parallel ranks whose experts ``ep`` spreads over at ``tp`` (ep / tp where
+    ep is above tp, else 1), which step together."""
+    return ep // tp if ep > tp else 1
 
 
 def _check_latent(config: Any, layers: dict[AttentionGeometry, int], base: Any) -> None:
