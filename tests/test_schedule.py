@@ -48,15 +48,19 @@ def _compute(duration: float, reads: set[int], writes: set[int]) -> Task:
 # -- the schedule on hand-built tasks ---------------------------------------------------------
 
 
-def test_prefetched_all_gather_hides_behind_the_previous_layer():
-    # Issue order: layer 1's all-gather (params 1 -> 2), layer 2's all-gather issued before
-    # layer 1's compute (params 3 -> 4), layer 1's compute (reads 2), layer 2's (reads 4, 6).
-    tasks = [
+def _prefetching_layers() -> list[Task]:
+    """Layer 1's all-gather (params 1 -> 2), layer 2's all-gather issued before layer 1's
+    compute (params 3 -> 4), layer 1's compute (reads 2), layer 2's (reads 4, 6)."""
+    return [
         _comm(1.0, {1}, {2}),
         _comm(2.0, {3}, {4}),
         _compute(3.0, {2, 5}, {6}),
         _compute(3.0, {4, 6}, {7}),
     ]
+
+
+def test_prefetched_all_gather_hides_behind_the_previous_layer():
+    tasks = _prefetching_layers()
     laid = schedule(tasks)
     # all-gather 1: [0, 1]. all-gather 2: its stream is free at 1, nothing feeds it: [1, 3].
     # layer 1 waits for all-gather 1 (wrote 2): [1, 4], the compute stream idle over [0, 1].
@@ -147,6 +151,25 @@ def test_without_overlap_every_kernel_waits_for_the_one_before():
     assert laid.start_s == (0.0, 1.0, 3.0)
     assert laid.step_time_s == 6.0
     assert laid.exposed_s == (1.0, 2.0, 0.0)
+
+
+def test_durations_given_apart_lay_the_same_tasks_at_other_times():
+    # the prefetch case above with the all-gathers' and layers' times swapped: 3, 3, 1, 2
+    tasks = _prefetching_layers()
+    laid = schedule(tasks, durations=[3.0, 3.0, 1.0, 2.0])
+    # all-gather 1 [0, 3], all-gather 2 [3, 6]; layer 1 waits for all-gather 1: [3, 4];
+    # layer 2 for all-gather 2: [6, 8]. The compute stream idles over [0, 3] (all-gather
+    # 1's, wholly) and [4, 6] (all-gather 2 runs over [3, 6]: 2 of its 3 s exposed)
+    assert laid.start_s == (0.0, 3.0, 3.0, 6.0)
+    assert laid.end_s == (3.0, 6.0, 4.0, 8.0)
+    assert laid.exposed_s == (3.0, 2.0, 0.0, 0.0)
+    times = [3.0, 3.0, 1.0, 2.0]
+    moved = [dataclasses.replace(t, duration_s=d) for t, d in zip(tasks, times, strict=True)]
+    assert schedule(moved) == laid
+    # without overlap: back to back, 3 + 3 + 1 + 2
+    assert schedule(tasks, overlap=False, durations=[3.0, 3.0, 1.0, 2.0]).step_time_s == 9.0
+    with pytest.raises(ValueError, match="3 durations for 4 tasks"):
+        schedule(tasks, durations=[1.0, 1.0, 1.0])
 
 
 def test_an_explicit_wait_holds_a_communication_task():

@@ -13,6 +13,7 @@ import torchroof
 from torchroof.cli.main import main
 from torchroof.config.errors import OptionError
 from torchroof.serving import SequenceWork, StepTimer
+from torchroof.serving.prefix_cache import PrefixCache
 from torchroof.serving.requests import (
     Arrivals,
     Lengths,
@@ -207,3 +208,19 @@ def test_a_preempted_request_is_not_looked_up_again_in_the_hit_rate():
     assert scheduler.preemptions >= 1
     assert (sum(s[2] for s in steps), sum(s[1] for s in steps)) == (128, 0)
     assert [s.cached_tokens for s in states] == [0, 0]
+
+
+def test_a_request_s_own_blocks_queue_as_one_entry_taken_in_part():
+    cache = PrefixCache(2)
+    cache.free_own(5)  # a request's 5 blocks: one entry behind the 2 never used
+    cache.add((0, 0))
+    cache.release([(0, 0)])  # a prefix block cached and freed behind them
+    assert list(cache.queue.values()) == [5, 1] and cache.evictable == [(0, 0)]
+    cache.take(4)  # the 2 never used, then 2 of the 5: 3 stay first in the queue
+    assert cache.never_used == 0 and list(cache.queue.values()) == [3, 1]
+    cache.take(3)  # the rest of them: the cached block is next, still cached
+    assert cache.evictable == [(0, 0)] and (0, 0) in cache.users
+    cache.take(1)  # then the cached block, evicted
+    assert not cache.queue and (0, 0) not in cache.users
+    cache.free_own(0)  # a request that held none queues nothing
+    assert not cache.queue

@@ -185,3 +185,32 @@ def test_an_empty_view_has_eager_s_strides():
     assert eager_view_strides((2, 0), (1, 2), (0, 4)) == (4, 1)  # max(4, 1) x 1
     base = torch.empty(16, device="meta").as_strided([2, 0], [1, 2])
     assert tuple(base.view(0, 4).stride()) == (4, 1)
+
+
+def test_weights_are_sharded_on_meta_and_their_shards_adopted(monkeypatch):
+    """The tensor-parallel plan shards the meta weights with the fake tensor mode off (a
+    shard has no symbolic size), and the capture then adopts each shard, so the trace reads
+    the shards under their own names: the same trace a fresh one records."""
+    from torchroof.capture import symbolic as capture
+    from torchroof.parallel import tensor
+
+    modes = []
+    shard = tensor.apply_tensor_parallel
+
+    def recorded(model, mesh, plan=None):
+        modes.append(capture.fake_mode_on())
+        return shard(model, mesh, plan)
+
+    monkeypatch.setattr(tensor, "apply_tensor_parallel", recorded)
+    symbolic = trace_symbolic(CONFIG, DECODE)
+    # the trace, then the fresh second point that checked it: both shard on meta
+    assert modes == [False, False]
+    names = symbolic.trace.parameters  # storage id -> the weight's name
+    q = next(
+        t
+        for op in symbolic.trace.ops
+        for t in op.inputs
+        if names.get(t.storage) == "model.layers.0.self_attn.q_proj.weight"
+    )
+    # rank 0's half of q_proj (4 heads of 32 over tp 2: 64 of 128 rows), read by its name
+    assert tuple(q.shape) == (64, 128)

@@ -152,3 +152,32 @@ def test_a_plan_anchored_at_another_point_prices_it_as_fresh(traces):
     plan = plan_symbolic(moved, PricingOptions())
     found = _figures(traces, {"decode": plan}, "decode", 9, 1500, "h100-sxm", PricingOptions())
     assert found is not None and found[0] == found[1]
+
+
+def test_one_plan_holds_past_every_projection_s_weight(traces, plans):
+    """A sibling kernel's domain (its largest tensor) is worked out only for the kernels a
+    sibling is weighed against: the larger of a projection's weight and its activation is
+    not a decision of the plan. Here the k and v weights hold 64 x 128 = 8,192 elements,
+    a decode's hidden states 128 per sequence, so a plan that compared them stopped at a
+    batch of 64 (q 16,384: 128; the MLP's 352 x 128: 352); it holds up to 1,000, past
+    which the embedding's lookups outnumber its 1,000 rows (its rule reads each row at
+    most once)."""
+    plan = plans["decode"]
+    assert all(plan.holds({"batch": b, "context": 256}) for b in (63, 64, 128, 352, 1000))
+    assert not plan.holds({"batch": 1001, "context": 256})
+    found = _figures(traces, plans, "decode", 400, 256, "h100-sxm", PricingOptions())
+    assert found is not None and found[0] == found[1]
+
+
+def test_a_point_s_kernels_are_made_once_for_every_timing(traces, plans):
+    """A step's graphed and eager launches time the same kernels: each timed kernel is
+    made once at a point and timed under both."""
+    plan = plan_symbolic(traces["decode"], PricingOptions())
+    numbers = {"batch": 5, "context": 200}
+    workload = replace(DECODE, batch=5, context=200)
+    facts = symbolic_point(traces["decode"], CONFIG, workload).facts
+    spec, cluster = resolve_hardware("h100-sxm")
+    for graphs in (True, False):
+        pricing = PricingOptions(mode="realistic", runtime="vllm", cuda_graphs=graphs)
+        plan.repeated(numbers, facts, spec, cluster, pricing)
+        assert len(plan._made) == len(plan.classes)

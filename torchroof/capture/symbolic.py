@@ -65,6 +65,11 @@ class SymbolicSizes:
         tensor's: the weights a layer reads stay the weights the capture labelled."""
         assert self._mode is not None, "adopt() inside active()"
         for tensor in [*module.parameters(), *module.buffers()]:
+            local = getattr(tensor, "_local_tensor", None)  # a DTensor's shard
+            if local is not None:
+                tensor = local
+            if is_fake(tensor):
+                continue
             fake = self._mode.from_tensor(tensor, static_shapes=True)
             self._fakes.append(fake)  # held: the mode's memo of it is weak
             self._real[fake.untyped_storage()._cdata] = tensor

@@ -49,14 +49,7 @@ class PlannedStreams:
         ``timed``."""
         tasks, before = self._tasks(timed)
         durations = [timed[place].time_s for place in self._order]
-        laid = schedule(
-            [
-                Task(d, t.stream, t.reads, t.writes, t.after, t.beside, t.until, t.skip, t.lane)
-                for d, t in zip(durations, tasks, strict=True)
-            ],
-            overlap=overlap,
-            before=before,
-        )
+        laid = schedule(tasks, overlap=overlap, before=before, durations=durations)
         exposed = [0.0] * len(timed)
         copies = [0] * len(timed)
         for place, task, charged in zip(self._order, tasks, laid.exposed_s, strict=True):

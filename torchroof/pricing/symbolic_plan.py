@@ -88,6 +88,8 @@ class SymbolicPlan:
         self._follows = [_symbols(self.plan.kernels[i]) for i in self.classes]
         self._timings: dict[tuple[int, int, PricingOptions, StepRuntime], Any] = {}
         self._makers: dict[int, KernelMaker] = {}
+        # each timed kernel made at the numbers it follows, shared by every timing of them
+        self._made: dict[tuple[Any, ...], Kernel] = {}
         # a step with collectives is laid on its streams (the same tasks at every point)
         communicates = any(k.cost.unit == "network" for k in self.plan.kernels)
         self._streams = PlannedStreams(self.plan.kernels, self.order) if communicates else None
@@ -222,16 +224,27 @@ class SymbolicPlan:
         ]
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
-            kernels = [self.maker(n)(numbers) for n in missing]
+            if len(self._made) > MAX_TIMED_KERNELS:
+                self._made.clear()
+            kernels = [self._kernel(n, keys[n], numbers) for n in missing]
             timed, _, _, _ = time_kernels(kernels, self.plan.roles, spec, cluster, pricing, runtime)
             for n, estimate in zip(missing, timed, strict=True):
                 known[keys[n]] = estimate
         return [known[k] for k in keys]
 
+    def _kernel(self, n: int, key: tuple[Any, ...], numbers: Mapping[str, int]) -> Kernel:
+        """The ``n``-th timed kernel at ``numbers`` (``key``: it and the numbers it follows),
+        made once for every timing that needs it (a step's graphed and eager launches)."""
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = self.maker(n)(numbers)
+        return made
+
 
 MAX_TIMED_KERNELS = 200_000
-"""Timed kernels a plan keeps per accelerator and timing (a kernel that follows the batch
-alone is timed once per batch): past it, they are timed again."""
+"""Timed kernels a plan keeps per accelerator and timing, and made kernels it keeps for
+them all (a kernel that follows the batch alone is made and timed once per batch): past
+it, they are made or timed again."""
 
 
 @dataclass

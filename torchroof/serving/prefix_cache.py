@@ -34,12 +34,15 @@ BlockKey = tuple[int, int]  # (prefix group, block index within the prefix)
 class PrefixCache:
     """An engine's cached prefix blocks, those in use with their number of users, and its
     free blocks as one queue: ``never_used`` of them first, then ``queue``, oldest freed
-    first (a :data:`BlockKey` for a cached block, a number for any other)."""
+    first. A cached block is queued as its :data:`BlockKey`; a request's own blocks, freed
+    together, as one entry (a number of its own) holding how many they are: they are never
+    found again, so only their count and their place in the queue matter."""
 
     def __init__(self, blocks: int) -> None:
         self.users: dict[BlockKey, int] = {}
         self.never_used = blocks
-        self.queue: OrderedDict[BlockKey | int, None] = OrderedDict()
+        # each entry -> the free blocks it holds (1 for a cached block)
+        self.queue: OrderedDict[BlockKey | int, int] = OrderedDict()
         self._own = itertools.count()
 
     @property
@@ -74,14 +77,14 @@ class PrefixCache:
         for key in reversed(keys):
             self.users[key] -= 1
             if self.users[key] == 0:
-                self.queue[key] = None
+                self.queue[key] = 1
                 freed += 1
         return freed
 
     def free_own(self, blocks: int) -> None:
         """A request's own ``blocks`` (none of them a cached prefix's) join the queue."""
-        for _ in range(blocks):
-            self.queue[next(self._own)] = None
+        if blocks > 0:
+            self.queue[next(self._own)] = blocks
 
     def add(self, key: BlockKey) -> bool:
         """A request filled ``key`` with its prompt: cached (in use by it) unless another
@@ -96,7 +99,14 @@ class PrefixCache:
         first, a cached one evicted from the cache."""
         fresh = min(count, self.never_used)
         self.never_used -= fresh
-        for _ in range(count - fresh):
-            key, _ = self.queue.popitem(last=False)
+        left = count - fresh
+        while left > 0:
+            key = next(iter(self.queue))  # the scheduler takes no more than are free
+            held = self.queue[key]
+            if held > left:  # part of a request's own blocks: the rest stay in place
+                self.queue[key] = held - left
+                return
+            del self.queue[key]
+            left -= held
             if isinstance(key, tuple):
                 del self.users[key]

@@ -125,12 +125,16 @@ class Schedule:
 
 
 def schedule(
-    tasks: Sequence[Task], overlap: bool = True, before: Sequence[tuple[int, ...]] | None = None
+    tasks: Sequence[Task],
+    overlap: bool = True,
+    before: Sequence[tuple[int, ...]] | None = None,
+    durations: Sequence[float] | None = None,
 ) -> Schedule:
     """Lay ``tasks`` (in issue order) on the streams under the rules of this module's
     docstring; ``overlap=False``: each task starts when the one before it ends. ``before``:
     :func:`waits` of the tasks, where the caller has it (it follows from their streams and
-    storages alone).
+    storages alone); ``durations``: each task's time in place of its ``duration_s`` (a
+    planned step lays the same tasks at every point with that point's times).
 
     Why the idle intervals are covered exactly by communication runs: the compute stream
     idles from ``a`` (its last end) only while waiting for a communication task C that ends
@@ -146,31 +150,41 @@ def schedule(
     start = [0.0] * count
     end = [0.0] * count
     before = tuple(waits(tasks) if before is None else before)
+    duration = [t.duration_s for t in tasks] if durations is None else list(durations)
+    if len(duration) != count:
+        raise ValueError(f"{len(duration)} durations for {count} tasks")
     if not overlap:
         clock = 0.0
-        for i, task in enumerate(tasks):
+        for i, took in enumerate(duration):
             start[i] = clock
-            clock += task.duration_s
+            clock += took
             end[i] = clock
-        blocking = tuple(t.duration_s if t.stream == COMMUNICATION else 0.0 for t in tasks)
+        blocking = tuple(
+            took if t.stream == COMMUNICATION else 0.0
+            for t, took in zip(tasks, duration, strict=True)
+        )
         return Schedule(tuple(start), tuple(end), blocking, clock, before)
     compute_free = 0.0
     lane_free: dict[str, float] = {}  # each communication stream's last end
     idle: list[tuple[float, float]] = []  # the compute stream's waits, in time order
     runs: list[int] = []  # communication tasks
     for i, task in enumerate(tasks):
-        beside, until = task.beside, task.until
-        for earlier in (beside, until, *task.skip):
-            if earlier is not None and not 0 <= earlier < i:
-                raise ValueError(f"task {i} runs beside task {earlier}, which is not before it")
-        ready = max((end[j] for j in before[i] if j not in task.skip), default=0.0)
+        beside, until, skip = task.beside, task.until, task.skip
+        if beside is not None or until is not None or skip:
+            for earlier in (beside, until, *skip):
+                if earlier is not None and not 0 <= earlier < i:
+                    raise ValueError(f"task {i} runs beside task {earlier}, which is not before it")
+            ready = max((end[j] for j in before[i] if j not in skip), default=0.0)
+        else:
+            waited = before[i]
+            ready = max([end[j] for j in waited]) if waited else 0.0
         if beside is not None:  # side by side: from its partner's start, not its end
             if tasks[beside].stream == task.stream:
                 raise ValueError(f"task {i} runs beside task {beside} on its own stream")
             ready = max(ready, start[beside])
         if task.stream == COMMUNICATION:
             start[i] = max(lane_free.get(task.lane, 0.0), ready)
-            finish = start[i] + task.duration_s
+            finish = start[i] + duration[i]
             if until is not None:
                 finish = max(finish, end[until])
             end[i] = lane_free[task.lane] = finish
@@ -179,7 +193,7 @@ def schedule(
             start[i] = max(compute_free, ready)
             if start[i] > compute_free:
                 idle.append((compute_free, start[i]))
-            finish = start[i] + task.duration_s
+            finish = start[i] + duration[i]
             if until is not None and end[until] > finish:  # waits for the last chunk
                 idle.append((finish, end[until]))
                 finish = end[until]
@@ -187,7 +201,7 @@ def schedule(
     communication_free = max(lane_free.values(), default=0.0)
     if communication_free > compute_free:  # the step waits for its last collectives
         idle.append((compute_free, communication_free))
-    exposed = _charge(idle, runs, start, end, [t.duration_s for t in tasks])
+    exposed = _charge(idle, runs, start, end, duration)
     step_time_s = max(compute_free, communication_free)
     return Schedule(tuple(start), tuple(end), tuple(exposed), step_time_s, before)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchroof.capture.symbolic import active_sizes
 from torchroof.config.errors import WorkloadError
 from torchroof.config.parallel_plan import ParallelPlan
 from torchroof.parallel import program
@@ -88,7 +89,10 @@ def parallel_program(
     with fake_process_group(plan.world):
         mesh = build_mesh(plan)
         try:
-            contexts = [strategy.apply(model, mesh, workload) for strategy in program.STRATEGIES]
+            with _sharded_as_meta(model):
+                contexts = [
+                    strategy.apply(model, mesh, workload) for strategy in program.STRATEGIES
+                ]
         except ValueError as error:
             raise WorkloadError(f"{type(model).__name__} cannot run as {given}: {error}") from error
         if after_sharding is not None:
@@ -102,3 +106,19 @@ def parallel_program(
                 raise WorkloadError(
                     f"{type(model).__name__} cannot run as {given}: {error}"
                 ) from error
+
+
+@contextlib.contextmanager
+def _sharded_as_meta(model: torch.nn.Module) -> Iterator[None]:
+    """Inside a capture with symbolic sizes, the strategies shard the meta weights with the
+    fake tensor mode off (a weight's shard has no symbolic size, and each op on a fake one
+    costs far more), and the capture adopts the shards after."""
+    sizes = active_sizes()
+    if sizes is None:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+    sizes.adopt(model)
