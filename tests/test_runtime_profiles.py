@@ -24,7 +24,13 @@ from torchroof.cli.common import given_dests
 from torchroof.cli.main import main
 from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError
-from torchroof.pricing.runtime import runtime_options, with_knobs, workload_defaults
+from torchroof.pricing.runtime import (
+    runtime_at,
+    runtime_options,
+    timing_of,
+    with_knobs,
+    workload_defaults,
+)
 from torchroof.timing.network import collective_time, custom_all_reduce_time
 from torchroof.timing.roofline import time_kernel
 from torchroof.timing.runtime import CustomAllReduce, StepRuntime, step_runtime
@@ -130,6 +136,22 @@ def test_a_runtime_sets_its_kernels_unless_they_are_given():
 def test_a_serving_engine_does_not_train():
     with pytest.raises(OptionError, match="runtime vllm runs serving steps, not training"):
         torchroof.estimate("gpt2", "train", seq=64, runtime="vllm")
+
+
+def test_a_runtime_at_a_batch_is_the_one_its_workload_times():
+    """What a step timer asks per token count without building each count's workload:
+    vLLM's (hardware/runtimes/vllm.toml) replays its full decode graph up to a batch of
+    512 (1.37 us a kernel), launches eagerly past it and with cuda_graphs off (2.52 us)."""
+    from torchroof.config import Workload
+
+    vllm = PricingOptions(runtime="vllm", mode="realistic")
+    for pricing in (vllm, PricingOptions(runtime="vllm", cuda_graphs=False), PricingOptions()):
+        for batch in (1, 512, 513):
+            workload = Workload(regime="decode", batch=batch, context=64)
+            assert runtime_at(pricing, "decode", batch) == timing_of(pricing, workload)
+    assert runtime_at(vllm, "decode", 512).launch_s == 1.37e-6
+    assert runtime_at(vllm, "decode", 513).launch_s == 2.52e-6
+    assert timing_of(vllm, None) == runtime_at(vllm, "prefill", 1)  # no workload: a prefill
 
 
 def test_torchtitan_keeps_gathered_parameters_for_backward_under_a_pipeline():

@@ -148,9 +148,15 @@ def check_runtime_regime(pricing: PricingOptions, regime: str) -> None:
 
 def timing_of(pricing: PricingOptions, workload: Workload | None) -> StepRuntime:
     """What the runtime changes in timing a step of ``workload`` (nothing without one)."""
+    if workload is None:
+        return runtime_at(pricing, "prefill", 1)
+    return runtime_at(pricing, workload.regime, workload.batch)
+
+
+def runtime_at(pricing: PricingOptions, regime: str, batch: int) -> StepRuntime:
+    """What the runtime changes in timing a step of ``regime`` at ``batch`` sequences a rank
+    (:func:`timing_of` without building the step's workload)."""
     profile = runtime_profile(pricing)
-    regime = workload.regime if workload is not None else "prefill"
-    batch = workload.batch if workload is not None else 1
     return step_runtime(profile, regime, batch, pricing.realistic, graphs_on=pricing.cuda_graphs)
 
 

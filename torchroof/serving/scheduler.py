@@ -217,14 +217,14 @@ class Scheduler:
             prompts = self._admit(budget, now, whole=True)
             if prompts:
                 return self._step(prompts, preempted_before)
-        chosen, left = self._running(budget)
+        chosen, items, prefill, left = self._running(budget)
         if self.preemptions == preempted_before:  # swapped requests first, then new ones
             swapped_in = self._swap_in(left)
             chosen += swapped_in
             left -= sum(n for _, n in swapped_in)
         if self.config.chunked_prefill and self.preemptions == preempted_before:
             chosen += self._admit(left, now, whole=False) if not self.swapped else []
-        return self._step(chosen, preempted_before)
+        return self._step(chosen, preempted_before, items, prefill)
 
     def complete(self, step: ScheduledStep, now: float) -> list[Running]:
         """Advance ``step``'s requests by the tokens it computed at time ``now``; the
@@ -259,17 +259,23 @@ class Scheduler:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
 
-    def _running(self, budget: int) -> tuple[list[tuple[Running, int]], int]:
-        """The running requests' tokens, oldest first, and the budget they leave."""
+    def _running(self, budget: int) -> tuple[list[tuple[Running, int]], list[Item], int, int]:
+        """The running requests' tokens, oldest first, with each one's :data:`Item`, the
+        prompt tokens among them and the budget they leave."""
         chosen: list[tuple[Running, int]] = []
+        items: list[Item] = []
+        prefill = 0
         size, lookahead = self.config.block_size, self.lookahead
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            state = running[i]
+        choose, itemise = chosen.append, items.append
+        # a preemption removes requests after this one (the newest first), or this one and
+        # ends the loop: the iteration never skips one
+        for state in self.running:
+            if budget <= 0:
+                break
             computed, generated = state.computed, state.generated
             pending = state.request.input_len + generated - computed
-            if generated and pending == 1:  # decoding: with the drafts proposed for it
+            decoding = generated > 0 and pending == 1
+            if decoding:  # with the drafts proposed for it
                 pending += state.drafts
             tokens = pending if pending < budget else budget
             need = -(-(computed + tokens + lookahead) // size) - state.blocks - len(state.shared)
@@ -280,10 +286,14 @@ class Scheduler:
                     self._preempt(state)
                     break
                 self._allocate(state, need)
-            chosen.append((state, tokens))
+            choose((state, tokens))
+            if decoding:  # the drafts proposed, if any, are checked
+                itemise((tokens, computed, True, tokens > 1))
+            else:  # a prompt's tokens
+                prefill += tokens
+                itemise((tokens, computed, tokens >= pending, False))
             budget -= tokens
-            i += 1
-        return chosen, budget
+        return chosen, items, prefill, budget
 
     def _admit(self, budget: int, now: float, whole: bool) -> list[tuple[Running, int]]:
         chosen: list[tuple[Running, int]] = []
@@ -409,19 +419,27 @@ class Scheduler:
             budget -= tokens
         return chosen
 
-    def _step(self, chosen: list[tuple[Running, int]], preempted_before: int) -> ScheduledStep:
-        items: list[Item] = []
-        prefill = 0
-        for state, tokens in chosen:
+    def _step(
+        self,
+        chosen: list[tuple[Running, int]],
+        preempted_before: int,
+        items: list[Item] | None = None,
+        prefill: int = 0,
+    ) -> ScheduledStep:
+        """The step of ``chosen``, its first requests' ``items`` and ``prefill`` tokens
+        worked out as they were scheduled (:meth:`_running`), the rest's here."""
+        items = items if items is not None else []
+        append = items.append
+        for state, tokens in chosen[len(items) :]:
             computed, generated = state.computed, state.generated
             pending = state.request.input_len + generated - computed
             if not generated or pending != 1:  # not decoding: a prompt's tokens
                 prefill += tokens
-                items.append((tokens, computed, tokens >= pending, False))
+                append((tokens, computed, tokens >= pending, False))
             else:  # decoding: the drafts proposed, if any, are checked
-                items.append((tokens, computed, True, tokens > 1))
+                append((tokens, computed, True, tokens > 1))
         step = ScheduledStep(
-            tuple(state for state, _ in chosen),
+            tuple([state for state, _ in chosen]),
             tuple(items),
             StepMix.of(items),
             prefill,

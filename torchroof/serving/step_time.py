@@ -42,7 +42,7 @@ from torchroof.counters import kind_of
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import check_positions, position_limit, text_config
 from torchroof.pricing.hardware import resolve_hardware
-from torchroof.pricing.runtime import timing_of, with_knobs
+from torchroof.pricing.runtime import runtime_at, with_knobs
 from torchroof.progress import silenced
 from torchroof.records.tensors import dtype_itemsize
 from torchroof.records.trace import Trace
@@ -125,6 +125,7 @@ class StepTimer:
         self.exact_up_to = exact_up_to
         base = prepared.workload_for()
         _check_base(base)
+        self._regime = base.regime
         self._spec, _ = resolve_hardware(hardware)  # a bad name fails before any tracing
         self.prepared = prepared
         self.hardware = hardware
@@ -367,9 +368,8 @@ class StepTimer:
         where ``eager``), worked out once per batch."""
         runtime = self._runtimes.get((batch, eager))
         if runtime is None:
-            workload = self.prepared.workload_for(batch=batch)
             pricing = self._eager if eager else self.pricing
-            runtime = self._runtimes[(batch, eager)] = timing_of(pricing, workload)
+            runtime = self._runtimes[(batch, eager)] = runtime_at(pricing, self._regime, batch)
         return runtime
 
     def _read_trace(self) -> tuple[int, str, dict[AttentionGeometry, int]]:
