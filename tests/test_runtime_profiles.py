@@ -138,19 +138,23 @@ def test_a_serving_engine_does_not_train():
         torchroof.estimate("gpt2", "train", seq=64, runtime="vllm")
 
 
-def test_a_runtime_at_a_batch_is_the_one_its_workload_times():
+def test_a_runtime_at_a_batch_is_what_the_runtime_sets_there():
     """What a step timer asks per token count without building each count's workload:
     vLLM's (hardware/runtimes/vllm.toml) replays its full decode graph up to a batch of
-    512 (1.37 us a kernel), launches eagerly past it and with cuda_graphs off (2.52 us)."""
-    from torchroof.config import Workload
-
+    512 (1.37 us a kernel), launches eagerly past it, for a prefill and with cuda_graphs
+    off (2.52 us); no runtime named sets nothing."""
     vllm = PricingOptions(runtime="vllm", mode="realistic")
-    for pricing in (vllm, PricingOptions(runtime="vllm", cuda_graphs=False), PricingOptions()):
-        for batch in (1, 512, 513):
-            workload = Workload(regime="decode", batch=batch, context=64)
-            assert runtime_at(pricing, "decode", batch) == timing_of(pricing, workload)
-    assert runtime_at(vllm, "decode", 512).launch_s == 1.37e-6
-    assert runtime_at(vllm, "decode", 513).launch_s == 2.52e-6
+    at = [
+        (r.launch_s, r.graph_replayed)
+        for r in (
+            runtime_at(vllm, "decode", 512),
+            runtime_at(vllm, "decode", 513),
+            runtime_at(vllm, "prefill", 8),
+            runtime_at(PricingOptions(runtime="vllm", cuda_graphs=False), "decode", 8),
+        )
+    ]
+    assert at == [(1.37e-6, True), (2.52e-6, False), (2.52e-6, False), (2.52e-6, False)]
+    assert runtime_at(PricingOptions(), "decode", 8) == StepRuntime()
     assert timing_of(vllm, None) == runtime_at(vllm, "prefill", 1)  # no workload: a prefill
 
 

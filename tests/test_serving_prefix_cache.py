@@ -211,14 +211,17 @@ def test_a_preempted_request_is_not_looked_up_again_in_the_hit_rate():
 
 
 def test_a_request_s_own_blocks_queue_as_one_entry_taken_in_part():
-    cache = PrefixCache(2)
-    cache.free_own(5)  # a request's 5 blocks: one entry behind the 2 never used
+    cache = PrefixCache(8)
+    # a request takes 5 of the 8 blocks never used: 4 its own, 1 its prefix's block 0
+    cache.take(5)
     cache.add((0, 0))
-    cache.release([(0, 0)])  # a prefix block cached and freed behind them
-    assert list(cache.queue.values()) == [5, 1] and cache.evictable == [(0, 0)]
-    cache.take(4)  # the 2 never used, then 2 of the 5: 3 stay first in the queue
-    assert cache.never_used == 0 and list(cache.queue.values()) == [3, 1]
-    cache.take(3)  # the rest of them: the cached block is next, still cached
+    # it ends: its 4 own blocks join the queue as one entry, then its prefix block, cached
+    cache.free_own(4)
+    cache.release([(0, 0)])
+    assert list(cache.queue.values()) == [4, 1] and cache.evictable == [(0, 0)]
+    cache.take(5)  # the 3 never used, then 2 of the 4: the other 2 stay first in the queue
+    assert cache.never_used == 0 and list(cache.queue.values()) == [2, 1]
+    cache.take(2)  # the rest of them: the cached block is next, still cached
     assert cache.evictable == [(0, 0)] and (0, 0) in cache.users
     cache.take(1)  # then the cached block, evicted
     assert not cache.queue and (0, 0) not in cache.users

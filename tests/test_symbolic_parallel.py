@@ -202,8 +202,10 @@ def test_weights_are_sharded_on_meta_and_their_shards_adopted(monkeypatch):
         return shard(model, mesh, plan)
 
     monkeypatch.setattr(tensor, "apply_tensor_parallel", recorded)
+    # made and checked against a fresh trace at a second point (the shards not adopted,
+    # the weights it reads would be new storages, and that check refuses the trace)
     symbolic = trace_symbolic(CONFIG, DECODE)
-    # the trace, then the fresh second point that checked it: both shard on meta
+    # the symbolic trace sharded with the fake mode off, as the fresh one (never under it)
     assert modes == [False, False]
     names = symbolic.trace.parameters  # storage id -> the weight's name
     q = next(

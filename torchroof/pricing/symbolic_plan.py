@@ -224,7 +224,7 @@ class SymbolicPlan:
         ]
         missing = [n for n, k in enumerate(keys) if k not in known]
         if missing:
-            if len(self._made) > MAX_TIMED_KERNELS:
+            if len(self._made) > MAX_MADE_KERNELS:
                 self._made.clear()
             kernels = [self._kernel(n, keys[n], numbers) for n in missing]
             timed, _, _, _ = time_kernels(kernels, self.plan.roles, spec, cluster, pricing, runtime)
@@ -242,9 +242,14 @@ class SymbolicPlan:
 
 
 MAX_TIMED_KERNELS = 200_000
-"""Timed kernels a plan keeps per accelerator and timing, and made kernels it keeps for
-them all (a kernel that follows the batch alone is made and timed once per batch): past
-it, they are made or timed again."""
+"""Timed kernels a plan keeps per accelerator and timing (a kernel that follows the batch
+alone is timed once per batch): past it, they are timed again."""
+
+MAX_MADE_KERNELS = 20_000
+"""Made kernels a plan keeps for every timing of them (a step's graphed and eager launches
+at one batch, which a serving simulation may ask for far apart): a made kernel holds its
+ops and tensors, far more than its timing, so fewer are kept; past it, they are made
+again."""
 
 
 @dataclass
