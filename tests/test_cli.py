@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from torchroof.cli.main import main
+from torchroof.cli.main import console, main
 
 
 def test_estimate_prints_budget_and_writes_json(tmp_path, capsys):
@@ -218,3 +218,20 @@ def test_a_plot_named_in_no_image_format_fails_before_any_work(tmp_path, capsys)
         "torchroof: error: plots are written as .pdf, .png or .svg, got 'roofline.jpg'\n"
     )
     assert not plot.exists()
+
+
+def test_the_command_sets_its_objects_aside_from_the_last_collection(monkeypatch, capsys):
+    """The installed ``torchroof`` command runs main(), then freezes what it made, so
+    Python's last garbage collection at exit passes over none of it; main(), which the
+    tests call, freezes nothing. Its exit code is main's: 0 for the help, 2 for a model
+    that does not exist."""
+    import gc
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr("sys.argv", ["torchroof"])
+    assert console() == 0 and frozen == [True]
+    assert main(["estimate", "no-such-model"]) == 2 and frozen == [True]
+    monkeypatch.setattr("sys.argv", ["torchroof", "estimate", "no-such-model"])
+    assert console() == 2 and frozen == [True, True]
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err

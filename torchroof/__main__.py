@@ -1,3 +1,3 @@
-from torchroof.cli.main import main
+from torchroof.cli.main import console
 
-raise SystemExit(main())
+raise SystemExit(console())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -94,5 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console() -> int:
+    """The ``torchroof`` command: :func:`main`, then every object the run made set aside
+    from the garbage collector (``gc.freeze()``, docs.python.org/3/library/gc.html), whose
+    last pass as Python exits would visit each one of a traced model's hundreds of
+    thousands for nothing: the process's memory goes back whole. About 0.9 s of an
+    estimate's 5 s."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())
