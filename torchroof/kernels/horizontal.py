@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torchroof.counters import kind_of
 from torchroof.counters.tensors import read_tensors, written_tensors
@@ -21,47 +21,43 @@ SIBLING_SEARCH_STORAGES = 256
 
 def _footprints(
     groups: list[Group], ops: Sequence[OpRecord]
-) -> tuple[list[set[int]], list[set[int]]]:
-    """Per group: the storages it writes, and the storages it reads from outside itself."""
+) -> tuple[list[set[int]], list[set[int]], list[list[int]]]:
+    """Per group: the storages it writes, the storages it reads from outside itself, and
+    the elements of each tensor it writes or reads, in that order (its domain is the
+    most of them: :func:`_domains`)."""
     produced: list[set[int]] = [set() for _ in groups]
     reads: list[set[int]] = [set() for _ in groups]
+    touched: list[list[int]] = [[] for _ in groups]
     for n, g in enumerate(groups):
         for i in g.members:
             for t in written_tensors(ops[i]):
                 produced[n].add(t.storage)
+                touched[n].append(t.numel)
             if kind_of(ops[i].packet) == "creation":
                 continue  # ``zeros_like(p)`` reads p's shape, not its values
             for t in read_tensors(ops[i]):
                 if t.numel > 1:  # a 0-d constant is inlined, not a shared buffer
                     reads[n].add(t.storage)
+                touched[n].append(t.numel)
     for n in range(len(groups)):
         reads[n] -= produced[n]
-    return produced, reads
+    return produced, reads, touched
 
 
-class _Domains:
-    """Each group's domain (the most elements any tensor its ops write or read holds; what a
-    ``zeros_like`` reads only for its shape aside), over its members before any merge,
-    worked out when first compared: on a symbolic trace the larger of a weight and an
-    activation is a comparison on sizes, taken only for the groups a sibling is weighed
-    against (a GEMM's never is), so a plan holds over every batch where they agree."""
+def _domains(touched: list[list[int]]) -> Callable[[int], int]:
+    """Each group's domain (the most elements any of its tensors holds, over its members
+    before any merge), worked out when first compared: on a symbolic trace the larger of a
+    weight and an activation is a comparison on sizes, taken only for the groups a sibling
+    is weighed against (a GEMM's never is), so a plan holds over every batch where they
+    agree."""
+    found: dict[int, int] = {}
 
-    def __init__(self, groups: list[Group], ops: Sequence[OpRecord]) -> None:
-        self._members = [tuple(g.members) for g in groups]
-        self._ops = ops
-        self._found: dict[int, int] = {}
+    def domain(n: int) -> int:
+        if n not in found:
+            found[n] = max((0, *touched[n]))
+        return found[n]
 
-    def __getitem__(self, n: int) -> int:
-        found = self._found.get(n)
-        if found is None:
-            found = 0
-            for i in self._members[n]:
-                op = self._ops[i]
-                read = () if kind_of(op.packet) == "creation" else read_tensors(op)
-                for t in (*written_tensors(op), *read):
-                    found = max(found, t.numel)
-            self._found[n] = found
-        return found
+    return domain
 
 
 def _depends(
@@ -107,8 +103,8 @@ def merge_horizontal(groups: list[Group], ops: Sequence[OpRecord], graph: Graph)
     and ``gate``; RoPE's q and k kernels both read cos and sin."""
     group_of = {i: n for n, g in enumerate(groups) for i in g.members}
     columns = [any(own_loop_order(ops[i]) for i in g.members) for g in groups]
-    produced, reads = _footprints(groups, ops)
-    domain = _Domains(groups, ops)
+    produced, reads, touched = _footprints(groups, ops)
+    domain = _domains(touched)
 
     def depends(later: int, earlier: int) -> bool:
         return _depends(later, earlier, groups, produced, group_of, graph)
@@ -134,7 +130,7 @@ def merge_horizontal(groups: list[Group], ops: Sequence[OpRecord], graph: Graph)
             if (
                 not groups[h].members
                 or ops[groups[h].members[0]].phase != ops[first].phase
-                or domain[h] != domain[n]
+                or domain(h) != domain(n)
                 or columns[h] != columns[n]
                 or depends(n, h)
                 or depends(h, n)
