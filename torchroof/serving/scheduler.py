@@ -287,11 +287,9 @@ class Scheduler:
                     break
                 self._allocate(state, need)
             choose((state, tokens))
-            if decoding:  # the drafts proposed, if any, are checked
-                itemise((tokens, computed, True, tokens > 1))
-            else:  # a prompt's tokens
+            itemise(_item(tokens, computed, pending, decoding))
+            if not decoding:
                 prefill += tokens
-                itemise((tokens, computed, tokens >= pending, False))
             budget -= tokens
         return chosen, items, prefill, budget
 
@@ -433,11 +431,10 @@ class Scheduler:
         for state, tokens in chosen[len(items) :]:
             computed, generated = state.computed, state.generated
             pending = state.request.input_len + generated - computed
-            if not generated or pending != 1:  # not decoding: a prompt's tokens
+            decoding = generated > 0 and pending == 1
+            append(_item(tokens, computed, pending, decoding))
+            if not decoding:
                 prefill += tokens
-                append((tokens, computed, tokens >= pending, False))
-            else:  # decoding: the drafts proposed, if any, are checked
-                append((tokens, computed, True, tokens > 1))
         step = ScheduledStep(
             tuple([state for state, _ in chosen]),
             tuple(items),
@@ -484,3 +481,11 @@ class Scheduler:
             proposed=tuple(p.drafts for p in proposals),
             draft=draft_passes([p for p in proposals if p.new_tokens]),
         )
+
+
+def _item(tokens: int, computed: int, pending: int, decoding: bool) -> Item:
+    """A scheduled request's :data:`Item`: a decode's new tokens are checked drafts past the
+    first, if any; a prompt's chunk samples where it reaches the ``pending`` tokens."""
+    if decoding:
+        return (tokens, computed, True, tokens > 1)
+    return (tokens, computed, tokens >= pending, False)
