@@ -86,13 +86,19 @@ class SymbolicSizes:
         """Inside: new tensors are fake with symbolic sizes, :func:`sized` records Dims and
         decisions on them are written down."""
         from torchroof.capture.eager_fake import EagerViewsFakeMode, eager_collective_results
+        from torchroof.capture.sharding_choice import choices_on_open_sizes
 
         token = _ACTIVE.set(self)
         clear_layout_caches()  # each comparison on a size is made, and written down, here
         try:
             fake = EagerViewsFakeMode(shape_env=self.env, allow_non_fake_inputs=True)
             # the fake mode takes eager's paths (views' strides, collectives' results)
-            with fake as mode, eager_collective_results(), drop_log_lines(SYMBOLIC_LOG_LINES):
+            with (
+                fake as mode,
+                eager_collective_results(),
+                choices_on_open_sizes(),
+                drop_log_lines(SYMBOLIC_LOG_LINES),
+            ):
                 # its cache of op outputs costs more than it saves with symbolic sizes
                 mode.cache_enabled = False
                 self._mode = mode
