@@ -10,6 +10,8 @@ all memory-bound.
 
 import pytest
 from conftest import TINY_MLA, meta_causal_lm, small_llama
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchroof.hardware import UnknownHardwareError
 from torchroof.hardware import get as load_hardware
 from transformers import AutoConfig, GraniteConfig
@@ -129,6 +131,38 @@ def test_a_step_mix_sums_its_sequences_by_hand(timer):
     assert (mix.verifications, mix.drafted, mix.width, mix.plain_chunks) == (1, 3, 0, True)
     # the scheduler's sums price exactly as the sequences they sum
     assert timer.time(mix) == timer.time(step)
+
+
+def test_a_step_mix_is_the_sum_of_its_parts_and_decodes_sum_on_their_own():
+    """What the scheduler sums as it schedules (its one-token decodes' count, keys and
+    longest, then the rest's mix added) is the mix of the whole step."""
+    decoding = [(1, 100, True, False), (1, 40, True, False), (1, 250, True, False)]
+    rest = [(16, 48, False, False), (4, 100, True, True)]
+    # 3 decodes over 101 + 41 + 251 = 393 keys, the longest 251
+    assert StepMix.decoding(3, 393, 251) == StepMix.of(decoding)
+    assert StepMix.decoding(3, 393, 251) + StepMix.of(rest) == StepMix.of(decoding + rest)
+    assert StepMix.of(rest) + StepMix.decoding(0, 0, 0) == StepMix.of(rest)
+    assert StepMix.decoding(0, 0, 0) == StepMix.of([])
+    # the widths: 1 where every sequence decodes, 4 for verifications alone, else 0
+    verify = [(4, 10, True, True), (4, 20, True, True)]
+    assert (StepMix.of(verify[:1]) + StepMix.of(verify[1:])).width == 4
+    assert (StepMix.of(decoding) + StepMix.of(verify)).width == 0
+    assert (StepMix.of(decoding[:1]) + StepMix.of(decoding[1:])).width == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(0, 3000), st.booleans(), st.booleans()),
+        max_size=12,
+    ),
+    st.integers(0, 12),
+)
+def test_a_step_mix_split_anywhere_adds_back_to_the_whole(items, cut):
+    items = [
+        (new, context, samples or verifies, verifies) for new, context, samples, verifies in items
+    ]
+    assert StepMix.of(items[:cut]) + StepMix.of(items[cut:]) == StepMix.of(items)
 
 
 def test_a_mixed_step_adds_its_parts(timer):

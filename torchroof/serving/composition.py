@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from torchroof.config.errors import OptionError
 from torchroof.counters.attention import causal_fraction
@@ -188,6 +188,28 @@ class StepMix:
             short_pairs,
         )
 
+    @classmethod
+    def decoding(cls, count: int, keys: int, longest: int) -> StepMix:
+        """The mix of ``count`` decodes of one new token each, each sampling it: ``keys``
+        cached and new keys in all, the longest sequence ``longest`` (a scheduler sums
+        these as it schedules them)."""
+        width = 1 if count else 0
+        return cls(count, count, count, longest, width, False, count, keys, 0, 0, 0, 0, 0, 0)
+
+    def __add__(self, other: StepMix) -> StepMix:
+        """The mix of both steps' sequences together (as :meth:`of` sums them)."""
+        if not other.sequences:
+            return self
+        if not self.sequences:
+            return other
+        summed = {name: getattr(self, name) + getattr(other, name) for name in _SUMMED}
+        return StepMix(
+            **summed,
+            longest=max(self.longest, other.longest),
+            width=self.width if self.width == other.width else 0,
+            plain_chunks=self.plain_chunks or other.plain_chunks,
+        )
+
     def launched_eagerly(self, graphed: int | None = None) -> bool:
         """Whether the step runs without a CUDA graph: one with a prompt chunk, or with
         requests of different numbers of new tokens, or, where ``graphed`` is given, of
@@ -196,6 +218,11 @@ class StepMix:
         (docs.vllm.ai, "CUDA Graphs")."""
         first = self.width if graphed is None else graphed
         return self.plain_chunks or not self.width or first != self.width
+
+
+_SUMMED = tuple(
+    f.name for f in fields(StepMix) if f.name not in ("longest", "width", "plain_chunks")
+)
 
 
 def items_of(step: Sequence[SequenceWork]) -> list[Item]:

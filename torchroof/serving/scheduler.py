@@ -41,6 +41,7 @@ import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from torchroof.config.errors import OptionError
@@ -216,23 +217,23 @@ class Scheduler:
         if not self.config.chunked_prefill and not self.swapped:
             prompts = self._admit(budget, now, whole=True)
             if prompts:
-                return self._step(prompts, preempted_before)
-        chosen, items, prefill, left = self._running(budget)
+                return self._step([], [], StepMix.of([]), 0, prompts, preempted_before)
+        states, items, mix, prefill, left = self._running(budget)
+        chosen = []
         if self.preemptions == preempted_before:  # swapped requests first, then new ones
-            swapped_in = self._swap_in(left)
-            chosen += swapped_in
-            left -= sum(n for _, n in swapped_in)
+            chosen = self._swap_in(left)
+            left -= sum(n for _, n in chosen)
         if self.config.chunked_prefill and self.preemptions == preempted_before:
             chosen += self._admit(left, now, whole=False) if not self.swapped else []
-        return self._step(chosen, preempted_before, items, prefill)
+        return self._step(states, items, mix, prefill, chosen, preempted_before)
 
     def complete(self, step: ScheduledStep, now: float) -> list[Running]:
         """Advance ``step``'s requests by the tokens it computed at time ``now``; the
         requests it finished, their blocks freed."""
         finished = []
         count = len(step.items)
-        accepted = step.accepted or (0,) * count
-        proposed = step.proposed or (0,) * count
+        accepted = step.accepted or repeat(0, count)
+        proposed = step.proposed or repeat(0, count)
         prefixes = self.cache is not None
         for state, (new, _, samples, verifies), kept, drafts in zip(
             step.requests, step.items, accepted, proposed, strict=True
@@ -259,12 +260,14 @@ class Scheduler:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
 
-    def _running(self, budget: int) -> tuple[list[tuple[Running, int]], list[Item], int, int]:
-        """The running requests' tokens, oldest first, with each one's :data:`Item`, the
-        prompt tokens among them and the budget they leave."""
-        chosen: list[tuple[Running, int]] = []
+    def _running(self, budget: int) -> tuple[list[Running], list[Item], StepMix, int, int]:
+        """The running requests scheduled, oldest first, with each one's :data:`Item`
+        (its tokens first), their :class:`StepMix`, the prompt tokens among them and the
+        budget they leave."""
+        chosen: list[Running] = []
         items: list[Item] = []
-        prefill = 0
+        others: list[Item] = []  # every item but the one-token decodes' (summed here)
+        prefill = decodes = keys = longest = 0
         size, lookahead = self.config.block_size, self.lookahead
         choose, itemise = chosen.append, items.append
         # a preemption removes requests after this one (the newest first), or this one and
@@ -286,12 +289,21 @@ class Scheduler:
                     self._preempt(state)
                     break
                 self._allocate(state, need)
-            choose((state, tokens))
-            itemise(_item(tokens, computed, pending, decoding))
-            if not decoding:
-                prefill += tokens
+            choose(state)
+            item = _item(tokens, computed, pending, decoding)
+            itemise(item)
+            if decoding and tokens == 1:
+                decodes += 1
+                keys += computed + 1
+                if computed >= longest:
+                    longest = computed + 1
+            else:
+                others.append(item)
+                if not decoding:
+                    prefill += tokens
             budget -= tokens
-        return chosen, items, prefill, budget
+        mix = StepMix.decoding(decodes, keys, longest) + StepMix.of(others)
+        return chosen, items, mix, prefill, budget
 
     def _admit(self, budget: int, now: float, whole: bool) -> list[tuple[Running, int]]:
         chosen: list[tuple[Running, int]] = []
@@ -419,16 +431,20 @@ class Scheduler:
 
     def _step(
         self,
+        states: list[Running],
+        items: list[Item],
+        mix: StepMix,
+        prefill: int,
         chosen: list[tuple[Running, int]],
         preempted_before: int,
-        items: list[Item] | None = None,
-        prefill: int = 0,
     ) -> ScheduledStep:
-        """The step of ``chosen``, its first requests' ``items`` and ``prefill`` tokens
-        worked out as they were scheduled (:meth:`_running`), the rest's here."""
-        items = items if items is not None else []
+        """The step of the running requests ``states``, their ``items``, ``mix`` and
+        ``prefill`` tokens worked out as they were scheduled (:meth:`_running`), and of
+        the requests ``chosen`` with their tokens after them (swapped in, admitted), theirs
+        here."""
+        running = len(items)
         append = items.append
-        for state, tokens in chosen[len(items) :]:
+        for state, tokens in chosen:
             computed, generated = state.computed, state.generated
             pending = state.request.input_len + generated - computed
             decoding = generated > 0 and pending == 1
@@ -436,9 +452,9 @@ class Scheduler:
             if not decoding:
                 prefill += tokens
         step = ScheduledStep(
-            tuple([state for state, _ in chosen]),
+            (*states, *[state for state, _ in chosen]),
             tuple(items),
-            StepMix.of(items),
+            mix + StepMix.of(items[running:]),
             prefill,
             self.preemptions - preempted_before,
             self.kv_blocks - self.free_blocks,

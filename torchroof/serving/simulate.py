@@ -428,7 +428,8 @@ def _result(
 ) -> ServeResult:
     records = tuple(sorted(run.records, key=lambda r: r.index))
     log = step_log(run.steps)
-    itl = np.array([gap for gaps in run.gaps for gap in gaps], dtype=float)
+    gaps = itertools.chain.from_iterable(run.gaps)
+    itl = np.fromiter(gaps, dtype=float, count=sum(map(len, run.gaps)))
     described: dict[str, Any] = {
         **asdict(engine),
         "kv_blocks": kv.blocks,
