@@ -140,6 +140,35 @@ def test_the_same_inputs_give_the_same_bytes(timer):
     assert a == b
 
 
+def test_the_garbage_collector_rests_while_the_engine_steps(timer, monkeypatch):
+    """Each engine step makes containers (its items, a request's gaps) that reference
+    counting frees, so the cyclic collector is paused while the engine steps (its full
+    passes rescan every request held) and on again after, as it was."""
+    import gc
+
+    from torchroof.serving.scheduler import Scheduler
+
+    seen = []
+    schedule = Scheduler.schedule
+
+    def watched(self, now):
+        seen.append(gc.isenabled())
+        return schedule(self, now)
+
+    monkeypatch.setattr(Scheduler, "schedule", watched)
+    requests = [Request(i, 32, 8, arrival_s=1e-3 * i) for i in range(4)]
+    assert gc.isenabled()
+    simulate(timer, requests)
+    assert seen and not any(seen)  # off at every step
+    assert gc.isenabled()
+    gc.disable()  # left off where it was off
+    try:
+        simulate(timer, requests)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_replicas_share_the_load(timer):
     # one request alone takes about 5 us here: arriving 1 us apart, they overlap
     requests = [Request(i, 32, 16, arrival_s=1e-6 * i) for i in range(6)]

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from torchroof.collector import paused_gc
 from torchroof.config.errors import OptionError
 from torchroof.hardware import ClusterSpec
 from torchroof.pricing.hardware import resolve_hardware
@@ -358,6 +359,7 @@ DISAGGREGATED_GROUPS = (
 )
 
 
+@paused_gc()
 def simulate_disaggregated(
     timers: tuple[StepTimer, StepTimer],
     requests: Sequence[Request],

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from torchroof.collector import paused_gc
 from torchroof.config.errors import OptionError
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import host_link
@@ -252,6 +253,7 @@ class _Run:
         self.report.advance()
 
 
+@paused_gc()
 def simulate(
     timer: StepTimer,
     requests: Sequence[Request],
