@@ -105,3 +105,62 @@ def test_disaggregated_serving_refuses_what_it_does_not_simulate():
                 small_llama(2), "dgx-h100", concurrency=1, requests=2, disaggregate="1P1D",
                 **options,
             )  # fmt: skip
+
+
+def test_every_scheduled_step_s_mix_is_its_items_mix():
+    """The scheduler sums its running decodes' mix as it schedules them and the rest's
+    after: over 120 engines drawn at random (chunked prefill or not, token budgets from 8
+    to 2,048, recompute or swap preemption, speculative decoding with 1 to 5 drafts or
+    none, prefix caching on or off, 12 to 400 KV blocks), every step's mix is the mix of
+    its items, one item per request in the same order, and some steps preempt, verify
+    drafts and swap requests back in."""
+    import random
+
+    import numpy as np
+
+    from torchroof.serving.composition import StepMix
+    from torchroof.serving.speculative import Acceptance
+
+    draw = random.Random(1)
+    steps = preempting = verifying = swapping = 0
+    for trial in range(120):
+        chunked = draw.random() < 0.7
+        config = EngineConfig(
+            max_num_batched_tokens=draw.choice([8, 17, 40, 256, 2048]) if chunked else 2048,
+            chunked_prefill=chunked,
+            preemption=draw.choice(["recompute", "swap"]),
+            prefix_caching=draw.random() < 0.5,
+            max_num_seqs=draw.choice([2, 4, 64]),
+        )
+        speculative = draw.random() < 0.4
+        acceptance = (
+            Acceptance.of(draw.choice([0.3, 0.8, 1.0]), draw.choice([1, 3, 5]))
+            if speculative
+            else None
+        )
+        scheduler = Scheduler(
+            config,
+            draw.choice([12, 20, 60, 400]),
+            acceptance,
+            np.random.default_rng(trial) if speculative else None,
+            host_blocks=draw.choice([0, 10, 100]),
+            head=draw.random() < 0.5,
+        )
+        for i in range(draw.randint(1, 8)):
+            group = draw.choice([None, 0, 1])
+            prompt = draw.randint(1, 120 if chunked else 200)
+            shared = min(prompt, draw.choice([0, 16, 32, 64])) if group is not None else 0
+            request = Request(i, prompt, draw.randint(1, 30), 0.0, group, shared)
+            scheduler.submit(Running(request, 0.0))
+        now = 0.0
+        while scheduler.busy and now < 400:
+            step = scheduler.schedule(now)
+            assert step.mix == StepMix.of(step.items)
+            assert len(step.requests) == len(step.items)
+            steps += 1
+            preempting += step.preempted > 0
+            verifying += any(verifies for *_, verifies in step.items)
+            swapping += step.swapped_in > 0
+            now += 1.0
+            scheduler.complete(step, now)
+    assert steps > 5000 and min(preempting, verifying, swapping) > 0

@@ -161,6 +161,9 @@ def test_the_garbage_collector_rests_while_the_engine_steps(timer, monkeypatch):
     simulate(timer, requests)
     assert seen and not any(seen)  # off at every step
     assert gc.isenabled()
+    with pytest.raises(OptionError, match="unknown router"):
+        simulate(timer, requests, router="fastest")
+    assert gc.isenabled()  # on again after a refusal too
     gc.disable()  # left off where it was off
     try:
         simulate(timer, requests)

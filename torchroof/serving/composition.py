@@ -193,8 +193,22 @@ class StepMix:
         """The mix of ``count`` decodes of one new token each, each sampling it: ``keys``
         cached and new keys in all, the longest sequence ``longest`` (a scheduler sums
         these as it schedules them)."""
-        width = 1 if count else 0
-        return cls(count, count, count, longest, width, False, count, keys, 0, 0, 0, 0, 0, 0)
+        return cls(
+            sequences=count,
+            tokens=count,
+            rows=count,
+            longest=longest,
+            width=1 if count else 0,
+            plain_chunks=False,
+            decodes=count,
+            decode_keys=keys,
+            chunks=0,
+            chunk_rows=0,
+            chunk_keys=0,
+            chunk_pairs=0,
+            verifications=0,
+            drafted=0,
+        )
 
     def __add__(self, other: StepMix) -> StepMix:
         """The mix of both steps' sequences together (as :meth:`of` sums them)."""
