@@ -160,3 +160,22 @@ def tiny_llama():
 def meta_lm():
     """``meta_lm("llama", **overrides)`` builds a small causal LM on meta."""
     return meta_causal_lm
+
+
+@pytest.fixture
+def collector_at_each_step(monkeypatch):
+    """Whether Python's cyclic garbage collector was on at each engine step scheduled
+    (``Scheduler.schedule`` watched), in order."""
+    import gc
+
+    from torchroof.serving.scheduler import Scheduler
+
+    seen: list[bool] = []
+    schedule = Scheduler.schedule
+
+    def watched(self, now):
+        seen.append(gc.isenabled())
+        return schedule(self, now)
+
+    monkeypatch.setattr(Scheduler, "schedule", watched)
+    return seen

@@ -91,20 +91,13 @@ def test_a_lone_request_adds_its_kv_transfer_to_its_first_token(one_gpu, two_gpu
     assert summary["kv_transfer"]["time_s"]["p99"] == pytest.approx(transfer, rel=1e-9)
 
 
-def test_the_garbage_collector_rests_while_both_sides_step(one_gpu, two_gpus, monkeypatch):
+def test_the_garbage_collector_rests_while_both_sides_step(
+    one_gpu, two_gpus, collector_at_each_step
+):
     import gc
 
-    from torchroof.serving.scheduler import Scheduler
-
-    seen = []
-    schedule = Scheduler.schedule
-
-    def watched(self, now):
-        seen.append(gc.isenabled())
-        return schedule(self, now)
-
-    monkeypatch.setattr(Scheduler, "schedule", watched)
     simulate_disaggregated((one_gpu, two_gpus), [Request(0, 48, 5, arrival_s=0.0)], layout="1P1D")
+    seen = collector_at_each_step
     assert len(seen) == 5 and not any(seen)  # 1 prefill step, 4 decodes: all with it off
     assert gc.isenabled()
 

@@ -140,22 +140,13 @@ def test_the_same_inputs_give_the_same_bytes(timer):
     assert a == b
 
 
-def test_the_garbage_collector_rests_while_the_engine_steps(timer, monkeypatch):
+def test_the_garbage_collector_rests_while_the_engine_steps(timer, collector_at_each_step):
     """Each engine step makes containers (its items, a request's gaps) that reference
     counting frees, so the cyclic collector is paused while the engine steps (its full
     passes rescan every request held) and on again after, as it was."""
     import gc
 
-    from torchroof.serving.scheduler import Scheduler
-
-    seen = []
-    schedule = Scheduler.schedule
-
-    def watched(self, now):
-        seen.append(gc.isenabled())
-        return schedule(self, now)
-
-    monkeypatch.setattr(Scheduler, "schedule", watched)
+    seen = collector_at_each_step
     requests = [Request(i, 32, 8, arrival_s=1e-3 * i) for i in range(4)]
     assert gc.isenabled()
     simulate(timer, requests)
