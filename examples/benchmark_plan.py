@@ -8,11 +8,15 @@ Each measurement runs in its own process, imports warm:
   sequences of 8,192 tokens a step (1 x 8 micro-batches a data rank), on a DGX H100
   cluster: the reference;
 - ``space``: the whole space enumerated and its memory floors taken (nothing traced);
-- ``search``: ``torchroof.plan`` over a narrowed space (``--tp``, one pipeline size,
-  selective recompute, micro-batches of 1), every layout priced.
+- ``search``: ``torchroof.plan`` over a narrowed space (``--tp``, no pipeline, sequence
+  parallel, every recompute choice, every split of the data ranks without ZeRO-1/2,
+  micro-batches of 1), every layout priced from copies of the model with 2 and 3 layers,
+  then the best priced at full depth (timed apart);
+- ``whole`` (with ``--whole``): the same search with every layout priced at full depth,
+  as each was before copies (about an estimate a layout: tens of minutes).
 
     python examples/benchmark_plan.py [--model llama-3-70b --gpus 256 --seq 8192
-        --global-batch 256] [--tp 8] [--jobs 1]
+        --global-batch 256] [--tp 8] [--jobs 1] [--whole]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def _child(kind: str, args: argparse.Namespace) -> None:
     from torchroof.api import config_of
     from torchroof.planning.memory_floor import layer_parameters, memory_floor
     from torchroof.planning.space import TrainingSpace, enumerate_training
+    from torchroof.planning.workers import PricingJob, price_layout
     from torchroof.pricing.hardware import resolve_hardware
 
     start = time.perf_counter()
@@ -53,11 +58,11 @@ def _child(kind: str, args: argparse.Namespace) -> None:
         "tp": tuple(args.tp),
         "pp": (1,),
         "cp": (1,),
-        "recompute": ("selective",),
         "sequence_parallel": (True,),
         "zero": (0,),
         "max_micro_batch": 1,
     }
+    whole = kind == "whole"
     plans = torchroof.plan(
         args.model,
         gpus=args.gpus,
@@ -66,10 +71,34 @@ def _child(kind: str, args: argparse.Namespace) -> None:
         global_batch=args.global_batch,
         space=narrowed,
         jobs=args.jobs,
+        shallow=not whole,
+        confirm=0,  # the best priced at full depth below, timed apart
     )
     seconds = time.perf_counter() - start
-    priced = len(plans.ranked) + len(plans.over_memory) + sum(plans.failed.values())
-    print(json.dumps({"seconds": seconds, "priced": priced, "best": plans.best.layout.label()}))
+    count = len(plans.ranked) + len(plans.over_memory) + sum(plans.failed.values())
+    carried = plans.to_dict()["carried"]
+    start = time.perf_counter()
+    best = plans.best
+    full_step_s = best.step_time_s
+    if not whole:  # the best priced again at full depth, as the search's confirm does
+        job = PricingJob(args.model, best.layout, args.seq, args.hardware, {}, None, {})
+        priced = price_layout(job)
+        assert not isinstance(priced, str), priced
+        full_step_s = priced["step_time_s"]
+    confirm = time.perf_counter() - start
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "confirm": confirm,
+                "priced": count,
+                "carried": carried,
+                "best": best.layout.label(),
+                "best_step_s": best.step_time_s,
+                "full_step_s": full_step_s,
+            }
+        )
+    )
 
 
 def _run(kind: str, argv: list[str]) -> dict:
@@ -87,7 +116,8 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--tp", type=int, nargs="+", default=[8])
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--child", choices=["estimate", "space", "search"])
+    parser.add_argument("--whole", action="store_true", help="also search at full depth")
+    parser.add_argument("--child", choices=["estimate", "space", "search", "whole"])
     args = parser.parse_args()
     if args.child:
         _child(args.child, args)
@@ -96,21 +126,34 @@ def main() -> None:
     reference = _run("estimate", argv)["seconds"]
     space = _run("space", argv)
     search = _run("search", argv)
+    whole = _run("whole", argv) if args.whole else None
     print(f"one estimate of one plan: {reference:.2f} s (the reference)")
     print(
         f"the whole space: {space['layouts']:,} layouts, {space['kept']:,} past the memory "
         f"floor, enumerated in {space['seconds']:.2f} s ({space['seconds'] / reference:.2f}x)"
     )
     per_plan = search["seconds"] / search["priced"]
+    total = search["seconds"] + search["confirm"]
     print(
-        f"a narrowed search: {search['priced']} plans priced in {search['seconds']:.1f} s "
-        f"({search['seconds'] / reference:.1f}x the estimate, {per_plan / reference:.2f}x a "
-        f"plan); best {search['best']}"
+        f"a narrowed search: {search['priced']} plans priced ({search['carried']} from copies "
+        f"of 2 and 3 layers) in {search['seconds']:.1f} s ({per_plan:.2f} s a plan, "
+        f"{per_plan / reference:.3f}x the estimate); the best, {search['best']}, carried "
+        f"{search['best_step_s']:.6f} s a step, priced again at full depth "
+        f"{search['full_step_s']:.6f} s in {search['confirm']:.1f} s: {total:.1f} s in all "
+        f"({total / reference:.1f}x the estimate)"
     )
+    thousand = 1000 * per_plan + search["confirm"]
     print(
-        f"1,000 plans at that rate: about {1000 * per_plan / reference:,.0f}x the estimate "
-        "(the target is 20x)"
+        f"1,000 such plans and the best at full depth, at that rate: about "
+        f"{thousand / reference:,.0f}x the estimate (the target is 20x)"
     )
+    if whole is not None:
+        print(
+            f"the same search at full depth: {whole['seconds']:.1f} s "
+            f"({whole['seconds'] / whole['priced'] / reference:.2f}x the estimate a plan; "
+            f"{whole['seconds'] / search['seconds']:.1f}x the copies' search); best "
+            f"{whole['best']}, {whole['best_step_s']:.4f} s a step"
+        )
 
 
 if __name__ == "__main__":

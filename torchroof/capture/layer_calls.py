@@ -14,7 +14,7 @@ import torch
 from torchroof.capture.storage import held_tensors
 from torchroof.capture.symbolic import keyed
 
-_INDEX_ATTRIBUTES = frozenset(
+INDEX_ATTRIBUTES = frozenset(
     {"layer_idx", "layer_id", "layer_index", "layer_number", "layer_num", "block_idx", "idx"}
 )
 _PLAIN = (bool, int, float, str, type(None))
@@ -34,7 +34,7 @@ def structure_key(layer: torch.nn.Module) -> tuple[Any, ...]:
         attributes = tuple(
             (attr, _attribute_key(value, module))
             for attr, value in sorted(vars(module).items())
-            if attr not in _INDEX_ATTRIBUTES
+            if attr not in INDEX_ATTRIBUTES
             and attr not in _MODULE_INTERNALS
             and not (module is layer and attr.startswith(COMPOSABLE_STATE))
         )

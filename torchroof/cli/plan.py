@@ -87,10 +87,17 @@ def add_parser(commands: Subparsers) -> None:
         "--max-plans",
         type=positive_int,
         default=DEFAULT_MAX_PLANS,
-        help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each is one trace)",
+        help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each a trace or two)",
     )
     cmd.add_argument(
         "--jobs", type=positive_int, default=1, help="processes pricing layouts (default 1)"
+    )
+    cmd.add_argument(
+        "--whole",
+        action="store_true",
+        help="price every layout at full depth (default: a layout without a pipeline, of a "
+        "model whose layers are all alike, from copies of it with 2 and 3 layers; the best "
+        "plan at full depth)",
     )
     cmd.add_argument(
         "--ray",
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> None:
         max_plans=args.max_plans,
         jobs=args.jobs,
         ray_address=args.ray,
+        shallow=not args.whole,
         precision=args.precision,
         optimizer=args.optimizer,
         **pricing,
@@ -305,6 +313,15 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
         f"{plans.capacity_bytes / 2**30:.0f} GiB); {len(plans.over_memory):,} priced over "
         "memory"
     )
+    carried = sum(plan.carried for plan in [*plans.ranked, *plans.over_memory])
+    if carried:
+        confirmed = ", the fastest priced again at full depth" if plans.ranked else ""
+        lines.append(
+            f"{carried:,} priced from copies of the model with 2 and 3 layers, carried to its "
+            f"full depth{confirmed}"
+        )
+    elif plans.whole:
+        lines.append(f"every layout priced at full depth: {plans.whole}")
     for reason, count in plans.rejected.most_common():
         lines.append(f"  refused ({count}x): {reason}")
     for reason, count in plans.failed.most_common():

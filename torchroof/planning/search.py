@@ -1,6 +1,8 @@
 """The training plan search: every layout of a model on N GPUs (:mod:`.space`), those that
 cannot fit left out before pricing (:mod:`.memory_floor`), the rest priced as
-:func:`torchroof.estimate` prices them and ranked by throughput.
+:func:`torchroof.estimate` prices them (a layout without a pipeline from two shallow copies
+of the model, :mod:`.shallow`, the fastest then priced again at full depth) and ranked by
+throughput.
 
 Every layout of one global batch trains the same tokens per step, so ranking by step time,
 tokens/s and MFU agree; a layout whose priced footprint exceeds the GPU's memory is kept
@@ -15,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchroof.api import config_of
 from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError, WorkloadError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
+from torchroof.planning.shallow import alike_layers, shallow_copies, text_config
 from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
@@ -35,11 +40,14 @@ SEARCHED = frozenset(
     }
 ) - {"recompute"}
 """Workload fields a layout sets: the search chooses them."""
+ASKED = "as asked (--whole, shallow=False)"
+"""Why a search priced every layout whole when told to."""
 SET_HERE = frozenset({"gpus", "seq", "global_batch"})
 """Space fields given as plan_training's own arguments."""
 
 DEFAULT_MAX_PLANS = 400
-"""Layouts priced at most unless raised: each is one trace of the model's training step."""
+"""Layouts priced at most unless raised: each is one trace of the model's training step, or
+two of its shallow copies (:mod:`~torchroof.planning.shallow`)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,12 @@ class PricedPlan:
     def fits(self) -> bool:
         return bool(self.metrics["fits"])
 
+    @property
+    def carried(self) -> bool:
+        """Whether its figures were carried from shallow copies of the model
+        (:mod:`~torchroof.planning.shallow`) rather than priced at full depth."""
+        return "shallow" in self.metrics
+
     def to_dict(self) -> dict[str, Any]:
         return {"layout": self.layout.label(), **vars(self.layout), **self.metrics}
 
@@ -77,6 +91,7 @@ class TrainingPlans:
     failed: Counter[str] = field(default_factory=Counter)  # a pricing's error -> layouts
     enumerated: int = 0  # layouts the space held that the model can run
     capacity_bytes: int = 0
+    whole: str | None = None  # why no layout was priced from shallow copies, if none was
 
     @property
     def best(self) -> PricedPlan:
@@ -125,6 +140,7 @@ class TrainingPlans:
             "over_memory": len(self.over_memory),
             "rejected": dict(self.rejected),
             "failed": dict(self.failed),
+            "carried": sum(plan.carried for plan in [*self.ranked, *self.over_memory]),
         }
 
 
@@ -142,6 +158,8 @@ def plan_training(
     jobs: int = 1,
     ray_address: str | None = None,
     progress: bool = False,
+    shallow: bool = True,
+    confirm: int = 1,
     **knobs: Any,
 ) -> TrainingPlans:
     """Search every training layout of ``model`` on ``gpus`` GPUs of ``hardware`` for one
@@ -150,9 +168,15 @@ def plan_training(
     ``{"tp": (4, 8), "recompute": ("none",)}``); ``knobs`` are the step's other workload
     fields (``precision``, ``optimizer``, ``dtype``) and pricing options (``mode``, ...).
     ``jobs`` processes price the layouts, or a Ray cluster at ``ray_address`` (``"local"``:
-    one started here with ``jobs`` CPUs); the result is the same either way."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise OptionError(f"jobs must be a whole number of processes >= 1, got {jobs!r}")
+    one started here with ``jobs`` CPUs); the result is the same either way. With
+    ``shallow``, a layout without a pipeline of a model whose layers are all alike is
+    priced from copies of it with 2 and 3 layers (:mod:`~torchroof.planning.shallow`), and
+    the ``confirm`` fastest fitting plans are then priced at full depth (the others keep
+    the carried figures), each that no longer fits moved among those over memory;
+    ``shallow=False`` prices every layout whole."""
+    for name, value, least in (("jobs", jobs, 1), ("confirm", confirm, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise OptionError(f"{name} must be a whole number >= {least}, got {value!r}")
     batch = _global_batch(seq, global_batch, tokens_per_step)
     workload_knobs, pricing_knobs = split_knobs(knobs)
     chosen = sorted(set(workload_knobs) & SEARCHED)
@@ -195,15 +219,56 @@ def plan_training(
         )
         if len(kept) > max_plans:
             raise OptionError(
-                f"{len(kept):,} layouts to price (each one trace of the training step), above "
+                f"{len(kept):,} layouts to price (each a trace of the training step), above "
                 f"max_plans={max_plans:,}: narrow the space (tp, pp, cp, recompute, "
                 "schedules, micro_batch, max_micro_batch) or raise max_plans"
             )
         options = (workload_knobs, pricing, pricing_knobs)
-        _price(model, kept, hardware, seq, options, result, (jobs, ray_address))
-    result.ranked.sort(key=lambda plan: (plan.step_time_s, plan.memory_bytes))
+        result.whole = _whole(model, config, kept, workload_knobs) if shallow else ASKED
+        carried = result.whole is None
+        workers = (jobs, ray_address)
+        _price(model, kept, hardware, seq, options, result, workers, carried)
+        _confirm(model, hardware, seq, options, result, workers, confirm)
     result.over_memory.sort(key=lambda plan: plan.memory_bytes)
     return result
+
+
+def _whole(
+    model: Any, config: Any, layouts: list[TrainingLayout], workload: dict[str, Any]
+) -> str | None:
+    """Why none of ``layouts`` of ``model`` is priced from shallow copies of it, or None
+    (then those :func:`~torchroof.planning.shallow.shallow_copies` takes are)."""
+    if isinstance(model, torch.nn.Module):
+        return "a module is traced as given"
+    layers = getattr(text_config(config), "num_hidden_layers", None)
+    if not isinstance(layers, int) or not any(
+        shallow_copies(layers, layout, workload) for layout in layouts
+    ):
+        return None  # nothing to carry: nothing to say
+    return alike_layers(config)
+
+
+def _confirm(
+    model: Any,
+    hardware: Any,
+    seq: int,
+    options: tuple[dict[str, Any], PricingOptions | None, dict[str, Any]],
+    result: TrainingPlans,
+    workers: tuple[int, str | None],
+    confirm: int,
+) -> None:
+    """Rank the fitting plans fastest first, pricing at full depth any of the ``confirm``
+    fastest whose figures were carried from shallow copies, until the ``confirm`` fastest
+    were all priced whole (a plan that no longer fits is moved among those over memory)."""
+    while True:
+        result.ranked.sort(key=lambda plan: (plan.step_time_s, plan.memory_bytes))
+        carried = [plan for plan in result.ranked[:confirm] if plan.carried]
+        if not carried:
+            return
+        for plan in carried:
+            result.ranked.remove(plan)
+        layouts = [plan.layout for plan in carried]
+        _price(model, layouts, hardware, seq, options, result, workers, at="at full depth")
 
 
 def _price(
@@ -214,18 +279,22 @@ def _price(
     options: tuple[dict[str, Any], PricingOptions | None, dict[str, Any]],
     result: TrainingPlans,
     workers: tuple[int, str | None] = (1, None),
+    shallow: bool = False,
+    at: str = "",
 ) -> None:
-    """Price each layout (its metrics from one estimate) on ``workers`` (processes, a Ray
-    address), into ``result``."""
+    """Price each layout (its metrics from one estimate, or carried from shallow copies
+    where ``shallow``) on ``workers`` (processes, a Ray address), into ``result``."""
     workload_knobs, pricing, pricing_knobs = options
     if not layouts:
         return
     jobs = [
-        PricingJob(model, layout, seq, hardware, workload_knobs, pricing, pricing_knobs)
+        PricingJob(model, layout, seq, hardware, workload_knobs, pricing, pricing_knobs, shallow)
         for layout in layouts
     ]
     report = current()
-    with report.stage(f"pricing {len(layouts):,} training plans", len(layouts), "plans"):
+    plans = "plan" if len(layouts) == 1 else "plans"
+    title = f"pricing {len(layouts):,} training {plans} {at}".rstrip()
+    with report.stage(title, len(layouts), "plans"):
         for layout, priced in zip(layouts, run_jobs(jobs, *workers), strict=True):
             report.advance()
             if isinstance(priced, str):

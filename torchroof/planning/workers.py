@@ -16,9 +16,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from torchroof.api import config_of
 from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError, first_line
 from torchroof.planning.layouts import TrainingLayout
+from torchroof.planning.shallow import shallow_copies, shallow_metrics, text_config
 from torchroof.prepared import prepare
 from torchroof.progress import silenced
 
@@ -34,13 +36,28 @@ class PricingJob:
     workload: dict[str, Any]
     pricing: PricingOptions | None
     pricing_knobs: dict[str, Any]
+    shallow: bool = False  # priced from shallow copies where the layout takes them
 
 
 def price_layout(job: PricingJob) -> dict[str, Any] | str:
-    """The layout's figures (:meth:`~torchroof.prepared.PreparedModel.metrics`), or the
-    one line its refusal says."""
+    """The layout's figures (:meth:`~torchroof.prepared.PreparedModel.metrics`; carried
+    from shallow copies of the model where ``job.shallow`` and the layout takes them,
+    :mod:`torchroof.planning.shallow`), or the one line its refusal says."""
     try:
         with silenced():
+            if job.shallow:
+                config = config_of(job.model)
+                layers = text_config(config).num_hidden_layers
+                if shallow_copies(layers, job.layout, job.workload):
+                    return shallow_metrics(
+                        config,
+                        job.layout,
+                        job.seq,
+                        job.hardware,
+                        job.workload,
+                        job.pricing,
+                        job.pricing_knobs,
+                    )
             prepared = prepare(
                 job.model, "train", seq=job.seq, **job.workload, **job.layout.knobs()
             )

@@ -1,0 +1,138 @@
+"""Training layouts priced from shallow copies of the model (torchroof.planning.shallow): the
+figures carried from copies with 2 and 3 layers equal the full model's, a search that
+carries them finds the best plan a search at full depth finds and prices it at full depth,
+and models whose layers differ are priced whole; on tests/conftest.py's small Llama with
+12 layers (d = 128, 4 heads of 32, 2 K/V heads, MLP 352, vocab 1000)."""
+
+import pytest
+import torch
+from conftest import small_llama
+from transformers import Gemma2Config, Qwen2Config
+
+from torchroof.cli.main import main
+from torchroof.planning.layouts import TrainingLayout
+from torchroof.planning.search import plan_training
+from torchroof.planning.shallow import (
+    alike_layers,
+    shallow_config,
+    shallow_copies,
+    shallow_metrics,
+)
+from torchroof.prepared import prepare
+
+LAYERS = 12
+
+# one layout of each kind of data and model split on 2 GPUs, with each recompute choice
+LAYOUTS = [
+    TrainingLayout(fsdp=2, batch=1, microbatches=2),
+    TrainingLayout(dp=2, zero=1, batch=1, recompute="full"),
+    TrainingLayout(tp=2, sequence_parallel=True, batch=2, recompute="selective"),
+    TrainingLayout(cp=2, batch=1, microbatches=2, recompute="selective"),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.label())
+def test_the_copies_carry_every_figure_to_the_full_depth(layout):
+    config = small_llama(LAYERS)
+    carried = shallow_metrics(config, layout, 128, "dgx-h100", {}, None, {})
+    full = prepare(config, "train", seq=128, **layout.knobs()).metrics("dgx-h100")
+    # f(12) = f(3) + 9 x (f(3) - f(2)): equal to the full model's step up to rounding
+    figures = ("step_time_s", "exposed_communication_s", "mfu", "tokens_per_s")
+    for name in (*figures, "tokens_per_s_per_gpu"):
+        assert carried[name] == pytest.approx(full[name], rel=1e-6, abs=1e-12), name
+    assert carried["weight_bytes"] == full["weight_bytes"]
+    assert carried["kv_bytes"] == full["kv_bytes"] == 0
+    assert carried["activation_bytes"] == pytest.approx(full["activation_bytes"], rel=1e-3)
+    assert carried["memory_bytes"] == full["memory_bytes"]
+    assert carried["fits"] == full["fits"] and carried["gpus"] == full["gpus"] == 2
+    assert carried["shallow"] == [2, 3] and "shallow" not in full
+
+
+def test_which_layouts_are_carried_and_how_a_copy_is_cut():
+    assert shallow_copies(12, TrainingLayout(fsdp=2), {})
+    assert not shallow_copies(11, TrainingLayout(fsdp=2), {})  # as cheap to trace whole
+    assert not shallow_copies(80, TrainingLayout(pp=2, microbatches=2), {})  # stages once
+    # every 2nd layer checkpointed: the figures step with the parity; fp8: the MFU's peak
+    # is that of the dtype with the most FLOPs, which the depth can change
+    assert not shallow_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 2})
+    assert not shallow_copies(80, TrainingLayout(fsdp=2), {"quant": "fp8"})
+    assert shallow_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 1, "quant": "none"})
+    config = Qwen2Config(num_hidden_layers=6, hidden_size=64, eos_token_id=list(range(6)))
+    copied = shallow_config(config, 2)
+    assert copied.num_hidden_layers == 2 and config.num_hidden_layers == 6
+    assert copied.layer_types == ["full_attention"] * 2  # the per-layer list cut with it
+    assert copied.eos_token_id == list(range(6))  # six token ids, not one a layer
+
+
+def test_models_whose_layers_differ_are_priced_whole():
+    assert alike_layers(small_llama(LAYERS)) is None
+    # Gemma 2 alternates sliding-window and full attention layers
+    gemma = Gemma2Config(
+        num_hidden_layers=4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=256,
+    )
+    assert alike_layers(gemma) == "its decoder layers are not all alike"
+    with torch.device("meta"):
+        from torchroof.models.sources import build_model
+
+        module = build_model(small_llama(LAYERS))
+    whole = plan_training(
+        module,
+        2,
+        seq=128,
+        global_batch=2,
+        space={"tp": (1,), "cp": (1,), "pp": (1,), "recompute": ("none",), "zero": (0,)},
+    )
+    assert whole.whole == "a module is traced as given"
+    assert not any(plan.carried for plan in whole.ranked)
+
+
+def test_a_carried_search_finds_the_best_and_prices_it_whole():
+    # every layout of 2 GPUs without a pipeline: tp 2 or cp 2 with 2 x 1 or 1 x 2
+    # micro-batches, fsdp 2, dp 2 with ZeRO 0, 1, 2: 8 layouts
+    space = {"pp": (1,), "recompute": ("none",), "sequence_parallel": (False,)}
+    args = (small_llama(LAYERS), 2, "dgx-h100")
+    carried = plan_training(*args, seq=128, global_batch=2, space=space)
+    whole = plan_training(*args, seq=128, global_batch=2, space=space, shallow=False)
+    assert len(carried.ranked) == len(whole.ranked) == 8 and carried.whole is None
+    assert whole.whole == "as asked (--whole, shallow=False)"
+    best = carried.best
+    assert not best.carried and best.layout == whole.best.layout
+    assert best.metrics == whole.best.metrics  # the best priced at full depth, as a whole search
+    assert sum(plan.carried for plan in carried.ranked) == 7
+    assert carried.to_dict()["carried"] == 7 and whole.to_dict()["carried"] == 0
+    by_layout = {plan.layout: plan for plan in whole.ranked}
+    for plan in carried.ranked:
+        assert plan.step_time_s == pytest.approx(by_layout[plan.layout].step_time_s, rel=1e-6)
+        assert plan.memory_bytes == by_layout[plan.layout].memory_bytes
+    # with confirm=0 nothing is priced again, and two processes carry the same floats
+    unconfirmed = plan_training(*args, seq=128, global_batch=2, space=space, confirm=0, jobs=2)
+    assert unconfirmed.to_dict()["carried"] == 8 and unconfirmed.best.carried
+    assert unconfirmed.best.layout == best.layout
+    assert unconfirmed.best.step_time_s == pytest.approx(best.step_time_s, rel=1e-6)
+    kept = {plan.layout: plan.metrics for plan in carried.ranked if plan.carried}
+    assert all(kept[p.layout] == p.metrics for p in unconfirmed.ranked if p.layout in kept)
+
+
+def test_the_cli_says_what_was_carried_and_whole_prices_every_layout(tmp_path, capsys):
+    model = tmp_path / "small"
+    small_llama(LAYERS).save_pretrained(model)
+    # 2 GPUs as data ranks only: fsdp 2, dp 2 with ZeRO 0, 1, 2: 4 layouts
+    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2"]
+    argv += ["--tp", "1", "--cp", "1", "--pp", "1", "--recompute", "none", "--quiet"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    # the fastest priced again at full depth, the other 3 carried
+    assert (
+        "3 priced from copies of the model with 2 and 3 layers, carried to its full depth, "
+        "the fastest priced again at full depth" in text
+    )
+    assert main([*argv, "--whole"]) == 0
+    text = capsys.readouterr().out
+    assert "every layout priced at full depth: as asked (--whole, shallow=False)" in text
+    assert "priced from copies" not in text
