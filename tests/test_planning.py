@@ -285,7 +285,7 @@ def test_the_cli_ranks_and_writes_json(tmp_path, capsys):
     model = tmp_path / "small"
     small_llama(2).save_pretrained(model)
     out = tmp_path / "plans.json"
-    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2"]
+    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2", "--jobs", "1"]
     argv += ["--recompute", "none", "--schedules", "1f1b", "--no-sequence-parallel"]
     argv += ["--max-micro-batch", "2", "--json", str(out), "--quiet"]
     assert main(argv) == 0
@@ -304,7 +304,7 @@ def test_the_cli_draws_the_front_and_writes_the_best_plans_page(tmp_path):
     model = tmp_path / "small"
     small_llama(2).save_pretrained(model)
     png, page = tmp_path / "front.png", tmp_path / "best.html"
-    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2"]
+    argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2", "--jobs", "1"]
     argv += ["--recompute", "none", "--schedules", "1f1b", "--no-sequence-parallel", "--quiet"]
     argv += ["--max-micro-batch", "2", "--tp", "1", "--plot", str(png), "--html", str(page)]
     argv += ["--json", str(tmp_path / "plans.json")]
@@ -324,7 +324,7 @@ def test_the_cli_writes_the_best_plan_for_torchtitan(tmp_path):
     model = tmp_path / "small"
     small_llama(2).save_pretrained(model)
     job = tmp_path / "job.toml"
-    argv = ["plan", str(model), "--gpus", "8", "--seq", "128", "--global-batch", "8"]
+    argv = ["plan", str(model), "--gpus", "8", "--seq", "128", "--global-batch", "8", "--jobs", "1"]
     argv += ["--tp", "2", "--pp", "1", "--cp", "1", "--recompute", "none", "--quiet"]
     argv += ["--max-micro-batch", "1", "--emit", "torchtitan"]
     argv += ["--titan-model", "llama3:debugmodel", "-o", str(job)]
@@ -398,3 +398,20 @@ def test_bad_input_is_one_line(capsys):
     assert "give --titan-model NAME:FLAVOR" in capsys.readouterr().err
     assert main(["plan", "gpt2", "--gpus", "2", "--global-batch", "2", "--emit", "x"]) == 2
     assert "invalid choice: 'x'" in capsys.readouterr().err
+
+
+def test_the_cli_prices_in_a_process_per_cpu_unless_told(monkeypatch, capsys):
+    import torchroof.cli.plan as cli
+
+    asked = []
+
+    def searched(*args, **kwargs):
+        asked.append(kwargs["jobs"])
+        raise OptionError("stop here")
+
+    monkeypatch.setattr(cli, "plan_training", searched)
+    monkeypatch.setattr(cli, "processors", lambda: 3)  # the CPUs this process may use
+    argv = ["plan", "gpt2", "--gpus", "2", "--global-batch", "2"]
+    assert main(argv) == 2 and main([*argv, "--jobs", "1"]) == 2
+    assert asked == [3, 1]
+    assert "stop here" in capsys.readouterr().err

@@ -125,6 +125,7 @@ def test_the_cli_says_what_was_carried_and_whole_prices_every_layout(tmp_path, c
     # 2 GPUs as data ranks only: fsdp 2, dp 2 with ZeRO 0, 1, 2: 4 layouts
     argv = ["plan", str(model), "--gpus", "2", "--seq", "128", "--global-batch", "2"]
     argv += ["--tp", "1", "--cp", "1", "--pp", "1", "--recompute", "none", "--quiet"]
+    argv += ["--jobs", "1"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     # the fastest priced again at full depth, the other 3 carried

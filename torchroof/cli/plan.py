@@ -22,6 +22,7 @@ from torchroof.cli.plan_serve import (
 )
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
+from torchroof.parallel.pipeline.workers import processors
 from torchroof.planning.emit import EMITTERS, emit_training
 from torchroof.planning.layouts import RECOMPUTE
 from torchroof.planning.reports import best_plan_html, check_front_plot, front_plot
@@ -90,7 +91,9 @@ def add_parser(commands: Subparsers) -> None:
         help=f"layouts priced at most (default {DEFAULT_MAX_PLANS}; each a trace or two)",
     )
     cmd.add_argument(
-        "--jobs", type=positive_int, default=1, help="processes pricing layouts (default 1)"
+        "--jobs",
+        type=positive_int,
+        help="processes pricing training layouts (default: one per CPU this process may use)",
     )
     cmd.add_argument(
         "--whole",
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
         tokens_per_step=args.tokens_per_step,
         space=space,
         max_plans=args.max_plans,
-        jobs=args.jobs,
+        jobs=args.jobs or processors(),
         ray_address=args.ray,
         shallow=not args.whole,
         precision=args.precision,

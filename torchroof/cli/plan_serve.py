@@ -103,7 +103,7 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if args.serve and "regime" in given and args.regime not in SERVING_REGIMES:
         raise ValueError("--regime train and --serve conflict: give one")
-    if serving and (args.jobs > 1 or args.ray):
+    if serving and ((args.jobs or 1) > 1 or args.ray):
         raise ValueError(
             "--jobs and --ray price training layouts in other processes; the serving search "
             "simulates here"
