@@ -139,6 +139,7 @@ def search(run: dict[str, Any], choice: Any, jobs: int = 1) -> dict[str, Any]:
         space=space,
         max_plans=10_000,
         jobs=jobs,
+        shallow=False,  # every plan priced whole: the published one is the validation's step
         **fields,
         **phase.pricing(),
     )

@@ -4,18 +4,21 @@ carries them finds the best plan a search at full depth finds and prices it at f
 and models whose layers differ are priced whole; on tests/conftest.py's small Llama with
 12 layers (d = 128, 4 heads of 32, 2 K/V heads, MLP 352, vocab 1000)."""
 
+from collections import Counter
+
 import pytest
 import torch
 from conftest import small_llama
 from transformers import Gemma2Config, Qwen2Config
 
 from torchroof.cli.main import main
+from torchroof.planning import search
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.search import plan_training
 from torchroof.planning.shallow import (
     alike_layers,
+    priced_from_copies,
     shallow_config,
-    shallow_copies,
     shallow_metrics,
 )
 from torchroof.prepared import prepare
@@ -49,14 +52,14 @@ def test_the_copies_carry_every_figure_to_the_full_depth(layout):
 
 
 def test_which_layouts_are_carried_and_how_a_copy_is_cut():
-    assert shallow_copies(12, TrainingLayout(fsdp=2), {})
-    assert not shallow_copies(11, TrainingLayout(fsdp=2), {})  # as cheap to trace whole
-    assert not shallow_copies(80, TrainingLayout(pp=2, microbatches=2), {})  # stages once
+    assert priced_from_copies(12, TrainingLayout(fsdp=2), {})
+    assert not priced_from_copies(11, TrainingLayout(fsdp=2), {})  # as cheap to trace whole
+    assert not priced_from_copies(80, TrainingLayout(pp=2, microbatches=2), {})  # stages once
     # every 2nd layer checkpointed: the figures step with the parity; fp8: the MFU's peak
     # is that of the dtype with the most FLOPs, which the depth can change
-    assert not shallow_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 2})
-    assert not shallow_copies(80, TrainingLayout(fsdp=2), {"quant": "fp8"})
-    assert shallow_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 1, "quant": "none"})
+    assert not priced_from_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 2})
+    assert not priced_from_copies(80, TrainingLayout(fsdp=2), {"quant": "fp8"})
+    assert priced_from_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 1, "quant": "none"})
     config = Qwen2Config(num_hidden_layers=6, hidden_size=64, eos_token_id=list(range(6)))
     copied = shallow_config(config, 2)
     assert copied.num_hidden_layers == 2 and config.num_hidden_layers == 6
@@ -106,6 +109,7 @@ def test_a_carried_search_finds_the_best_and_prices_it_whole():
     assert best.metrics == whole.best.metrics  # the best priced at full depth, as a whole search
     assert sum(plan.carried for plan in carried.ranked) == 7
     assert carried.to_dict()["carried"] == 7 and whole.to_dict()["carried"] == 0
+    assert carried.confirmed == 1 and whole.confirmed == 0
     by_layout = {plan.layout: plan for plan in whole.ranked}
     for plan in carried.ranked:
         assert plan.step_time_s == pytest.approx(by_layout[plan.layout].step_time_s, rel=1e-6)
@@ -130,10 +134,58 @@ def test_the_cli_says_what_was_carried_and_whole_prices_every_layout(tmp_path, c
     text = capsys.readouterr().out
     # the fastest priced again at full depth, the other 3 carried
     assert (
-        "3 priced from copies of the model with 2 and 3 layers, carried to its full depth, "
-        "the fastest priced again at full depth" in text
+        "3 priced from copies of the model with 2 and 3 layers, carried to its full depth "
+        "(their memory at least what is shown), 1 of the fastest priced again at full depth" in text
     )
     assert main([*argv, "--whole"]) == 0
     text = capsys.readouterr().out
     assert "every layout priced at full depth: as asked (--whole, shallow=False)" in text
     assert "priced from copies" not in text
+
+
+def _carried(step_s: float) -> dict:
+    return {"step_time_s": step_s, "memory_bytes": 1, "fits": True, "shallow": [2, 3]}
+
+
+def test_a_confirmed_plan_that_no_longer_fits_or_fails_makes_way(monkeypatch):
+    # carried: a 1.0 s, b 1.0 s (tied), c 2.0 s, d 3.0 s; at full depth a is over memory and
+    # b fails, so the next round confirms c, which fits: d stays carried
+    a, b, c, d = (TrainingLayout(fsdp=2, batch=n) for n in (1, 2, 3, 4))
+    full = {
+        a: {"step_time_s": 1.0, "memory_bytes": 9, "fits": False},
+        b: "a refusal at full depth",
+        c: {"step_time_s": 2.0, "memory_bytes": 2, "fits": True},
+    }
+    rounds = []
+
+    def priced(jobs, processes=1, ray_address=None):
+        assert not any(job.shallow for job in jobs)  # at full depth
+        assert (processes, ray_address) == ((4, None) if len(jobs) > 1 else (1, None))
+        rounds.append([job.layout for job in jobs])
+        return [full[job.layout] for job in jobs]
+
+    monkeypatch.setattr(search, "run_jobs", priced)
+    ranked = [search.PricedPlan(x, _carried(t)) for x, t in ((d, 3.0), (c, 2.0), (b, 1.0))]
+    ranked.insert(0, search.PricedPlan(a, _carried(1.0 + 1e-12)))  # a tie, up to rounding
+    result = search.TrainingPlans(ranked, [], Counter(), 0)
+    search._confirm("model", "dgx-h100", 128, ({}, None, {}), result, (4, None), 1)
+    assert rounds == [[b, a], [c]]  # both tied plans at once (in a pool), then c here
+    assert [plan.layout for plan in result.ranked] == [c, d]
+    assert not result.ranked[0].carried and result.ranked[1].carried
+    assert [plan.layout for plan in result.over_memory] == [a]
+    assert result.failed == Counter({"a refusal at full depth": 1})
+    assert result.confirmed == 3
+
+
+def test_why_nothing_was_carried_is_said(monkeypatch):
+    config = small_llama(LAYERS)
+    flat = [TrainingLayout(fsdp=2)]
+    assert search._why_whole(config, config, flat, {}) is None  # carried
+    piped = [TrainingLayout(pp=2, microbatches=2)]
+    assert search._why_whole(config, config, piped, {}) == (
+        "every layout is pipelined (each distinct stage traced once)"
+    )
+    assert search._why_whole(config, config, flat, {"quant": "fp8"}).startswith("a quantised")
+    assert "fewer than 12 layers" in search._why_whole(small_llama(11), small_llama(11), flat, {})
+    gemma = Gemma2Config(num_hidden_layers=12, hidden_size=64, intermediate_size=128)
+    assert search._why_whole(gemma, gemma, flat, {}) == "its decoder layers are not all alike"

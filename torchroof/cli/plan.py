@@ -22,7 +22,7 @@ from torchroof.cli.plan_serve import (
 )
 from torchroof.config.choices import OPTIMIZERS, PRECISIONS, TIMING_MODES
 from torchroof.models.sources import DEFAULT_MODEL
-from torchroof.parallel.pipeline.workers import processors
+from torchroof.parallel.pipeline.workers import worker_cap
 from torchroof.planning.emit import EMITTERS, emit_training
 from torchroof.planning.layouts import RECOMPUTE
 from torchroof.planning.reports import best_plan_html, check_front_plot, front_plot
@@ -93,7 +93,8 @@ def add_parser(commands: Subparsers) -> None:
     cmd.add_argument(
         "--jobs",
         type=positive_int,
-        help="processes pricing training layouts (default: one per CPU this process may use)",
+        help="processes pricing training layouts (default: TORCHROOF_WORKERS, else one per CPU "
+        "this process may use)",
     )
     cmd.add_argument(
         "--whole",
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> None:
         tokens_per_step=args.tokens_per_step,
         space=space,
         max_plans=args.max_plans,
-        jobs=args.jobs or processors(),
+        jobs=args.jobs or worker_cap(),
         ray_address=args.ray,
         shallow=not args.whole,
         precision=args.precision,
@@ -318,10 +319,11 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
     )
     carried = sum(plan.carried for plan in [*plans.ranked, *plans.over_memory])
     if carried:
-        confirmed = ", the fastest priced again at full depth" if plans.ranked else ""
+        again = plans.confirmed
+        confirmed = f", {again} of the fastest priced again at full depth" if again else ""
         lines.append(
             f"{carried:,} priced from copies of the model with 2 and 3 layers, carried to its "
-            f"full depth{confirmed}"
+            f"full depth (their memory at least what is shown){confirmed}"
         )
     elif plans.whole:
         lines.append(f"every layout priced at full depth: {plans.whole}")

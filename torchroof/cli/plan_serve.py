@@ -22,7 +22,7 @@ SERVING_REGIMES = ("serve",)
 TRAINING_ONLY = (
     "gpus", "seq", "global_batch", "tokens_per_step", "cp", "pp", "ep", "recompute",
     "schedules", "no_sequence_parallel", "no_hsdp", "max_micro_batch", "precision",
-    "optimizer", "titan_model", "plot", "html",
+    "optimizer", "titan_model", "plot", "html", "whole",
 )  # fmt: skip
 SERVING_ONLY = (
     "rate", "concurrency", "requests", "input_len", "output_len", "ttft_ms", "tpot_ms",

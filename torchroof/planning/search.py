@@ -25,7 +25,7 @@ from torchroof.config.errors import OptionError, WorkloadError
 from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
-from torchroof.planning.shallow import alike_layers, shallow_copies, text_config
+from torchroof.planning.shallow import DEEP, alike_layers, priced_from_copies, text_config
 from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
@@ -40,8 +40,11 @@ SEARCHED = frozenset(
     }
 ) - {"recompute"}
 """Workload fields a layout sets: the search chooses them."""
-ASKED = "as asked (--whole, shallow=False)"
+WHOLE_AS_ASKED = "as asked (--whole, shallow=False)"
 """Why a search priced every layout whole when told to."""
+TIED = 1e-9
+"""Step times this close (relative) tie: a confirm prices again every carried plan tied with
+the last one it must confirm (carried times differ from the full model's by rounding)."""
 SET_HERE = frozenset({"gpus", "seq", "global_batch"})
 """Space fields given as plan_training's own arguments."""
 
@@ -91,7 +94,8 @@ class TrainingPlans:
     failed: Counter[str] = field(default_factory=Counter)  # a pricing's error -> layouts
     enumerated: int = 0  # layouts the space held that the model can run
     capacity_bytes: int = 0
-    whole: str | None = None  # why no layout was priced from shallow copies, if none was
+    whole: str | None = None  # why no layout was priced from shallow copies (None: some were)
+    confirmed: int = 0  # carried plans priced again at full depth
 
     @property
     def best(self) -> PricedPlan:
@@ -141,6 +145,8 @@ class TrainingPlans:
             "rejected": dict(self.rejected),
             "failed": dict(self.failed),
             "carried": sum(plan.carried for plan in [*self.ranked, *self.over_memory]),
+            "confirmed": self.confirmed,
+            "priced_whole_because": self.whole,
         }
 
 
@@ -224,27 +230,33 @@ def plan_training(
                 "schedules, micro_batch, max_micro_batch) or raise max_plans"
             )
         options = (workload_knobs, pricing, pricing_knobs)
-        result.whole = _whole(model, config, kept, workload_knobs) if shallow else ASKED
-        carried = result.whole is None
+        result.whole = (
+            _why_whole(model, config, kept, workload_knobs) if shallow else WHOLE_AS_ASKED
+        )
+        from_copies = result.whole is None
         workers = (jobs, ray_address)
-        _price(model, kept, hardware, seq, options, result, workers, carried)
+        _price(model, kept, hardware, seq, options, result, workers, from_copies)
         _confirm(model, hardware, seq, options, result, workers, confirm)
     result.over_memory.sort(key=lambda plan: plan.memory_bytes)
     return result
 
 
-def _whole(
+def _why_whole(
     model: Any, config: Any, layouts: list[TrainingLayout], workload: dict[str, Any]
 ) -> str | None:
     """Why none of ``layouts`` of ``model`` is priced from shallow copies of it, or None
-    (then those :func:`~torchroof.planning.shallow.shallow_copies` takes are)."""
+    (then those :func:`~torchroof.planning.shallow.priced_from_copies` takes are)."""
     if isinstance(model, torch.nn.Module):
         return "a module is traced as given"
     layers = getattr(text_config(config), "num_hidden_layers", None)
-    if not isinstance(layers, int) or not any(
-        shallow_copies(layers, layout, workload) for layout in layouts
-    ):
-        return None  # nothing to carry: nothing to say
+    if not isinstance(layers, int) or layers < DEEP:
+        return f"a model of fewer than {DEEP} layers costs about what copies of 2 and 3 would"
+    if workload.get("quant", "none") != "none":
+        return "a quantised step (its MFU's peak can change with the depth)"
+    if workload.get("checkpoint_every", 1) != 1:
+        return "a step that checkpoints every Nth layer only (its figures step with the parity)"
+    if not any(priced_from_copies(layers, layout, workload) for layout in layouts):
+        return "every layout is pipelined (each distinct stage traced once)"
     return alike_layers(config)
 
 
@@ -258,17 +270,25 @@ def _confirm(
     confirm: int,
 ) -> None:
     """Rank the fitting plans fastest first, pricing at full depth any of the ``confirm``
-    fastest whose figures were carried from shallow copies, until the ``confirm`` fastest
-    were all priced whole (a plan that no longer fits is moved among those over memory)."""
+    fastest whose figures were carried from shallow copies (and any tied with the last of
+    them, :data:`TIED`), until the ``confirm`` fastest were all priced whole; a plan that
+    no longer fits is moved among those over memory. One plan at a time is priced here,
+    not in a pool or on Ray."""
     while True:
-        result.ranked.sort(key=lambda plan: (plan.step_time_s, plan.memory_bytes))
-        carried = [plan for plan in result.ranked[:confirm] if plan.carried]
-        if not carried:
+        ranked = sorted(result.ranked, key=lambda plan: (plan.step_time_s, plan.memory_bytes))
+        result.ranked[:] = ranked
+        if not confirm or not ranked:
             return
-        for plan in carried:
+        last = ranked[:confirm][-1].step_time_s * (1 + TIED)
+        again = [plan for plan in ranked if plan.carried and plan.step_time_s <= last]
+        if not again:
+            return
+        for plan in again:
             result.ranked.remove(plan)
-        layouts = [plan.layout for plan in carried]
-        _price(model, layouts, hardware, seq, options, result, workers, at="at full depth")
+        result.confirmed += len(again)
+        layouts = [plan.layout for plan in again]
+        here = workers if len(layouts) > 1 else (1, None)
+        _price(model, layouts, hardware, seq, options, result, here, at="at full depth")
 
 
 def _price(
@@ -279,16 +299,18 @@ def _price(
     options: tuple[dict[str, Any], PricingOptions | None, dict[str, Any]],
     result: TrainingPlans,
     workers: tuple[int, str | None] = (1, None),
-    shallow: bool = False,
+    from_copies: bool = False,
     at: str = "",
 ) -> None:
     """Price each layout (its metrics from one estimate, or carried from shallow copies
-    where ``shallow``) on ``workers`` (processes, a Ray address), into ``result``."""
+    where ``from_copies``) on ``workers`` (processes, a Ray address), into ``result``."""
     workload_knobs, pricing, pricing_knobs = options
     if not layouts:
         return
     jobs = [
-        PricingJob(model, layout, seq, hardware, workload_knobs, pricing, pricing_knobs, shallow)
+        PricingJob(
+            model, layout, seq, hardware, workload_knobs, pricing, pricing_knobs, from_copies
+        )
         for layout in layouts
     ]
     report = current()

@@ -11,6 +11,7 @@ as a remote task (docs.ray.io, "Tasks").
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ from typing import Any
 from torchroof.api import config_of
 from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError, first_line
+from torchroof.parallel.pipeline.workers import WORKERS_VARIABLE
 from torchroof.planning.layouts import TrainingLayout
-from torchroof.planning.shallow import shallow_copies, shallow_metrics, text_config
+from torchroof.planning.shallow import priced_from_copies, shallow_metrics, text_config
 from torchroof.prepared import prepare
 from torchroof.progress import silenced
 
@@ -48,7 +50,7 @@ def price_layout(job: PricingJob) -> dict[str, Any] | str:
             if job.shallow:
                 config = config_of(job.model)
                 layers = text_config(config).num_hidden_layers
-                if shallow_copies(layers, job.layout, job.workload):
+                if priced_from_copies(layers, job.layout, job.workload):
                     return shallow_metrics(
                         config,
                         job.layout,
@@ -74,10 +76,19 @@ def run_jobs(
         yield from _on_ray(jobs, ray_address, processes)
     elif processes > 1 and len(jobs) > 1:
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            min(processes, len(jobs)), mp_context=context, initializer=_stages_in_turn
+        ) as pool:
             yield from pool.map(price_layout, jobs)
     else:
         yield from map(price_layout, jobs)
+
+
+def _stages_in_turn() -> None:
+    """In a pool's process: trace a pipelined layout's stages one after another (the pool
+    already keeps every processor busy; each process forking its own stage tracers would
+    run processors x processors of them)."""
+    os.environ[WORKERS_VARIABLE] = "1"
 
 
 def _on_ray(
