@@ -400,7 +400,7 @@ def test_bad_input_is_one_line(capsys):
     assert "invalid choice: 'x'" in capsys.readouterr().err
 
 
-def test_the_cli_prices_in_a_process_per_cpu_unless_told(monkeypatch, capsys):
+def test_the_cli_prices_in_a_process_per_worker_unless_told(monkeypatch, capsys):
     import torchroof.cli.plan as cli
 
     asked = []
@@ -410,7 +410,7 @@ def test_the_cli_prices_in_a_process_per_cpu_unless_told(monkeypatch, capsys):
         raise OptionError("stop here")
 
     monkeypatch.setattr(cli, "plan_training", searched)
-    monkeypatch.setattr(cli, "processors", lambda: 3)  # the CPUs this process may use
+    monkeypatch.setattr(cli, "worker_cap", lambda: 3)  # TORCHROOF_WORKERS, else the CPUs
     argv = ["plan", "gpt2", "--gpus", "2", "--global-batch", "2"]
     assert main(argv) == 2 and main([*argv, "--jobs", "1"]) == 2
     assert asked == [3, 1]
