@@ -272,7 +272,7 @@ def _confirm(
     """Rank the fitting plans fastest first, pricing at full depth any of the ``confirm``
     fastest whose figures were carried from shallow copies (and any tied with the last of
     them, :data:`TIED`), until the ``confirm`` fastest were all priced whole; a plan that
-    no longer fits is moved among those over memory. One plan at a time is priced here,
+    no longer fits is moved among those over memory. A round of one plan is priced here,
     not in a pool or on Ray."""
     while True:
         ranked = sorted(result.ranked, key=lambda plan: (plan.step_time_s, plan.memory_bytes))
