@@ -51,6 +51,19 @@ def test_the_copies_carry_every_figure_to_the_full_depth(layout):
     assert carried["shallow"] == [2, 3] and "shallow" not in full
 
 
+def test_the_realistic_mode_is_carried_too():
+    # launch overheads, achievable fractions and waves add the same to each layer's kernels
+    config, layout = small_llama(LAYERS), TrainingLayout(dp=2, zero=1, batch=1)
+    realistic = {"mode": "realistic"}
+    carried = shallow_metrics(config, layout, 128, "dgx-h100", {}, None, realistic)
+    prepared = prepare(config, "train", seq=128, **layout.knobs())
+    full = prepared.metrics("dgx-h100", **realistic)
+    assert carried["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+    assert carried["mfu"] == pytest.approx(full["mfu"], rel=1e-9)
+    roofline = prepared.metrics("dgx-h100")["step_time_s"]
+    assert carried["step_time_s"] > roofline  # the realistic time, above the roofline
+
+
 def test_which_layouts_are_carried_and_how_a_copy_is_cut():
     assert priced_from_copies(12, TrainingLayout(fsdp=2), {})
     assert not priced_from_copies(11, TrainingLayout(fsdp=2), {})  # as cheap to trace whole
