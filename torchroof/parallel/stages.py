@@ -37,6 +37,7 @@ from torch import nn
 from torchroof.capture.mode import Capture
 from torchroof.capture.storage import local_shard
 from torchroof.config.errors import WorkloadError, first_line
+from torchroof.models.sources import text_config
 from torchroof.records.facts import (  # the trace's op marks, by name
     BACKWARD_END,
     FORWARD_END,
@@ -431,8 +432,7 @@ def decoder_pp_plan(model: nn.Module) -> dict[str, Any] | None:
 
 
 def _text_config(model: nn.Module) -> Any:
-    config: Any = getattr(model, "config", None)
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text_config(getattr(model, "config", None))
 
 
 def _wrap_forward(model: nn.Module, base: nn.Module, state: StageState) -> None:

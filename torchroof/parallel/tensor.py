@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from torchroof.models.sources import text_config
 from torchroof.parallel.expert import without_expert_rules
 from torchroof.parallel.plans import owned_plan, transformers_plan
 from torchroof.parallel.strategy import Strategy
@@ -129,7 +130,7 @@ def check_tensor_parallel(config: Any, tp: int) -> None:
     cannot run: no plan, or head counts that do not divide (a ValueError naming it)."""
     if tp == 1:
         return
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     plan = getattr(text, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None)
     if not isinstance(plan, dict) or not plan:
         raise ValueError(
@@ -145,7 +146,7 @@ def check_heads_divide(config: Any, plan: dict[str, str], tp: int) -> Any:
     the KV heads per rank (None when the config does not say)."""
     from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
 
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     heads = getattr(text, "num_attention_heads", None)
     kv = getattr(text, "num_key_value_heads", None) or heads
     if isinstance(heads, int) and heads % tp:

@@ -23,9 +23,10 @@ from torchroof.api import config_of
 from torchroof.config import PricingOptions, Workload, split_knobs
 from torchroof.config.errors import OptionError, WorkloadError
 from torchroof.hardware import ClusterSpec, HardwareSpec
+from torchroof.models.sources import text_config
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
-from torchroof.planning.shallow import DEEP, alike_layers, priced_from_copies, text_config
+from torchroof.planning.shallow import alike_layers, step_priced_whole
 from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
@@ -249,13 +250,10 @@ def _why_whole(
     if isinstance(model, torch.nn.Module):
         return "a module is traced as given"
     layers = getattr(text_config(config), "num_hidden_layers", None)
-    if not isinstance(layers, int) or layers < DEEP:
-        return f"a model of fewer than {DEEP} layers costs about what copies of 2 and 3 would"
-    if workload.get("quant", "none") != "none":
-        return "a quantised step (its MFU's peak can change with the depth)"
-    if workload.get("checkpoint_every", 1) != 1:
-        return "a step that checkpoints every Nth layer only (its figures step with the parity)"
-    if not any(priced_from_copies(layers, layout, workload) for layout in layouts):
+    why = step_priced_whole(layers, workload)
+    if why is not None:
+        return why
+    if not any(layout.pp == 1 for layout in layouts):
         return "every layout is pipelined (each distinct stage traced once)"
     return alike_layers(config)
 

@@ -37,7 +37,7 @@ import torch
 from torchroof.capture.layer_calls import INDEX_ATTRIBUTES, structure_key
 from torchroof.config import PricingOptions
 from torchroof.config.errors import first_line
-from torchroof.models.sources import build_model
+from torchroof.models.sources import build_model, text_config
 from torchroof.parallel.stages import decoder_layers
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.prepared import prepare
@@ -66,21 +66,27 @@ whole; a 6-layer one: 190 s against 170 s for 138 layouts); Llama-3-70B's 80 lay
 about ten times as much whole as from its copies."""
 
 
+def step_priced_whole(layers: int | None, workload: dict[str, Any]) -> str | None:
+    """Why every layout of a ``layers``-layer model's step with the other ``workload``
+    fields is priced whole (one line), or None: a model under :data:`DEEP` layers; a
+    quantised step (its MFU is over the peak of the dtype with the most FLOPs, which can
+    change with the depth: the LM head stays in bf16 under fp8); a step that checkpoints
+    every Nth layer only (its figures step with the layers' parity, not along a line)."""
+    if not isinstance(layers, int) or layers < DEEP:
+        return f"a model of fewer than {DEEP} layers costs about what copies of 2 and 3 would"
+    if workload.get("quant", "none") != "none":
+        return "a quantised step (its MFU's peak can change with the depth)"
+    if workload.get("checkpoint_every", 1) != 1:
+        return "a step that checkpoints every Nth layer only (its figures step with the parity)"
+    return None
+
+
 def priced_from_copies(layers: int, layout: TrainingLayout, workload: dict[str, Any]) -> bool:
     """Whether ``layout`` of a ``layers``-layer model, with the step's other ``workload``
-    fields, is priced from shallow copies: without a pipeline, of a model of :data:`DEEP`
-    layers or more, where every layer runs alike. Priced whole: a step that checkpoints
-    every Nth layer only (its figures step with the layers' parity, not along a line), and
-    a quantised one (its MFU is over the peak of the dtype with the most FLOPs, which can
-    change with the depth: the LM head stays in bf16 under fp8)."""
-    if layout.pp != 1 or layers < DEEP:
-        return False
-    return workload.get("checkpoint_every", 1) == 1 and workload.get("quant", "none") == "none"
-
-
-def text_config(config: Any) -> Any:
-    """The config that holds the decoder's layer count (a multimodal model's text one)."""
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+    fields, is priced from shallow copies: without a pipeline, where
+    :func:`step_priced_whole` finds no reason to price the step whole (and every layer
+    runs alike, :func:`alike_layers`, which the search checks once)."""
+    return layout.pp == 1 and step_priced_whole(layers, workload) is None
 
 
 def alike_layers(config: Any) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 from torchroof.config import Workload
 from torchroof.config.choices import INTERLEAVED, PIPELINE_SCHEDULES, SINGLE_STAGE
 from torchroof.config.errors import OptionError, WorkloadError
+from torchroof.models.sources import text_config
 from torchroof.parallel.pipeline.schedule import action_order
 from torchroof.parallel.tensor import check_tensor_parallel
 from torchroof.planning.layouts import RECOMPUTE, TrainingLayout
@@ -128,7 +129,7 @@ class ModelFacts:
 def model_facts(config: Any) -> ModelFacts:
     """What the search reads of a model's config: its decoder layers, query and K/V heads
     and routed experts (0 for a dense model)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers < 1:
         raise OptionError("the model's config states no num_hidden_layers: no layout to search")

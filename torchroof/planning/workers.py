@@ -20,9 +20,10 @@ from typing import Any
 from torchroof.api import config_of
 from torchroof.config import PricingOptions
 from torchroof.config.errors import OptionError, first_line
+from torchroof.models.sources import text_config
 from torchroof.parallel.pipeline.workers import WORKERS_VARIABLE
 from torchroof.planning.layouts import TrainingLayout
-from torchroof.planning.shallow import priced_from_copies, shallow_metrics, text_config
+from torchroof.planning.shallow import priced_from_copies, shallow_metrics
 from torchroof.prepared import prepare
 from torchroof.progress import silenced
 
