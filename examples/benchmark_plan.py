@@ -10,9 +10,9 @@ Each measurement runs in its own process, imports warm:
 - ``space``: the whole space enumerated and its memory floors taken (nothing traced);
 - ``search``: ``torchroof.plan`` over a narrowed space (``--tp``, ``--pp`` (no pipeline
   unless given), sequence parallel, every recompute choice, every split of the data ranks
-  without ZeRO-1/2, micro-batches of 1): each layout without a pipeline priced from
-  copies of the model with 2 and 3 layers, each pipelined one whole, then the best priced
-  at full depth (timed apart);
+  without ZeRO-1/2, micro-batches of 1): each layout priced from copies of the model with
+  2 and 3 layers (a stage, where its pipeline's stages hold 8 layers or more; the others
+  whole), then the best priced at full depth (timed apart);
 - ``whole`` (with ``--whole``): the same search with every layout priced at full depth,
   as each was before copies (about an estimate a layout: tens of minutes).
 
@@ -145,7 +145,8 @@ def main() -> None:
     )
     print(
         f"a narrowed search: {search['priced']} plans priced ({search['carried']} from copies "
-        f"of 2 and 3 layers, the others whole) in {search['seconds']:.1f} s "
+        f"of 2 and 3 layers (a stage, where pipelined), the others whole) in "
+        f"{search['seconds']:.1f} s "
         f"({per_plan:.2f} s a plan, {per_plan / reference:.3f}x the estimate); {best}: "
         f"{total:.1f} s in all ({total / reference:.1f}x the estimate)"
     )

@@ -5,6 +5,8 @@ and models whose layers differ are priced whole; on tests/conftest.py's small Ll
 12 layers (d = 128, 4 heads of 32, 2 K/V heads, MLP 352, vocab 1000)."""
 
 from collections import Counter
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,16 +14,20 @@ from conftest import small_llama
 from transformers import Gemma2Config, Qwen2Config
 
 from torchroof.cli.main import main
-from torchroof.planning import search
+from torchroof.config import PricingOptions
+from torchroof.planning import search, shallow
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.search import plan_training
 from torchroof.planning.shallow import (
     alike_layers,
+    offloaded,
     priced_from_copies,
+    rank_memory,
     shallow_config,
     shallow_metrics,
 )
 from torchroof.prepared import prepare
+from torchroof.report.compare import point_metrics
 
 LAYERS = 12
 
@@ -51,6 +57,87 @@ def test_the_copies_carry_every_figure_to_the_full_depth(layout):
     assert carried["shallow"] == [2, 3] and "shallow" not in full
 
 
+# pipelines whose stages hold 8 layers (2 and 3 in the copies): 1F1B, interleaved 1F1B with
+# two stages a rank (32 layers), FSDP beside the pipeline with selective recompute; and 19
+# layers over 2 stages, 10 and 9
+PIPELINED = [
+    (16, TrainingLayout(pp=2, batch=1, microbatches=4)),
+    (32, TrainingLayout(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2, microbatches=4)),
+    (16, TrainingLayout(fsdp=2, pp=2, batch=1, microbatches=4, recompute="selective")),
+    (19, TrainingLayout(pp=2, batch=1, microbatches=4)),
+]
+
+
+def _named(value):
+    return value.label() if isinstance(value, TrainingLayout) else f"{value} layers"
+
+
+@pytest.mark.parametrize("layers, layout", PIPELINED, ids=_named)
+def test_a_pipeline_is_carried_stage_by_stage(layers, layout):
+    config = small_llama(layers)
+    carried = shallow_metrics(config, layout, 128, "dgx-h100", {}, None, {})
+    estimate = prepare(config, "train", seq=128, **layout.knobs()).price("dgx-h100")
+    full = point_metrics(estimate)
+    stages = 4 if layout.virtual_stages == 2 else 2
+    # copies of 2 and 3 layers a stage, carried over layers // stages - 3 more; 19 layers
+    # over 2 stages hold 10 and 9, so the copies 3 and 2, then 4 and 3: 2 x 2 + 1, 3 x 2 + 1
+    extra = layers % stages
+    assert carried["shallow"] == [2 * stages + extra, 3 * stages + extra]
+    for name in ("step_time_s", "exposed_communication_s", "mfu", "tokens_per_s_per_gpu"):
+        assert carried[name] == pytest.approx(full[name], rel=1e-6, abs=1e-12), name
+    assert carried["weight_bytes"] == full["weight_bytes"]
+    assert carried["activation_bytes"] == full["activation_bytes"]
+    assert carried["memory_bytes"] == full["memory_bytes"]
+    # each rank's floor (weights, gradients, optimizer state and the activations of the
+    # micro-batches in flight) lies under its footprint, by the transients beside them
+    for total, floor in rank_memory(estimate).values():
+        assert 0 < floor <= total
+
+
+def test_each_rank_carries_the_larger_of_its_footprint_and_its_floor(monkeypatch):
+    # a 16-layer model over 2 stages: copies of 4 and 6 layers (2 and 3 a stage), carried
+    # over 8 - 3 = 5 more layers a stage. Rank 0's footprint 10 -> 12 GB carries to
+    # 12 + 5 x 2 = 22, its floor 9 -> 12 to 12 + 5 x 3 = 27 (its fullest moment changes
+    # with the depth); rank 1's footprint 20 -> 21 to 26, its floor 5 -> 6 to 11: 27
+    ranks = {4: [(10, 9), (20, 5)], 6: [(12, 12), (21, 6)]}
+
+    class Copy:
+        def __init__(self, config):
+            self.layers = config.num_hidden_layers
+
+        def price(self, *args, **kwargs):
+            rows = [
+                SimpleNamespace(rank=r, memory_bytes=m << 30, floor_bytes=f << 30)
+                for r, (m, f) in enumerate(ranks[self.layers])
+            ]
+            step = SimpleNamespace(ranks=rows, slowest_rank=1)
+            memory = SimpleNamespace(capacity_bytes=25 << 30)
+            return SimpleNamespace(pipeline=step, memory=memory, layers=self.layers)
+
+    def figures(estimate):
+        k = estimate.layers
+        return {
+            name: float(k)
+            for name in (
+                "step_time_s",
+                "exposed_communication_s",
+                "weight_bytes",
+                "kv_bytes",
+                "activation_bytes",
+                "tokens_per_s",
+                "tokens_per_s_per_gpu",
+                "mfu",
+            )
+        }
+
+    monkeypatch.setattr(shallow, "prepare", lambda config, *a, **k: Copy(config))
+    monkeypatch.setattr(shallow, "point_metrics", figures)
+    layout = TrainingLayout(pp=2, batch=1, microbatches=4)
+    carried = shallow_metrics(small_llama(16), layout, 128, "dgx-h100", {}, None, {})
+    assert carried["memory_bytes"] == 27 << 30 and not carried["fits"]  # above 25 GiB
+    assert carried["step_time_s"] == 6 + 5 * (6 - 4)  # 16 s: every figure on its line
+
+
 def test_the_realistic_mode_is_carried_too():
     # launch overheads, achievable fractions and waves add the same to each layer's kernels
     config, layout = small_llama(LAYERS), TrainingLayout(dp=2, zero=1, batch=1)
@@ -67,12 +154,26 @@ def test_the_realistic_mode_is_carried_too():
 def test_which_layouts_are_carried_and_how_a_copy_is_cut():
     assert priced_from_copies(12, TrainingLayout(fsdp=2), {})
     assert not priced_from_copies(11, TrainingLayout(fsdp=2), {})  # as cheap to trace whole
-    assert not priced_from_copies(80, TrainingLayout(pp=2, microbatches=2), {})  # stages once
+    # a pipeline whose stages each hold 8 layers or more: 80 // (pp x v), the first
+    # 80 % (pp x v) one more
+    assert priced_from_copies(80, TrainingLayout(pp=2, microbatches=2), {})  # 40 a stage
+    assert priced_from_copies(80, TrainingLayout(pp=8, microbatches=8), {})  # 10
+    interleaved = TrainingLayout(pp=4, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    assert priced_from_copies(80, interleaved, {})  # 8 stages of 10
+    assert not priced_from_copies(80, TrainingLayout(pp=16, microbatches=16), {})  # 5
+    assert not priced_from_copies(80, replace(interleaved, pp=8), {})  # 16 stages of 5
+    assert priced_from_copies(80, TrainingLayout(pp=3, microbatches=3), {})  # 27, 27, 26
+    assert not priced_from_copies(80, TrainingLayout(pp=2), {"pp_split": (30, 50)})
     # every 2nd layer checkpointed: the figures step with the parity; fp8: the MFU's peak
     # is that of the dtype with the most FLOPs, which the depth can change
     assert not priced_from_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 2})
     assert not priced_from_copies(80, TrainingLayout(fsdp=2), {"quant": "fp8"})
     assert priced_from_copies(80, TrainingLayout(fsdp=2), {"checkpoint_every": 1, "quant": "none"})
+    # offloaded activations: a 2-layer copy cannot offload 4 layers' (priced whole)
+    assert not priced_from_copies(
+        80, TrainingLayout(fsdp=2), {}, offloaded(None, {"offload_activations": 4})
+    )
+    assert offloaded(PricingOptions(offload_activations=2), {}) == 2 and offloaded(None, {}) == 0
     config = Qwen2Config(num_hidden_layers=6, hidden_size=64, eos_token_id=list(range(6)))
     copied = shallow_config(config, 2)
     assert copied.num_hidden_layers == 2 and config.num_hidden_layers == 6
@@ -147,8 +248,9 @@ def test_the_cli_says_what_was_carried_and_whole_prices_every_layout(tmp_path, c
     text = capsys.readouterr().out
     # the fastest priced again at full depth, the other 3 carried
     assert (
-        "3 priced from copies of the model with 2 and 3 layers, carried to its full depth "
-        "(their memory at least what is shown), 1 of the fastest priced again at full depth" in text
+        "3 priced from copies of the model with 2 and 3 layers (a stage, where pipelined), "
+        "carried to its full depth (their memory at least what is shown), 1 of the fastest "
+        "priced again at full depth" in text
     )
     assert main([*argv, "--whole"]) == 0
     text = capsys.readouterr().out
@@ -194,10 +296,11 @@ def test_why_nothing_was_carried_is_said(monkeypatch):
     config = small_llama(LAYERS)
     flat = [TrainingLayout(fsdp=2)]
     assert search._why_whole(config, config, flat, {}) is None  # carried
-    piped = [TrainingLayout(pp=2, microbatches=2)]
+    piped = [TrainingLayout(pp=2, microbatches=2)]  # 6 layers a stage
     assert search._why_whole(config, config, piped, {}) == (
-        "every layout is pipelined (each distinct stage traced once)"
+        "every layout is pipelined with fewer than 8 layers a stage"
     )
+    assert search._why_whole(small_llama(16), small_llama(16), piped, {}) is None
     assert search._why_whole(config, config, flat, {"quant": "fp8"}).startswith("a quantised")
     assert "fewer than 12 layers" in search._why_whole(small_llama(11), small_llama(11), flat, {})
     gemma = Gemma2Config(num_hidden_layers=12, hidden_size=64, intermediate_size=128)

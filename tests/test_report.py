@@ -444,8 +444,8 @@ def test_a_version_1_estimate_still_loads():
     est = Estimate.from_dict(data)
     assert [k.boundary for k in est.kernels] == ["", "", ""]
     assert est.time_s == pytest.approx(5e-4 + 1e-4 + 4e-4)
-    data["version"] = 6
-    with pytest.raises(ValueError, match="version 6 is not supported"):
+    data["version"] = 7
+    with pytest.raises(ValueError, match="version 7 is not supported"):
         Estimate.from_dict(data)
 
 
@@ -455,7 +455,7 @@ def test_a_version_3_estimate_loads_without_the_fields_format_4_added():
     without them reads with them at their defaults, and the same step time."""
     est = _hand_estimate("prefill")
     data = est.to_dict()
-    assert data["version"] == 5
+    assert data["version"] == 6
     data["version"] = 3
     data["options"].pop("cuda_graphs")
     for key in ("host_overhead_s", "offload_exposed_s", "fp16_accumulate"):
@@ -476,3 +476,19 @@ def test_a_version_4_estimate_loads_with_cuda_graphs_on():
     data["version"] = 4
     data["options"].pop("cuda_graphs")
     assert Estimate.from_dict(data).options.cuda_graphs is True
+
+
+def test_a_version_5_pipeline_step_loads_without_its_ranks_memory():
+    """Format 6 adds each pipeline rank's memory and floor: a rank row of a version-5 file
+    reads with them at 0."""
+    from torchroof.report.pipeline_step import PipelineStep, RankRow
+
+    row = RankRow(1, (1,), 0.5, 0.75, memory_bytes=3 << 30, floor_bytes=2 << 30)
+    step = PipelineStep("1f1b", 2, 4, (), (row,), 1.0, 1.0, 0.25, 0.0, "nvlink", 1, "", True)
+    data = step.to_dict()
+    assert data["ranks"][0]["memory_bytes"] == 3 << 30  # written by format 6
+    assert PipelineStep.from_dict(data).ranks == (row,)
+    for old in data["ranks"]:
+        del old["memory_bytes"], old["floor_bytes"]
+    (loaded,) = PipelineStep.from_dict(data).ranks
+    assert (loaded.memory_bytes, loaded.floor_bytes, loaded.busy_s) == (0, 0, 0.5)

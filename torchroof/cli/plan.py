@@ -99,8 +99,8 @@ def add_parser(commands: Subparsers) -> None:
     cmd.add_argument(
         "--whole",
         action="store_true",
-        help="price every layout at full depth (default: a layout without a pipeline, of a "
-        "model whose layers are all alike, from copies of it with 2 and 3 layers; the best "
+        help="price every layout at full depth (default: a layout of a model whose layers are "
+        "all alike, from copies of it with 2 and 3 layers, a stage where pipelined; the best "
         "plan at full depth)",
     )
     cmd.add_argument(
@@ -322,8 +322,9 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
         again = plans.confirmed
         confirmed = f", {again} of the fastest priced again at full depth" if again else ""
         lines.append(
-            f"{carried:,} priced from copies of the model with 2 and 3 layers, carried to its "
-            f"full depth (their memory at least what is shown){confirmed}"
+            f"{carried:,} priced from copies of the model with 2 and 3 layers (a stage, where "
+            f"pipelined), carried to its full depth (their memory at least what is shown)"
+            f"{confirmed}"
         )
     elif plans.whole:
         lines.append(f"every layout priced at full depth: {plans.whole}")

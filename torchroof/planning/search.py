@@ -1,8 +1,8 @@
 """The training plan search: every layout of a model on N GPUs (:mod:`.space`), those that
 cannot fit left out before pricing (:mod:`.memory_floor`), the rest priced as
-:func:`torchroof.estimate` prices them (a layout without a pipeline from two shallow copies
-of the model, :mod:`.shallow`, the fastest then priced again at full depth) and ranked by
-throughput.
+:func:`torchroof.estimate` prices them (from two shallow copies of the model where its
+layers are alike, :mod:`.shallow`, the fastest then priced again at full depth) and ranked
+by throughput.
 
 Every layout of one global batch trains the same tokens per step, so ranking by step time,
 tokens/s and MFU agree; a layout whose priced footprint exceeds the GPU's memory is kept
@@ -26,7 +26,13 @@ from torchroof.hardware import ClusterSpec, HardwareSpec
 from torchroof.models.sources import text_config
 from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
-from torchroof.planning.shallow import alike_layers, step_priced_whole
+from torchroof.planning.shallow import (
+    STAGE_DEEP,
+    alike_layers,
+    offloaded,
+    priced_from_copies,
+    step_priced_whole,
+)
 from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
@@ -176,8 +182,8 @@ def plan_training(
     fields (``precision``, ``optimizer``, ``dtype``) and pricing options (``mode``, ...).
     ``jobs`` processes price the layouts, or a Ray cluster at ``ray_address`` (``"local"``:
     one started here with ``jobs`` CPUs); the result is the same either way. With
-    ``shallow``, a layout without a pipeline of a model whose layers are all alike is
-    priced from copies of it with 2 and 3 layers (:mod:`~torchroof.planning.shallow`), and
+    ``shallow``, a layout of a model whose layers are all alike is priced from copies of
+    it with 2 and 3 layers, a stage where pipelined (:mod:`~torchroof.planning.shallow`), and
     the ``confirm`` fastest fitting plans are then priced at full depth (the others keep
     the carried figures), each that no longer fits moved among those over memory;
     ``shallow=False`` prices every layout whole."""
@@ -232,7 +238,9 @@ def plan_training(
             )
         options = (workload_knobs, pricing, pricing_knobs)
         result.whole = (
-            _why_whole(model, config, kept, workload_knobs) if shallow else WHOLE_AS_ASKED
+            _why_whole(model, config, kept, workload_knobs, offloaded(pricing, pricing_knobs))
+            if shallow
+            else WHOLE_AS_ASKED
         )
         from_copies = result.whole is None
         workers = (jobs, ray_address)
@@ -243,18 +251,23 @@ def plan_training(
 
 
 def _why_whole(
-    model: Any, config: Any, layouts: list[TrainingLayout], workload: dict[str, Any]
+    model: Any,
+    config: Any,
+    layouts: list[TrainingLayout],
+    workload: dict[str, Any],
+    offload: int = 0,
 ) -> str | None:
     """Why none of ``layouts`` of ``model`` is priced from shallow copies of it, or None
     (then those :func:`~torchroof.planning.shallow.priced_from_copies` takes are)."""
     if isinstance(model, torch.nn.Module):
         return "a module is traced as given"
     layers = getattr(text_config(config), "num_hidden_layers", None)
-    why = step_priced_whole(layers, workload)
+    why = step_priced_whole(layers, workload, offload)
     if why is not None:
         return why
-    if not any(layout.pp == 1 for layout in layouts):
-        return "every layout is pipelined (each distinct stage traced once)"
+    assert isinstance(layers, int)  # step_priced_whole refuses any other
+    if not any(priced_from_copies(layers, layout, workload, offload) for layout in layouts):
+        return f"every layout is pipelined with fewer than {STAGE_DEEP} layers a stage"
     return alike_layers(config)
 
 

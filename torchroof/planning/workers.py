@@ -23,7 +23,7 @@ from torchroof.config.errors import OptionError, first_line
 from torchroof.models.sources import text_config
 from torchroof.parallel.pipeline.workers import WORKERS_VARIABLE
 from torchroof.planning.layouts import TrainingLayout
-from torchroof.planning.shallow import priced_from_copies, shallow_metrics
+from torchroof.planning.shallow import offloaded, priced_from_copies, shallow_metrics
 from torchroof.prepared import prepare
 from torchroof.progress import silenced
 
@@ -51,8 +51,9 @@ def price_layout(job: PricingJob) -> dict[str, Any] | str:
             if job.shallow:
                 config = config_of(job.model)
                 layers = text_config(config).num_hidden_layers
-                if priced_from_copies(layers, job.layout, job.workload):
-                    return shallow_metrics(
+                offload = offloaded(job.pricing, job.pricing_knobs)
+                if priced_from_copies(layers, job.layout, job.workload, offload):
+                    carried = shallow_metrics(
                         config,
                         job.layout,
                         job.seq,
@@ -61,6 +62,8 @@ def price_layout(job: PricingJob) -> dict[str, Any] | str:
                         job.pricing,
                         job.pricing_knobs,
                     )
+                    if carried is not None:
+                        return carried
             prepared = prepare(
                 job.model, "train", seq=job.seq, **job.workload, **job.layout.knobs()
             )

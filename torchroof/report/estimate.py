@@ -45,9 +45,10 @@ __all__ = [
 # offload_exposed_s and fp16_accumulate; a reader of format 3 would refuse them by name, so
 # it now says the version instead, and a version-3 file reads with them at their defaults.
 # 5: the pricing options' cuda_graphs (every step launched eagerly when false); a version-4
-# file reads with it at its default, true.
-ESTIMATE_FORMAT_VERSION = 5
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+# file reads with it at its default, true. 6: a pipeline's rank rows carry their memory and
+# its floor (memory_bytes, floor_bytes); a version-5 file reads with them at 0.
+ESTIMATE_FORMAT_VERSION = 6
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,10 @@ class RankRow:
     stages: tuple[int, ...]
     busy_s: float  # its actions' time
     end_s: float  # when its step ends: its last action, then its after-pipeline work
+    memory_bytes: int = 0  # its footprint at its fullest moment
+    # what that moment holds at least: weights, gradients, optimizer state, KV cache and the
+    # activations its stages keep for the micro-batches in flight (no transient beside them)
+    floor_bytes: int = 0
 
     def idle_share(self, step_s: float) -> float:
         return 1.0 - self.busy_s / step_s if step_s else 0.0

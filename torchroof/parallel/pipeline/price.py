@@ -421,7 +421,15 @@ def _estimate(
 
     heaviest = max(footprints, key=total_bytes)
     memory = footprints[heaviest]
-    step = replace(step, heaviest_rank=heaviest)
+    ranks = tuple(
+        replace(
+            r,
+            memory_bytes=total_bytes(r.rank),
+            floor_bytes=_floor(footprints[r.rank], held[r.rank]),
+        )
+        for r in step.ranks
+    )
+    step = replace(step, heaviest_rank=heaviest, ranks=ranks)
     assumptions: list[str] = []
     for s in slowest.stages:
         for line in priced[trace.traced_as[s]].assumptions:
@@ -446,6 +454,15 @@ def _estimate(
         step_time_s=step.step_time_s,
         pipeline=step,
     )
+
+
+def _floor(footprint: MemoryFootprint | None, held: int) -> int:
+    """What a rank's fullest moment holds at least: its weights, gradients, optimizer state
+    and KV cache, and the activations its stages keep for the micro-batches in flight at
+    once (``held``; a serving rank's none), with no transient beside them."""
+    if footprint is None:
+        return 0
+    return footprint.fixed_bytes - footprint.layer_buffers_bytes + footprint.kv_cache_bytes + held
 
 
 def _rank_memory(
