@@ -174,6 +174,7 @@ def test_which_layouts_are_carried_and_how_a_copy_is_cut():
         80, TrainingLayout(fsdp=2), {}, offloaded(None, {"offload_activations": 4})
     )
     assert offloaded(PricingOptions(offload_activations=2), {}) == 2 and offloaded(None, {}) == 0
+    assert offloaded(None, {"offload_activations": "two"}) == 0  # pricing says what is wrong
     config = Qwen2Config(num_hidden_layers=6, hidden_size=64, eos_token_id=list(range(6)))
     copied = shallow_config(config, 2)
     assert copied.num_hidden_layers == 2 and config.num_hidden_layers == 6

@@ -106,11 +106,12 @@ def step_priced_whole(layers: int | None, workload: dict[str, Any], offload: int
 
 
 def offloaded(pricing: PricingOptions | None, pricing_knobs: dict[str, Any]) -> int:
-    """The decoder layers whose activations a search's pricing offloads."""
+    """The decoder layers whose activations a search's pricing offloads (0 for a value
+    that is no count of layers: pricing refuses it in its own words)."""
     given = pricing_knobs.get("offload_activations")
     if given is None and pricing is not None:
         given = pricing.offload_activations
-    return int(given or 0)
+    return given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else 0
 
 
 def priced_from_copies(
