@@ -372,6 +372,10 @@ def test_bad_input_is_one_line(capsys):
             "recompute takes a list of choices",
         ),
         (lambda: plan_training(small_llama(2), 2, global_batch=2, jobs=0), "jobs must be"),
+        (  # a pricing option no layout could be priced with: refused once, not per layout
+            lambda: plan_training(small_llama(2), 2, global_batch=2, offload_activations="two"),
+            "^offload_activations counts decoder layers: an integer >= 0, got 'two'$",
+        ),
         (
             lambda: plan_training(
                 small_llama(2),

@@ -36,6 +36,7 @@ from torchroof.planning.shallow import (
 from torchroof.planning.space import TrainingSpace, enumerate_training
 from torchroof.planning.workers import PricingJob, run_jobs
 from torchroof.pricing.hardware import resolve_hardware
+from torchroof.pricing.runtime import with_knobs
 from torchroof.progress import current, reporting
 
 SEARCHED = frozenset(
@@ -199,6 +200,7 @@ def plan_training(
             f"({', '.join(TrainingSpace.__dataclass_fields__)}) instead"
         )
     _check_knobs(seq, gpus, workload_knobs)
+    with_knobs(pricing, pricing_knobs)  # a bad pricing option refused once, before anything
     unknown = sorted(set(space or {}) - set(TrainingSpace.__dataclass_fields__) - SET_HERE)
     if unknown or set(space or {}) & SET_HERE:
         raise OptionError(
