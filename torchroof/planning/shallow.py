@@ -279,5 +279,4 @@ def rank_memory(estimate: Estimate) -> dict[int, tuple[int, int]]:
     memory = estimate.memory
     if memory is None:
         return {0: (0, 0)}
-    floor = memory.fixed_bytes - memory.layer_buffers_bytes + memory.kv_cache_bytes
-    return {0: (memory.total_bytes, floor + memory.backward_saved_bytes)}
+    return {0: (memory.total_bytes, memory.floor_bytes(memory.backward_saved_bytes))}

@@ -324,6 +324,18 @@ class MemoryFootprint:
             + self.layer_buffers_bytes
         )
 
+    def floor_bytes(self, held: int) -> int:
+        """What the fullest moment holds at least: the weights, gradients, optimizer state
+        and KV cache, and ``held`` bytes of activations kept for a backward, with no
+        transient beside them."""
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_state_bytes
+            + self.kv_cache_bytes
+            + held
+        )
+
     def line(self) -> str:
         """The footprint against the capacity, in GiB as vendors quote capacities (an H100's
         80 GB are 80 GiB)."""

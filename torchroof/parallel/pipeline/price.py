@@ -425,7 +425,7 @@ def _estimate(
         replace(
             r,
             memory_bytes=total_bytes(r.rank),
-            floor_bytes=_floor(footprints[r.rank], held[r.rank]),
+            floor_bytes=_floor_bytes(footprints[r.rank], held[r.rank]),
         )
         for r in step.ranks
     )
@@ -456,13 +456,10 @@ def _estimate(
     )
 
 
-def _floor(footprint: MemoryFootprint | None, held: int) -> int:
-    """What a rank's fullest moment holds at least: its weights, gradients, optimizer state
-    and KV cache, and the activations its stages keep for the micro-batches in flight at
-    once (``held``; a serving rank's none), with no transient beside them."""
-    if footprint is None:
-        return 0
-    return footprint.fixed_bytes - footprint.layer_buffers_bytes + footprint.kv_cache_bytes + held
+def _floor_bytes(footprint: MemoryFootprint | None, held: int) -> int:
+    """A rank's floor (:meth:`MemoryFootprint.floor_bytes`) with the activations its stages
+    keep for the micro-batches in flight at once (``held``; a serving rank's none)."""
+    return footprint.floor_bytes(held) if footprint is not None else 0
 
 
 def _rank_memory(
