@@ -43,7 +43,10 @@ from torchroof.config.choices import INTERLEAVED, SINGLE_STAGE  # noqa: E402
 from torchroof.config.errors import OptionError  # noqa: E402
 from torchroof.planning import TrainingLayout, plan_training  # noqa: E402
 from torchroof.planning.space import check_layout  # noqa: E402
-from torchroof.workloads.microbatches import alike_microbatches  # noqa: E402
+from torchroof.workloads.microbatches import (  # noqa: E402
+    alike_microbatches,
+    alike_middle_microbatches,
+)
 
 MAX_TRACED = 8
 """Micro-batches a plan may trace one by one: a run whose micro-batches cannot be copied
@@ -119,11 +122,12 @@ def search(run: dict[str, Any], choice: Any, jobs: int = 1) -> dict[str, Any]:
         setattr(model, name, value)
     gpus = run["gpu_count"]
     step = Workload(regime="train", seq=seq, **fields, **layout.knobs())
-    if layout.pp == 1 and layout.microbatches > MAX_TRACED and not alike_microbatches(step):
+    copied = alike_microbatches(step) or alike_middle_microbatches(step)
+    if layout.pp == 1 and layout.microbatches > MAX_TRACED and not copied:
         raise OptionError(
             f"each of its {layout.microbatches} micro-batches would be traced (they do not "
-            "each run the same program: ZeRO-1/2, deferred gradient sync or a precision but "
-            "mixed), for every plan"
+            "each run the same program: deferred gradient sync or a precision but mixed), "
+            "for every plan"
         )
     problem = check_layout(model, layout, seq, phase.model, fields)
     if problem:

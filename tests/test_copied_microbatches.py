@@ -13,8 +13,13 @@ import torchroof
 from torchroof.capture.mode import Capture
 from torchroof.capture.replay_training import ReplayFallback, TrainingReplay
 from torchroof.config import Workload
+from torchroof.config.errors import WorkloadError
 from torchroof.records.equality import first_difference
-from torchroof.workloads.microbatches import alike_microbatches, run_microbatches
+from torchroof.workloads.microbatches import (
+    alike_microbatches,
+    alike_middle_microbatches,
+    run_microbatches,
+)
 
 
 def full_and_copied(microbatches=5, **knobs):
@@ -63,7 +68,6 @@ def test_copied_microbatches_are_the_step_that_runs_them(knobs):
 @pytest.mark.parametrize(
     "knobs",
     [
-        dict(dp=2, zero=1),  # parameters kept gathered from the first to the last
         dict(fsdp=2, defer_gradient_sync=True),  # one reduction, on the last
         dict(fsdp=2, precision="fp32"),  # the parameters' gradients accumulate
     ],
@@ -76,6 +80,29 @@ def test_microbatches_that_accumulate_otherwise_each_run(knobs):
     assert traced.facts.repeated_microbatches == ""
     assert first_difference(full, traced) == ""
     assert priced(full) == priced(traced)
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+@pytest.mark.parametrize("microbatches, copied", [(5, 1), (7, 3)])
+def test_zero_copies_the_middle_microbatches_and_runs_the_last(zero, microbatches, copied):
+    """ZeRO-1/2 gathers the parameters in the first micro-batch and frees them in the
+    last one's backward: the first three run (the third held to the second), the fourth
+    to the one before the last are copies of the second (5 - 3 - 1 = 1, 7 - 3 - 1 = 3)
+    and the last runs; the trace is the full one op for op and priced the same."""
+    full, traced = full_and_copied(microbatches, dp=2, zero=zero)
+    assert not alike_microbatches(traced.facts.workload)
+    assert alike_middle_microbatches(traced.facts.workload)
+    note = f"{microbatches} micro-batches: 3 and the last traced, {copied} copied"
+    assert traced.facts.repeated_microbatches == note
+    assert first_difference(full, traced) == ""
+    assert priced(full) == priced(traced)
+
+
+def test_four_zero_microbatches_are_each_traced():
+    """Under ZeRO the first three and the last run: of four, none is copied."""
+    full, traced = full_and_copied(4, dp=2, zero=2)
+    assert traced.facts.repeated_microbatches == ""
+    assert first_difference(full, traced) == ""
 
 
 def test_three_microbatches_are_each_traced():
@@ -146,3 +173,46 @@ def test_a_third_microbatch_unlike_the_second_stops_the_copying():
         "5 micro-batches, each traced: the third differs from the second (op 1 of the "
         "micro-batch, aten.add.Tensor: another op, phase or module)"
     )
+
+
+def _zero_traced(microbatches, last_reads_third):
+    """(the trace, the note, the micro-batches run) of ``microbatches`` micro-batches of
+    the three ops of :func:`_traced`, under ZeRO-2 (the last runs); the last also reads
+    the third's product where ``last_reads_third``."""
+    weight = torch.empty(8, device="meta")
+    ran, products = [], []
+
+    def run(micro):
+        ran.append(micro)
+        x = torch.empty(8, device="meta")
+        products.append(weight * x)
+        if last_reads_third and micro == microbatches - 1:
+            products[2].sum()  # what a copy's own product stands for in the step
+        else:
+            products[-1].sum()
+
+    capture = Capture()
+    workload = Workload(regime="train", microbatches=microbatches, dp=2, zero=2)
+    with capture as trace:
+        note = run_microbatches(capture, workload, run)
+    return trace, note, ran
+
+
+def test_under_zero_the_middle_is_copied_and_the_last_runs():
+    """Of 6 micro-batches the first three and the last run, 2 are copies of the second:
+    6 x 3 ops in the step's order, the last's own storages after the copies' fresh ones."""
+    trace, note, ran = _zero_traced(6, last_reads_third=False)
+    assert ran == [0, 1, 2, 5]
+    assert note == "6 micro-batches: 3 and the last traced, 2 copied"
+    made = ["aten.empty.memory_format", "aten.mul.Tensor", "aten.sum.default"]
+    assert [op.name for op in trace.ops] == made * 6
+    products = trace.ops[1::3]
+    assert len({op.outputs[0].storage for op in products}) == 6  # each its own product
+    assert [op.index for op in trace.ops] == list(range(18))
+
+
+def test_a_last_microbatch_that_reads_a_middle_ones_tensor_is_refused():
+    """A last micro-batch that reads what the third made would read what the fifth made
+    in the step, which a copy stands for: refused, in one line that says what to do."""
+    with pytest.raises(WorkloadError, match="aten.sum.default touches a tensor a middle"):
+        _zero_traced(6, last_reads_third=True)

@@ -19,6 +19,14 @@ storages where the step reads the pool's. No training step here does that; its w
 optimizer state are met before the second micro-batch begins. ``full_trace`` runs every
 micro-batch, except where it was set only to run every layer of a step whose copied layer
 could not be copied (:func:`layers_run_whole`).
+
+Under ZeRO-1 and ZeRO-2 (DeepSpeed's stages 1 and 2, Megatron's distributed optimizer:
+parameters whole on every data rank) the parameters are gathered in the first micro-batch
+and kept until the last one's backward frees them, so the last differs too: the middle
+ones run alike (:func:`alike_middle_microbatches`). The first three run, the third is held
+to the second, the fourth to the one before the last are copies of the second, and the
+last runs; it is held to read and write no storage a middle one made (a copy's storage
+would stand for it), which ZeRO's last micro-batch does not.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from torchroof.capture.mode import Capture
 from torchroof.capture.replay import append_copies
+from torchroof.config.errors import WorkloadError
 from torchroof.records.assumptions import Assumption
 from torchroof.records.ops import OpRecord
 from torchroof.records.trace import Trace
@@ -74,6 +83,18 @@ def alike_microbatches(workload: Workload) -> bool:
     )
 
 
+def alike_middle_microbatches(workload: Workload) -> bool:
+    """Whether every micro-batch but the first and the last of ``workload``'s step runs the
+    same program: :func:`alike_microbatches` but under ZeRO-1/2, whose last micro-batch
+    frees the parameters gathered in the first."""
+    return (
+        workload.trains
+        and workload.precision == "mixed"
+        and not workload.defer_gradient_sync
+        and workload.zero in (1, 2)
+    )
+
+
 @dataclass(frozen=True)
 class _Span:
     """What one micro-batch recorded: ops ``start`` to ``end``, the storages it met first
@@ -98,11 +119,14 @@ def _made(ops: Sequence[OpRecord], first_storage: int) -> frozenset[int]:
 def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], None]) -> str:
     """Every micro-batch of ``workload`` in order, micro-batch ``k`` by ``run(k)``; from
     the fourth on, copies of the second where the step allows it
-    (:func:`alike_microbatches`) and the third matched the second. Returns the line the
-    step's facts keep ("" where each ran and none was asked to be copied)."""
+    (:func:`alike_microbatches`; :func:`alike_middle_microbatches` to the one before the
+    last, which runs) and the third matched the second. Returns the line the step's facts
+    keep ("" where each ran and none was asked to be copied)."""
     total = workload.microbatches
     every = workload.full_trace and not _LAYERS_ONLY.get()
-    if every or total <= TRACED or not alike_microbatches(workload):
+    last = alike_middle_microbatches(workload)  # the last runs: not a copy
+    ran = TRACED + 1 if last else TRACED
+    if every or total <= ran or not (alike_microbatches(workload) or last):
         for micro in range(total):
             run(micro)
         return ""
@@ -112,9 +136,26 @@ def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], 
         for micro in range(TRACED, total):
             run(micro)
         return f"{total} micro-batches, each traced: the third differs from the second ({why})"
-    for _ in range(TRACED, total):
+    copies = total - TRACED - last
+    for _ in range(copies):
         _copy(capture, spans[1])
-    return f"{total} micro-batches: {TRACED} traced, {total - TRACED} copied"
+    if not last:
+        return f"{total} micro-batches: {TRACED} traced, {copies} copied"
+    _check_last(capture.trace, _recorded(capture, run, total - 1), spans[1], spans[2])
+    return f"{total} micro-batches: {TRACED} and the last traced, {copies} copied"
+
+
+def _check_last(trace: Trace, last: _Span, second: _Span, third: _Span) -> None:
+    """A WorkloadError where the last micro-batch reads or writes a storage the second or
+    third made: in the step it would be the one before the last's, which a copy stands
+    for."""
+    middle = second.own | third.own
+    for op in trace.ops[last.start : last.end]:
+        if any(t.storage in middle for t in (*op.inputs, *op.outputs)):
+            raise WorkloadError(
+                f"the last micro-batch's {op.name} touches a tensor a middle micro-batch "
+                "made, so the middle ones cannot be copied: trace with full_trace=True"
+            )
 
 
 def _recorded(capture: Capture, run: Callable[[int], None], micro: int) -> _Span:
