@@ -58,13 +58,15 @@ def test_the_copies_carry_every_figure_to_the_full_depth(layout):
 
 
 # pipelines whose stages hold 8 layers (2 and 3 in the copies): 1F1B, interleaved 1F1B with
-# two stages a rank (32 layers), FSDP beside the pipeline with selective recompute; and 19
-# layers over 2 stages, 10 and 9
+# two stages a rank (32 layers), FSDP beside the pipeline with selective recompute; 19
+# layers over 2 stages, 10 and 9; and interleaved 1F1B over 20 layers, 4 stages of 5 (10
+# a rank: carried from stages of 4 layers up, as 1F1B's of the same ranks)
 PIPELINED = [
     (16, TrainingLayout(pp=2, batch=1, microbatches=4)),
     (32, TrainingLayout(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2, microbatches=4)),
     (16, TrainingLayout(fsdp=2, pp=2, batch=1, microbatches=4, recompute="selective")),
     (19, TrainingLayout(pp=2, batch=1, microbatches=4)),
+    (20, TrainingLayout(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2, microbatches=4)),
 ]
 
 
@@ -161,7 +163,16 @@ def test_which_layouts_are_carried_and_how_a_copy_is_cut():
     interleaved = TrainingLayout(pp=4, pp_schedule="interleaved-1f1b", virtual_stages=2)
     assert priced_from_copies(80, interleaved, {})  # 8 stages of 10
     assert not priced_from_copies(80, TrainingLayout(pp=16, microbatches=16), {})  # 5
-    assert not priced_from_copies(80, replace(interleaved, pp=8), {})  # 16 stages of 5
+    # several stages a rank whose ranks hold 8 layers or more: stages of 4 or more, as
+    # the same ranks' 1F1B copies (2 and 3 layers a stage), whose stages it shares
+    assert priced_from_copies(80, replace(interleaved, pp=8), {})  # 16 stages of 5; 10 a rank
+    assert priced_from_copies(64, replace(interleaved, pp=8), {})  # 4 a stage; 8 a rank
+    three = replace(interleaved, pp=8, virtual_stages=3)  # 24 stages
+    assert not priced_from_copies(72, three, {})  # 9 a rank, but 3 a stage
+    assert priced_from_copies(48, replace(three, pp=4), {})  # 12 stages of 4; 12 a rank
+    assert not priced_from_copies(80, replace(interleaved, pp=16), {})  # 5 a rank
+    zero_bubble = TrainingLayout(pp=8, pp_schedule="zbv", virtual_stages=2)
+    assert not priced_from_copies(80, zero_bubble, {})  # its backward split: other programs
     assert priced_from_copies(80, TrainingLayout(pp=3, microbatches=3), {})  # 27, 27, 26
     assert not priced_from_copies(80, TrainingLayout(pp=2), {"pp_split": (30, 50)})
     # every 2nd layer checkpointed: the figures step with the parity; fp8: the MFU's peak
@@ -250,7 +261,7 @@ def test_the_cli_says_what_was_carried_and_whole_prices_every_layout(tmp_path, c
     # the fastest priced again at full depth, the other 3 carried
     assert (
         "3 priced from copies of the model with 2 and 3 layers (a stage, where pipelined), "
-        "carried to its full depth (their memory at least what is shown), 1 of the fastest "
+        "carried to its full depth (their memory within a few percent), 1 of the fastest "
         "priced again at full depth" in text
     )
     assert main([*argv, "--whole"]) == 0
@@ -293,13 +304,51 @@ def test_a_confirmed_plan_that_no_longer_fits_or_fails_makes_way(monkeypatch):
     assert result.confirmed == 3
 
 
+def test_a_carried_plan_of_several_stages_a_rank_just_over_memory_is_priced_whole(
+    monkeypatch,
+):
+    # a GPU of 100 bytes; carried: x (FSDP) 2.0 s in 50 fits; i, interleaved over 2 ranks
+    # of 2 stages, 1.0 s in 103 (within 5%: such memory can lie above the full model's),
+    # and j in 110 (beyond it), and o, 1F1B, 0.8 s in 101 (one stage a rank: its carried
+    # memory is at most the full model's): the first round confirms x and i, which fits
+    # at full depth (99) and now leads
+    interleaved = TrainingLayout(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    x, o = TrainingLayout(fsdp=2), TrainingLayout(pp=2)
+    i, j = replace(interleaved, batch=2), replace(interleaved, batch=3)
+
+    def carried(step_s, memory):
+        return {"step_time_s": step_s, "memory_bytes": memory, "fits": memory <= 100}
+
+    full = {x: carried(2.0, 50), i: carried(1.0, 99)}
+    rounds = []
+
+    def priced(jobs, processes=1, ray_address=None):
+        rounds.append([job.layout for job in jobs])
+        return [full[job.layout] for job in jobs]
+
+    monkeypatch.setattr(search, "run_jobs", priced)
+    plans = {
+        p: {**carried(*m), "shallow": [2, 3]}
+        for p, m in ((x, (2.0, 50)), (i, (1.0, 103)), (j, (0.5, 110)), (o, (0.8, 101)))
+    }
+    over = [search.PricedPlan(p, plans[p]) for p in (i, j, o)]
+    result = search.TrainingPlans([search.PricedPlan(x, plans[x])], over, Counter(), 0)
+    result.capacity_bytes = 100
+    search._confirm("model", "dgx-h100", 128, ({}, None, {}), result, (1, None), 1)
+    assert rounds == [[x, i]]
+    assert [(plan.layout, plan.carried) for plan in result.ranked] == [(i, False), (x, False)]
+    assert [plan.layout for plan in result.over_memory] == [j, o]
+    assert result.confirmed == 2
+
+
 def test_why_nothing_was_carried_is_said(monkeypatch):
     config = small_llama(LAYERS)
     flat = [TrainingLayout(fsdp=2)]
     assert search._why_whole(config, config, flat, {}) is None  # carried
     piped = [TrainingLayout(pp=2, microbatches=2)]  # 6 layers a stage
     assert search._why_whole(config, config, piped, {}) == (
-        "every layout is pipelined with fewer than 8 layers a stage"
+        "every layout is pipelined with fewer than 8 layers a stage (4 under interleaved "
+        "1F1B whose ranks hold 8)"
     )
     assert search._why_whole(small_llama(16), small_llama(16), piped, {}) is None
     assert search._why_whole(config, config, flat, {"quant": "fp8"}).startswith("a quantised")

@@ -40,6 +40,7 @@ from torchroof.models.sources import (
     position_limit,
 )
 from torchroof.parallel.pipeline import price as pp_step
+from torchroof.parallel.pipeline.shared import current_shared
 from torchroof.parallel.pipeline.trace import trace_pipeline
 from torchroof.pricing.hardware import resolve_hardware
 from torchroof.pricing.price import TracePlans, price_trace, pricing_options
@@ -284,17 +285,21 @@ def estimate_trace(
     ``bandwidth_efficiency``, ``launch_overhead_s``) choose the kernels and how each is
     timed. With collectives the step time is the schedule's
     (:mod:`torchroof.timing.streams`); without, the plain sum of the kernels' times.
-    ``plans`` keeps each trace's kernels across calls (:class:`TracePlans`).
+    ``plans`` keeps each trace's kernels across calls (:class:`TracePlans`); a pipelined
+    step's stages inside a :func:`~torchroof.parallel.pipeline.shared.shared_stages` block
+    keep theirs in the block's instead, shared with every step that runs those stages.
     """
     pricing = pricing_options(pricing, knobs)
     with paused_gc(), current_progress().ending():
         if isinstance(trace, pp_step.PipelineTrace):  # one trace per distinct stage + schedule
             spec, cluster = resolve_hardware(hardware)
             chosen = pricing
+            shared = current_shared()  # stages planned once for every step that shares them
+            held = shared.plans if shared is not None else plans
             return pp_step.price(
                 trace,
                 lambda stage: price_trace(
-                    stage, cluster or spec, chosen, plans.of(stage) if plans is not None else None
+                    stage, cluster or spec, chosen, held.of(stage) if held is not None else None
                 ),
                 cluster,
                 int(spec.hbm_capacity_bytes.value),

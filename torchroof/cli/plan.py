@@ -323,7 +323,7 @@ def plans_text(plans: TrainingPlans, top: int) -> str:
         confirmed = f", {again} of the fastest priced again at full depth" if again else ""
         lines.append(
             f"{carried:,} priced from copies of the model with 2 and 3 layers (a stage, where "
-            f"pipelined), carried to its full depth (their memory at least what is shown)"
+            f"pipelined), carried to its full depth (their memory within a few percent)"
             f"{confirmed}"
         )
     elif plans.whole:

@@ -12,6 +12,7 @@ throughput and memory left free.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ from torchroof.planning.layouts import TrainingLayout
 from torchroof.planning.memory_floor import layer_parameters, memory_floor
 from torchroof.planning.shallow import (
     STAGE_DEEP,
+    STAGE_LEAST,
     alike_layers,
+    copy_stages,
     offloaded,
     priced_from_copies,
     step_priced_whole,
@@ -53,6 +56,10 @@ WHOLE_AS_ASKED = "as asked (--whole, shallow=False)"
 TIED = 1e-9
 """Step times this close (relative) tie: a confirm prices again every carried plan tied with
 the last one it must confirm (carried times differ from the full model's by rounding)."""
+OVERSHOOT = 0.05
+"""How far above the GPU's memory a plan carried on ranks of several stages each may lie
+and still fit at full depth: such memory is no lower bound (+3.9% above the full model's
+at most, measured on Llama-3-70B), so those are priced whole before they are set aside."""
 SET_HERE = frozenset({"gpus", "seq", "global_batch"})
 """Space fields given as plan_training's own arguments."""
 
@@ -269,7 +276,10 @@ def _why_whole(
         return why
     assert isinstance(layers, int)  # step_priced_whole refuses any other
     if not any(priced_from_copies(layers, layout, workload, offload) for layout in layouts):
-        return f"every layout is pipelined with fewer than {STAGE_DEEP} layers a stage"
+        return (
+            f"every layout is pipelined with fewer than {STAGE_DEEP} layers a stage "
+            f"({STAGE_LEAST} under interleaved 1F1B whose ranks hold {STAGE_DEEP})"
+        )
     return alike_layers(config)
 
 
@@ -285,23 +295,41 @@ def _confirm(
     """Rank the fitting plans fastest first, pricing at full depth any of the ``confirm``
     fastest whose figures were carried from shallow copies (and any tied with the last of
     them, :data:`TIED`), until the ``confirm`` fastest were all priced whole; a plan that
-    no longer fits is moved among those over memory. A round of one plan is priced here,
-    not in a pool or on Ray."""
+    no longer fits is moved among those over memory. A carried plan over memory that may
+    fit at full depth (:func:`_may_fit`) and would rank among the ``confirm`` fastest is
+    priced whole too. A round of one plan is priced here, not in a pool or on Ray."""
     while True:
         ranked = sorted(result.ranked, key=lambda plan: (plan.step_time_s, plan.memory_bytes))
         result.ranked[:] = ranked
-        if not confirm or not ranked:
+        if not confirm:
             return
-        last = ranked[:confirm][-1].step_time_s * (1 + TIED)
+        last = ranked[:confirm][-1].step_time_s * (1 + TIED) if ranked else math.inf
         again = [plan for plan in ranked if plan.carried and plan.step_time_s <= last]
-        if not again:
+        if len(ranked) < confirm:
+            last = math.inf  # any plan that fits joins the ``confirm`` fastest
+        near = [
+            plan
+            for plan in result.over_memory
+            if _may_fit(plan, result.capacity_bytes) and plan.step_time_s <= last
+        ]
+        if not again and not near:
             return
         for plan in again:
             result.ranked.remove(plan)
-        result.confirmed += len(again)
-        layouts = [plan.layout for plan in again]
+        for plan in near:
+            result.over_memory.remove(plan)
+        result.confirmed += len(again) + len(near)
+        layouts = [plan.layout for plan in [*again, *near]]
         here = workers if len(layouts) > 1 else (1, None)
         _price(model, layouts, hardware, seq, options, result, here, at="at full depth")
+
+
+def _may_fit(plan: PricedPlan, capacity_bytes: int) -> bool:
+    """Whether ``plan``, priced over ``capacity_bytes``, may fit at full depth: carried, on
+    ranks of several pipeline stages each (whose carried memory can exceed the full
+    model's, :mod:`~torchroof.planning.shallow`), within :data:`OVERSHOOT` of it."""
+    several = copy_stages(plan.layout) > plan.layout.pp
+    return plan.carried and several and plan.memory_bytes <= capacity_bytes * (1 + OVERSHOOT)
 
 
 def _price(

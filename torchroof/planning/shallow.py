@@ -12,9 +12,10 @@ and every figure f carried to the model's L layers along the line through them:
 f(L) = f(3) + (L - 3) x (f(3) - f(2)). MFU is carried as MFU x step time (the step's
 FLOPs over the peak: affine); tokens/s is the step's tokens over the carried time. A
 pipeline of s stages, whose stages hold q = L // s layers or one more (at least
-:data:`STAGE_DEEP`), is priced on copies with 2 and 3 layers a stage (and the same stages
-one more), carried over q - 3 more: each stage's actions grow along a line, and so does
-the schedule's time where one path through it stays the longest.
+:data:`STAGE_DEEP`, or :data:`STAGE_LEAST`: see the end), is priced on copies with 2 and
+3 layers a stage (and the same stages one more), carried over q - 3 more: each stage's
+actions grow along a line, and so does the schedule's time where one path through it
+stays the longest.
 
 The step time, traffic, exposed communication and memory carried so equal the full
 model's to about 1e-13 for Llama-3-70B on 256 GPUs (FSDP with and without sequence
@@ -24,18 +25,24 @@ of 2 and 4 stages in time and traffic); the interleaved schedule's time fell 6e-
 0.8% short on a small model). In the tests, on layouts of a 12-layer model and pipelines of
 16 to 32 layers, the times agree to 1e-6 and the memory exactly.
 
-The memory is a lower bound. Each moment of the step holds bytes affine in the layers, and
-the footprint is the fullest of them, so the line through two shallow depths lies below it
-at L where the fullest moment changes between them and L (a maximum of lines lies above its
-chords beyond them). Each rank's memory is carried on two lines, its footprint's and its
-floor's (:func:`rank_memory`: what its fullest moment must hold, the transients aside),
-and the memory is the largest of them: for Llama-3-70B, the carried footprint of a
-pipeline's first stage fell 11-40% short (the embedding's moment leads in the copies, the
-activations of the micro-batches in flight at full depth), the floor 0.9-1.3%. A search
-prices its fastest plans again at full depth (:mod:`torchroof.planning.search`,
-``confirm``). A step that checkpoints every Nth layer only, or a quantised one, is priced
-whole (:func:`priced_from_copies`), as is a pipeline whose stages hold fewer than
-:data:`STAGE_DEEP` layers.
+The memory is a lower bound, except under a schedule of several stages a rank. Each moment of
+the step holds bytes affine in the layers, and the footprint is the fullest of them, so
+the line through two shallow depths lies below it at L where the fullest moment changes
+between them and L (a maximum of lines lies above its chords beyond them). Each rank's
+memory is carried on two lines, its footprint's and its floor's (:func:`rank_memory`: what
+its fullest moment must hold, the transients aside), and the memory is the largest of
+them: for Llama-3-70B, the carried footprint of a pipeline's first stage fell 11-40% short
+(the embedding's moment leads in the copies, the activations of the micro-batches in
+flight at full depth), the floor 0.9-1.3%. A rank of several stages (interleaved 1F1B) is
+no such maximum: its footprint adds its stages' largest activation peak to their largest
+layer buffers, taken at different moments, which can trade places with the depth, so its
+carried memory can also exceed the full model's (+2.3% and +3.9% for ZeRO-1 with full
+recompute). A search prices its fastest plans again at full depth
+(:mod:`torchroof.planning.search`, ``confirm``). A step that checkpoints every Nth layer
+only, or a quantised one, is priced whole (:func:`priced_from_copies`), as is a pipeline
+whose stages hold fewer than :data:`STAGE_DEEP` layers (:data:`STAGE_LEAST` under
+interleaved 1F1B whose ranks hold :data:`STAGE_DEEP`: its copies' stages are the same
+ranks' 1F1B copies' ones, traced once in a search).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import torch
 
 from torchroof.capture.layer_calls import INDEX_ATTRIBUTES, structure_key
 from torchroof.config import PricingOptions
-from torchroof.config.choices import schedule_stages_per_rank
+from torchroof.config.choices import SPLIT_BACKWARD, schedule_stages_per_rank
 from torchroof.config.errors import first_line
 from torchroof.models.sources import build_model, text_config
 from torchroof.parallel.stages import decoder_layers
@@ -84,6 +91,16 @@ and 3 layers a stage): each distinct stage is traced once either way, so the cop
 where a stage holds several times their layers. Llama-3-70B at pp 8 (10 layers a stage):
 2.1-2.6 s from copies, 3.7 s whole (break-even near 6 layers a stage); at pp 2 (40 a
 stage): 1.3 s against 6.6 s."""
+
+STAGE_LEAST = 4
+"""Layers each stage of a schedule with several stages a rank (interleaved 1F1B) holds at
+least to be priced from copies where its ranks hold :data:`STAGE_DEEP` layers or more: its
+copies run the stage programs of the same ranks' 1F1B copies (2 and 3 layers a stage),
+which a search prices beside it and traces once
+(:mod:`torchroof.parallel.pipeline.shared`). Alone, such copies cost more than the layout
+whole (Llama-3-70B at pp 8 interleaved, 5 layers a stage: 4.1 s from copies, 2.5 s whole;
+beside 1F1B, the 0.3 s of pricing); carried, its step time agreed to 1e-14 and its memory
+within -0.9% to +3.9% for three such layouts on 256 GPUs."""
 
 
 def step_priced_whole(layers: int | None, workload: dict[str, Any], offload: int = 0) -> str | None:
@@ -122,13 +139,20 @@ def priced_from_copies(
     where :func:`step_priced_whole` finds no reason to price the step whole (and every
     layer runs alike, :func:`alike_layers`, which the search checks once), without a
     pipeline, or with one whose stages hold at least :data:`STAGE_DEEP` layers each (split
-    as transformers splits them; no ``pp_split`` given)."""
+    as transformers splits them; no ``pp_split`` given), or, with several stages a rank
+    whose backward is not split, whose ranks hold that many and stages
+    :data:`STAGE_LEAST`."""
     if step_priced_whole(layers, workload, offload) is not None:
         return False
     stages = copy_stages(layout)
     if stages == 1:
         return True
-    return "pp_split" not in workload and layers // stages >= STAGE_DEEP
+    if "pp_split" in workload:
+        return False
+    if layers // stages >= STAGE_DEEP:
+        return True
+    several = stages > layout.pp and layout.pp_schedule not in SPLIT_BACKWARD
+    return several and layers // layout.pp >= STAGE_DEEP and layers // stages >= STAGE_LEAST
 
 
 def copy_stages(layout: TrainingLayout) -> int:
