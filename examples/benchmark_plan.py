@@ -12,8 +12,10 @@ Each measurement runs in its own process, imports warm:
   unless given), ``--cp`` (1), sequence parallel, every recompute choice, every split of
   the data ranks (DDP with the ``--zero`` stages, 0), micro-batches of 1 sequence up to
   ``--max-micro-batch`` (1)): each layout priced from copies of the model with
-  2 and 3 layers (a stage, where its pipeline's stages hold 8 layers or more; the others
-  whole), then the best priced at full depth (timed apart);
+  2 and 3 layers (a stage, where its pipeline's stages hold 8 layers or more, or 4 under
+  interleaved 1F1B whose ranks hold 8; the others whole; 1F1B and interleaved pipelines of
+  the same ranks trace their stages once), then the best priced at full depth (timed
+  apart);
 - ``whole`` (with ``--whole``): the same search with every layout priced at full depth,
   as each was before copies (about an estimate a layout: tens of minutes).
 
@@ -21,7 +23,7 @@ Each measurement runs in its own process, imports warm:
         --global-batch 256] [--tp 8] [--pp 1] [--cp 1] [--zero 0] [--max-micro-batch 1]
         [--jobs 1] [--whole]
 
-A search of more than 1,000 plans (1,020 past the memory floor, 900 of them from copies):
+A search of more than 1,000 plans (1,020 past the memory floor, all from copies):
 ``--tp 4 8 --pp 1 2 4 8 --cp 1 2 --zero 0 1 2 --max-micro-batch 2``.
 """
 
