@@ -75,24 +75,20 @@ def alike_microbatches(workload: Workload) -> bool:
     parameters' are dropped: nothing accumulates on them), gradients synchronised every
     micro-batch, and no ZeRO-1/2 (which keeps parameters gathered from the first
     micro-batch to the last)."""
-    return (
-        workload.trains
-        and workload.precision == "mixed"
-        and not workload.defer_gradient_sync
-        and workload.zero not in (1, 2)
-    )
+    return _accumulated_alike(workload) and workload.zero not in (1, 2)
 
 
 def alike_middle_microbatches(workload: Workload) -> bool:
     """Whether every micro-batch but the first and the last of ``workload``'s step runs the
     same program: :func:`alike_microbatches` but under ZeRO-1/2, whose last micro-batch
     frees the parameters gathered in the first."""
-    return (
-        workload.trains
-        and workload.precision == "mixed"
-        and not workload.defer_gradient_sync
-        and workload.zero in (1, 2)
-    )
+    return _accumulated_alike(workload) and workload.zero in (1, 2)
+
+
+def _accumulated_alike(workload: Workload) -> bool:
+    """A training step in mixed precision whose gradients are synchronised every
+    micro-batch: each micro-batch leaves the same state for the next."""
+    return workload.trains and workload.precision == "mixed" and not workload.defer_gradient_sync
 
 
 @dataclass(frozen=True)
@@ -136,7 +132,7 @@ def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], 
         for micro in range(TRACED, total):
             run(micro)
         return f"{total} micro-batches, each traced: the third differs from the second ({why})"
-    copies = total - TRACED - last
+    copies = total - ran
     for _ in range(copies):
         _copy(capture, spans[1])
     if not last:
