@@ -20,7 +20,7 @@ from torchroof import progress
 from torchroof.config.choices import DEFAULT_SEQ, REGIME_FACTS, REGIMES
 from torchroof.config.errors import WorkloadError
 from torchroof.parallel.quantised_shards import quantize_shards
-from torchroof.parallel.stages import record_stage
+from torchroof.parallel.stages import record_stage, release_stage
 from torchroof.quant.recipes import ABSORBED_MLA_WIDE, Quantised, quantize_model
 from torchroof.records.trace import Trace
 from torchroof.workloads.parallel_step import describe, parallel_program
@@ -94,11 +94,15 @@ def run_workload(
     if plan:  # ends when the first traced op begins the next stage
         report.begin(f"setting up rank 0 of {plan}")
     after = quantise_shards if shards else None
-    with (
-        parallel_program(given[TARGET], workload, after),
-        replayed(given, workload) as replays,
-    ):
-        trace = step.trace(given, workload)
+    try:
+        with (
+            parallel_program(given[TARGET], workload, after),
+            replayed(given, workload) as replays,
+        ):
+            trace = step.trace(given, workload)
+    except BaseException:
+        release_stage(given[TARGET])  # a failed stage's graph would hold its model
+        raise
     quantised = found[0]
     trace.facts.repeated_layers = replays.describe(trace)
     record_stage(given[TARGET], trace)
