@@ -4,7 +4,8 @@
 Each layout is priced by :func:`price_layout` from its own arguments, so every worker
 gives the numbers this process would: results come back in the layouts' order whatever
 finishes first. Layouts whose pipelines run the same stage programs (1F1B and interleaved
-1F1B over the same ranks: :func:`share_group`) go to one worker together, which prices
+1F1B over the same ranks; pipelines of several sizes over replicas of the same shards:
+:func:`share_group`) go to one worker together, which prices
 them in one :func:`price_group` and traces each such stage once
 (:mod:`torchroof.parallel.pipeline.shared`); the figures are those each gets alone.
 Processes start with ``spawn`` (a fresh interpreter, as torch.multiprocessing recommends
@@ -109,10 +110,17 @@ def price_group(jobs: Sequence[PricingJob]) -> list[dict[str, Any] | str]:
 def share_group(layout: TrainingLayout) -> TrainingLayout:
     """What a layout's stages are made of: the layout but its schedule and the stages each
     rank holds (1F1B and interleaved 1F1B over the same ranks run stages of the same
-    programs wherever the stages hold the same layers; without a pipeline, its own)."""
+    programs wherever the stages hold the same layers; without a pipeline, its own), and
+    where its data ranks are replicas that shard nothing over them (DDP, HSDP), but its
+    pipeline's size and with it their number and the micro-batches (a stage program over
+    some replicas is the one over others but its all-reduces' groups,
+    :mod:`torchroof.parallel.replicas`)."""
     if layout.pp == 1:
         return layout
-    return replace(layout, pp_schedule="", virtual_stages=1)
+    shared = replace(layout, pp_schedule="", virtual_stages=1)
+    if layout.dp > 1 and layout.zero == 0 and layout.ep == 1:
+        shared = replace(shared, pp=0, dp=0, microbatches=0)
+    return shared
 
 
 def _groups(jobs: Sequence[PricingJob]) -> list[list[int]]:

@@ -10,7 +10,12 @@ stages of one step already share a trace (``traced_as``): 1F1B and interleaved 1
 the same ranks, and their copies with 2 and 3 layers a stage
 (:mod:`torchroof.planning.shallow`), whatever the depth of the model the stage was cut
 from. Inside the block a stage whose program was traced before is not traced again, and
-its kernels are planned once (:class:`~torchroof.pricing.price.TracePlans`).
+its kernels are planned once (:class:`~torchroof.pricing.price.TracePlans`). A stage over
+data-parallel replicas that shard nothing over them (DDP, HSDP) runs the program it runs
+over any other number of them but for its all-reduces' groups: pipelines of several sizes
+over replicas of the same shards (FSDP 2 x DP 16 at PP 2, FSDP 2 x DP 8 at PP 4) share it, carried
+to each one's replicas (:func:`~torchroof.parallel.replicas.regrouped`) with its kernel
+plans.
 
 The key is everything the stage program is made of: the model's config with its depth left
 out (its layer count, and each per-layer list whose entries are all alike), the model's
@@ -27,26 +32,64 @@ import contextlib
 import contextvars
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from torch import nn
 
 from torchroof.config import Workload
+from torchroof.parallel.replicas import regrouped, replica_free, replicated
 from torchroof.parallel.stages import StageSplit, pipeline_layout, stage_key
-from torchroof.pricing.price import TracePlans
+from torchroof.pricing.price import KernelPlan, TracePlans
 from torchroof.records.trace import Trace
+
+
+class StageKey(NamedTuple):
+    """What a stage program is made of (:func:`share_key`)."""
+
+    model: tuple[Any, ...]
+    workload: Workload
+    split_backward: bool
+    stage: tuple[Any, ...]
 
 
 @dataclass
 class SharedStages:
     """The stage traces of one block, by key, the kernel plans made of them, and how many
-    stages were traced and how many were handed out again."""
+    stages were traced and how many handed out again (``carried`` of them carried to
+    another number of replicas)."""
 
-    traces: dict[tuple[Any, ...], Trace] = field(default_factory=dict)
+    traces: dict[StageKey, Trace] = field(default_factory=dict)
     plans: TracePlans = field(default_factory=TracePlans)
     traced: int = 0
     reused: int = 0
+    carried: int = 0
+    # the first trace of each program over any number of replicas (replica_free)
+    replicas: dict[StageKey, Trace] = field(default_factory=dict)
+
+    def find(self, key: StageKey) -> Trace | None:
+        """The trace of the stage program ``key``: one traced before in the block, or one of
+        the same program over other replicas carried to its own
+        (:func:`~torchroof.parallel.replicas.regrouped`); None where neither is held."""
+        found = self.traces.get(key)
+        if found is not None:
+            return found
+        source = self.replicas.get(key._replace(workload=replica_free(key.workload)))
+        carried = None if source is None else regrouped(source, key.workload)
+        if source is not None and carried is not None:
+            self.traces[key] = carried
+            self.carried += 1
+            held = self.plans.of(carried)
+            for policy, plan in self.plans.of(source).items():
+                held.setdefault(policy, _regrouped_plan(plan, source, carried))
+        return carried
+
+    def keep(self, key: StageKey, trace: Trace) -> None:
+        """Hold ``trace`` as the stage program ``key`` (and as that program over any number
+        of replicas, where it has none yet)."""
+        self.traces.setdefault(key, trace)
+        if replicated(key.workload):
+            self.replicas.setdefault(key._replace(workload=replica_free(key.workload)), trace)
 
 
 _SHARED: contextvars.ContextVar[SharedStages | None] = contextvars.ContextVar(
@@ -64,6 +107,24 @@ def shared_stages() -> Iterator[SharedStages]:
         yield shared
     finally:
         _SHARED.reset(token)
+
+
+def _regrouped_plan(plan: KernelPlan, source: Trace, carried: Trace) -> KernelPlan:
+    """``source``'s kernel plan as ``carried``'s, ``carried`` being ``source`` over other
+    replicas (:func:`~torchroof.parallel.replicas.regrouped`): each kernel holding one of
+    the collectives whose group changed holds its new record instead. A collective's W
+    and Q are its buffers' (:func:`torchroof.counters.collectives.collective_cost`), the
+    same over any group; pricing times it from the group it records."""
+    changed = {
+        id(old): new for old, new in zip(source.ops, carried.ops, strict=True) if old is not new
+    }
+    kernels = [
+        replace(kernel, ops=tuple(changed.get(id(op), op) for op in kernel.ops))
+        if any(id(op) in changed for op in kernel.ops)
+        else kernel
+        for kernel in plan.kernels
+    ]
+    return replace(plan, kernels=kernels)
 
 
 def current_shared() -> SharedStages | None:
@@ -91,11 +152,11 @@ def share_key(
     split: StageSplit,
     split_backward: bool,
     reference: nn.Module,
-) -> tuple[Any, ...]:
+) -> StageKey:
     """What stage ``split`` of ``reference`` (whose :func:`model_key` is ``model``) traced
     under ``workload`` (one stage, one micro-batch) is made of: equal keys, the same
     program."""
-    return (model, workload, split_backward, stage_key(reference, split))
+    return StageKey(model, workload, split_backward, stage_key(reference, split))
 
 
 def depthless_config(config: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from torch import nn
 
@@ -14,7 +14,7 @@ from torchroof.config.choices import SPLIT_BACKWARD
 from torchroof.config.errors import WorkloadError
 from torchroof.parallel.pipeline.price import PipelineTrace
 from torchroof.parallel.pipeline.schedule import Action, action_order, stages_per_rank
-from torchroof.parallel.pipeline.shared import current_shared, model_key, share_key
+from torchroof.parallel.pipeline.shared import StageKey, current_shared, model_key, share_key
 from torchroof.parallel.pipeline.workers import run_shared
 from torchroof.parallel.stages import (
     StageSplit,
@@ -102,16 +102,15 @@ def trace_pipeline(
 
     distinct = [split for split in splits if traced_as[split.index] == split.index]
     shared = current_shared()  # stages another step of the block traced (shared.py)
-    shares: dict[int, tuple[Any, ...]] = {}
-    held: dict[int, Trace]
+    shares: dict[int, StageKey] = {}
+    held: dict[int, Trace] = {}
     if shared is not None:
         model = model_key(reference)
         shares = {
             s.index: share_key(model, one_stage, s, split_backward, reference) for s in distinct
         }
-        held = {i: shared.traces[k] for i, k in shares.items() if k in shared.traces}
-    else:
-        held = {}
+        found = {i: shared.find(k) for i, k in shares.items()}
+        held = {i: trace for i, trace in found.items() if trace is not None}
     missing = [split for split in distinct if split.index not in held]
     jobs = [functools.partial(stage, split) for split in missing]
     if missing:  # the first, here, on the model built
@@ -122,7 +121,7 @@ def trace_pipeline(
         shared.traced += len(missing)
         shared.reused += len(distinct) - len(missing)
         for index, key in shares.items():
-            shared.traces.setdefault(key, traces[index])
+            shared.keep(key, traces[index])
     facts = replace(traces[0].facts, model=label, positions=beyond, defaults=note, pipeline=None)
     facts.workload = workload
     tokens = regime(workload.regime).tokens(workload)
