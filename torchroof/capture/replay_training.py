@@ -217,9 +217,13 @@ def _when_node_runs(outputs: list[torch.Tensor], begin: Any) -> None:
     hooks run before the node's pre-hooks: PyTorch docs, "Backward Hooks execution")."""
     node = outputs[0].grad_fn
     assert node is not None  # outputs that take gradients, of one node (checked before)
+    # their positions, not the tensors: the node holds its hooks, so a hook holding its
+    # outputs is a cycle through C++ that Python's collector does not see (the model and
+    # the capture stayed in memory after every trace with copied layers)
+    positions = [t.output_nr for t in outputs]
 
     def run(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
-        begin([grad_outputs[t.output_nr] for t in outputs])
+        begin([grad_outputs[n] for n in positions])
 
     node.register_prehook(run)
 
@@ -465,4 +469,5 @@ class _CopiedLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
-        return (None, *ctx.job.backward(grads))
+        job, ctx.job = ctx.job, None  # it reaches the inputs, whose nodes reach this one
+        return (None, *job.backward(grads))
