@@ -6,7 +6,7 @@ Each measurement runs in its own process, imports warm:
 
 - ``estimate``: one ``torchroof.estimate`` of FSDP 32 x TP 8 (sequence parallel), 256
   sequences of 8,192 tokens a step (1 x 8 micro-batches a data rank), on a DGX H100
-  cluster: the reference;
+  cluster, measured before the searches and after them: their mean is the reference;
 - ``space``: the whole space enumerated and its memory floors taken (nothing traced);
 - ``search``: ``torchroof.plan`` over a narrowed space (``--tp``, ``--pp`` (no pipeline
   unless given), ``--cp`` (1), sequence parallel, every recompute choice, every split of
@@ -14,8 +14,9 @@ Each measurement runs in its own process, imports warm:
   ``--max-micro-batch`` (1)): each layout priced from copies of the model with
   2 and 3 layers (a stage, where its pipeline's stages hold 8 layers or more, or 4 under
   interleaved 1F1B whose ranks hold 8; the others whole; 1F1B and interleaved pipelines of
-  the same ranks trace their stages once), then the best priced at full depth (timed
-  apart);
+  the same ranks trace their stages once, and pipelines of several sizes over replicas of
+  the same shards carry them to their own replicas), then the best priced at full depth
+  (timed apart);
 - ``whole`` (with ``--whole``): the same search with every layout priced at full depth,
   as each was before copies (about an estimate a layout: tens of minutes).
 
@@ -137,11 +138,16 @@ def main() -> None:
         _child(args.child, args)
         return
     argv = sys.argv[1:]
-    reference = _run("estimate", argv)["seconds"]
+    before = _run("estimate", argv)["seconds"]
     space = _run("space", argv)
     search = _run("search", argv)
     whole = _run("whole", argv) if args.whole else None
-    print(f"one estimate of one plan: {reference:.2f} s (the reference)")
+    after = _run("estimate", argv)["seconds"]
+    reference = (before + after) / 2  # an estimate's time moves by tens of percent here
+    print(
+        f"one estimate of one plan: {reference:.2f} s (the reference: the mean of one before "
+        f"the searches, {before:.2f} s, and one after, {after:.2f} s)"
+    )
     print(
         f"the whole space: {space['layouts']:,} layouts, {space['kept']:,} past the memory "
         f"floor, enumerated in {space['seconds']:.2f} s ({space['seconds'] / reference:.2f}x)"
