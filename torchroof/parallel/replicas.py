@@ -10,9 +10,9 @@ only average their gradients in an all-reduce over the ``dp`` dimension (torch d
 divides by the ranks itself where the gradients are reduced in fp32 or bf16. In fp16
 FSDP2 divides them in kernels of its own before and after, and skips a division by 1
 (``_get_gradient_divide_factors``), so an fp16 step's ops change with the replicas: it is
-not carried. An all-reduce's
-message is its buffer, whatever the group's size (nccl-tests' ``S``); its wire bytes and
-link follow from the group, which pricing reads off the ranks recorded with it. So a trace
+not carried. An all-reduce's message is its buffer, whatever the group's size
+(nccl-tests' ``S``); its wire bytes and link follow from the group, which pricing reads
+off the ranks recorded with it. So a trace
 over ``b`` replicas is the trace over ``b'`` with every group that spans the ``dp``
 dimension given the ranks it spans over ``b'`` (the mesh is torchtitan's, ``dp`` outside
 ``fsdp``, ``cp`` and ``tp``: :data:`~torchroof.config.parallel_plan.MESH_DIMS`); the other

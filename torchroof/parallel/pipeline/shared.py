@@ -13,9 +13,9 @@ from. Inside the block a stage whose program was traced before is not traced aga
 its kernels are planned once (:class:`~torchroof.pricing.price.TracePlans`). A stage over
 data-parallel replicas that shard nothing over them (DDP, HSDP) runs the program it runs
 over any other number of them but for its all-reduces' groups: pipelines of several sizes
-over replicas of the same shards (FSDP 2 x DP 16 at PP 2, FSDP 2 x DP 8 at PP 4) share it, carried
-to each one's replicas (:func:`~torchroof.parallel.replicas.regrouped`) with its kernel
-plans.
+over replicas of the same shards (FSDP 2 x DP 16 at PP 2, FSDP 2 x DP 8 at PP 4) share
+it, carried to each one's replicas (:func:`~torchroof.parallel.replicas.regrouped`) with
+its kernel plans.
 
 The key is everything the stage program is made of: the model's config with its depth left
 out (its layer count, and each per-layer list whose entries are all alike), the model's
