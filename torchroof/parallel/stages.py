@@ -533,20 +533,18 @@ def per_microbatch(model: nn.Module, capture: Capture) -> None:
 
 
 def record_stage(model: nn.Module, trace: Any) -> None:
-    """Keep the stage's facts in the trace (``trace.facts.pipeline``), then let go of the
-    activations it received and sent: each holds its autograd graph, whose hooks hold the
-    model and the capture, a cycle through autograd's C++ nodes that Python's collector
-    does not see (kept, every stage traced stayed in memory: a search's workers grew by
-    tens of thousands of objects a layout)."""
+    """Keep the stage's facts in the trace (``trace.facts.pipeline``)."""
     state = stage_of(model)
     if state is not None:
         trace.facts.pipeline = state.facts()
-        release_stage(model)
 
 
 def release_stage(model: nn.Module) -> None:
-    """Let go of the activations a stage received and sent (:func:`record_stage`), also
-    where its trace failed."""
+    """Let go of the activations a stage received and sent, once its trace is made or has
+    failed: each holds its autograd graph, whose hooks hold the model and the capture, a
+    cycle through autograd's C++ nodes that Python's collector does not see (kept, every
+    stage traced stayed in memory: a search's workers grew by tens of thousands of objects
+    a layout)."""
     state = stage_of(model)
     if state is not None:
         state.received = state.sent = None

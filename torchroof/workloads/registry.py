@@ -100,12 +100,11 @@ def run_workload(
             replayed(given, workload) as replays,
         ):
             trace = step.trace(given, workload)
-    except BaseException:
-        release_stage(given[TARGET])  # a failed stage's graph would hold its model
-        raise
+        trace.facts.repeated_layers = replays.describe(trace)
+        record_stage(given[TARGET], trace)
+    finally:
+        release_stage(given[TARGET])  # traced or failed: its graph would hold its model
     quantised = found[0]
-    trace.facts.repeated_layers = replays.describe(trace)
-    record_stage(given[TARGET], trace)
     note = getattr(given[TARGET], "torchroof_build_note", None)
     if note:
         trace.facts.build_note = note
