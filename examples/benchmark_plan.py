@@ -18,11 +18,14 @@ Each measurement runs in its own process, imports warm:
   the same shards carry them to their own replicas), then the best priced at full depth
   (timed apart);
 - ``whole`` (with ``--whole``): the same search with every layout priced at full depth,
-  as each was before copies (about an estimate a layout: tens of minutes).
+  as each was before copies (about an estimate a layout: tens of minutes);
+- ``third-each`` (with ``--third-each``, in one process): the same search with the 3-layer
+  copy of each layout holding its own third micro-batch to its second, as before it
+  trusted the 2-layer copy's (``torchroof.workloads.microbatches.held_once``).
 
     python examples/benchmark_plan.py [--model llama-3-70b --gpus 256 --seq 8192
         --global-batch 256] [--tp 8] [--pp 1] [--cp 1] [--zero 0] [--max-micro-batch 1]
-        [--jobs 1] [--whole]
+        [--jobs 1] [--whole] [--third-each]
 
 A search of more than 1,000 plans (1,020 past the memory floor, all from copies):
 ``--tp 4 8 --pp 1 2 4 8 --cp 1 2 --zero 0 1 2 --max-micro-batch 2``.
@@ -72,6 +75,12 @@ def _child(kind: str, args: argparse.Namespace) -> None:
         "max_micro_batch": args.max_micro_batch,
     }
     whole = kind == "whole"
+    if kind == "third-each":  # this process prices every layout (--jobs 1)
+        import contextlib
+
+        import torchroof.planning.shallow
+
+        torchroof.planning.shallow.held_once = contextlib.nullcontext  # type: ignore[assignment]
     plans = torchroof.plan(
         args.model,
         gpus=args.gpus,
@@ -132,8 +141,15 @@ def main() -> None:
     parser.add_argument("--max-micro-batch", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--whole", action="store_true", help="also search at full depth")
-    parser.add_argument("--child", choices=["estimate", "space", "search", "whole"])
+    parser.add_argument(
+        "--third-each",
+        action="store_true",
+        help="also search with each copy holding its own third micro-batch (--jobs 1)",
+    )
+    parser.add_argument("--child", choices=["estimate", "space", "search", "whole", "third-each"])
     args = parser.parse_args()
+    if args.third_each and args.jobs != 1:
+        parser.error("--third-each measures the search in this process: give --jobs 1")
     if args.child:
         _child(args.child, args)
         return
@@ -142,6 +158,7 @@ def main() -> None:
     space = _run("space", argv)
     search = _run("search", argv)
     whole = _run("whole", argv) if args.whole else None
+    third_each = _run("third-each", argv) if args.third_each else None
     after = _run("estimate", argv)["seconds"]
     reference = (before + after) / 2  # an estimate's time moves by tens of percent here
     print(
@@ -177,6 +194,13 @@ def main() -> None:
         f"1,000 such plans and the best at full depth, at that rate: about "
         f"{thousand / reference:,.0f}x the estimate (the aim is 20x)"
     )
+    if third_each is not None:
+        print(
+            f"the same search with each copy holding its own third micro-batch: "
+            f"{third_each['seconds']:.1f} s for {third_each['priced']} plans (the search "
+            f"above took {search['seconds'] / third_each['seconds']:.2f}x that); best "
+            f"{third_each['best']}, {third_each['best_step_s']:.6f} s a step"
+        )
     if whole is not None:
         print(
             f"the same search at full depth: {whole['seconds']:.1f} s "

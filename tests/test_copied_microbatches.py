@@ -18,6 +18,7 @@ from torchroof.records.equality import first_difference
 from torchroof.workloads.microbatches import (
     alike_microbatches,
     alike_middle_microbatches,
+    held_once,
     run_microbatches,
 )
 
@@ -175,19 +176,100 @@ def test_a_third_microbatch_unlike_the_second_stops_the_copying():
     )
 
 
-def _zero_traced(microbatches, last_reads_third):
-    """(the trace, the note, the micro-batches run) of ``microbatches`` micro-batches of
-    the three ops of :func:`_traced`, under ZeRO-2 (the last runs); the last also reads
-    the third's product where ``last_reads_third``."""
+def test_a_step_after_one_that_matched_runs_two_and_copies_the_rest():
+    """Inside held_once, once a step's third micro-batch matched its second, the next
+    step runs two of its 6 micro-batches and copies the second 6 - 2 = 4 times: the same
+    6 x 3 ops, each copy with its own storages, as the first step's."""
+    with held_once() as held:
+        first, first_note, first_ran = _traced(6, third_differs=False)
+        assert held.matched
+        trace, note, ran = _traced(6, third_differs=False)
+    assert (first_ran, first_note) == ([0, 1, 2], "6 micro-batches: 3 traced, 3 copied")
+    assert (ran, note) == ([0, 1], "6 micro-batches: 2 traced, 4 copied")
+    assert [op.name for op in trace.ops] == [op.name for op in first.ops]
+    assert len({op.outputs[0].storage for op in trace.ops[1::3]}) == 6
+    assert first_difference(first, trace) == ""
+
+
+def test_a_step_after_one_whose_third_differed_holds_its_own():
+    """Where the first step's third micro-batch differed (each of its 5 ran), nothing is
+    trusted: the next step runs three and holds its third to its second."""
+    with held_once() as held:
+        _, note, ran = _traced(5, third_differs=True)
+        assert not held.matched and ran == [0, 1, 2, 3, 4]
+        _, note, ran = _traced(5, third_differs=False)
+    assert (ran, note) == ([0, 1, 2], "5 micro-batches: 3 traced, 2 copied")
+
+
+def test_a_step_whose_microbatches_each_run_still_holds_its_third():
+    """Of 3 micro-batches (4 under ZeRO, whose last runs) none is copied, but the third is
+    still held to the second: the next step runs 2 (and the last) and copies one. Under
+    ZeRO with 3 the third is the last, held to nothing: nothing is trusted."""
+    with held_once() as held:
+        _, note, ran = _traced(3, third_differs=False)
+        assert held.matched and (ran, note) == ([0, 1, 2], "")
+        _, note, ran = _traced(3, third_differs=False)
+    assert (ran, note) == ([0, 1], "3 micro-batches: 2 traced, 1 copied")
+    with held_once() as held:
+        _, note, ran = _traced(3, third_differs=True)
+        assert not held.matched and ran == [0, 1, 2]
+    with held_once() as held:
+        _, note, ran = _zero_traced(4, last_reads_third=False)
+        assert held.matched and (ran, note) == ([0, 1, 2, 3], "")
+        _, note, ran = _zero_traced(4, last_reads_third=False)
+    assert (ran, note) == ([0, 1, 3], "4 micro-batches: 2 and the last traced, 1 copied")
+    with held_once() as held:
+        _zero_traced(3, last_reads_third=False)
+        assert not held.matched
+
+
+@pytest.mark.parametrize(
+    "microbatches, knobs, note",
+    [
+        (5, dict(fsdp=2), "5 micro-batches: 2 traced, 3 copied"),
+        (5, dict(dp=2, zero=1), "5 micro-batches: 2 and the last traced, 2 copied"),
+        (3, dict(fsdp=2), "3 micro-batches: 2 traced, 1 copied"),
+        (4, dict(dp=2, zero=2), "4 micro-batches: 2 and the last traced, 1 copied"),
+        (5, dict(tp=2, sequence_parallel=True, fsdp=2), "5 micro-batches: 2 traced, 3 copied"),
+        (
+            5,
+            dict(fsdp=2, checkpointing=True, checkpoint_policy="selective"),
+            "5 micro-batches: 2 traced, 3 copied",
+        ),
+    ],
+)
+def test_a_deeper_copy_after_a_shallower_one_is_the_step_that_runs_them(microbatches, knobs, note):
+    """As a search prices copies of 2 and then 3 layers: the 3-layer step, its third
+    micro-batch trusted from the 2-layer one's (of 5, 5 - 2 = 3 copies; under ZeRO the
+    last runs too: 5 - 2 - 1 = 2; of 3, and of 4 under ZeRO, whose 2-layer step ran each,
+    one), is the 3-layer step every micro-batch of which ran, op for op, and priced the
+    same."""
+    deeper = small_llama(3)
+    step = dict(seq=32, microbatches=microbatches, **knobs)
+    with held_once():
+        torchroof.trace_model(small_llama(2), "train", **step)
+        held = torchroof.trace_model(deeper, "train", **step)
+    full = torchroof.trace_model(deeper, "train", full_trace=True, **step)
+    assert held.facts.repeated_microbatches == note
+    assert first_difference(full, held) == ""
+    assert priced(full) == priced(held)
+
+
+def _zero_traced(microbatches, last_reads_third, reads=2, ran=None):
+    """(the trace, the note, the micro-batches run, into ``ran`` where given) of
+    ``microbatches`` micro-batches of the three ops of :func:`_traced`, under ZeRO-2 (the
+    last runs); the last also reads the product of the micro-batch run at index ``reads``
+    (the third) where ``last_reads_third``."""
     weight = torch.empty(8, device="meta")
-    ran, products = [], []
+    ran = [] if ran is None else ran
+    products = []
 
     def run(micro):
         ran.append(micro)
         x = torch.empty(8, device="meta")
         products.append(weight * x)
         if last_reads_third and micro == microbatches - 1:
-            products[2].sum()  # what a copy's own product stands for in the step
+            products[reads].sum()  # what a copy's own product stands for in the step
         else:
             products[-1].sum()
 
@@ -216,3 +298,67 @@ def test_a_last_microbatch_that_reads_a_middle_ones_tensor_is_refused():
     in the step, which a copy stands for: refused, in one line that says what to do."""
     with pytest.raises(WorkloadError, match="aten.sum.default touches a tensor a middle"):
         _zero_traced(6, last_reads_third=True)
+
+
+def test_after_a_match_the_last_is_held_to_the_second_alone():
+    """Under ZeRO after a step that matched, the first two and the last of 6 run (3
+    copies); a last that reads the second's product is refused as before."""
+    with held_once():
+        _zero_traced(6, last_reads_third=False)
+        _, note, ran = _zero_traced(6, last_reads_third=False)
+        assert (ran, note) == ([0, 1, 5], "6 micro-batches: 2 and the last traced, 3 copied")
+        ran = []
+        with pytest.raises(WorkloadError, match="aten.sum.default touches a tensor a middle"):
+            _zero_traced(6, last_reads_third=True, reads=1, ran=ran)
+        assert ran == [0, 1, 5]  # the matched path: the third did not run
+
+
+def test_after_a_match_a_full_trace_or_unlike_step_runs_each():
+    """A match trusts copying, never forces it: after one, a step asked to run every
+    micro-batch (``full_trace``) runs all 5, and so does one whose micro-batches
+    accumulate otherwise (fp32)."""
+    ran = []
+
+    def run(micro):
+        ran.append(micro)
+        torch.empty(8, device="meta").sum()
+
+    with held_once() as held:
+        _traced(5, third_differs=False)
+        for workload in (
+            Workload(regime="train", microbatches=5, full_trace=True),
+            Workload(regime="train", microbatches=5, precision="fp32"),
+        ):
+            ran.clear()
+            capture = Capture()
+            with capture as trace:
+                assert run_microbatches(capture, workload, run) == ""
+            assert ran == [0, 1, 2, 3, 4] and len(trace.ops) == 10
+        assert held.matched
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_deeper_step_with_copied_layers_after_a_shallower_one(monkeypatch, refused):
+    """Models of 4 and then 5 layers, whose steps copy layers (the 2- and 3-layer copies
+    of a search copy none): the 5-layer step, trusting the 4-layer one's third
+    micro-batch, copies its layers in other places than the 4-layer one and is still the
+    step that runs everything, op for op. Where a copied layer's backward cannot be
+    copied (``refused``), each step is traced again running every layer, and the same
+    holds."""
+    if refused:
+
+        def refuse(self, key):
+            raise ReplayFallback("a refusal made by this test")
+
+        monkeypatch.setattr(TrainingReplay, "backward_of", refuse)
+    step = dict(seq=32, microbatches=5, fsdp=2)
+    with held_once():
+        shallow = torchroof.trace_model(small_llama(4), "train", **step)
+        held = torchroof.trace_model(small_llama(5), "train", **step)
+    full = torchroof.trace_model(small_llama(5), "train", full_trace=True, **step)
+    assert shallow.facts.repeated_microbatches == "5 micro-batches: 3 traced, 2 copied"
+    assert held.facts.repeated_microbatches == "5 micro-batches: 2 traced, 3 copied"
+    every = "every layer run: a refusal made by this test"
+    assert (held.facts.repeated_layers == every) == refused
+    assert held.facts.repeated_layers != ""
+    assert first_difference(full, held) == ""

@@ -7,8 +7,10 @@ the same streams, the same traffic and the same bytes kept: the step's figures a
 in its layers. Rank 0 of a layout without a pipeline runs every layer, so its trace grows
 with the model (Llama-3-70B's 80 layers, each run on meta where sequence parallel's
 activations keep its layers from being copied); it is priced instead on copies of the
-model with 2 and 3 layers, each traced and priced as :func:`torchroof.estimate` would,
-and every figure f carried to the model's L layers along the line through them:
+model with 2 and 3 layers, each traced and priced as :func:`torchroof.estimate` would
+(but that the 3-layer copy runs no third micro-batch to hold to its second where the
+2-layer copy's matched: :func:`~torchroof.workloads.microbatches.held_once`), and every
+figure f carried to the model's L layers along the line through them:
 f(L) = f(3) + (L - 3) x (f(3) - f(2)). MFU is carried as MFU x step time (the step's
 FLOPs over the peak: affine); tokens/s is the step's tokens over the carried time. A
 pipeline of s stages, whose stages hold q = L // s layers or one more (at least
@@ -62,6 +64,7 @@ from torchroof.planning.layouts import TrainingLayout
 from torchroof.prepared import prepare
 from torchroof.report.compare import point_metrics
 from torchroof.report.estimate import Estimate
+from torchroof.workloads.microbatches import held_once
 
 SHALLOW = (2, 3)
 """Decoder layers of the two shallow copies: with 1 and 2, the memory carried for
@@ -253,15 +256,16 @@ def shallow_metrics(
     # with each k
     whole, extra = divmod(text_config(config).num_hidden_layers, stages)
     priced = []
-    for layers in SHALLOW:
-        prepared = prepare(
-            shallow_config(config, layers * stages + extra),
-            "train",
-            seq=seq,
-            **workload,
-            **layout.knobs(),
-        )
-        priced.append(prepared.price(hardware, pricing=pricing, **pricing_knobs))
+    with held_once():  # the deeper copy trusts the shallower one's third micro-batch
+        for layers in SHALLOW:
+            prepared = prepare(
+                shallow_config(config, layers * stages + extra),
+                "train",
+                seq=seq,
+                **workload,
+                **layout.knobs(),
+            )
+            priced.append(prepared.price(hardware, pricing=pricing, **pricing_knobs))
     if len({e.pipeline.slowest_rank for e in priced if e.pipeline is not None}) > 1:
         return None
     low, high = (point_metrics(e) for e in priced)

@@ -27,6 +27,13 @@ ones run alike (:func:`alike_middle_microbatches`). The first three run, the thi
 to the second, the fourth to the one before the last are copies of the second, and the
 last runs; it is held to read and write no storage a middle one made (a copy's storage
 would stand for it), which ZeRO's last micro-batch does not.
+
+A search prices a layout from copies of its model with 2 and then 3 alike decoder layers
+(:mod:`torchroof.planning.shallow`): inside :func:`held_once`, where the 2-layer copy's
+third micro-batch matched its second, the 3-layer copy runs only its first two (and the
+last, under ZeRO) and copies the second: one more of the same layers adds the same ops
+to each micro-batch. The tests hold a 3-layer step so copied to the one that runs every
+micro-batch, op for op.
 """
 
 from __future__ import annotations
@@ -55,6 +62,39 @@ there), the second (the one copied) and the third (held to the second)."""
 _LAYERS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "torchroof_full_trace_for_layers_only", default=False
 )
+
+
+@dataclass
+class HeldOnce:
+    """Whether a step traced inside :func:`held_once` had its third micro-batch held to
+    its second and found alike."""
+
+    matched: bool = False
+
+
+_HELD: contextvars.ContextVar[HeldOnce | None] = contextvars.ContextVar(
+    "torchroof_microbatches_held_once", default=None
+)
+
+
+@contextlib.contextmanager
+def held_once() -> Iterator[HeldOnce]:
+    """Inside, once one step's third micro-batch matched its second, each later step
+    copies its micro-batches from its second without running a third (a step whose
+    micro-batches each run anyway, three of them or four under ZeRO, still holds its third
+    to its second, for the next step's sake); a step counts once all its micro-batches
+    ran. For the copies of one model with 2 and then 3 of the same decoder layers
+    (:mod:`torchroof.planning.shallow`): one more of the same layers adds the same ops to
+    each micro-batch. The deeper copy may copy layers in other places than the shallower
+    one (a layer is copied from the one before it, across micro-batches too), which holds
+    as long as a copied layer is the layer run, op for op, as the tests of copied layers
+    hold it."""
+    held = HeldOnce()
+    token = _HELD.set(held)
+    try:
+        yield held
+    finally:
+        _HELD.reset(token)
 
 
 @contextlib.contextmanager
@@ -121,31 +161,45 @@ def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], 
     total = workload.microbatches
     every = workload.full_trace and not _LAYERS_ONLY.get()
     last = alike_middle_microbatches(workload)  # the last runs: not a copy
-    ran = TRACED + 1 if last else TRACED
-    if every or total <= ran or not (alike_microbatches(workload) or last):
-        for micro in range(total):
+    held = _HELD.get()
+    trusted = held is not None and held.matched
+    traced = TRACED - 1 if trusted else TRACED
+    ran = traced + 1 if last else traced
+    alike = alike_microbatches(workload) or last
+    if every or total <= ran or not alike:
+        spans: list[_Span] = []
+        if held is not None and not trusted and alike and not every and total == ran:
+            # each runs, the third still held to the second for the next step's sake
+            spans = [_recorded(capture, run, micro) for micro in range(TRACED)]
+        for micro in range(len(spans), total):
             run(micro)
+        if spans and held is not None:  # set once the step's micro-batches all ran
+            held.matched = not _difference(capture.trace, spans[1], spans[2])
         return ""
-    spans = [_recorded(capture, run, micro) for micro in range(TRACED)]
-    why = _difference(capture.trace, spans[1], spans[2])
-    if why:
-        for micro in range(TRACED, total):
-            run(micro)
-        return f"{total} micro-batches, each traced: the third differs from the second ({why})"
+    spans = [_recorded(capture, run, micro) for micro in range(traced)]
+    if not trusted:
+        why = _difference(capture.trace, spans[1], spans[2])
+        if why:
+            for micro in range(TRACED, total):
+                run(micro)
+            return f"{total} micro-batches, each traced: the third differs from the second ({why})"
     copies = total - ran
     for _ in range(copies):
         _copy(capture, spans[1])
-    if not last:
-        return f"{total} micro-batches: {TRACED} traced, {copies} copied"
-    _check_last(capture.trace, _recorded(capture, run, total - 1), spans[1], spans[2])
-    return f"{total} micro-batches: {TRACED} and the last traced, {copies} copied"
+    note = f"{total} micro-batches: {traced} traced, {copies} copied"
+    if last:
+        _check_last(capture.trace, _recorded(capture, run, total - 1), spans[1:])
+        note = f"{total} micro-batches: {traced} and the last traced, {copies} copied"
+    if held is not None:  # set once the step's micro-batches all ran
+        held.matched = True
+    return note
 
 
-def _check_last(trace: Trace, last: _Span, second: _Span, third: _Span) -> None:
-    """A WorkloadError where the last micro-batch reads or writes a storage the second or
-    third made: in the step it would be the one before the last's, which a copy stands
-    for."""
-    middle = second.own | third.own
+def _check_last(trace: Trace, last: _Span, middle_spans: Sequence[_Span]) -> None:
+    """A WorkloadError where the last micro-batch reads or writes a storage a middle one
+    traced (the second, and the third where it ran) made: in the step it would be the one
+    before the last's, which a copy stands for."""
+    middle = frozenset().union(*(span.own for span in middle_spans))
     for op in trace.ops[last.start : last.end]:
         if any(t.storage in middle for t in (*op.inputs, *op.outputs)):
             raise WorkloadError(
