@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--child", choices=["estimate", "space", "search", "whole", "third-each"])
     args = parser.parse_args()
     if args.third_each and args.jobs != 1:
-        parser.error("--third-each measures the search in this process: give --jobs 1")
+        parser.error("--third-each measures the search in one process: give --jobs 1")
     if args.child:
         _child(args.child, args)
         return
@@ -195,11 +195,14 @@ def main() -> None:
         f"{thousand / reference:,.0f}x the estimate (the aim is 20x)"
     )
     if third_each is not None:
+        same = all(third_each[k] == search[k] for k in ("best", "best_step_s", "priced"))
         print(
             f"the same search with each copy holding its own third micro-batch: "
             f"{third_each['seconds']:.1f} s for {third_each['priced']} plans (the search "
             f"above took {search['seconds'] / third_each['seconds']:.2f}x that); best "
-            f"{third_each['best']}, {third_each['best_step_s']:.6f} s a step"
+            f"{third_each['best']}, {third_each['best_step_s']:.6f} s a step ("
+            + ("the same" if same else "NOT the same")
+            + " best, step time and plan count as the search above)"
         )
     if whole is not None:
         print(

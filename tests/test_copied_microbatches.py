@@ -362,3 +362,28 @@ def test_a_deeper_step_with_copied_layers_after_a_shallower_one(monkeypatch, ref
     assert (held.facts.repeated_layers == every) == refused
     assert held.facts.repeated_layers != ""
     assert first_difference(full, held) == ""
+
+
+def test_a_zero_step_whose_last_reads_a_middle_tensor_trusts_nothing():
+    """Under ZeRO with 4 micro-batches each runs, so a last that reads the third's product
+    is the step itself; but a later step would copy the third, so nothing is trusted: the
+    next step runs three and its last is refused as without held_once."""
+    with held_once() as held:
+        _, note, ran = _zero_traced(4, last_reads_third=True)
+        assert (ran, note, held.matched) == ([0, 1, 2, 3], "", None)
+        ran = []
+        with pytest.raises(WorkloadError, match="touches a tensor a middle"):
+            _zero_traced(5, last_reads_third=True, ran=ran)
+        assert ran == [0, 1, 2, 4]
+
+
+def test_a_match_trusts_only_steps_of_the_same_workload():
+    """A match on a step of 6 micro-batches trusts no step of 7 (another workload): that
+    one runs three; the next step of 7 is trusted by it."""
+    with held_once() as held:
+        _traced(6, third_differs=False)
+        _, note, ran = _traced(7, third_differs=False)
+        assert (ran, note) == ([0, 1, 2], "7 micro-batches: 3 traced, 4 copied")
+        assert held.matched.microbatches == 7
+        _, note, ran = _traced(7, third_differs=False)
+    assert (ran, note) == ([0, 1], "7 micro-batches: 2 traced, 5 copied")

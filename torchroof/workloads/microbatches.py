@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 
 TRACED = 3
 """Micro-batches run before the rest are copies: the first (what later ones reuse is met
-there), the second (the one copied) and the third (held to the second)."""
+there), the second (the one copied) and the third (held to the second; not run where a
+step before it was trusted for it, :func:`held_once`)."""
 
 _LAYERS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "torchroof_full_trace_for_layers_only", default=False
@@ -66,10 +67,15 @@ _LAYERS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @dataclass
 class HeldOnce:
-    """Whether a step traced inside :func:`held_once` had its third micro-batch held to
-    its second and found alike."""
+    """The workload of the step traced inside :func:`held_once` whose third micro-batch
+    was held to its second and found alike (None before one is)."""
 
-    matched: bool = False
+    matched: Workload | None = None
+
+    def trusts(self, workload: Workload) -> bool:
+        """Whether a step of ``workload`` may copy its micro-batches without a third: one
+        of the same workload matched (a copy of the same model at another depth)."""
+        return self.matched == workload
 
 
 _HELD: contextvars.ContextVar[HeldOnce | None] = contextvars.ContextVar(
@@ -79,8 +85,9 @@ _HELD: contextvars.ContextVar[HeldOnce | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def held_once() -> Iterator[HeldOnce]:
-    """Inside, once one step's third micro-batch matched its second, each later step
-    copies its micro-batches from its second without running a third (a step whose
+    """Inside, once one step's third micro-batch matched its second, each later step of
+    the same workload that copies micro-batches copies them from its second without
+    running a third (a step whose
     micro-batches each run anyway, three of them or four under ZeRO, still holds its third
     to its second, for the next step's sake); a step counts once all its micro-batches
     ran. For the copies of one model with 2 and then 3 of the same decoder layers
@@ -156,25 +163,29 @@ def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], 
     """Every micro-batch of ``workload`` in order, micro-batch ``k`` by ``run(k)``; from
     the fourth on, copies of the second where the step allows it
     (:func:`alike_microbatches`; :func:`alike_middle_microbatches` to the one before the
-    last, which runs) and the third matched the second. Returns the line the step's facts
-    keep ("" where each ran and none was asked to be copied)."""
+    last, which runs) and the third matched the second, or from the third on where a step
+    of the same workload matched before it (:func:`held_once`). Returns the line the
+    step's facts keep ("" where each ran and none was asked to be copied)."""
     total = workload.microbatches
     every = workload.full_trace and not _LAYERS_ONLY.get()
     last = alike_middle_microbatches(workload)  # the last runs: not a copy
     held = _HELD.get()
-    trusted = held is not None and held.matched
+    trusted = held is not None and held.trusts(workload)
     traced = TRACED - 1 if trusted else TRACED
     ran = traced + 1 if last else traced
     alike = alike_microbatches(workload) or last
     if every or total <= ran or not alike:
         spans: list[_Span] = []
         if held is not None and not trusted and alike and not every and total == ran:
-            # each runs, the third still held to the second for the next step's sake
-            spans = [_recorded(capture, run, micro) for micro in range(TRACED)]
+            # each runs, the third (and the last) still held for the next step's sake
+            spans = [_recorded(capture, run, micro) for micro in range(total)]
         for micro in range(len(spans), total):
             run(micro)
         if spans and held is not None:  # set once the step's micro-batches all ran
-            held.matched = not _difference(capture.trace, spans[1], spans[2])
+            middle = spans[1:TRACED]
+            alike_last = not last or not _touches_middle(capture.trace, spans[-1], middle)
+            if alike_last and not _difference(capture.trace, spans[1], spans[2]):
+                held.matched = workload
         return ""
     spans = [_recorded(capture, run, micro) for micro in range(traced)]
     if not trusted:
@@ -191,7 +202,7 @@ def run_microbatches(capture: Capture, workload: Workload, run: Callable[[int], 
         _check_last(capture.trace, _recorded(capture, run, total - 1), spans[1:])
         note = f"{total} micro-batches: {traced} and the last traced, {copies} copied"
     if held is not None:  # set once the step's micro-batches all ran
-        held.matched = True
+        held.matched = workload
     return note
 
 
@@ -199,13 +210,22 @@ def _check_last(trace: Trace, last: _Span, middle_spans: Sequence[_Span]) -> Non
     """A WorkloadError where the last micro-batch reads or writes a storage a middle one
     traced (the second, and the third where it ran) made: in the step it would be the one
     before the last's, which a copy stands for."""
-    middle = frozenset().union(*(span.own for span in middle_spans))
+    touching = _touches_middle(trace, last, middle_spans)
+    if touching:
+        raise WorkloadError(
+            f"the last micro-batch's {touching} touches a tensor a middle micro-batch "
+            "made, so the middle ones cannot be copied: trace with full_trace=True"
+        )
+
+
+def _touches_middle(trace: Trace, last: _Span, middle_spans: Sequence[_Span]) -> str:
+    """The first op of the last micro-batch that reads or writes a storage one of
+    ``middle_spans`` made ("" where none does)."""
+    middle = frozenset[int]().union(*(span.own for span in middle_spans))
     for op in trace.ops[last.start : last.end]:
         if any(t.storage in middle for t in (*op.inputs, *op.outputs)):
-            raise WorkloadError(
-                f"the last micro-batch's {op.name} touches a tensor a middle micro-batch "
-                "made, so the middle ones cannot be copied: trace with full_trace=True"
-            )
+            return op.name
+    return ""
 
 
 def _recorded(capture: Capture, run: Callable[[int], None], micro: int) -> _Span:
