@@ -8,9 +8,10 @@ in its layers. Rank 0 of a layout without a pipeline runs every layer, so its tr
 with the model (Llama-3-70B's 80 layers, each run on meta where sequence parallel's
 activations keep its layers from being copied); it is priced instead on copies of the
 model with 2 and 3 layers, each traced and priced as :func:`torchroof.estimate` would
-(but that the 3-layer copy runs no third micro-batch to hold to its second where the
-2-layer copy's matched: :func:`~torchroof.workloads.microbatches.held_once`), and every
-figure f carried to the model's L layers along the line through them:
+(except that the 3-layer copy does not run a third micro-batch to compare with its
+second where the 2-layer copy's matched:
+:func:`~torchroof.workloads.microbatches.held_once`), and every figure f carried to the
+model's L layers along the line through them:
 f(L) = f(3) + (L - 3) x (f(3) - f(2)). MFU is carried as MFU x step time (the step's
 FLOPs over the peak: affine); tokens/s is the step's tokens over the carried time. A
 pipeline of s stages, whose stages hold q = L // s layers or one more (at least
